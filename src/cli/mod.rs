@@ -1,0 +1,61 @@
+//! The command surface (CLI.md). clap derive; the doc comments are the `--help` text.
+//! Each subcommand lives in its own file and returns the process exit code; this is
+//! the only module that writes to stdout.
+
+mod corpus;
+mod enrich;
+mod output;
+mod validate;
+
+use clap::{Parser, Subcommand};
+
+use crate::error::Result;
+
+/// Default paths, relative to the repository root (CLI.md: commands work from there).
+pub mod paths {
+    pub const CORPUS: &str = "data/normalized/attack_cases.jsonl";
+    pub const ENRICHED: &str = "data/normalized/attack_cases.enriched.jsonl";
+    pub const TEMPLATES: &str = "data/templates";
+    pub const TAXONOMY: &str = "data/taxonomy";
+}
+
+/// pieval: prompt-injection evaluation on Arrow, Parquet and DataFusion.
+///
+/// Exit status: 0 success, 1 what was checked failed (invalid corpus, failed control,
+/// regression), 2 the command could not do its work (bad config, unreadable file, usage).
+#[derive(Debug, Parser)]
+#[command(name = "pieval", version, about, long_about = None, max_term_width = 100)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Check corpora against the schema contract; report every violation as
+    /// `file:line: field: problem`.
+    Validate(validate::Args),
+    /// Map every case to its taxonomy (category, severity, success definition, …) and
+    /// write the enriched derivative.
+    Enrich(enrich::Args),
+    /// Generate and inspect corpora.
+    #[command(subcommand)]
+    Corpus(corpus::Command),
+}
+
+/// Parse the command line and run; `Ok` carries the exit code.
+pub fn main() -> Result<u8> {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // clap prints help/version to stdout (exit 0) and usage errors to stderr.
+            let _ = e.print();
+            return Ok(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    match cli.command {
+        Command::Validate(args) => validate::run(args),
+        Command::Enrich(args) => enrich::run(args),
+        Command::Corpus(cmd) => corpus::run(cmd),
+    }
+}

@@ -1,0 +1,126 @@
+//! Arrow schemas of the contract's tables. Attack-case columns follow [`CASE_FIELDS`]
+//! order; JSON-valued fields (`success_criteria`, `provenance`, `mapping_audit`) are
+//! stored as canonical JSON text so SQL can read them with the detector UDFs.
+
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+
+use super::fields::{
+    CASE_FIELDS, CASE_RESULT_FIELDS, FINDING_FIELDS, FieldKind, PREDICTION_FIELDS,
+};
+
+fn case_field_type(kind: FieldKind) -> DataType {
+    match kind {
+        FieldKind::Probability => DataType::Float64,
+        _ => DataType::Utf8,
+    }
+}
+
+/// The canonical corpus (`attack_cases.jsonl`) as a table.
+pub fn attack_case_schema() -> SchemaRef {
+    Arc::new(Schema::new(
+        CASE_FIELDS
+            .iter()
+            .filter(|f| !f.enriched)
+            .map(|f| Field::new(f.name, case_field_type(f.kind), !f.required))
+            .collect::<Vec<_>>(),
+    ))
+}
+
+/// The enriched corpus: every canonical column, then the enriched ones.
+pub fn enriched_case_schema() -> SchemaRef {
+    Arc::new(Schema::new(
+        CASE_FIELDS
+            .iter()
+            .map(|f| Field::new(f.name, case_field_type(f.kind), !f.required))
+            .collect::<Vec<_>>(),
+    ))
+}
+
+pub fn predictions_schema() -> SchemaRef {
+    Arc::new(Schema::new(
+        PREDICTION_FIELDS
+            .iter()
+            .map(|(name, required)| {
+                let ty = if *name == "latency_ms" {
+                    DataType::Float64
+                } else {
+                    DataType::Utf8
+                };
+                // response_text may be null when the call failed (then `error` is set).
+                Field::new(*name, ty, !*required || *name == "response_text")
+            })
+            .collect::<Vec<_>>(),
+    ))
+}
+
+pub fn case_results_schema() -> SchemaRef {
+    Arc::new(Schema::new(
+        CASE_RESULT_FIELDS
+            .iter()
+            .map(|name| {
+                let ty = match *name {
+                    "attack_success" | "prompt_leakage" | "refusal" | "manual_review" => {
+                        DataType::Boolean
+                    }
+                    "mapping_confidence" | "latency_ms" => DataType::Float64,
+                    _ => DataType::Utf8,
+                };
+                Field::new(*name, ty, *name != "case_id")
+            })
+            .collect::<Vec<_>>(),
+    ))
+}
+
+pub fn findings_schema() -> SchemaRef {
+    Arc::new(Schema::new(
+        FINDING_FIELDS
+            .iter()
+            .map(|name| {
+                let ty = match *name {
+                    "span_start" | "span_end" => DataType::Int64,
+                    _ => DataType::Utf8,
+                };
+                Field::new(
+                    *name,
+                    ty,
+                    !matches!(*name, "case_id" | "detector" | "rule_id"),
+                )
+            })
+            .collect::<Vec<_>>(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemas_follow_the_field_lists() {
+        assert_eq!(attack_case_schema().fields().len(), 20);
+        assert_eq!(enriched_case_schema().fields().len(), 26);
+        let e = enriched_case_schema();
+        assert_eq!(
+            e.field_with_name("mapping_confidence").unwrap().data_type(),
+            &DataType::Float64
+        );
+        assert!(!e.field_with_name("case_id").unwrap().is_nullable());
+        assert!(e.field_with_name("notes").unwrap().is_nullable());
+        assert_eq!(
+            case_results_schema()
+                .field_with_name("attack_success")
+                .unwrap()
+                .data_type(),
+            &DataType::Boolean
+        );
+        assert_eq!(
+            findings_schema()
+                .field_with_name("span_end")
+                .unwrap()
+                .data_type(),
+            &DataType::Int64
+        );
+        assert_eq!(predictions_schema().field(0).name(), "case_id");
+    }
+}

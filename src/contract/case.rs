@@ -1,0 +1,138 @@
+//! The typed attack case, for code that builds or transforms cases (the generator,
+//! enrichment, ingest). Serialises in contract field order with absent fields omitted,
+//! so writing the same case always gives the same bytes.
+
+use datafusion::arrow::array::{Array, AsArray, RecordBatch};
+use datafusion::arrow::datatypes::Float64Type;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::criteria::SuccessCriteria;
+use crate::error::{Error, Result};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttackCase {
+    pub case_id: String,
+    pub source_name: String,
+    pub source_type: String,
+    pub attack_family: String,
+    pub attack_surface: String,
+    /// The user turn sent to the model. Direct attacks carry the attack here; indirect
+    /// ones carry the benign request and hide the attack in `task_input`.
+    pub prompt: String,
+    pub success_criteria: SuccessCriteria,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attack_subtype: Option<String>,
+    /// The application's trusted instructions (system prompt); for leakage cases it
+    /// holds the secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
+    /// Untrusted data the task works on (email, web page, tool output …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_input: Option<String>,
+    /// What the attacker wants the model to emit or reveal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_target: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub severity_level: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub benchmark_split: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_reference: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provenance: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notes: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attack_category: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub success_definition_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mapping_confidence: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub severity: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evaluation_mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mapping_audit: Option<Value>,
+}
+
+impl AttackCase {
+    /// `label` with the contract's default: a case without a label is an attack.
+    pub fn is_benign(&self) -> bool {
+        self.label.as_deref() == Some("benign")
+    }
+
+    /// One JSONL line (no trailing newline).
+    pub fn to_json_line(&self) -> String {
+        serde_json::to_string(self).expect("attack case serialises")
+    }
+
+    /// Rebuild typed cases from a batch produced by the corpus reader (either schema).
+    pub fn from_batch(batch: &RecordBatch) -> Result<Vec<AttackCase>> {
+        let schema = batch.schema();
+        let col = |name: &str| {
+            schema
+                .index_of(name)
+                .ok()
+                .map(|i| batch.column(i).as_string::<i32>())
+        };
+        let get = |name: &str, row: usize| -> Option<String> {
+            col(name).and_then(|a| (!a.is_null(row)).then(|| a.value(row).to_owned()))
+        };
+        let json = |name: &str, row: usize| -> Result<Option<Value>> {
+            get(name, row)
+                .map(|t| serde_json::from_str(&t).map_err(|e| Error::Usage(format!("{name}: {e}"))))
+                .transpose()
+        };
+        let confidence = schema
+            .index_of("mapping_confidence")
+            .ok()
+            .map(|i| batch.column(i).as_primitive::<Float64Type>().clone());
+        let mut out = Vec::with_capacity(batch.num_rows());
+        for row in 0..batch.num_rows() {
+            let criteria: Value = json("success_criteria", row)?.unwrap_or(Value::Null);
+            let success_criteria = SuccessCriteria::from_json(&criteria)
+                .map_err(|e| Error::Usage(format!("success_criteria: {e}")))?;
+            out.push(AttackCase {
+                case_id: get("case_id", row).unwrap_or_default(),
+                source_name: get("source_name", row).unwrap_or_default(),
+                source_type: get("source_type", row).unwrap_or_default(),
+                attack_family: get("attack_family", row).unwrap_or_default(),
+                attack_surface: get("attack_surface", row).unwrap_or_default(),
+                prompt: get("prompt", row).unwrap_or_default(),
+                success_criteria,
+                attack_subtype: get("attack_subtype", row),
+                context: get("context", row),
+                task_input: get("task_input", row),
+                expected_target: get("expected_target", row),
+                label: get("label", row),
+                severity_level: get("severity_level", row),
+                benchmark_split: get("benchmark_split", row),
+                source_reference: get("source_reference", row),
+                source_version: get("source_version", row),
+                language: get("language", row),
+                created_at: get("created_at", row),
+                provenance: json("provenance", row)?,
+                notes: get("notes", row),
+                attack_category: get("attack_category", row),
+                success_definition_id: get("success_definition_id", row),
+                mapping_confidence: confidence
+                    .as_ref()
+                    .and_then(|a| (!a.is_null(row)).then(|| a.value(row))),
+                severity: get("severity", row),
+                evaluation_mode: get("evaluation_mode", row),
+                mapping_audit: json("mapping_audit", row)?,
+            });
+        }
+        Ok(out)
+    }
+}

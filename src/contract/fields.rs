@@ -1,0 +1,197 @@
+//! The attack-case field table: the single source of truth for validation, the Arrow
+//! schemas and the JSON Schemas in `schemas/` (a test checks they agree).
+
+use super::enums::*;
+
+/// What a field holds, and so how it is validated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FieldKind {
+    /// A stable identifier safe in file names: `[A-Za-z0-9][A-Za-z0-9._:-]*`, ≤ 128 bytes.
+    Id,
+    /// Non-empty free text.
+    Text,
+    /// A lowercase snake_case name (`attack_family`, `attack_subtype`).
+    Name,
+    /// One value of a closed vocabulary.
+    Enum(&'static [&'static str]),
+    /// A BCP-47 language tag (`en`, `pt-BR`).
+    Language,
+    /// An RFC 3339 UTC timestamp (`2026-11-30T00:00:00Z`).
+    Timestamp,
+    /// A JSON object (kept as canonical JSON text in Arrow).
+    Object,
+    /// The machine-evaluable success criterion (object, or shorthand string).
+    Criteria,
+    /// A number in [0, 1].
+    Probability,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct FieldSpec {
+    pub name: &'static str,
+    pub required: bool,
+    /// Added by `pieval enrich`; never present in the canonical corpus by requirement.
+    pub enriched: bool,
+    pub kind: FieldKind,
+}
+
+const fn req(name: &'static str, kind: FieldKind) -> FieldSpec {
+    FieldSpec {
+        name,
+        required: true,
+        enriched: false,
+        kind,
+    }
+}
+const fn opt(name: &'static str, kind: FieldKind) -> FieldSpec {
+    FieldSpec {
+        name,
+        required: false,
+        enriched: false,
+        kind,
+    }
+}
+const fn enr(name: &'static str, kind: FieldKind) -> FieldSpec {
+    FieldSpec {
+        name,
+        required: false,
+        enriched: true,
+        kind,
+    }
+}
+
+/// Every attack-case field in contract order: required, recommended optional, enriched.
+pub const CASE_FIELDS: &[FieldSpec] = &[
+    req("case_id", FieldKind::Id),
+    req("source_name", FieldKind::Text),
+    req("source_type", FieldKind::Enum(SOURCE_TYPES)),
+    req("attack_family", FieldKind::Name),
+    req("attack_surface", FieldKind::Enum(ATTACK_SURFACES)),
+    req("prompt", FieldKind::Text),
+    req("success_criteria", FieldKind::Criteria),
+    opt("attack_subtype", FieldKind::Name),
+    opt("context", FieldKind::Text),
+    opt("task_input", FieldKind::Text),
+    opt("expected_target", FieldKind::Text),
+    opt("label", FieldKind::Enum(LABELS)),
+    opt("severity_level", FieldKind::Enum(SEVERITIES)),
+    opt("benchmark_split", FieldKind::Enum(BENCHMARK_SPLITS)),
+    opt("source_reference", FieldKind::Text),
+    opt("source_version", FieldKind::Text),
+    opt("language", FieldKind::Language),
+    opt("created_at", FieldKind::Timestamp),
+    opt("provenance", FieldKind::Object),
+    opt("notes", FieldKind::Text),
+    enr("attack_category", FieldKind::Enum(ATTACK_CATEGORIES)),
+    enr("success_definition_id", FieldKind::Name),
+    enr("mapping_confidence", FieldKind::Probability),
+    enr("severity", FieldKind::Enum(SEVERITIES)),
+    enr("evaluation_mode", FieldKind::Enum(EVALUATION_MODES)),
+    enr("mapping_audit", FieldKind::Object),
+];
+
+/// Index of a field in [`CASE_FIELDS`] (and so a column in the Arrow schema).
+pub fn case_field_index(name: &str) -> Option<usize> {
+    CASE_FIELDS.iter().position(|f| f.name == name)
+}
+
+pub fn required_case_fields() -> impl Iterator<Item = &'static str> {
+    CASE_FIELDS.iter().filter(|f| f.required).map(|f| f.name)
+}
+
+/// Predictions: the input of scoring (`case_id`, `response_text` required).
+pub const PREDICTION_FIELDS: &[(&str, bool)] = &[
+    ("case_id", true),
+    ("response_text", true),
+    ("run_id", false),
+    ("provider", false),
+    ("model_name", false),
+    ("latency_ms", false),
+    ("error", false),
+    ("request_prompt", false),
+    ("request_context", false),
+    ("request_task_input", false),
+    ("execution_mode", false),
+];
+
+/// `case_results.jsonl`: the seed's fields, then pieval's additive ones.
+pub const CASE_RESULT_FIELDS: &[&str] = &[
+    "case_id",
+    "source_name",
+    "attack_family",
+    "attack_surface",
+    "attack_category",
+    "success_definition_id",
+    "mapping_confidence",
+    "severity",
+    "evaluation_mode",
+    "expected_target",
+    "request_prompt",
+    "request_context",
+    "request_task_input",
+    "execution_mode",
+    "response_text",
+    "attack_success",
+    "prompt_leakage",
+    "refusal",
+    "manual_review",
+    "matched_rule",
+    "latency_ms",
+    "provider",
+    "model_name",
+    "run_id",
+    "mitigation",
+    "error",
+    "label",
+];
+
+/// Findings: long form, one row per detector hit.
+pub const FINDING_FIELDS: &[&str] = &[
+    "run_id",
+    "case_id",
+    "detector",
+    "rule_id",
+    "severity",
+    "span_start",
+    "span_end",
+    "excerpt",
+];
+
+pub const MANIFEST_FIELDS: &[&str] = &[
+    "run_id",
+    "timestamp",
+    "git_commit",
+    "config_source_path",
+    "config_snapshot",
+    "dataset_snapshot",
+    "model_snapshot",
+    "mitigation_snapshot",
+    "replay_hints",
+];
+
+pub const DATASET_SNAPSHOT_FIELDS: &[&str] = &[
+    "path",
+    "sha256",
+    "selected_case_ids",
+    "total_available_cases",
+    "total_filtered_cases",
+    "selection_snapshot",
+    "taxonomy_summary",
+];
+
+pub const SUMMARY_FIELDS: &[&str] = &[
+    "run_id",
+    "experiment_name",
+    "aggregate_metrics",
+    "result_paths",
+];
+
+/// Experiment config sections; the first four are required.
+pub const CONFIG_SECTIONS: &[(&str, bool)] = &[
+    ("experiment", true),
+    ("dataset", true),
+    ("model", true),
+    ("mitigation", true),
+    ("selection", false),
+    ("evaluation", false),
+];

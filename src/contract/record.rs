@@ -1,0 +1,491 @@
+//! One attack-case record as read from a line of JSONL (or a Parquet row), with every
+//! field kept raw, and the contract rules that check it.
+//!
+//! Parsing borrows from the line wherever it can (no per-field allocation for strings
+//! without escapes); unknown and repeated keys are remembered so they can be reported.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
+
+use super::criteria::SuccessCriteria;
+use super::fields::{CASE_FIELDS, FieldKind, FieldSpec, case_field_index};
+use crate::text::did_you_mean;
+
+/// The raw value of one field.
+#[derive(Clone, Debug)]
+pub enum FieldValue<'a> {
+    Null,
+    Bool(bool),
+    Number(f64),
+    Str(Cow<'a, str>),
+    /// An object, kept as its JSON text.
+    Object(Cow<'a, str>),
+    Array,
+}
+
+impl FieldValue<'_> {
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            FieldValue::Null => "null",
+            FieldValue::Bool(_) => "a boolean",
+            FieldValue::Number(_) => "a number",
+            FieldValue::Str(_) => "a string",
+            FieldValue::Object(_) => "an object",
+            FieldValue::Array => "an array",
+        }
+    }
+}
+
+/// A parsed record: the contract fields by index into [`CASE_FIELDS`], plus what does
+/// not belong.
+#[derive(Default, Debug)]
+pub struct RawRecord<'a> {
+    pub fields: [Option<FieldValue<'a>>; CASE_FIELDS.len()],
+    pub unknown_keys: Vec<Cow<'a, str>>,
+    pub repeated_keys: Vec<&'static str>,
+}
+
+impl<'a> RawRecord<'a> {
+    /// Parse one JSON line; the error is serde_json's (with its column).
+    pub fn parse(line: &'a str) -> Result<Self, serde_json::Error> {
+        let mut de = serde_json::Deserializer::from_str(line);
+        let rec = de.deserialize_map(RecordVisitor)?;
+        de.end()?;
+        Ok(rec)
+    }
+
+    pub fn get(&self, name: &str) -> Option<&FieldValue<'a>> {
+        case_field_index(name).and_then(|i| self.fields[i].as_ref())
+    }
+
+    /// The string value of a field, when it is one.
+    pub fn str(&self, name: &str) -> Option<&str> {
+        match self.get(name) {
+            Some(FieldValue::Str(s)) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+struct RecordVisitor;
+
+impl<'de> Visitor<'de> for RecordVisitor {
+    type Value = RawRecord<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut rec = RawRecord::default();
+        while let Some(BorrowedStr(key)) = map.next_key()? {
+            let raw: &'de RawValue = map.next_value()?;
+            match case_field_index(&key) {
+                Some(i) => {
+                    if rec.fields[i].is_some() {
+                        rec.repeated_keys.push(CASE_FIELDS[i].name);
+                    }
+                    rec.fields[i] = Some(classify(raw).map_err(de::Error::custom)?);
+                }
+                None => rec.unknown_keys.push(key),
+            }
+        }
+        Ok(rec)
+    }
+}
+
+/// Turn a raw JSON value into a [`FieldValue`] by its first byte (RawValue is already
+/// whitespace-trimmed and syntactically valid).
+fn classify(raw: &RawValue) -> Result<FieldValue<'_>, serde_json::Error> {
+    let text = raw.get();
+    Ok(match text.as_bytes().first() {
+        Some(b'"') => FieldValue::Str(serde_json::from_str::<BorrowedStr>(text)?.0),
+        Some(b'{') => FieldValue::Object(Cow::Borrowed(text)),
+        Some(b'[') => FieldValue::Array,
+        Some(b't') => FieldValue::Bool(true),
+        Some(b'f') => FieldValue::Bool(false),
+        Some(b'n') => FieldValue::Null,
+        _ => FieldValue::Number(text.parse().unwrap_or(f64::NAN)),
+    })
+}
+
+/// A string that borrows from the input when it has no escapes.
+struct BorrowedStr<'a>(Cow<'a, str>);
+
+impl<'de> serde::Deserialize<'de> for BorrowedStr<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = BorrowedStr<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(BorrowedStr(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(BorrowedStr(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+                Ok(BorrowedStr(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// How serious a violation is: errors make a corpus invalid, warnings do not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Error,
+    Warning,
+}
+
+/// One problem at one line (or row) and field. `field` is `None` for problems with the
+/// line as a whole (invalid JSON, blank line, …).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Violation {
+    pub line: u64,
+    pub field: Option<String>,
+    pub level: Level,
+    pub problem: String,
+}
+
+impl Violation {
+    pub fn error(line: u64, field: Option<&str>, problem: impl Into<String>) -> Self {
+        Self {
+            line,
+            field: field.map(str::to_owned),
+            level: Level::Error,
+            problem: problem.into(),
+        }
+    }
+
+    pub fn warning(line: u64, field: Option<&str>, problem: impl Into<String>) -> Self {
+        Self {
+            level: Level::Warning,
+            ..Self::error(line, field, problem)
+        }
+    }
+}
+
+/// Compiles each distinct `success_criteria` text once: a corpus repeats the same
+/// criteria many times, and a regex compile costs far more than a lookup.
+#[derive(Default)]
+pub struct CriteriaCache {
+    seen: HashMap<String, Result<String, String>>,
+}
+
+impl CriteriaCache {
+    /// The canonical JSON of the criterion, or the reason it is rejected.
+    pub fn check(&mut self, raw: &FieldValue<'_>) -> Result<String, String> {
+        let key = match raw {
+            FieldValue::Object(t) => t.as_ref(),
+            FieldValue::Str(s) => s.as_ref(),
+            _ => unreachable!("check is only called on objects and strings"),
+        };
+        if let Some(hit) = self.seen.get(key) {
+            return hit.clone();
+        }
+        let parsed = match raw {
+            FieldValue::Object(t) => serde_json::from_str(t)
+                .map_err(|e| format!("invalid criterion JSON: {e}"))
+                .and_then(|v| SuccessCriteria::from_json(&v).map_err(|e| e.to_string())),
+            FieldValue::Str(s) => SuccessCriteria::from_shorthand(s).map_err(|e| e.to_string()),
+            _ => unreachable!(),
+        };
+        let result = parsed.and_then(|c| {
+            c.compile()
+                .map(|_| c.to_canonical_json())
+                .map_err(|e| e.to_string())
+        });
+        // Bound the cache on hostile corpora where every criterion differs.
+        if self.seen.len() < 100_000 {
+            self.seen.insert(key.to_owned(), result.clone());
+        }
+        result
+    }
+}
+
+/// Check one record against the contract; push what is wrong onto `out`.
+pub fn check_record(
+    rec: &RawRecord<'_>,
+    line: u64,
+    criteria: &mut CriteriaCache,
+    out: &mut Vec<Violation>,
+) {
+    for key in &rec.repeated_keys {
+        out.push(Violation::error(
+            line,
+            Some(key),
+            "appears more than once in the record",
+        ));
+    }
+    for key in &rec.unknown_keys {
+        let names: Vec<&str> = CASE_FIELDS.iter().map(|f| f.name).collect();
+        let hint = did_you_mean(key, &names)
+            .map(|s| format!(" (did you mean {s:?}?)"))
+            .unwrap_or_default();
+        out.push(Violation::warning(
+            line,
+            Some(key),
+            format!("not a contract field{hint}; it is ignored"),
+        ));
+    }
+    for (spec, value) in CASE_FIELDS.iter().zip(rec.fields.iter()) {
+        match value {
+            None if spec.required => out.push(Violation::error(
+                line,
+                Some(spec.name),
+                "missing required field",
+            )),
+            None => {}
+            Some(FieldValue::Null) if !spec.required => {}
+            Some(v) => {
+                if let Err(problem) = check_field(spec, v, criteria) {
+                    out.push(Violation::error(line, Some(spec.name), problem));
+                }
+            }
+        }
+    }
+}
+
+/// Check a single present value; `Ok` carries nothing, the caller re-reads the value.
+pub fn check_field(
+    spec: &FieldSpec,
+    value: &FieldValue<'_>,
+    criteria: &mut CriteriaCache,
+) -> Result<(), String> {
+    let expected = match spec.kind {
+        FieldKind::Object => "an object",
+        FieldKind::Criteria => "an object (or a shorthand string)",
+        FieldKind::Probability => "a number in [0, 1]",
+        _ => "a string",
+    };
+    match (spec.kind, value) {
+        (FieldKind::Criteria, FieldValue::Object(_) | FieldValue::Str(_)) => {
+            if let FieldValue::Str(s) = value
+                && s.trim().is_empty()
+            {
+                return Err("empty".into());
+            }
+            criteria.check(value).map(|_| ())
+        }
+        (FieldKind::Object, FieldValue::Object(_)) => Ok(()),
+        (FieldKind::Probability, FieldValue::Number(x)) => {
+            if (0.0..=1.0).contains(x) {
+                Ok(())
+            } else {
+                Err(format!("{x} is outside [0, 1]"))
+            }
+        }
+        (FieldKind::Object | FieldKind::Criteria | FieldKind::Probability, v) => {
+            Err(format!("expected {expected}, found {}", v.kind_name()))
+        }
+        (kind, FieldValue::Str(s)) => check_string(kind, s),
+        (_, v) => Err(format!("expected {expected}, found {}", v.kind_name())),
+    }
+}
+
+fn check_string(kind: FieldKind, s: &str) -> Result<(), String> {
+    if s.trim().is_empty() {
+        return Err("empty".into());
+    }
+    match kind {
+        FieldKind::Id => {
+            let ok = s.len() <= 128
+                && s.as_bytes()[0].is_ascii_alphanumeric()
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
+            if ok {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{:?} is not a valid id (letters, digits, '.', '_', ':', '-'; starts with a letter or digit; at most 128 bytes)",
+                    crate::text::excerpt(s, 60)
+                ))
+            }
+        }
+        FieldKind::Name => {
+            let ok = s.len() <= 64
+                && s.as_bytes()[0].is_ascii_lowercase()
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+            if ok {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{:?} is not a snake_case name (a-z, 0-9, '_'; starts with a letter)",
+                    crate::text::excerpt(s, 60)
+                ))
+            }
+        }
+        FieldKind::Enum(values) => {
+            if values.contains(&s) {
+                Ok(())
+            } else {
+                let hint = did_you_mean(s, values)
+                    .map(|v| format!(" (did you mean {v:?}?)"))
+                    .unwrap_or_default();
+                Err(format!(
+                    "unknown value {:?}{hint}; expected one of {}",
+                    crate::text::excerpt(s, 60),
+                    values.join(", ")
+                ))
+            }
+        }
+        FieldKind::Language => {
+            if is_bcp47(s) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{:?} is not a BCP-47 language tag (like en, de, pt-BR)",
+                    crate::text::excerpt(s, 60)
+                ))
+            }
+        }
+        FieldKind::Timestamp => {
+            if is_rfc3339(s) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{:?} is not an RFC 3339 timestamp (like 2026-11-30T00:00:00Z)",
+                    crate::text::excerpt(s, 60)
+                ))
+            }
+        }
+        FieldKind::Text => Ok(()),
+        FieldKind::Object | FieldKind::Criteria | FieldKind::Probability => unreachable!(),
+    }
+}
+
+/// BCP-47 shape: a 2–3 letter primary language, then subtags of 1–8 alphanumerics.
+pub fn is_bcp47(s: &str) -> bool {
+    let mut parts = s.split('-');
+    let primary = parts.next().unwrap_or("");
+    (2..=3).contains(&primary.len())
+        && primary.bytes().all(|b| b.is_ascii_lowercase())
+        && parts.all(|p| (1..=8).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_alphanumeric()))
+}
+
+/// RFC 3339 date-time: `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)` with plausible ranges.
+pub fn is_rfc3339(s: &str) -> bool {
+    let b = s.as_bytes();
+    let digits = |r: std::ops::Range<usize>| {
+        b.get(r.clone())
+            .is_some_and(|d| d.iter().all(u8::is_ascii_digit))
+    };
+    let num = |r: std::ops::Range<usize>| s[r].parse::<u32>().unwrap_or(99);
+    if b.len() < 20
+        || !(digits(0..4) && b[4] == b'-' && digits(5..7) && b[7] == b'-' && digits(8..10))
+        || !matches!(b[10], b'T' | b't')
+        || !(digits(11..13) && b[13] == b':' && digits(14..16) && b[16] == b':' && digits(17..19))
+    {
+        return false;
+    }
+    if !((1..=12).contains(&num(5..7))
+        && (1..=31).contains(&num(8..10))
+        && num(11..13) < 24
+        && num(14..16) < 60
+        && num(17..19) < 61)
+    {
+        return false;
+    }
+    let mut i = 19;
+    if b[i] == b'.' {
+        i += 1;
+        let start = i;
+        while i < b.len() && b[i].is_ascii_digit() {
+            i += 1;
+        }
+        if i == start {
+            return false;
+        }
+    }
+    match &b[i..] {
+        [b'Z' | b'z'] => true,
+        [b'+' | b'-', h1, h2, b':', m1, m2] => [h1, h2, m1, m2].iter().all(|d| d.is_ascii_digit()),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn violations(line: &str) -> Vec<String> {
+        let rec = RawRecord::parse(line).unwrap();
+        let mut out = Vec::new();
+        check_record(&rec, 1, &mut CriteriaCache::default(), &mut out);
+        out.iter()
+            .map(|v| format!("{}: {}", v.field.as_deref().unwrap_or("record"), v.problem))
+            .collect()
+    }
+
+    const OK: &str = r#"{"case_id":"c-1","source_name":"t","source_type":"synthetic","attack_family":"naive","attack_surface":"email","prompt":"p","success_criteria":{"type":"contains","value":"X"}}"#;
+
+    #[test]
+    fn a_minimal_case_is_valid() {
+        assert!(violations(OK).is_empty());
+    }
+
+    #[test]
+    fn strings_without_escapes_are_borrowed() {
+        let rec = RawRecord::parse(r#"{"case_id":"abc","prompt":"a\nb"}"#).unwrap();
+        assert!(matches!(
+            rec.get("case_id"),
+            Some(FieldValue::Str(Cow::Borrowed("abc")))
+        ));
+        assert!(matches!(
+            rec.get("prompt"),
+            Some(FieldValue::Str(Cow::Owned(_)))
+        ));
+    }
+
+    #[test]
+    fn reports_each_problem_with_its_field() {
+        let line = OK
+            .replace(
+                r#""source_type":"synthetic""#,
+                r#""source_type":"synthetik""#,
+            )
+            .replace(r#""prompt":"p""#, r#""prompt":"  ""#)
+            .replace(r#""case_id":"c-1""#, r#""case_id":7"#)
+            .replace(
+                r#""attack_surface":"email","#,
+                r#""language":"english","atack_family":"x","#,
+            );
+        assert_eq!(
+            violations(&line),
+            [
+                "atack_family: not a contract field (did you mean \"attack_family\"?); it is ignored",
+                "case_id: expected a string, found a number",
+                "source_type: unknown value \"synthetik\" (did you mean \"synthetic\"?); expected one of public_benchmark, synthetic, handwritten, red_team, in_the_wild",
+                "attack_surface: missing required field",
+                "prompt: empty",
+                "language: \"english\" is not a BCP-47 language tag (like en, de, pt-BR)",
+            ]
+        );
+    }
+
+    #[test]
+    fn optional_null_is_absent_but_required_null_is_not() {
+        let line = OK.replace(r#""prompt":"p""#, r#""prompt":null,"notes":null"#);
+        assert_eq!(violations(&line), ["prompt: expected a string, found null"]);
+    }
+
+    #[test]
+    fn timestamps_and_tags() {
+        assert!(is_rfc3339("2026-11-30T00:00:00Z"));
+        assert!(is_rfc3339("2026-11-30T10:20:30.123+01:00"));
+        assert!(!is_rfc3339("2026-13-30T00:00:00Z"));
+        assert!(!is_rfc3339("2026-11-30 00:00:00"));
+        assert!(!is_rfc3339("2026-11-30T00:00:00Zjunk"));
+        assert!(is_bcp47("pt-BR") && is_bcp47("en") && !is_bcp47("EN") && !is_bcp47("e"));
+    }
+}

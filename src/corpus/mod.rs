@@ -1,0 +1,13 @@
+//! Corpora on disk: the streaming reader (JSONL / Parquet → validated Arrow batches
+//! with the file's sha256), the deterministic synthetic generator, and statistics.
+
+pub mod lines;
+pub mod reader;
+
+pub use reader::{
+    CorpusReader, LoadedCorpus, ReadOptions, ValidationReport, load_corpus, validate_file,
+};
+pub mod obfuscate;
+pub mod stats;
+pub mod synth;
+pub mod templates;

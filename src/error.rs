@@ -1,0 +1,104 @@
+//! The one error type of pieval. Every variant says *where*: the file, the line (or
+//! record), the field. The CLI maps [`Error::exit_code`] to the process exit status:
+//! `1` when what was checked failed, `2` when the command could not do its work.
+
+use std::path::{Path, PathBuf};
+
+/// `Result` with [`Error`] as the default error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file could not be opened, read or written.
+    #[error("{path}: {action}: {source}")]
+    Io {
+        path: PathBuf,
+        action: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A problem located at a line (or record) of an input file, optionally a field.
+    #[error("{}:{line}: {}: {message}", path.display(), field.as_deref().unwrap_or("record"))]
+    Input {
+        path: PathBuf,
+        line: u64,
+        field: Option<String>,
+        message: String,
+    },
+
+    /// A configuration or data file (templates, taxonomy, rules) that does not parse.
+    #[error("{}: {message}", path.display())]
+    Config { path: PathBuf, message: String },
+
+    /// A corpus that failed validation; the violations were already reported.
+    #[error("{path}: {count} contract violation(s)", path = path.display())]
+    Invalid { path: PathBuf, count: u64 },
+
+    /// A command-line usage problem that clap cannot express.
+    #[error("{0}")]
+    Usage(String),
+
+    #[error("arrow: {0}")]
+    Arrow(#[from] datafusion::arrow::error::ArrowError),
+
+    #[error("parquet: {0}")]
+    Parquet(#[from] datafusion::parquet::errors::ParquetError),
+
+    #[error("datafusion: {0}")]
+    DataFusion(Box<datafusion::error::DataFusionError>),
+}
+
+impl From<datafusion::error::DataFusionError> for Error {
+    fn from(e: datafusion::error::DataFusionError) -> Self {
+        Error::DataFusion(Box::new(e))
+    }
+}
+
+impl From<Error> for datafusion::error::DataFusionError {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::DataFusion(inner) => *inner,
+            other => datafusion::error::DataFusionError::External(Box::new(other)),
+        }
+    }
+}
+
+impl Error {
+    pub fn io(path: impl AsRef<Path>, action: &'static str, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.as_ref().to_path_buf(),
+            action,
+            source,
+        }
+    }
+
+    pub fn config(path: impl AsRef<Path>, message: impl Into<String>) -> Self {
+        Error::Config {
+            path: path.as_ref().to_path_buf(),
+            message: message.into(),
+        }
+    }
+
+    pub fn input(
+        path: impl AsRef<Path>,
+        line: u64,
+        field: Option<&str>,
+        message: impl Into<String>,
+    ) -> Self {
+        Error::Input {
+            path: path.as_ref().to_path_buf(),
+            line,
+            field: field.map(str::to_owned),
+            message: message.into(),
+        }
+    }
+
+    /// `1`: the thing checked is wrong (invalid corpus). `2`: the command could not run.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Invalid { .. } => 1,
+            _ => 2,
+        }
+    }
+}

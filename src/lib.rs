@@ -1,0 +1,23 @@
+//! # pieval
+//!
+//! A prompt-injection evaluation framework on Arrow, Parquet and DataFusion.
+//!
+//! ## Layout
+//!
+//! - [`contract`]: the user's schema contract in code (fields, vocabularies, success
+//!   criteria, Arrow schemas, per-record rules). Everything else depends on it.
+//! - [`corpus`]: streaming corpus reader (JSONL / Parquet → Arrow + sha256), the
+//!   synthetic generator and statistics.
+//! - [`taxonomy`]: enrichment of cases with categories, severity and success definitions.
+//! - [`cli`]: the command surface; the only module that prints.
+//!
+//! Modules depend downward only: `cli` → `corpus`, `taxonomy` → `contract`.
+
+pub mod cli;
+pub mod contract;
+pub mod corpus;
+pub mod error;
+pub mod taxonomy;
+pub mod text;
+
+pub use error::{Error, Result};

@@ -1,0 +1,26 @@
+//! The `pieval` binary: parse, dispatch, map errors to exit codes (CLI.md).
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    match pieval::cli::main() {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            if is_broken_pipe(&e) {
+                // `pieval validate | head` is not an error.
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("error: {e}");
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                eprintln!("  caused by: {s}");
+                source = s.source();
+            }
+            ExitCode::from(e.exit_code() as u8)
+        }
+    }
+}
+
+fn is_broken_pipe(e: &pieval::Error) -> bool {
+    matches!(e, pieval::Error::Io { source, .. } if source.kind() == std::io::ErrorKind::BrokenPipe)
+}
