@@ -1,0 +1,41 @@
+//! Shared helpers for the integration tests: the repository root, a temp dir per test,
+//! and the `pieval` binary as a command.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn repo(rel: &str) -> PathBuf {
+    root().join(rel)
+}
+
+/// `pieval` run from the repository root (commands default to its layout).
+pub fn pieval() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pieval"));
+    cmd.current_dir(root());
+    cmd
+}
+
+pub struct Output {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+pub fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("pieval runs");
+    Output {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Replace a temp folder in output with `<tmp>` so snapshots are stable.
+pub fn scrub(text: &str, dir: &Path) -> String {
+    text.replace(&dir.display().to_string(), "<tmp>")
+}
