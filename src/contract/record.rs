@@ -82,19 +82,89 @@ impl<'de> Visitor<'de> for RecordVisitor {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut rec = RawRecord::default();
+        // Writers (ours included) emit keys in contract order: try the next field first.
+        let mut hint = 0;
         while let Some(BorrowedStr(key)) = map.next_key()? {
-            let raw: &'de RawValue = map.next_value()?;
-            match case_field_index(&key) {
+            let index = match CASE_FIELDS.get(hint) {
+                Some(f) if f.name == key => Some(hint),
+                _ => case_field_index(&key),
+            };
+            match index {
                 Some(i) => {
+                    hint = i + 1;
                     if rec.fields[i].is_some() {
                         rec.repeated_keys.push(CASE_FIELDS[i].name);
                     }
-                    rec.fields[i] = Some(classify(raw).map_err(de::Error::custom)?);
+                    let value = match CASE_FIELDS[i].kind {
+                        // Objects are kept as their JSON text.
+                        FieldKind::Object | FieldKind::Criteria => {
+                            classify(map.next_value::<&'de RawValue>()?)
+                                .map_err(de::Error::custom)?
+                        }
+                        // Everything else is read in one pass, strings borrowed.
+                        _ => map.next_value::<ScalarValue>()?.0,
+                    };
+                    rec.fields[i] = Some(value);
                 }
-                None => rec.unknown_keys.push(key),
+                None => {
+                    map.next_value::<de::IgnoredAny>()?;
+                    rec.unknown_keys.push(key);
+                }
             }
         }
         Ok(rec)
+    }
+}
+
+/// A value read in a single pass: strings (borrowed when unescaped), numbers, booleans
+/// and null as themselves; objects and arrays skipped and only their kind kept.
+struct ScalarValue<'a>(FieldValue<'a>);
+
+impl<'de> serde::Deserialize<'de> for ScalarValue<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ScalarValue<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(ScalarValue(FieldValue::Str(Cow::Borrowed(v))))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(ScalarValue(FieldValue::Str(Cow::Owned(v.to_owned()))))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+                Ok(ScalarValue(FieldValue::Str(Cow::Owned(v))))
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+                Ok(ScalarValue(FieldValue::Bool(v)))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(ScalarValue(FieldValue::Number(v as f64)))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(ScalarValue(FieldValue::Number(v as f64)))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+                Ok(ScalarValue(FieldValue::Number(v)))
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(ScalarValue(FieldValue::Null))
+            }
+            fn visit_none<E>(self) -> Result<Self::Value, E> {
+                Ok(ScalarValue(FieldValue::Null))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
+                while m.next_entry::<de::IgnoredAny, de::IgnoredAny>()?.is_some() {}
+                Ok(ScalarValue(FieldValue::Object(Cow::Borrowed(""))))
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut s: A) -> Result<Self::Value, A::Error> {
+                while s.next_element::<de::IgnoredAny>()?.is_some() {}
+                Ok(ScalarValue(FieldValue::Array))
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 
@@ -178,37 +248,57 @@ impl Violation {
 /// criteria many times, and a regex compile costs far more than a lookup.
 #[derive(Default)]
 pub struct CriteriaCache {
-    seen: HashMap<String, Result<String, String>>,
+    seen: HashMap<Box<str>, Result<Box<str>, Box<str>>>,
+    /// The verdict on the last text that did not fit in the bounded cache.
+    overflow: Option<Result<Box<str>, Box<str>>>,
 }
 
+/// Entries kept at most: a hostile corpus where every criterion differs cannot grow
+/// the cache without bound (misses are then compiled each time, still correct).
+const CRITERIA_CACHE_LIMIT: usize = 100_000;
+
 impl CriteriaCache {
-    /// The canonical JSON of the criterion, or the reason it is rejected.
-    pub fn check(&mut self, raw: &FieldValue<'_>) -> Result<String, String> {
+    /// The canonical JSON of the criterion, or the reason it is rejected. Borrowed from
+    /// the cache: a hit allocates nothing.
+    pub fn check(&mut self, raw: &FieldValue<'_>) -> Result<&str, &str> {
         let key = match raw {
             FieldValue::Object(t) => t.as_ref(),
             FieldValue::Str(s) => s.as_ref(),
-            _ => unreachable!("check is only called on objects and strings"),
+            _ => return Err("expected an object (or a shorthand string)"),
         };
-        if let Some(hit) = self.seen.get(key) {
-            return hit.clone();
+        if !self.seen.contains_key(key) {
+            let verdict = Self::compile(raw);
+            if self.seen.len() >= CRITERIA_CACHE_LIMIT {
+                return as_refs(self.overflow.insert(verdict));
+            }
+            self.seen.insert(key.into(), verdict);
         }
+        as_refs(&self.seen[key])
+    }
+
+    fn compile(raw: &FieldValue<'_>) -> Result<Box<str>, Box<str>> {
         let parsed = match raw {
             FieldValue::Object(t) => serde_json::from_str(t)
                 .map_err(|e| format!("invalid criterion JSON: {e}"))
                 .and_then(|v| SuccessCriteria::from_json(&v).map_err(|e| e.to_string())),
             FieldValue::Str(s) => SuccessCriteria::from_shorthand(s).map_err(|e| e.to_string()),
-            _ => unreachable!(),
+            _ => Err("expected an object (or a shorthand string)".to_owned()),
         };
-        let result = parsed.and_then(|c| {
-            c.compile()
-                .map(|_| c.to_canonical_json())
-                .map_err(|e| e.to_string())
-        });
-        // Bound the cache on hostile corpora where every criterion differs.
-        if self.seen.len() < 100_000 {
-            self.seen.insert(key.to_owned(), result.clone());
-        }
-        result
+        parsed
+            .and_then(|c| {
+                c.compile()
+                    .map(|_| c.to_canonical_json())
+                    .map_err(|e| e.to_string())
+            })
+            .map(String::into_boxed_str)
+            .map_err(String::into_boxed_str)
+    }
+}
+
+fn as_refs(r: &Result<Box<str>, Box<str>>) -> Result<&str, &str> {
+    match r {
+        Ok(s) => Ok(s),
+        Err(e) => Err(e),
     }
 }
 
@@ -274,7 +364,7 @@ pub fn check_field(
             {
                 return Err("empty".into());
             }
-            criteria.check(value).map(|_| ())
+            criteria.check(value).map(|_| ()).map_err(str::to_owned)
         }
         (FieldKind::Object, FieldValue::Object(_)) => Ok(()),
         (FieldKind::Probability, FieldValue::Number(x)) => {

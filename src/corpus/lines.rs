@@ -6,6 +6,8 @@
 //! memory and the lines after it are still checked.
 
 use std::io::{self, Read};
+use std::sync::mpsc::{SyncSender, sync_channel};
+use std::thread::JoinHandle;
 
 use sha2::{Digest, Sha256};
 
@@ -32,7 +34,7 @@ pub struct LineReader<R> {
     max_line: usize,
     /// Length so far of an over-long line being skipped.
     skipping: Option<u64>,
-    hasher: Sha256,
+    hasher: BackgroundSha256,
     bytes_read: u64,
     line_no: u64,
 }
@@ -49,7 +51,7 @@ impl<R: Read> LineReader<R> {
             eof: false,
             max_line,
             skipping: None,
-            hasher: Sha256::new(),
+            hasher: BackgroundSha256::spawn(),
             bytes_read: 0,
             line_no: 0,
         }
@@ -64,9 +66,9 @@ impl<R: Read> LineReader<R> {
         self.bytes_read
     }
 
-    /// The sha256 of everything read so far (the whole file once `next_line` gave `None`).
-    pub fn sha256_hex(&self) -> String {
-        hex::encode(self.hasher.clone().finalize())
+    /// The sha256 of the whole input; call once `next_line` gave `None`.
+    pub fn sha256_hex(&mut self) -> String {
+        self.hasher.finish()
     }
 
     pub fn next_line(&mut self) -> io::Result<Option<Line<'_>>> {
@@ -143,13 +145,81 @@ impl<R: Read> LineReader<R> {
                 Err(e) => return Err(e),
             }
         };
-        self.hasher.update(&self.buf[self.end..self.end + n]);
+        if n > 0 {
+            self.hasher.update(&self.buf[self.end..self.end + n])?;
+        }
         self.bytes_read += n as u64;
         self.end += n;
         if n == 0 {
             self.eof = true;
         }
         Ok(())
+    }
+}
+
+/// sha256 computed on a helper thread, so hashing overlaps parsing. The channel is
+/// bounded: at most `QUEUED_CHUNKS` read chunks wait to be hashed. If no thread can be
+/// started, hashing happens inline.
+enum BackgroundSha256 {
+    Thread {
+        tx: Option<SyncSender<Vec<u8>>>,
+        worker: Option<JoinHandle<String>>,
+    },
+    Inline(Box<Sha256>),
+    Done(String),
+}
+
+const QUEUED_CHUNKS: usize = 8;
+
+impl BackgroundSha256 {
+    fn spawn() -> Self {
+        let (tx, rx) = sync_channel::<Vec<u8>>(QUEUED_CHUNKS);
+        let worker = std::thread::Builder::new()
+            .name("pieval-sha256".into())
+            .spawn(move || {
+                let mut h = Sha256::new();
+                for chunk in rx {
+                    h.update(&chunk);
+                }
+                hex::encode(h.finalize())
+            });
+        match worker {
+            Ok(worker) => BackgroundSha256::Thread {
+                tx: Some(tx),
+                worker: Some(worker),
+            },
+            Err(_) => BackgroundSha256::Inline(Box::new(Sha256::new())),
+        }
+    }
+
+    fn update(&mut self, data: &[u8]) -> io::Result<()> {
+        match self {
+            BackgroundSha256::Thread { tx: Some(tx), .. } => tx
+                .send(data.to_vec())
+                .map_err(|_| io::Error::other("the sha256 thread stopped")),
+            BackgroundSha256::Inline(h) => {
+                h.update(data);
+                Ok(())
+            }
+            _ => Err(io::Error::other("sha256 already finished")),
+        }
+    }
+
+    fn finish(&mut self) -> String {
+        let digest = match self {
+            BackgroundSha256::Done(d) => return d.clone(),
+            BackgroundSha256::Inline(h) => hex::encode(h.clone().finalize()),
+            BackgroundSha256::Thread { tx, worker } => {
+                tx.take();
+                // The worker only hashes; it cannot fail short of a panic in sha2.
+                worker
+                    .take()
+                    .and_then(|w| w.join().ok())
+                    .unwrap_or_default()
+            }
+        };
+        *self = BackgroundSha256::Done(digest.clone());
+        digest
     }
 }
 

@@ -203,7 +203,7 @@ impl CorpusReader {
             };
             if !more {
                 self.done = true;
-                if let Source::Jsonl(lines) = &self.source {
+                if let Source::Jsonl(lines) = &mut self.source {
                     c.report.sha256 = lines.sha256_hex();
                     c.report.bytes = lines.bytes_read();
                 }

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Load + validate throughput of `pieval validate` against DuckDB's read_json, on the same
+generated corpus (>= 1 GB by default), in the same run.
+
+The corpus is generated here (not committed) by repeating the committed canonical corpus
+with fresh case ids. pieval streams the file through the full contract check (every
+field, enum, criterion compile, duplicate ids, sha256); DuckDB parses the same
+newline-delimited JSON into a table (`CREATE TABLE ... AS SELECT * FROM read_json(...)`),
+which checks JSON syntax and types but no contract. Peak RSS of each is measured in a
+child process (ru_maxrss).
+
+Usage:  python3 benches/compare_validate_duckdb.py [--size-mb 1024] [--runs 3] [--keep]
+Needs:  cargo (builds target/release/pieval), `pip install duckdb`.
+"""
+import argparse, json, os, subprocess, sys, tempfile, time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def build_pieval():
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+    subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
+    return os.path.join(target, "release", "pieval")
+
+
+def generate(path, size_mb):
+    src = open(os.path.join(ROOT, "data/normalized/attack_cases.jsonl"), encoding="utf-8").read().splitlines()
+    prefix = '{"case_id":"'
+    target = size_mb * 1024 * 1024
+    written, rep = 0, 0
+    with open(path, "w", encoding="utf-8") as f:
+        while written < target:
+            chunk = "\n".join(l.replace(prefix, f'{prefix}r{rep}-', 1) for l in src) + "\n"
+            f.write(chunk)
+            written += len(chunk.encode("utf-8"))
+            rep += 1
+    return os.path.getsize(path), rep * len(src)
+
+
+def timed_child(cmd):
+    """Run cmd, return (seconds, peak RSS MiB of exactly that child, stdout)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(p.pid, 0)
+        dt = time.perf_counter() - t
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if p.returncode not in (0, 1):
+            sys.exit(f"{cmd[0]} failed ({p.returncode}): {err.read()}")
+        return dt, usage.ru_maxrss / 1024, out.read()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size-mb", type=int, default=1024)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args()
+    try:
+        import duckdb  # noqa: F401
+    except ImportError:
+        sys.exit("pip install duckdb")
+    pieval = build_pieval()
+    tmp = tempfile.mkdtemp(prefix="pieval-bench-")
+    corpus = os.path.join(tmp, "corpus.jsonl")
+    size, rows = generate(corpus, args.size_mb)
+    mb = size / 1e6
+    print(f"corpus: {corpus}: {size/2**20:.0f} MiB, {rows} cases")
+
+    duck_script = (
+        "import duckdb,sys; c=duckdb.connect(); "
+        "c.execute(\"CREATE TABLE t AS SELECT * FROM read_json(?, format='newline_delimited')\", [sys.argv[1]]); "
+        "print(c.execute('SELECT count(*) FROM t').fetchone()[0])"
+    )
+    results = {}
+    for name, cmd in [
+        ("pieval validate", [pieval, "validate", corpus, "--json", "--max-errors", "5"]),
+        ("duckdb read_json", [sys.executable, "-c", duck_script, corpus]),
+    ]:
+        times, peak, out = [], 0.0, ""
+        for _ in range(args.runs):
+            dt, peak, out = timed_child(cmd)
+            times.append(dt)
+        best = min(times)
+        results[name] = (best, peak)
+        check = ""
+        if name.startswith("pieval"):
+            rep = json.loads(out)[0]
+            check = f"records={rep['records']} valid={rep['valid_records']} errors={rep['errors']}"
+        else:
+            check = f"rows={out.strip()}"
+        print(f"{name:18s} best {best:6.2f} s  {mb/best:7.1f} MB/s  peak RSS {peak:7.1f} MiB  ({check}; runs: {', '.join(f'{t:.2f}' for t in times)})")
+    (pt, _), (dt, _) = results["pieval validate"], results["duckdb read_json"]
+    print(f"ratio: pieval is {dt/pt:.2f}x DuckDB's throughput")
+    if not args.keep:
+        os.remove(corpus)
+        os.rmdir(tmp)
+
+
+if __name__ == "__main__":
+    main()
