@@ -70,7 +70,7 @@ def main():
     print(f"corpus: {corpus}: {size/2**20:.0f} MiB, {rows} cases")
 
     duck_script = (
-        "import duckdb,sys; c=duckdb.connect(); "
+        "import duckdb,sys; c=duckdb.connect(); c.execute('SET enable_progress_bar=false'); "
         "c.execute(\"CREATE TABLE t AS SELECT * FROM read_json(?, format='newline_delimited')\", [sys.argv[1]]); "
         "print(c.execute('SELECT count(*) FROM t').fetchone()[0])"
     )

@@ -336,3 +336,74 @@ fn bad_templates_are_named_errors() {
     );
     assert!(!dir.path().join("o.jsonl").exists());
 }
+
+#[test]
+fn duplicates_across_blocks_are_found_in_file_order_and_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dups.jsonl");
+    let first = read("data/normalized/attack_cases.jsonl")
+        .lines()
+        .next()
+        .unwrap()
+        .to_owned();
+    let id = serde_json::from_str::<Value>(&first).unwrap()["case_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut lines = Vec::new();
+    for i in 0..50 {
+        // Lines 3 and 27 repeat line 1's id; every other line gets its own.
+        let this = if i == 2 || i == 26 {
+            id.clone()
+        } else {
+            format!("{id}-{i}")
+        };
+        lines.push(first.replacen(&format!("\"{id}\""), &format!("\"{this}\""), 1));
+    }
+    lines[0] = first.clone();
+    std::fs::write(&path, lines.join("\n")).unwrap();
+    let mut reader = CorpusReader::open(
+        &path,
+        ReadOptions {
+            batch_size: 10,
+            ..ReadOptions::default()
+        },
+    )
+    .unwrap();
+    let rows: usize = reader.by_ref().map(|b| b.unwrap().num_rows()).sum();
+    let report = reader.finish().unwrap();
+    assert_eq!(rows, 48);
+    assert_eq!(
+        (report.records, report.valid_records, report.errors),
+        (50, 48, 2)
+    );
+    let found: Vec<(u64, &str)> = report
+        .violations
+        .iter()
+        .map(|v| (v.line, v.problem.as_str()))
+        .collect();
+    assert_eq!(found.len(), 2);
+    assert_eq!(found[0].0, 3);
+    assert_eq!(found[1].0, 27);
+    assert!(
+        found.iter().all(|(_, p)| p.ends_with("(first at line 1)")),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn a_reader_dropped_mid_stream_stops_cleanly() {
+    let path = repo("data/normalized/attack_cases.jsonl");
+    for _ in 0..20 {
+        let mut reader = CorpusReader::open(
+            &path,
+            ReadOptions {
+                batch_size: 16,
+                ..ReadOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(reader.next().unwrap().unwrap().num_rows(), 16);
+        drop(reader);
+    }
+}

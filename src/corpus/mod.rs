@@ -1,6 +1,7 @@
 //! Corpora on disk: the streaming reader (JSONL / Parquet → validated Arrow batches
 //! with the file's sha256), the deterministic synthetic generator, and statistics.
 
+mod jsonl;
 pub mod lines;
 pub mod reader;
 

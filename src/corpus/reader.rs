@@ -15,9 +15,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, Float64Builder, RecordBatch, StringBuilder,
+    Array, ArrayRef, AsArray, BooleanArray, Float64Builder, RecordBatch, StringBuilder,
 };
 use datafusion::arrow::compute::cast;
+use datafusion::arrow::compute::filter_record_batch;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::parquet::arrow::arrow_reader::{
     ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder,
@@ -25,7 +26,8 @@ use datafusion::parquet::arrow::arrow_reader::{
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use super::lines::{DEFAULT_MAX_LINE_BYTES, Line, LineReader};
+use super::jsonl::{BlockResult, Next, Pipeline};
+use super::lines::DEFAULT_MAX_LINE_BYTES;
 use crate::contract::arrow::enriched_case_schema;
 use crate::contract::fields::{CASE_FIELDS, FieldKind, case_field_index};
 use crate::contract::record::{CriteriaCache, FieldValue, RawRecord, Violation, check_record};
@@ -100,7 +102,7 @@ impl ValidationReport {
 }
 
 enum Source {
-    Jsonl(Box<LineReader<File>>),
+    Jsonl(Box<Pipeline>),
     Parquet {
         reader: ParquetRecordBatchReader,
         /// Row number (1-based) of the first row of the next batch.
@@ -131,6 +133,7 @@ impl CorpusReader {
     pub fn open(path: impl AsRef<Path>, opts: ReadOptions) -> Result<Self> {
         let path = path.as_ref();
         let file = File::open(path).map_err(|e| Error::io(path, "cannot open corpus", e))?;
+        let ids = IdSet::default();
         let is_parquet = path
             .extension()
             .is_some_and(|e| e.eq_ignore_ascii_case("parquet"));
@@ -150,8 +153,8 @@ impl CorpusReader {
                 sha,
             )
         } else {
-            let lines = LineReader::new(file, opts.max_line_bytes);
-            (Source::Jsonl(Box::new(lines)), "jsonl", String::new())
+            let pipeline = Pipeline::start(file, &opts, ids.keys.clone());
+            (Source::Jsonl(Box::new(pipeline)), "jsonl", String::new())
         };
         Ok(Self {
             source,
@@ -160,7 +163,7 @@ impl CorpusReader {
                 builder: CaseBatchBuilder::new(opts.batch_size),
                 opts,
                 criteria: CriteriaCache::default(),
-                ids: IdSet::default(),
+                ids,
                 report: ValidationReport {
                     path: path.to_path_buf(),
                     format,
@@ -190,109 +193,84 @@ impl CorpusReader {
         Ok(self.checker.report)
     }
 
-    /// Read until a batch is full or the input ends.
+    /// The next non-empty batch, or `None` at the end of input.
     fn fill_batch(&mut self) -> Result<Option<RecordBatch>> {
-        loop {
-            let c = &mut self.checker;
-            if c.builder.len() >= c.opts.batch_size {
-                return c.builder.finish().map(Some);
-            }
-            let more = match &mut self.source {
-                Source::Jsonl(lines) => c.read_jsonl_line(lines)?,
-                Source::Parquet { reader, next_row } => c.read_parquet_batch(reader, next_row)?,
-            };
-            if !more {
-                self.done = true;
-                if let Source::Jsonl(lines) = &mut self.source {
-                    c.report.sha256 = lines.sha256_hex();
-                    c.report.bytes = lines.bytes_read();
+        let c = &mut self.checker;
+        match &mut self.source {
+            Source::Jsonl(pipeline) => loop {
+                let next = pipeline
+                    .next()
+                    .map_err(|e| Error::io(&c.report.path, "cannot read corpus", e))?;
+                match next {
+                    Next::Block(block) => {
+                        if let Some(batch) = c.merge_block(block)? {
+                            return Ok(Some(batch));
+                        }
+                    }
+                    Next::End { sha256, bytes } => {
+                        c.report.sha256 = sha256;
+                        c.report.bytes = bytes;
+                        return Ok(None);
+                    }
                 }
-                return if c.builder.len() > 0 {
-                    c.builder.finish().map(Some)
-                } else {
-                    Ok(None)
-                };
-            }
+            },
+            Source::Parquet { reader, next_row } => loop {
+                if c.builder.len() >= c.opts.batch_size {
+                    return c.builder.finish().map(Some);
+                }
+                if !c.read_parquet_batch(reader, next_row)? {
+                    return if c.builder.len() > 0 {
+                        c.builder.finish().map(Some)
+                    } else {
+                        Ok(None)
+                    };
+                }
+            },
         }
     }
 }
 
 impl Checker {
-    /// Handle one JSONL line; `false` at end of input.
-    fn read_jsonl_line(&mut self, lines: &mut LineReader<File>) -> Result<bool> {
-        let path = &self.report.path;
+    /// Fold one JSONL block's result into the report, in file order: duplicate ids are
+    /// decided here (the first occurrence in the file wins) and their rows dropped.
+    fn merge_block(&mut self, mut block: BlockResult) -> Result<Option<RecordBatch>> {
         let max = self.opts.max_reported;
-        let no = lines.line_no() + 1;
-        let line = lines
-            .next_line()
-            .map_err(|e| Error::io(path, "cannot read corpus", e))?;
-        let Some(line) = line else { return Ok(false) };
-        self.report.records += 1;
-        let mut bytes = match line {
-            Line::TooLong { len } => {
-                let limit = self.opts.max_line_bytes;
-                self.report.push(
-                    Violation::error(
-                        no,
-                        None,
-                        format!(
-                            "line is {len} bytes, over the limit of {limit} (--max-line-bytes)"
-                        ),
-                    ),
-                    max,
-                );
-                return Ok(true);
+        self.report.records += block.records;
+        self.report.valid_records += block.valid;
+        let mut dropped = Vec::new();
+        let mut duplicates = false;
+        for e in block.ids.drain(..) {
+            if let Some(first) = self.ids.insert_hash(e.hash, e.line) {
+                duplicates = true;
+                block.violations.push(Violation::error(
+                    e.line,
+                    Some("case_id"),
+                    format!("duplicate case_id {:?} (first at line {first})", e.id),
+                ));
+                if e.valid {
+                    self.report.valid_records -= 1;
+                }
+                dropped.extend(e.row);
             }
-            Line::Bytes(b) => b,
-        };
-        if no == 1 && bytes.starts_with(b"\xEF\xBB\xBF") {
-            self.report.push(
-                Violation::error(
-                    no,
-                    None,
-                    "file starts with a UTF-8 byte-order mark (BOM); save it as UTF-8 without BOM",
-                ),
-                max,
-            );
-            bytes = &bytes[3..];
         }
-        let text = match std::str::from_utf8(bytes) {
-            Ok(t) => t,
-            Err(e) => {
-                self.report.push(
-                    Violation::error(
-                        no,
-                        None,
-                        format!("invalid UTF-8 at byte {} of the line", e.valid_up_to() + 1),
-                    ),
-                    max,
-                );
-                return Ok(true);
-            }
-        };
-        if text.trim().is_empty() {
-            self.report.push(
-                Violation::error(
-                    no,
-                    None,
-                    "blank line (every line must hold one JSON object)",
-                ),
-                max,
-            );
-            return Ok(true);
+        if duplicates {
+            // Stable: a duplicate is reported after the record's other problems.
+            block.violations.sort_by_key(|v| v.line);
         }
-        let rec = match RawRecord::parse(text) {
-            Ok(r) => r,
-            Err(e) => {
-                self.report.push(
-                    Violation::error(no, None, json_error_message(&e, text)),
-                    max,
-                );
-                return Ok(true);
-            }
+        for v in block.violations {
+            self.report.push(v, max);
+        }
+        let Some(batch) = block.batch.transpose()? else {
+            return Ok(None);
         };
-        self.accept(&rec, no);
-        Ok(true)
+        if dropped.is_empty() {
+            return Ok(Some(batch));
+        }
+        let keep: BooleanArray = (0..batch.num_rows())
+            .map(|r| Some(!dropped.contains(&r)))
+            .collect();
+        let batch = filter_record_batch(&batch, &keep)?;
+        Ok((batch.num_rows() > 0).then_some(batch))
     }
 
     /// Handle one Parquet batch, row by row; `false` at end of input.
@@ -331,7 +309,7 @@ impl Checker {
         self.scratch.clear();
         check_record(rec, no, &mut self.criteria, &mut self.scratch);
         if let Some(FieldValue::Str(id)) = rec.get("case_id")
-            && let Some(first) = self.ids.insert(id, no)
+            && let Some(first) = self.ids.insert_hash(self.ids.keys.hash(id), no)
         {
             self.scratch.push(Violation::error(
                 no,
@@ -365,7 +343,10 @@ impl Iterator for CorpusReader {
         }
         match self.fill_batch() {
             Ok(Some(b)) => Some(Ok(b)),
-            Ok(None) => None,
+            Ok(None) => {
+                self.done = true;
+                None
+            }
             Err(e) => {
                 self.done = true;
                 Some(Err(e))
@@ -375,7 +356,7 @@ impl Iterator for CorpusReader {
 }
 
 /// serde_json's message without its "at line 1 column N" tail, with the column first.
-fn json_error_message(e: &serde_json::Error, text: &str) -> String {
+pub(crate) fn json_error_message(e: &serde_json::Error, text: &str) -> String {
     let msg = e.to_string();
     let msg = msg
         .rsplit_once(" at line ")
@@ -389,19 +370,29 @@ fn json_error_message(e: &serde_json::Error, text: &str) -> String {
     }
 }
 
-/// The set of case ids seen, as 128-bit hashes (two independently keyed SipHashes), so
-/// duplicate detection needs 20 bytes a case rather than the ids themselves.
+/// Two independently keyed SipHashes: a 128-bit fingerprint of a case id. Shared by
+/// the check workers so they all hash alike.
+#[derive(Clone, Default)]
+pub(crate) struct IdKeys(RandomState, RandomState);
+
+impl IdKeys {
+    pub(crate) fn hash(&self, id: &str) -> u128 {
+        ((self.0.hash_one(id) as u128) << 64) | self.1.hash_one(id) as u128
+    }
+}
+
+/// The set of case ids seen, as fingerprints, so duplicate detection needs about 20
+/// bytes a case rather than the ids themselves.
 #[derive(Default)]
 struct IdSet {
-    keys: (RandomState, RandomState),
+    keys: IdKeys,
     seen: HashMap<u128, u64>,
 }
 
 impl IdSet {
-    /// Insert; returns the line of the first occurrence when `id` was seen before.
-    fn insert(&mut self, id: &str, line: u64) -> Option<u64> {
-        let h = ((self.keys.0.hash_one(id) as u128) << 64) | self.keys.1.hash_one(id) as u128;
-        match self.seen.entry(h) {
+    /// Insert; returns the line of the first occurrence when the id was seen before.
+    fn insert_hash(&mut self, hash: u128, line: u64) -> Option<u64> {
+        match self.seen.entry(hash) {
             std::collections::hash_map::Entry::Occupied(e) => Some(*e.get()),
             std::collections::hash_map::Entry::Vacant(e) => {
                 e.insert(line);
@@ -412,14 +403,14 @@ impl IdSet {
 }
 
 /// Builds batches of the enriched-case schema from valid records.
-struct CaseBatchBuilder {
+pub(crate) struct CaseBatchBuilder {
     strings: Vec<Option<StringBuilder>>,
     confidence: Float64Builder,
     rows: usize,
 }
 
 impl CaseBatchBuilder {
-    fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         let strings = CASE_FIELDS
             .iter()
             .map(|f| {
@@ -434,11 +425,11 @@ impl CaseBatchBuilder {
         }
     }
 
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.rows
     }
 
-    fn append(&mut self, rec: &RawRecord<'_>, criteria: &mut CriteriaCache) {
+    pub(crate) fn append(&mut self, rec: &RawRecord<'_>, criteria: &mut CriteriaCache) {
         for ((spec, value), builder) in CASE_FIELDS.iter().zip(&rec.fields).zip(&mut self.strings) {
             match (builder, value) {
                 (None, Some(FieldValue::Number(x))) => self.confidence.append_value(*x),
@@ -461,6 +452,10 @@ impl CaseBatchBuilder {
     }
 
     fn finish(&mut self) -> Result<RecordBatch> {
+        Ok(self.finish_arrow()?)
+    }
+
+    pub(crate) fn finish_arrow(&mut self) -> datafusion::arrow::error::Result<RecordBatch> {
         let columns: Vec<ArrayRef> = self
             .strings
             .iter_mut()
@@ -470,7 +465,7 @@ impl CaseBatchBuilder {
             })
             .collect();
         self.rows = 0;
-        Ok(RecordBatch::try_new(enriched_case_schema(), columns)?)
+        RecordBatch::try_new(enriched_case_schema(), columns)
     }
 }
 
