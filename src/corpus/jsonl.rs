@@ -49,7 +49,9 @@ enum Item {
 pub struct IdEntry {
     pub line: u64,
     pub hash: u128,
-    pub id: Box<str>,
+    /// Byte range of the id in [`BlockResult::id_text`] (one buffer per block, not an
+    /// allocation per record).
+    pub id: std::ops::Range<usize>,
     /// Whether the record was otherwise valid (it counts as valid until found a duplicate).
     pub valid: bool,
     /// Its row in the block's batch, when one was built for it.
@@ -62,6 +64,7 @@ pub struct BlockResult {
     pub valid: u64,
     pub violations: Vec<Violation>,
     pub ids: Vec<IdEntry>,
+    pub id_text: String,
     pub batch: Option<datafusion::arrow::error::Result<RecordBatch>>,
 }
 
@@ -152,7 +155,8 @@ fn read_blocks(
     batch_size: usize,
     tx: SyncSender<Block>,
 ) -> io::Result<(String, u64)> {
-    let mut lines = LineReader::new(file, max_line);
+    // This thread is the hashing thread: hash inline, no second copy of the bytes.
+    let mut lines = LineReader::with_inline_hash(file, max_line);
     let new_block = |seq, first_line| Block {
         seq,
         first_line,
@@ -219,6 +223,7 @@ fn check_block(
         valid: 0,
         violations: Vec::new(),
         ids: Vec::new(),
+        id_text: String::new(),
         batch: None,
     };
     let mut scratch = Vec::new();
@@ -277,10 +282,12 @@ fn check_block(
         out.violations.append(&mut scratch);
         let row = (valid && opts.build_batches).then(|| builder.len());
         if let Some(FieldValue::Str(id)) = rec.get("case_id") {
+            let start = out.id_text.len();
+            out.id_text.push_str(id);
             out.ids.push(IdEntry {
                 line: no,
                 hash: keys.hash(id),
-                id: crate::text::excerpt(id, 80).into(),
+                id: start..out.id_text.len(),
                 valid,
                 row,
             });

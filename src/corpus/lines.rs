@@ -40,7 +40,21 @@ pub struct LineReader<R> {
 }
 
 impl<R: Read> LineReader<R> {
+    /// A reader that hashes on a helper thread (for callers that parse on this one).
     pub fn new(src: R, max_line: usize) -> Self {
+        Self::with_hasher(src, max_line, BackgroundSha256::spawn())
+    }
+
+    /// A reader that hashes on the calling thread (for a thread that only reads).
+    pub fn with_inline_hash(src: R, max_line: usize) -> Self {
+        Self::with_hasher(
+            src,
+            max_line,
+            BackgroundSha256::Inline(Box::new(Sha256::new())),
+        )
+    }
+
+    fn with_hasher(src: R, max_line: usize, hasher: BackgroundSha256) -> Self {
         let cap = (max_line + READ_CHUNK).max(4 * READ_CHUNK);
         Self {
             src,
@@ -51,7 +65,7 @@ impl<R: Read> LineReader<R> {
             eof: false,
             max_line,
             skipping: None,
-            hasher: BackgroundSha256::spawn(),
+            hasher,
             bytes_read: 0,
             line_no: 0,
         }

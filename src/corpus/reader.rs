@@ -245,7 +245,10 @@ impl Checker {
                 block.violations.push(Violation::error(
                     e.line,
                     Some("case_id"),
-                    format!("duplicate case_id {:?} (first at line {first})", e.id),
+                    format!(
+                        "duplicate case_id {:?} (first at line {first})",
+                        crate::text::excerpt(&block.id_text[e.id.clone()], 80)
+                    ),
                 ));
                 if e.valid {
                     self.report.valid_records -= 1;
