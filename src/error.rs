@@ -31,9 +31,14 @@ pub enum Error {
     #[error("{}: {message}", path.display())]
     Config { path: PathBuf, message: String },
 
-    /// A corpus that failed validation; the violations were already reported.
-    #[error("{path}: {count} contract violation(s)", path = path.display())]
-    Invalid { path: PathBuf, count: u64 },
+    /// A corpus that failed validation; `first` locates the first violation
+    /// (`line: field: problem`).
+    #[error("{path}: {count} contract violation(s); the first: {path}:{first} (run pieval validate for all)", path = path.display())]
+    Invalid {
+        path: PathBuf,
+        count: u64,
+        first: String,
+    },
 
     /// A command-line usage problem that clap cannot express.
     #[error("{0}")]

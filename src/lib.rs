@@ -16,6 +16,7 @@
 pub mod cli;
 pub mod contract;
 pub mod corpus;
+pub mod engine;
 pub mod error;
 pub mod taxonomy;
 pub mod text;

@@ -407,3 +407,83 @@ fn a_reader_dropped_mid_stream_stops_cleanly() {
         drop(reader);
     }
 }
+
+#[test]
+fn stats_count_only_valid_cases_and_fail_on_invalid_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mixed.jsonl");
+    let mut text = read("data/normalized/attack_cases.jsonl")
+        .lines()
+        .take(10)
+        .collect::<Vec<_>>()
+        .join("\n");
+    text.push_str("\nnot json\n");
+    std::fs::write(&path, text).unwrap();
+    let r = run(pieval().args(["corpus", "stats", "--json"]).arg(&path));
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let v: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(
+        (v["total"].as_u64(), v["invalid_records"].as_u64()),
+        (Some(10), Some(1))
+    );
+    let r = run(pieval().args(["corpus", "stats", "no/such.jsonl"]));
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("no/such.jsonl: cannot open corpus"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn the_attack_cases_table_streams_on_every_scan() {
+    let table = pieval::engine::corpus_table(
+        repo("data/normalized/attack_cases.enriched.jsonl"),
+        ReadOptions::default(),
+    )
+    .unwrap();
+    let ctx = pieval::engine::session();
+    ctx.register_table("attack_cases", table.table).unwrap();
+    let rt = pieval::engine::runtime().unwrap();
+    for _ in 0..2 {
+        let batches = rt
+            .block_on(pieval::engine::collect(
+                &ctx,
+                "SELECT count(*) AS n, count(DISTINCT case_id) AS ids FROM attack_cases WHERE label = 'attack'",
+            ))
+            .unwrap();
+        let row = datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+            .unwrap()
+            .to_string();
+        assert!(row.contains("| 1832 | 1832 |"), "{row}");
+    }
+    assert_eq!(
+        table.report.lock().unwrap().as_ref().unwrap().valid_records,
+        2154
+    );
+}
+
+#[test]
+fn a_bad_hand_written_case_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    for f in std::fs::read_dir(repo("data/templates")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.path().join(f.file_name().unwrap())).unwrap();
+    }
+    let hw = dir.path().join("handwritten.jsonl");
+    let text = std::fs::read_to_string(&hw).unwrap().replacen(
+        "\"attack_surface\":\"web_page\"",
+        "\"attack_surface\":\"webpage\"",
+        1,
+    );
+    std::fs::write(&hw, text).unwrap();
+    let out = dir.path().join("o.jsonl");
+    let r = run(pieval()
+        .args(["corpus", "synth", "--output"])
+        .arg(&out)
+        .arg("--templates")
+        .arg(dir.path()));
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("handwritten.jsonl:1: attack_surface: unknown value \"webpage\" (did you mean \"web_page\"?)"), "{}", r.stderr);
+    assert!(!out.exists());
+}

@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 
 use crate::cli::{output, paths};
-use crate::corpus::stats::{BREAKDOWNS, corpus_stats};
 use crate::corpus::synth::{synthesize, write_jsonl_atomic};
+use crate::engine::stats::{BREAKDOWNS, corpus_stats};
 use crate::error::Result;
 
 #[derive(Debug, clap::Subcommand)]
@@ -52,18 +52,21 @@ pub fn run(cmd: Command) -> Result<u8> {
         }
         Command::Stats { path, json } => {
             let stats = corpus_stats(&path)?;
+            // Invalid records are not counted; say so, and exit 1 (what was checked failed).
+            let code = if stats.invalid_records > 0 {
+                eprintln!(
+                    "{}: {} invalid record(s) skipped; run `pieval validate {}` for the details",
+                    stats.path, stats.invalid_records, stats.path
+                );
+                1
+            } else {
+                0
+            };
             if json {
                 output::json(&stats)?;
-                return Ok(0);
+                return Ok(code);
             }
-            let mut text = format!("{}: {} valid case(s)", stats.path, stats.total);
-            if stats.invalid_records > 0 {
-                text.push_str(&format!(
-                    ", {} invalid record(s) skipped (run pieval validate)",
-                    stats.invalid_records
-                ));
-            }
-            text.push('\n');
+            let mut text = format!("{}: {} valid case(s)\n", stats.path, stats.total);
             for column in BREAKDOWNS {
                 let counts = &stats.breakdowns[*column];
                 let mut rows: Vec<(&String, &u64)> = counts.iter().collect();
@@ -83,7 +86,7 @@ pub fn run(cmd: Command) -> Result<u8> {
                 text.push_str(&output::table(&[column, "cases", "share"], &rows));
             }
             output::stdout_line(text.trim_end())?;
-            Ok(if stats.invalid_records > 0 { 1 } else { 0 })
+            Ok(code)
         }
     }
 }

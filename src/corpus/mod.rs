@@ -9,6 +9,5 @@ pub use reader::{
     CorpusReader, LoadedCorpus, ReadOptions, ValidationReport, load_corpus, validate_file,
 };
 pub mod obfuscate;
-pub mod stats;
 pub mod synth;
 pub mod templates;

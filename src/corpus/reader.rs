@@ -82,9 +82,23 @@ impl ValidationReport {
         if self.is_valid() {
             return Ok(self);
         }
+        let first = self
+            .violations
+            .iter()
+            .find(|v| v.level == crate::contract::Level::Error)
+            .map(|v| {
+                format!(
+                    "{}: {}: {}",
+                    v.line,
+                    v.field.as_deref().unwrap_or("record"),
+                    v.problem
+                )
+            })
+            .unwrap_or_default();
         Err(Error::Invalid {
             path: self.path.clone(),
             count: self.errors,
+            first,
         })
     }
 

@@ -22,6 +22,7 @@ use super::obfuscate::{self, transform_except};
 use super::templates::{Carrier, Goal, GoalCriterion, Strategy, Task, Templates, Transform};
 use crate::contract::record::{CriteriaCache, RawRecord, check_record};
 use crate::contract::{AttackCase, AttackSurface, Level, SuccessCriteria};
+use crate::corpus::load_corpus;
 use crate::error::{Error, Result};
 
 /// Bump when the generation algorithm changes (not the templates).
@@ -463,24 +464,22 @@ fn blank_enrichment() -> AttackCase {
     }
 }
 
-/// Read the hand-written cases (one JSON case per line), each checked by the contract.
+/// Read the hand-written cases through the corpus reader (so they meet the same
+/// contract check as any corpus, with file:line messages).
 fn read_handwritten(path: &Path) -> Result<Vec<AttackCase>> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Error::io(path, "cannot read hand-written cases", e))?;
+    let loaded = load_corpus(path)?;
     let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let no = i as u64 + 1;
-        let case: AttackCase = serde_json::from_str(line)
-            .map_err(|e| Error::input(path, no, None, format!("not an attack case: {e}")))?;
-        if case.source_type != "handwritten" {
-            return Err(Error::input(
-                path,
-                no,
-                Some("source_type"),
-                "hand-written cases have source_type \"handwritten\"",
-            ));
-        }
-        out.push(case);
+    for batch in &loaded.batches {
+        out.extend(AttackCase::from_batch(batch)?);
+    }
+    if let Some(bad) = out.iter().find(|c| c.source_type != "handwritten") {
+        return Err(Error::config(
+            path,
+            format!(
+                "case {}: hand-written cases have source_type \"handwritten\"",
+                bad.case_id
+            ),
+        ));
     }
     Ok(out)
 }

@@ -1,0 +1,40 @@
+//! The SQL engine: one place that builds a DataFusion `SessionContext` with pieval's
+//! tables registered, and runs the queries in `queries/`.
+//!
+//! SQL lives in `queries/` (compiled into the binary with `include_str!`, so the binary
+//! works from any folder); Rust code registers tables and runs it, and never builds SQL
+//! from user input.
+
+mod corpus_table;
+pub mod stats;
+
+pub use corpus_table::{CorpusTable, corpus_table};
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+use crate::error::{Error, Result};
+
+/// `queries/corpus_stats.sql`.
+pub const CORPUS_STATS_SQL: &str = include_str!("../../queries/corpus_stats.sql");
+
+/// A session sized for this machine, with the information schema on.
+pub fn session() -> SessionContext {
+    let config = SessionConfig::new()
+        .with_information_schema(true)
+        .with_target_partitions(std::thread::available_parallelism().map_or(2, |n| n.get()));
+    SessionContext::new_with_config(config)
+}
+
+/// A runtime for the synchronous CLI to drive DataFusion on.
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::io("<runtime>", "cannot start the async runtime", e))
+}
+
+/// Run one query to completion (for small results: aggregates, reports).
+pub async fn collect(ctx: &SessionContext, sql: &str) -> Result<Vec<RecordBatch>> {
+    Ok(ctx.sql(sql).await?.collect().await?)
+}
