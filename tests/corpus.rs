@@ -487,3 +487,58 @@ fn a_bad_hand_written_case_is_named() {
     assert!(r.stderr.contains("handwritten.jsonl:1: attack_surface: unknown value \"webpage\" (did you mean \"web_page\"?)"), "{}", r.stderr);
     assert!(!out.exists());
 }
+
+#[test]
+fn projected_reads_build_only_the_asked_columns_but_check_everything() {
+    let path = repo("data/normalized/attack_cases.jsonl");
+    let opts = ReadOptions {
+        projection: Some(vec![0, 4]),
+        ..ReadOptions::default()
+    };
+    let mut reader = CorpusReader::open(&path, opts).unwrap();
+    let names: Vec<String> = reader
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    assert_eq!(names, ["case_id", "attack_surface"]);
+    let batches: Vec<_> = reader.by_ref().map(|b| b.unwrap()).collect();
+    assert!(batches.iter().all(|b| b.num_columns() == 2));
+    assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 2154);
+    assert_eq!(reader.finish().unwrap().valid_records, 2154);
+    // No columns at all (count(*)): rows are still counted.
+    let mut empty = CorpusReader::open(
+        &path,
+        ReadOptions {
+            projection: Some(vec![]),
+            ..ReadOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        empty.by_ref().map(|b| b.unwrap().num_rows()).sum::<usize>(),
+        2154
+    );
+    // A projected read of a corpus with a bad prompt still rejects the record.
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.jsonl");
+    let line = read("data/normalized/attack_cases.jsonl")
+        .lines()
+        .next()
+        .unwrap()
+        .to_owned();
+    let v: Value = serde_json::from_str(&line).unwrap();
+    let broken = line.replacen(&serde_json::to_string(&v["prompt"]).unwrap(), "42", 1);
+    std::fs::write(&bad, broken).unwrap();
+    let mut r = CorpusReader::open(
+        &bad,
+        ReadOptions {
+            projection: Some(vec![0]),
+            ..ReadOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(r.by_ref().count(), 0);
+    assert_eq!(r.finish().unwrap().errors, 1);
+}

@@ -194,7 +194,7 @@ fn check_worker(
     keys: &IdKeys,
 ) {
     let mut criteria = CriteriaCache::default();
-    let mut builder = CaseBatchBuilder::new(opts.batch_size);
+    let mut builder = CaseBatchBuilder::new(opts);
     loop {
         let block = {
             let guard = rx.lock().unwrap_or_else(|poisoned| poisoned.into_inner());

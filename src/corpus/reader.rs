@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, Float64Builder, RecordBatch, StringBuilder,
+    Array, ArrayRef, AsArray, BooleanArray, Float64Builder, RecordBatch, RecordBatchOptions,
+    StringBuilder,
 };
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::compute::filter_record_batch;
@@ -43,6 +44,9 @@ pub struct ReadOptions {
     pub max_reported: usize,
     /// Build Arrow batches (off for `validate`, which only checks).
     pub build_batches: bool,
+    /// Columns of the enriched-case schema to build (by index); `None` builds all.
+    /// Every record is still fully checked; unprojected values are just not copied.
+    pub projection: Option<Vec<usize>>,
 }
 
 impl Default for ReadOptions {
@@ -52,6 +56,21 @@ impl Default for ReadOptions {
             batch_size: 8192,
             max_reported: 100,
             build_batches: true,
+            projection: None,
+        }
+    }
+}
+
+impl ReadOptions {
+    /// The schema of the batches these options produce.
+    pub fn output_schema(&self) -> SchemaRef {
+        let full = enriched_case_schema();
+        match &self.projection {
+            Some(p) => Arc::new(
+                full.project(p)
+                    .expect("projection indexes come from the same schema"),
+            ),
+            None => full,
         }
     }
 }
@@ -174,7 +193,7 @@ impl CorpusReader {
             source,
             done: false,
             checker: Checker {
-                builder: CaseBatchBuilder::new(opts.batch_size),
+                builder: CaseBatchBuilder::new(&opts),
                 opts,
                 criteria: CriteriaCache::default(),
                 ids,
@@ -196,7 +215,7 @@ impl CorpusReader {
     }
 
     pub fn schema(&self) -> SchemaRef {
-        enriched_case_schema()
+        self.checker.opts.output_schema()
     }
 
     /// The report; meaningful once the iterator is exhausted (it drains it if not).
@@ -421,23 +440,40 @@ impl IdSet {
 
 /// Builds batches of the enriched-case schema from valid records.
 pub(crate) struct CaseBatchBuilder {
-    strings: Vec<Option<StringBuilder>>,
-    confidence: Float64Builder,
+    /// One per contract field, in [`CASE_FIELDS`] order; `Skip` when not projected.
+    columns: Vec<ColumnBuilder>,
+    schema: SchemaRef,
     rows: usize,
 }
 
+enum ColumnBuilder {
+    Skip,
+    Text(StringBuilder),
+    Number(Float64Builder),
+}
+
 impl CaseBatchBuilder {
-    pub(crate) fn new(capacity: usize) -> Self {
-        let strings = CASE_FIELDS
+    pub(crate) fn new(opts: &ReadOptions) -> Self {
+        let capacity = opts.batch_size;
+        let columns = CASE_FIELDS
             .iter()
-            .map(|f| {
-                (f.kind != FieldKind::Probability)
-                    .then(|| StringBuilder::with_capacity(capacity, capacity * 32))
+            .enumerate()
+            .map(|(i, f)| {
+                let wanted = opts.projection.as_ref().is_none_or(|p| p.contains(&i));
+                match (wanted, f.kind) {
+                    (false, _) => ColumnBuilder::Skip,
+                    (true, FieldKind::Probability) => {
+                        ColumnBuilder::Number(Float64Builder::with_capacity(capacity))
+                    }
+                    (true, _) => {
+                        ColumnBuilder::Text(StringBuilder::with_capacity(capacity, capacity * 32))
+                    }
+                }
             })
             .collect();
         Self {
-            strings,
-            confidence: Float64Builder::with_capacity(capacity),
+            columns,
+            schema: opts.output_schema(),
             rows: 0,
         }
     }
@@ -447,22 +483,24 @@ impl CaseBatchBuilder {
     }
 
     pub(crate) fn append(&mut self, rec: &RawRecord<'_>, criteria: &mut CriteriaCache) {
-        for ((spec, value), builder) in CASE_FIELDS.iter().zip(&rec.fields).zip(&mut self.strings) {
-            match (builder, value) {
-                (None, Some(FieldValue::Number(x))) => self.confidence.append_value(*x),
-                (None, _) => self.confidence.append_null(),
-                (Some(b), Some(v @ (FieldValue::Object(_) | FieldValue::Str(_))))
-                    if spec.kind == FieldKind::Criteria =>
-                {
+        for ((spec, value), column) in CASE_FIELDS.iter().zip(&rec.fields).zip(&mut self.columns) {
+            match (column, value) {
+                (ColumnBuilder::Skip, _) => {}
+                (ColumnBuilder::Number(b), Some(FieldValue::Number(x))) => b.append_value(*x),
+                (ColumnBuilder::Number(b), _) => b.append_null(),
+                (
+                    ColumnBuilder::Text(b),
+                    Some(v @ (FieldValue::Object(_) | FieldValue::Str(_))),
+                ) if spec.kind == FieldKind::Criteria => {
                     // Already checked: the cache holds the canonical form.
                     match criteria.check(v) {
                         Ok(canonical) => b.append_value(canonical),
                         Err(_) => b.append_null(),
                     }
                 }
-                (Some(b), Some(FieldValue::Str(s))) => b.append_value(s),
-                (Some(b), Some(FieldValue::Object(t))) => b.append_value(t),
-                (Some(b), _) => b.append_null(),
+                (ColumnBuilder::Text(b), Some(FieldValue::Str(s))) => b.append_value(s),
+                (ColumnBuilder::Text(b), Some(FieldValue::Object(t))) => b.append_value(t),
+                (ColumnBuilder::Text(b), _) => b.append_null(),
             }
         }
         self.rows += 1;
@@ -474,15 +512,18 @@ impl CaseBatchBuilder {
 
     pub(crate) fn finish_arrow(&mut self) -> datafusion::arrow::error::Result<RecordBatch> {
         let columns: Vec<ArrayRef> = self
-            .strings
+            .columns
             .iter_mut()
-            .map(|b| match b {
-                Some(b) => Arc::new(b.finish()) as ArrayRef,
-                None => Arc::new(self.confidence.finish()) as ArrayRef,
+            .filter_map(|c| match c {
+                ColumnBuilder::Skip => None,
+                ColumnBuilder::Text(b) => Some(Arc::new(b.finish()) as ArrayRef),
+                ColumnBuilder::Number(b) => Some(Arc::new(b.finish()) as ArrayRef),
             })
             .collect();
+        // A projection of no columns (`SELECT count(*)`) still carries its row count.
+        let options = RecordBatchOptions::new().with_row_count(Some(self.rows));
         self.rows = 0;
-        RecordBatch::try_new(enriched_case_schema(), columns)
+        RecordBatch::try_new_with_options(Arc::clone(&self.schema), columns, &options)
     }
 }
 

@@ -7,11 +7,16 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::catalog::streaming::StreamingTable;
+use datafusion::catalog::Session;
+use datafusion::datasource::{TableProvider, TableType};
 use datafusion::execution::TaskContext;
+use datafusion::logical_expr::Expr;
+use datafusion::physical_expr::LexOrdering;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::physical_plan::stream::RecordBatchReceiverStream;
 use datafusion::physical_plan::streaming::PartitionStream;
+use datafusion::physical_plan::streaming::StreamingTableExec;
 
 use crate::contract::arrow::enriched_case_schema;
 use crate::corpus::{CorpusReader, ReadOptions, ValidationReport};
@@ -19,8 +24,57 @@ use crate::error::{Error, Result};
 
 /// The table and where its last scan's validation report lands.
 pub struct CorpusTable {
-    pub table: Arc<StreamingTable>,
+    pub table: Arc<CorpusTableProvider>,
     pub report: Arc<Mutex<Option<ValidationReport>>>,
+}
+
+/// `attack_cases` over a corpus file. Scans push their projection into the reader, so
+/// a query that reads a few short columns never copies the prompts into Arrow.
+#[derive(Debug)]
+pub struct CorpusTableProvider {
+    path: PathBuf,
+    opts: ReadOptions,
+    report: Arc<Mutex<Option<ValidationReport>>>,
+}
+
+#[async_trait::async_trait]
+impl TableProvider for CorpusTableProvider {
+    fn schema(&self) -> SchemaRef {
+        enriched_case_schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        limit: Option<usize>,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        let opts = ReadOptions {
+            projection: projection.cloned(),
+            ..self.opts.clone()
+        };
+        let schema = opts.output_schema();
+        let partition = Arc::new(CorpusPartition {
+            path: self.path.clone(),
+            opts,
+            schema: Arc::clone(&schema),
+            report: Arc::clone(&self.report),
+        });
+        let exec = StreamingTableExec::try_new(
+            schema,
+            vec![partition],
+            None,
+            Vec::<LexOrdering>::new(),
+            false,
+            limit,
+        )?;
+        Ok(Arc::new(exec))
+    }
 }
 
 #[derive(Debug)]
@@ -64,17 +118,11 @@ impl PartitionStream for CorpusPartition {
 pub fn corpus_table(path: impl AsRef<Path>, opts: ReadOptions) -> Result<CorpusTable> {
     let path = path.as_ref();
     std::fs::File::open(path).map_err(|e| Error::io(path, "cannot open corpus", e))?;
-    let schema = enriched_case_schema();
     let report = Arc::new(Mutex::new(None));
-    let partition = Arc::new(CorpusPartition {
+    let table = Arc::new(CorpusTableProvider {
         path: path.to_path_buf(),
         opts,
-        schema: Arc::clone(&schema),
         report: Arc::clone(&report),
     });
-    let table = StreamingTable::try_new(schema, vec![partition])?;
-    Ok(CorpusTable {
-        table: Arc::new(table),
-        report,
-    })
+    Ok(CorpusTable { table, report })
 }

@@ -8,7 +8,7 @@
 mod corpus_table;
 pub mod stats;
 
-pub use corpus_table::{CorpusTable, corpus_table};
+pub use corpus_table::{CorpusTable, CorpusTableProvider, corpus_table};
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::prelude::{SessionConfig, SessionContext};
