@@ -87,11 +87,17 @@ fn hostile_corpus() -> Vec<u8> {
     f
 }
 
-#[test]
-fn reports_every_violation_with_file_line_field() {
+/// The hostile corpus written to a fresh temp folder.
+fn hostile_file() -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("cases.jsonl");
     std::fs::write(&path, hostile_corpus()).unwrap();
+    (dir, path)
+}
+
+#[test]
+fn reports_every_violation_with_file_line_field() {
+    let (dir, path) = hostile_file();
     let out = run(pieval()
         .arg("validate")
         .arg(&path)
@@ -106,9 +112,7 @@ fn reports_every_violation_with_file_line_field() {
 
 #[test]
 fn json_report_is_one_document() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("cases.jsonl");
-    std::fs::write(&path, hostile_corpus()).unwrap();
+    let (_dir, path) = hostile_file();
     let out = run(pieval()
         .arg("validate")
         .arg(&path)

@@ -13,6 +13,16 @@ use pieval::corpus::{CorpusReader, ReadOptions, load_corpus};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+/// A writable copy of data/templates in a temp folder.
+fn copy_templates() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for f in std::fs::read_dir(repo("data/templates")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.path().join(f.file_name().unwrap())).unwrap();
+    }
+    dir
+}
+
 fn read(rel: &str) -> String {
     std::fs::read_to_string(repo(rel)).unwrap()
 }
@@ -295,11 +305,7 @@ fn stats_break_the_corpus_down() {
 
 #[test]
 fn bad_templates_are_named_errors() {
-    let dir = tempfile::tempdir().unwrap();
-    for f in std::fs::read_dir(repo("data/templates")).unwrap() {
-        let f = f.unwrap().path();
-        std::fs::copy(&f, dir.path().join(f.file_name().unwrap())).unwrap();
-    }
+    let dir = copy_templates();
     let goals = dir.path().join("goals.toml");
     let text = std::fs::read_to_string(&goals).unwrap();
     std::fs::write(
@@ -465,11 +471,7 @@ fn the_attack_cases_table_streams_on_every_scan() {
 
 #[test]
 fn a_bad_hand_written_case_is_named() {
-    let dir = tempfile::tempdir().unwrap();
-    for f in std::fs::read_dir(repo("data/templates")).unwrap() {
-        let f = f.unwrap().path();
-        std::fs::copy(&f, dir.path().join(f.file_name().unwrap())).unwrap();
-    }
+    let dir = copy_templates();
     let hw = dir.path().join("handwritten.jsonl");
     let text = std::fs::read_to_string(&hw).unwrap().replacen(
         "\"attack_surface\":\"web_page\"",

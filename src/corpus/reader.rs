@@ -220,7 +220,7 @@ impl CorpusReader {
 
     /// The report; meaningful once the iterator is exhausted (it drains it if not).
     pub fn finish(mut self) -> Result<ValidationReport> {
-        while let Some(batch) = self.next() {
+        for batch in self.by_ref() {
             batch?;
         }
         Ok(self.checker.report)
