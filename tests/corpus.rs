@@ -544,3 +544,19 @@ fn projected_reads_build_only_the_asked_columns_but_check_everything() {
     assert_eq!(r.by_ref().count(), 0);
     assert_eq!(r.finish().unwrap().errors, 1);
 }
+
+#[test]
+fn an_out_of_range_projection_is_an_error_not_a_panic() {
+    let opts = ReadOptions {
+        projection: Some(vec![0, 99]),
+        ..ReadOptions::default()
+    };
+    let err = CorpusReader::open(repo("data/normalized/attack_cases.jsonl"), opts)
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string()
+            .contains("projection index 99 is out of range"),
+        "{err}"
+    );
+}

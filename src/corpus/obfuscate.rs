@@ -73,7 +73,11 @@ pub fn zero_width(s: &str) -> String {
     for c in s.chars() {
         out.push(c);
         if c.is_alphanumeric() {
-            out.push(if n.is_multiple_of(2) { '\u{200B}' } else { '\u{2060}' });
+            out.push(if n.is_multiple_of(2) {
+                '\u{200B}'
+            } else {
+                '\u{2060}'
+            });
             n += 1;
         }
     }

@@ -62,14 +62,18 @@ impl Default for ReadOptions {
 }
 
 impl ReadOptions {
-    /// The schema of the batches these options produce.
+    /// The schema of the batches these options produce (out-of-range projection
+    /// indexes, which [`CorpusReader::open`] rejects, are ignored here).
     pub fn output_schema(&self) -> SchemaRef {
         let full = enriched_case_schema();
         match &self.projection {
-            Some(p) => Arc::new(
-                full.project(p)
-                    .expect("projection indexes come from the same schema"),
-            ),
+            Some(p) => {
+                let fields: Vec<_> = p
+                    .iter()
+                    .filter_map(|i| full.fields().get(*i).cloned())
+                    .collect();
+                Arc::new(datafusion::arrow::datatypes::Schema::new(fields))
+            }
             None => full,
         }
     }
@@ -165,6 +169,17 @@ impl CorpusReader {
     /// Open a corpus; `.parquet` files are read as Parquet, anything else as JSONL.
     pub fn open(path: impl AsRef<Path>, opts: ReadOptions) -> Result<Self> {
         let path = path.as_ref();
+        if let Some(bad) = opts
+            .projection
+            .iter()
+            .flatten()
+            .find(|i| **i >= CASE_FIELDS.len())
+        {
+            return Err(Error::Usage(format!(
+                "projection index {bad} is out of range: the attack-case schema has {} columns",
+                CASE_FIELDS.len()
+            )));
+        }
         let file = File::open(path).map_err(|e| Error::io(path, "cannot open corpus", e))?;
         let ids = IdSet::default();
         let is_parquet = path
