@@ -16,6 +16,7 @@
 pub mod cli;
 pub mod contract;
 pub mod corpus;
+pub mod detect;
 pub mod engine;
 pub mod error;
 pub mod taxonomy;

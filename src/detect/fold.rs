@@ -1,0 +1,125 @@
+//! Text folding for matching: the usual evasions are undone before any detector looks
+//! at text. NFKC (full-width, ligatures, compatibility forms), invisible format
+//! characters dropped (zero-width, bidi controls, BOM), Unicode tag characters decoded
+//! to the ASCII they smuggle, Cyrillic/Greek look-alikes mapped to Latin, typographic
+//! quotes to ASCII, and lowercase.
+//!
+//! Folding writes into a caller's buffer so a detector walking a batch reuses one
+//! allocation for every row.
+
+use unicode_normalization::UnicodeNormalization;
+
+/// Fold `s` into `out` (cleared first).
+pub fn fold_into(s: &str, out: &mut String) {
+    out.clear();
+    if s.is_ascii() {
+        // Fast path: nothing to normalise but case.
+        out.extend(s.bytes().map(|b| b.to_ascii_lowercase() as char));
+        return;
+    }
+    for c in s.nfkc() {
+        if let Some(mapped) = fold_char(c) {
+            for l in mapped.to_lowercase() {
+                out.push(l);
+            }
+        }
+    }
+}
+
+/// Fold into a new string (tests, rule compilation).
+pub fn fold(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    fold_into(s, &mut out);
+    out
+}
+
+/// `None` for characters that are dropped.
+fn fold_char(c: char) -> Option<char> {
+    let mapped = match c {
+        // Invisible: zero-width, joiners, word joiner, invisible operators, BOM, bidi.
+        '\u{00AD}'
+        | '\u{034F}'
+        | '\u{061C}'
+        | '\u{180E}'
+        | '\u{200B}'..='\u{200F}'
+        | '\u{202A}'..='\u{202E}'
+        | '\u{2060}'..='\u{2064}'
+        | '\u{2066}'..='\u{2069}'
+        | '\u{FEFF}' => return None,
+        // Tag characters spell hidden ASCII; other tags (language tag, cancel) vanish.
+        '\u{E0020}'..='\u{E007E}' => char::from_u32(c as u32 - 0xE0000)?,
+        '\u{E0000}'..='\u{E007F}' => return None,
+        // Typographic quotes and dashes.
+        '\u{2018}' | '\u{2019}' | '\u{201B}' | '\u{2032}' | '\u{02BC}' => '\'',
+        '\u{201C}' | '\u{201D}' | '\u{201F}' | '\u{2033}' => '"',
+        '\u{2010}'..='\u{2015}' | '\u{2212}' => '-',
+        // Cyrillic look-alikes.
+        'а' | 'А' => 'a',
+        'в' | 'В' => 'b',
+        'с' | 'С' => 'c',
+        'ԁ' => 'd',
+        'е' | 'Е' | 'ё' | 'Ё' => 'e',
+        'һ' | 'Н' => 'h',
+        'і' | 'І' | 'ї' => 'i',
+        'ј' | 'Ј' => 'j',
+        'к' | 'К' => 'k',
+        'м' | 'М' => 'm',
+        'о' | 'О' => 'o',
+        'р' | 'Р' => 'p',
+        'ԛ' => 'q',
+        'ѕ' | 'Ѕ' => 's',
+        'т' | 'Т' => 't',
+        'у' | 'У' => 'y',
+        'х' | 'Х' => 'x',
+        'ԝ' => 'w',
+        // Greek look-alikes.
+        'α' | 'Α' => 'a',
+        'β' | 'Β' => 'b',
+        'ε' | 'Ε' => 'e',
+        'η' | 'Η' => 'h',
+        'ι' | 'Ι' => 'i',
+        'κ' | 'Κ' => 'k',
+        'Μ' => 'm',
+        'ν' | 'Ν' => 'n',
+        'ο' | 'Ο' => 'o',
+        'ρ' | 'Ρ' => 'p',
+        'τ' | 'Τ' => 't',
+        'υ' | 'Υ' => 'u',
+        'χ' | 'Χ' => 'x',
+        'Ζ' => 'z',
+        other => other,
+    };
+    Some(mapped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn undoes_the_usual_evasions() {
+        assert_eq!(fold("PWNED"), "pwned");
+        assert_eq!(fold("P\u{200B}W\u{2060}N\u{200D}E\u{FEFF}D"), "pwned");
+        assert_eq!(fold("ＰＷＮＥＤ"), "pwned", "full-width via NFKC");
+        assert_eq!(fold("РWNЕD"), "pwned", "Cyrillic Р and Е");
+        assert_eq!(fold("Іgnоrе"), "ignore");
+        assert_eq!(fold("don\u{2019}t"), "don't");
+        assert_eq!(fold("\u{202E}abc\u{202C}"), "abc");
+        let tags: String = "say hi"
+            .chars()
+            .map(|c| char::from_u32(0xE0000 + c as u32).unwrap())
+            .collect();
+        assert_eq!(fold(&format!("ok{tags}")), "oksay hi");
+        assert_eq!(fold("ﬁne"), "fine", "ligature");
+    }
+
+    #[test]
+    fn the_buffer_is_reused() {
+        let mut buf = String::with_capacity(64);
+        fold_into("ÄBC", &mut buf);
+        assert_eq!(buf, "äbc");
+        fold_into("x", &mut buf);
+        assert_eq!(buf, "x");
+        assert!(buf.capacity() >= 64);
+    }
+}

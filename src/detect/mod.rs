@@ -1,0 +1,7 @@
+//! Detectors: the logic that decides whether an attack worked, and the DataFusion UDFs
+//! that run it over whole batches (`pi_criteria_match`, `pi_matched_rule`,
+//! `pi_refusal`). Every detector works on folded text ([`fold`]), so case, NFKC
+//! forms, zero-width characters and look-alike letters do not hide a match.
+
+pub mod fold;
+pub mod refusal;
