@@ -4,4 +4,5 @@
 //! forms, zero-width characters and look-alike letters do not hide a match.
 
 pub mod fold;
+pub mod leak;
 pub mod refusal;
