@@ -3,6 +3,7 @@
 //! `pi_refusal`). Every detector works on folded text ([`fold`]), so case, NFKC
 //! forms, zero-width characters and look-alike letters do not hide a match.
 
+pub mod criteria;
 pub mod fold;
 pub mod leak;
 pub mod refusal;
