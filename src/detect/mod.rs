@@ -7,3 +7,6 @@ pub mod criteria;
 pub mod fold;
 pub mod leak;
 pub mod refusal;
+pub mod udf;
+
+pub use udf::register_udfs;
