@@ -44,12 +44,15 @@ fn rows() -> Vec<(Option<String>, &'static str)> {
 }
 
 /// Expected (criteria_match, matched_rule, refusal, leakage) per row.
-fn expected() -> Vec<(
+/// (criteria_match, matched_rule, refusal, leakage) for one row.
+type Expected = (
     Option<bool>,
     Option<&'static str>,
     Option<bool>,
     Option<bool>,
-)> {
+);
+
+fn expected() -> Vec<Expected> {
     vec![
         (
             Some(true),
