@@ -33,6 +33,27 @@ pub fn fold(s: &str) -> String {
     out
 }
 
+/// Fold char by char, recording for every byte of `out` the byte offset in `s` of the
+/// character it came from (plus a final `s.len()`), so a match in the folded text maps
+/// back to a span of the original. Per-char NFKC can differ from [`fold_into`] on
+/// combining sequences; it is used for locating spans, not for deciding.
+pub fn fold_with_offsets(s: &str, out: &mut String, offsets: &mut Vec<usize>) {
+    out.clear();
+    offsets.clear();
+    let mut buf = [0u8; 4];
+    for (i, c) in s.char_indices() {
+        for n in c.encode_utf8(&mut buf).nfkc() {
+            if let Some(mapped) = fold_char(n) {
+                for l in mapped.to_lowercase() {
+                    out.push(l);
+                    offsets.extend(std::iter::repeat_n(i, l.len_utf8()));
+                }
+            }
+        }
+    }
+    offsets.push(s.len());
+}
+
 /// `None` for characters that are dropped.
 fn fold_char(c: char) -> Option<char> {
     let mapped = match c {
@@ -111,6 +132,15 @@ mod tests {
             .collect();
         assert_eq!(fold(&format!("ok{tags}")), "oksay hi");
         assert_eq!(fold("ﬁne"), "fine", "ligature");
+    }
+
+    #[test]
+    fn offsets_map_folded_bytes_back() {
+        let (mut out, mut offsets) = (String::new(), Vec::new());
+        let s = "a\u{200B}ＢÉ";
+        fold_with_offsets(s, &mut out, &mut offsets);
+        assert_eq!(out, "abé");
+        assert_eq!(offsets, [0, 4, 7, 7, s.len()]);
     }
 
     #[test]

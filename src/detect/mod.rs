@@ -7,6 +7,7 @@ pub mod criteria;
 pub mod fold;
 pub mod leak;
 pub mod refusal;
+pub mod rules;
 pub mod udf;
 
 pub use udf::register_udfs;
