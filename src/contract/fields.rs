@@ -112,6 +112,7 @@ pub const PREDICTION_FIELDS: &[(&str, bool)] = &[
     ("request_context", false),
     ("request_task_input", false),
     ("execution_mode", false),
+    ("mitigation", false),
 ];
 
 /// `case_results.jsonl`: the seed's fields, then pieval's additive ones.
@@ -143,6 +144,7 @@ pub const CASE_RESULT_FIELDS: &[&str] = &[
     "mitigation",
     "error",
     "label",
+    "review_reason",
 ];
 
 /// Findings: long form, one row per detector hit.

@@ -116,6 +116,47 @@ impl<'de> Visitor<'de> for RecordVisitor {
     }
 }
 
+/// A JSON object read flat, in one pass: each key with its scalar value (objects and
+/// arrays keep only their kind). For record types other than attack cases
+/// (predictions), whose checks name the field themselves.
+#[derive(Debug, Default)]
+pub struct FlatRecord<'a> {
+    pub fields: Vec<(Cow<'a, str>, FieldValue<'a>)>,
+}
+
+impl<'a> FlatRecord<'a> {
+    pub fn parse(line: &'a str) -> Result<Self, serde_json::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = FlatRecord<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut rec = FlatRecord::default();
+                while let Some(BorrowedStr(key)) = map.next_key()? {
+                    let ScalarValue(v) = map.next_value()?;
+                    rec.fields.push((key, v));
+                }
+                Ok(rec)
+            }
+        }
+        let mut de = serde_json::Deserializer::from_str(line);
+        let rec = de.deserialize_map(V)?;
+        de.end()?;
+        Ok(rec)
+    }
+
+    /// The value of `key` (the last one when repeated).
+    pub fn get(&self, key: &str) -> Option<&FieldValue<'a>> {
+        self.fields
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v)
+    }
+}
+
 /// A value read in a single pass: strings (borrowed when unescaped), numbers, booleans
 /// and null as themselves; objects and arrays skipped and only their kind kept.
 struct ScalarValue<'a>(FieldValue<'a>);

@@ -6,6 +6,7 @@
 //! from user input.
 
 mod corpus_table;
+pub mod predictions;
 pub mod stats;
 
 pub use corpus_table::{CorpusTable, CorpusTableProvider, corpus_table};

@@ -1,0 +1,495 @@
+//! Predictions, the input of scoring: JSONL or Parquet (by extension) → Arrow batches
+//! of the predictions schema, plus two columns the stream computes so SQL never needs a
+//! window over millions of rows: `duplicate_prediction` (this `case_id` was seen on an
+//! earlier row) and `source_line` (the line or row it came from).
+//!
+//! A malformed line (invalid JSON or UTF-8, no `case_id`, a field of the wrong type) is
+//! an error naming file, line and field: scoring stops before anything is written. A
+//! null or empty response, an unknown case or a duplicate is not an error: the row is
+//! kept and flagged for review by `queries/score_cases.sql`.
+
+use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::fs::File;
+use std::hash::BuildHasher;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, BooleanBuilder, Float64Builder, Int64Builder, RecordBatch,
+    StringBuilder,
+};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema, SchemaRef};
+use datafusion::parquet::arrow::arrow_reader::{
+    ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder,
+};
+use serde::Serialize;
+
+use crate::contract::arrow::predictions_schema;
+use crate::contract::fields::PREDICTION_FIELDS;
+use crate::contract::record::{FieldValue, FlatRecord};
+use crate::corpus::lines::{DEFAULT_MAX_LINE_BYTES, Line, LineReader};
+use crate::error::{Error, Result};
+
+/// How many ids to keep as examples per kind of flagged row.
+const EXAMPLES: usize = 5;
+
+/// The streamed table's schema: the contract's predictions schema + the two flags.
+pub fn predictions_table_schema() -> SchemaRef {
+    let mut fields: Vec<Field> = predictions_schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(Field::new("duplicate_prediction", DataType::Boolean, false));
+    fields.push(Field::new("source_line", DataType::Int64, false));
+    Arc::new(Schema::new(fields))
+}
+
+/// What the stream saw, for the score report.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PredictionStats {
+    pub path: PathBuf,
+    pub sha256: String,
+    pub rows: u64,
+    pub duplicates: u64,
+    pub first_duplicates: Vec<String>,
+    pub empty_responses: u64,
+    pub first_empty_responses: Vec<String>,
+    pub provider_errors: u64,
+    pub first_provider_errors: Vec<String>,
+}
+
+fn note(count: &mut u64, examples: &mut Vec<String>, id: &str) {
+    *count += 1;
+    if examples.len() < EXAMPLES {
+        examples.push(crate::text::excerpt(id, 80));
+    }
+}
+
+enum Source {
+    Jsonl(Box<LineReader<File>>),
+    Parquet {
+        reader: ParquetRecordBatchReader,
+        next_row: u64,
+    },
+}
+
+pub struct PredictionsReader {
+    source: Source,
+    batch_size: usize,
+    sink: Sink,
+    done: bool,
+}
+
+/// Everything but the input, so a row borrowed from the input can be accepted.
+struct Sink {
+    builders: Builders,
+    seen: (RandomState, RandomState, HashMap<u128, ()>),
+    stats: PredictionStats,
+}
+
+struct Builders {
+    strings: Vec<(usize, StringBuilder)>,
+    latency: Float64Builder,
+    duplicate: BooleanBuilder,
+    line: Int64Builder,
+    rows: usize,
+}
+
+/// One prediction's values, borrowed from its line or row.
+#[derive(Default)]
+struct Row<'a> {
+    values: [Option<std::borrow::Cow<'a, str>>; PREDICTION_FIELDS.len()],
+    latency: Option<f64>,
+}
+
+fn latency_index() -> usize {
+    PREDICTION_FIELDS
+        .iter()
+        .position(|(n, _)| *n == "latency_ms")
+        .expect("latency_ms is a prediction field")
+}
+
+impl Builders {
+    fn new(capacity: usize) -> Self {
+        let latency = latency_index();
+        Self {
+            strings: (0..PREDICTION_FIELDS.len())
+                .filter(|i| *i != latency)
+                .map(|i| (i, StringBuilder::with_capacity(capacity, capacity * 64)))
+                .collect(),
+            latency: Float64Builder::with_capacity(capacity),
+            duplicate: BooleanBuilder::with_capacity(capacity),
+            line: Int64Builder::with_capacity(capacity),
+            rows: 0,
+        }
+    }
+
+    fn append(&mut self, row: &Row<'_>, duplicate: bool, line: u64) {
+        for (i, b) in &mut self.strings {
+            b.append_option(row.values[*i].as_deref());
+        }
+        self.latency.append_option(row.latency);
+        self.duplicate.append_value(duplicate);
+        self.line.append_value(line as i64);
+        self.rows += 1;
+    }
+
+    fn finish(&mut self) -> Result<RecordBatch> {
+        let latency = latency_index();
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(PREDICTION_FIELDS.len() + 2);
+        let mut strings = self.strings.iter_mut();
+        for i in 0..PREDICTION_FIELDS.len() {
+            if i == latency {
+                columns.push(Arc::new(self.latency.finish()));
+            } else {
+                let (_, b) = strings.next().expect("one builder per string field");
+                columns.push(Arc::new(b.finish()));
+            }
+        }
+        columns.push(Arc::new(self.duplicate.finish()));
+        columns.push(Arc::new(self.line.finish()));
+        self.rows = 0;
+        Ok(RecordBatch::try_new(predictions_table_schema(), columns)?)
+    }
+}
+
+impl PredictionsReader {
+    pub fn open(path: impl AsRef<Path>, batch_size: usize) -> Result<Self> {
+        let path = path.as_ref();
+        let file = File::open(path).map_err(|e| Error::io(path, "cannot open predictions", e))?;
+        let is_parquet = path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("parquet"));
+        let mut stats = PredictionStats {
+            path: path.to_path_buf(),
+            ..PredictionStats::default()
+        };
+        let source = if is_parquet {
+            stats.sha256 = crate::corpus::reader::sha256_file(path)?;
+            let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+                .and_then(|b| b.with_batch_size(batch_size).build())
+                .map_err(|e| Error::config(path, format!("not a readable Parquet file: {e}")))?;
+            Source::Parquet {
+                reader,
+                next_row: 1,
+            }
+        } else {
+            Source::Jsonl(Box::new(LineReader::new(file, DEFAULT_MAX_LINE_BYTES * 16)))
+        };
+        Ok(Self {
+            source,
+            batch_size: batch_size.max(1),
+            sink: Sink {
+                builders: Builders::new(batch_size),
+                seen: (RandomState::new(), RandomState::new(), HashMap::new()),
+                stats,
+            },
+            done: false,
+        })
+    }
+
+    /// The counts and examples; complete once the iterator is exhausted.
+    pub fn stats(&self) -> &PredictionStats {
+        &self.sink.stats
+    }
+}
+
+impl Sink {
+    /// Record one valid row.
+    fn accept(&mut self, row: &Row<'_>, line: u64) {
+        let id = row.values[0].as_deref().unwrap_or_default();
+        let h = ((self.seen.0.hash_one(id) as u128) << 64) | self.seen.1.hash_one(id) as u128;
+        let duplicate = self.seen.2.insert(h, ()).is_some();
+        let s = &mut self.stats;
+        s.rows += 1;
+        if duplicate {
+            note(&mut s.duplicates, &mut s.first_duplicates, id);
+        }
+        if row.values[1].as_deref().is_none_or(|r| r.trim().is_empty()) {
+            note(&mut s.empty_responses, &mut s.first_empty_responses, id);
+        }
+        let error_index = PREDICTION_FIELDS
+            .iter()
+            .position(|(n, _)| *n == "error")
+            .expect("error field");
+        if row.values[error_index]
+            .as_deref()
+            .is_some_and(|e| !e.is_empty())
+        {
+            note(&mut s.provider_errors, &mut s.first_provider_errors, id);
+        }
+        self.builders.append(row, duplicate, line);
+    }
+
+    /// Read one JSONL line; `false` at the end.
+    fn read_line(&mut self, lines: &mut LineReader<File>) -> Result<bool> {
+        let no = lines.line_no() + 1;
+        let path = self.stats.path.clone();
+        let bad = |field: Option<&str>, msg: String| Err(Error::input(&path, no, field, msg));
+        let line = match lines
+            .next_line()
+            .map_err(|e| Error::io(&path, "cannot read predictions", e))?
+        {
+            None => {
+                self.stats.sha256 = lines.sha256_hex();
+                return Ok(false);
+            }
+            Some(Line::TooLong { len }) => {
+                return bad(None, format!("line is {len} bytes, over the limit"));
+            }
+            Some(Line::Bytes(b)) => b,
+        };
+        let text = match std::str::from_utf8(line) {
+            Ok(t) => t,
+            Err(e) => {
+                return bad(
+                    None,
+                    format!("invalid UTF-8 at byte {} of the line", e.valid_up_to() + 1),
+                );
+            }
+        };
+        if text.trim().is_empty() {
+            return bad(
+                None,
+                "blank line (every line must hold one JSON object)".into(),
+            );
+        }
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+        let rec = FlatRecord::parse(text).map_err(|e| {
+            Error::input(
+                &path,
+                no,
+                None,
+                crate::corpus::reader::json_error_message(&e, text),
+            )
+        })?;
+        let mut row = Row::default();
+        for (i, (name, required)) in PREDICTION_FIELDS.iter().enumerate() {
+            match (rec.get(name), *name) {
+                (None | Some(FieldValue::Null), _) if *required && *name == "case_id" => {
+                    return bad(Some(name), "missing required field".into());
+                }
+                (None | Some(FieldValue::Null), _) => {}
+                (Some(FieldValue::Number(x)), "latency_ms") if x.is_finite() && *x >= 0.0 => {
+                    row.latency = Some(*x)
+                }
+                (Some(v), "latency_ms") => {
+                    return bad(
+                        Some(name),
+                        format!("expected a non-negative number, found {}", v.kind_name()),
+                    );
+                }
+                (Some(FieldValue::Str(s)), "case_id") if s.trim().is_empty() => {
+                    return bad(Some(name), "empty".into());
+                }
+                (Some(FieldValue::Str(s)), _) => row.values[i] = Some(s.clone()),
+                (Some(v), _) => {
+                    return bad(
+                        Some(name),
+                        format!("expected a string, found {}", v.kind_name()),
+                    );
+                }
+            }
+        }
+        self.accept(&row, no);
+        Ok(true)
+    }
+
+    /// Read one Parquet batch; `false` at the end.
+    fn read_parquet(
+        &mut self,
+        reader: &mut ParquetRecordBatchReader,
+        next_row: &mut u64,
+    ) -> Result<bool> {
+        let Some(batch) = reader.next() else {
+            return Ok(false);
+        };
+        let first = *next_row;
+        let path = self.stats.path.clone();
+        let batch = batch.map_err(|e| {
+            Error::input(
+                &path,
+                first,
+                None,
+                format!("cannot decode Parquet rows: {e}"),
+            )
+        })?;
+        *next_row += batch.num_rows() as u64;
+        let schema = batch.schema();
+        let mut columns: Vec<Option<ArrayRef>> = Vec::with_capacity(PREDICTION_FIELDS.len());
+        for (name, required) in PREDICTION_FIELDS {
+            let Ok(i) = schema.index_of(name) else {
+                if *required && *name == "case_id" {
+                    return Err(Error::input(
+                        &path,
+                        0,
+                        Some(name),
+                        "the Parquet file has no case_id column",
+                    ));
+                }
+                columns.push(None);
+                continue;
+            };
+            let target = if *name == "latency_ms" {
+                DataType::Float64
+            } else {
+                DataType::Utf8
+            };
+            let cast_col = cast(batch.column(i), &target).map_err(|e| {
+                Error::input(
+                    &path,
+                    0,
+                    Some(name),
+                    format!(
+                        "column of type {} cannot be read as {target}: {e}",
+                        batch.column(i).data_type()
+                    ),
+                )
+            })?;
+            columns.push(Some(cast_col));
+        }
+        let latency = latency_index();
+        for r in 0..batch.num_rows() {
+            let no = first + r as u64;
+            let mut row = Row::default();
+            for (i, col) in columns.iter().enumerate() {
+                let Some(col) = col else { continue };
+                if col.is_null(r) {
+                    continue;
+                }
+                if i == latency {
+                    row.latency = Some(col.as_primitive::<Float64Type>().value(r));
+                } else {
+                    row.values[i] = Some(col.as_string::<i32>().value(r).into());
+                }
+            }
+            if row.values[0].as_deref().is_none_or(|s| s.trim().is_empty()) {
+                return Err(Error::input(&path, no, Some("case_id"), "missing or empty"));
+            }
+            self.accept(&row, no);
+        }
+        Ok(true)
+    }
+}
+
+impl Iterator for PredictionsReader {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        loop {
+            let sink = &mut self.sink;
+            if sink.builders.rows >= self.batch_size {
+                return Some(sink.builders.finish());
+            }
+            let more = match &mut self.source {
+                Source::Jsonl(lines) => sink.read_line(lines),
+                Source::Parquet { reader, next_row } => sink.read_parquet(reader, next_row),
+            };
+            match more {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.done = true;
+                    return (sink.builders.rows > 0).then(|| sink.builders.finish());
+                }
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(text: &str) -> Result<(Vec<RecordBatch>, PredictionStats)> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.jsonl");
+        std::fs::write(&path, text).unwrap();
+        let mut r = PredictionsReader::open(&path, 2)?;
+        let batches = r.by_ref().collect::<Result<Vec<_>>>()?;
+        let mut stats = r.stats().clone();
+        stats.path = PathBuf::from("p.jsonl");
+        Ok((batches, stats))
+    }
+
+    #[test]
+    fn flags_duplicates_and_empty_responses_but_keeps_every_row() {
+        let (batches, stats) = read(
+            "{\"case_id\":\"a\",\"response_text\":\"hi\",\"latency_ms\":12.5}\n\
+             {\"case_id\":\"b\",\"response_text\":null,\"error\":\"timeout\"}\n\
+             {\"case_id\":\"a\",\"response_text\":\"\",\"extra\":{\"x\":1}}\n",
+        )
+        .unwrap();
+        assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 3);
+        assert_eq!(
+            (
+                stats.rows,
+                stats.duplicates,
+                stats.empty_responses,
+                stats.provider_errors
+            ),
+            (3, 1, 2, 1)
+        );
+        assert_eq!(stats.first_duplicates, ["a"]);
+        let last = &batches[1];
+        assert!(
+            last.column_by_name("duplicate_prediction")
+                .unwrap()
+                .as_boolean()
+                .value(0)
+        );
+        assert_eq!(
+            last.column_by_name("source_line")
+                .unwrap()
+                .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+                .value(0),
+            3
+        );
+    }
+
+    #[test]
+    fn malformed_lines_name_file_line_and_field() {
+        let err = |t: &str| {
+            read(t)
+                .unwrap_err()
+                .to_string()
+                .rsplit_once("p.jsonl")
+                .unwrap()
+                .1
+                .to_owned()
+        };
+        assert_eq!(
+            err("{\"case_id\":\"a\"}\n{\"response_text\":\"x\"}\n"),
+            ":2: case_id: missing required field"
+        );
+        assert_eq!(
+            err("{\"case_id\":\"a\",\"latency_ms\":\"fast\"}\n"),
+            ":1: latency_ms: expected a non-negative number, found a string"
+        );
+        assert_eq!(
+            err("{\"case_id\":7}\n"),
+            ":1: case_id: expected a string, found a number"
+        );
+        assert_eq!(
+            err("{\"case_id\":\"a\"\n"),
+            ":1: record: invalid JSON at column 14: EOF while parsing an object"
+        );
+        assert_eq!(
+            err("{\"case_id\":\"a\",\"response_text\":[1]}\n"),
+            ":1: response_text: expected a string, found an array"
+        );
+        assert_eq!(
+            err("\n"),
+            ":1: record: blank line (every line must hold one JSON object)"
+        );
+    }
+}
