@@ -5,11 +5,13 @@
 //! works from any folder); Rust code registers tables and runs it, and never builds SQL
 //! from user input.
 
-mod corpus_table;
 pub mod predictions;
 pub mod stats;
+mod stream_table;
 
-pub use corpus_table::{CorpusTable, CorpusTableProvider, corpus_table};
+pub use stream_table::{
+    CorpusTable, PredictionsTable, StreamTable, corpus_table, predictions_table,
+};
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::prelude::{SessionConfig, SessionContext};

@@ -1,0 +1,216 @@
+//! A DataFusion table over any streamed source of batches (a corpus, predictions):
+//! each scan opens the source on a blocking thread with the scan's projection and feeds
+//! its batches to the query, so inputs larger than memory are queried in bounded memory.
+//! What the source learns while streaming (validation report, prediction counts) is
+//! kept in a shared slot for the caller once the scan finishes.
+
+use std::fmt;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::Session;
+use datafusion::datasource::{TableProvider, TableType};
+use datafusion::execution::TaskContext;
+use datafusion::logical_expr::Expr;
+use datafusion::physical_expr::LexOrdering;
+use datafusion::physical_plan::stream::RecordBatchReceiverStream;
+use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
+use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
+
+use super::predictions::{PredictionStats, PredictionsReader, predictions_table_schema};
+use crate::contract::arrow::enriched_case_schema;
+use crate::corpus::{CorpusReader, ReadOptions, ValidationReport};
+use crate::error::{Error, Result};
+
+type Batches = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
+/// Opens the source for one scan, building only the projected columns (or projecting).
+type Open = Arc<dyn Fn(Option<Vec<usize>>) -> Result<Batches> + Send + Sync>;
+
+pub struct StreamTable {
+    name: String,
+    schema: SchemaRef,
+    open: Open,
+}
+
+impl fmt::Debug for StreamTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamTable")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+#[async_trait::async_trait]
+impl TableProvider for StreamTable {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        limit: Option<usize>,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        let schema = match projection {
+            Some(p) => Arc::new(self.schema.project(p)?),
+            None => Arc::clone(&self.schema),
+        };
+        let partition = Arc::new(StreamPartition {
+            name: self.name.clone(),
+            schema: Arc::clone(&schema),
+            open: Arc::clone(&self.open),
+            projection: projection.cloned(),
+        });
+        Ok(Arc::new(StreamingTableExec::try_new(
+            schema,
+            vec![partition],
+            None,
+            Vec::<LexOrdering>::new(),
+            false,
+            limit,
+        )?))
+    }
+}
+
+struct StreamPartition {
+    name: String,
+    schema: SchemaRef,
+    open: Open,
+    projection: Option<Vec<usize>>,
+}
+
+impl fmt::Debug for StreamPartition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamPartition")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+impl PartitionStream for StreamPartition {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
+        let mut builder = RecordBatchReceiverStream::builder(Arc::clone(&self.schema), 2);
+        let tx = builder.tx();
+        let (open, projection) = (Arc::clone(&self.open), self.projection.clone());
+        builder.spawn_blocking(move || {
+            for batch in open(projection)? {
+                if tx.blocking_send(batch.map_err(Into::into)).is_err() {
+                    break; // the query was cancelled
+                }
+            }
+            Ok(())
+        });
+        builder.build()
+    }
+}
+
+/// Slot for what a scan learned, filled when the scan reaches the end of its source.
+pub type Outcome<T> = Arc<Mutex<Option<T>>>;
+
+/// Runs `finish` on the source when its iterator is exhausted and stores the result.
+struct Finishing<I, T> {
+    inner: Option<I>,
+    finish: fn(I) -> Result<T>,
+    slot: Outcome<T>,
+}
+
+impl<I: Iterator<Item = Result<RecordBatch>>, T> Iterator for Finishing<I, T> {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let inner = self.inner.as_mut()?;
+        match inner.next() {
+            Some(b) => Some(b),
+            None => {
+                let inner = self.inner.take()?;
+                match (self.finish)(inner) {
+                    Ok(v) => {
+                        *self.slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
+                        None
+                    }
+                    Err(e) => Some(Err(e)),
+                }
+            }
+        }
+    }
+}
+
+/// The corpus as a table, and where its last scan's validation report lands.
+pub struct CorpusTable {
+    pub table: Arc<StreamTable>,
+    pub report: Outcome<ValidationReport>,
+}
+
+/// `attack_cases` over a corpus file (JSONL or Parquet), in the enriched-case schema.
+/// Scans push their projection into the reader. The file is opened once here so a
+/// missing file is a clear error before any query.
+pub fn corpus_table(path: impl AsRef<Path>, opts: ReadOptions) -> Result<CorpusTable> {
+    let path = path.as_ref().to_path_buf();
+    std::fs::File::open(&path).map_err(|e| Error::io(&path, "cannot open corpus", e))?;
+    let report: Outcome<ValidationReport> = Arc::new(Mutex::new(None));
+    let slot = Arc::clone(&report);
+    let open: Open = Arc::new(move |projection| {
+        let reader = CorpusReader::open(
+            &path,
+            ReadOptions {
+                projection,
+                ..opts.clone()
+            },
+        )?;
+        Ok(Box::new(Finishing {
+            inner: Some(reader),
+            finish: CorpusReader::finish,
+            slot: Arc::clone(&slot),
+        }) as Batches)
+    });
+    let table = Arc::new(StreamTable {
+        name: "attack_cases".into(),
+        schema: enriched_case_schema(),
+        open,
+    });
+    Ok(CorpusTable { table, report })
+}
+
+/// Predictions as a table, and where its last scan's counts land.
+pub struct PredictionsTable {
+    pub table: Arc<StreamTable>,
+    pub stats: Outcome<PredictionStats>,
+}
+
+/// `predictions` over a JSONL or Parquet file (schema: [`predictions_table_schema`]).
+pub fn predictions_table(path: impl AsRef<Path>, batch_size: usize) -> Result<PredictionsTable> {
+    let path = path.as_ref().to_path_buf();
+    std::fs::File::open(&path).map_err(|e| Error::io(&path, "cannot open predictions", e))?;
+    let stats: Outcome<PredictionStats> = Arc::new(Mutex::new(None));
+    let slot = Arc::clone(&stats);
+    let open: Open = Arc::new(move |projection: Option<Vec<usize>>| {
+        let reader = PredictionsReader::open(&path, batch_size)?;
+        let finishing = Finishing {
+            inner: Some(reader),
+            finish: |r: PredictionsReader| Ok(r.stats().clone()),
+            slot: Arc::clone(&slot),
+        };
+        Ok(Box::new(finishing.map(move |b| match (&projection, b) {
+            (Some(p), Ok(b)) => Ok(b.project(p)?),
+            (_, b) => b,
+        })) as Batches)
+    });
+    let table = Arc::new(StreamTable {
+        name: "predictions".into(),
+        schema: predictions_table_schema(),
+        open,
+    });
+    Ok(PredictionsTable { table, stats })
+}
