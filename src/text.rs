@@ -41,6 +41,35 @@ pub fn excerpt(s: &str, max_chars: usize) -> String {
     out
 }
 
+/// The current UTC time as `YYYYMMDDTHHMMSSZ` (for default run ids).
+pub fn utc_compact_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    utc_compact(secs)
+}
+
+/// `YYYYMMDDTHHMMSSZ` for seconds since the Unix epoch (civil-from-days, proleptic
+/// Gregorian).
+pub fn utc_compact(secs: u64) -> String {
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}{month:02}{day:02}T{:02}{:02}{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -53,6 +82,13 @@ mod tests {
         );
         assert_eq!(did_you_mean("zzzzzz", &["attack_family", "prompt"]), None);
         assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn utc_timestamps() {
+        assert_eq!(utc_compact(0), "19700101T000000Z");
+        assert_eq!(utc_compact(1_796_032_496), "20261130T095456Z");
+        assert_eq!(utc_compact(951_782_400), "20000229T000000Z");
     }
 
     #[test]

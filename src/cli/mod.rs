@@ -5,6 +5,7 @@
 mod corpus;
 mod enrich;
 mod output;
+mod score;
 mod validate;
 
 use clap::{Parser, Subcommand};
@@ -41,6 +42,9 @@ enum Command {
     /// Generate and inspect corpora.
     #[command(subcommand)]
     Corpus(corpus::Command),
+    /// Score predictions (JSONL or Parquet) against the corpus with the detector UDFs
+    /// (queries/score_cases.sql); writes case_results.{parquet,jsonl}.
+    Score(score::Args),
 }
 
 /// Parse the command line and run; `Ok` carries the exit code.
@@ -57,5 +61,6 @@ pub fn main() -> Result<u8> {
         Command::Validate(args) => validate::run(args),
         Command::Enrich(args) => enrich::run(args),
         Command::Corpus(cmd) => corpus::run(cmd),
+        Command::Score(args) => score::run(args),
     }
 }

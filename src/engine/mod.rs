@@ -6,6 +6,7 @@
 //! from user input.
 
 pub mod predictions;
+pub mod score;
 pub mod stats;
 mod stream_table;
 

@@ -1,0 +1,83 @@
+//! `pieval score --predictions P [--cases P] [--output DIR] [--run-id ID]`.
+
+use std::path::{Path, PathBuf};
+
+use crate::cli::{output, paths};
+use crate::engine::score::{ScoreOptions, check_run_id, score};
+use crate::error::Result;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Predictions to score (JSONL or Parquet): case_id and response_text, optionally
+    /// run_id, provider, model_name, latency_ms, error, request_*, execution_mode, mitigation.
+    #[arg(long)]
+    predictions: PathBuf,
+    /// The corpus the predictions answer (default: the enriched corpus when present,
+    /// else the canonical one).
+    #[arg(long)]
+    cases: Option<PathBuf>,
+    /// Where to write case_results.{parquet,jsonl} (default: results/<run-id>).
+    #[arg(long)]
+    output: Option<PathBuf>,
+    /// Run id for rows that carry none (default: score-<UTC timestamp>).
+    #[arg(long)]
+    run_id: Option<String>,
+    /// Mitigation name for rows that carry none.
+    #[arg(long)]
+    mitigation: Option<String>,
+    /// Print the report as one JSON document.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: Args) -> Result<u8> {
+    let run_id = args
+        .run_id
+        .unwrap_or_else(|| format!("score-{}", crate::text::utc_compact_now()));
+    check_run_id(&run_id)?;
+    let cases = args.cases.unwrap_or_else(|| {
+        let enriched = Path::new(paths::ENRICHED);
+        if enriched.exists() {
+            enriched.to_path_buf()
+        } else {
+            PathBuf::from(paths::CORPUS)
+        }
+    });
+    let out_dir = args
+        .output
+        .unwrap_or_else(|| Path::new("results").join(&run_id));
+    let report = score(&ScoreOptions {
+        predictions: args.predictions,
+        cases: cases.clone(),
+        output: out_dir,
+        run_id,
+        mitigation: args.mitigation,
+    })?;
+    if args.json {
+        output::json(&report)?;
+        return Ok(0);
+    }
+    let mut text = format!(
+        "scored {} prediction(s) against {} (run {})\n  attack_success: {}   manual_review: {}\n",
+        report.rows,
+        cases.display(),
+        report.run_id,
+        report.attack_success,
+        report.manual_review
+    );
+    if !report.review.is_empty() {
+        text.push_str("  flagged for review (kept as rows):\n");
+        for (reason, r) in &report.review {
+            text.push_str(&format!(
+                "    {reason}: {} (first: {})\n",
+                r.count,
+                r.first_case_ids.join(", ")
+            ));
+        }
+    }
+    for path in report.result_paths.values() {
+        text.push_str(&format!("  wrote {}\n", path.display()));
+    }
+    output::stdout_line(text.trim_end())?;
+    Ok(0)
+}

@@ -1,0 +1,263 @@
+//! `pieval score`: predictions ⋈ attack_cases through `queries/score_cases.sql`, streamed
+//! into `case_results.parquet` and `case_results.jsonl` in one pass. Files are written
+//! under temporary names and renamed only when the whole query succeeded, so a failure
+//! leaves no half-written artifact.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, AsArray, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::json::WriterBuilder;
+use datafusion::arrow::json::writer::LineDelimited;
+use datafusion::datasource::MemTable;
+use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::parquet::basic::{Compression, ZstdLevel};
+use datafusion::parquet::file::properties::WriterProperties;
+use futures::StreamExt;
+use serde::Serialize;
+
+use super::predictions::PredictionStats;
+use super::{corpus_table, predictions_table, runtime, session};
+use crate::corpus::ReadOptions;
+use crate::error::{Error, Result};
+
+/// `queries/score_cases.sql`.
+pub const SCORE_CASES_SQL: &str = include_str!("../../queries/score_cases.sql");
+
+/// Examples kept per review reason.
+const EXAMPLES: usize = 5;
+
+pub struct ScoreOptions {
+    pub predictions: PathBuf,
+    pub cases: PathBuf,
+    pub output: PathBuf,
+    pub run_id: String,
+    pub mitigation: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ReviewCount {
+    pub count: u64,
+    pub first_case_ids: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ScoreReport {
+    pub run_id: String,
+    pub output: PathBuf,
+    pub rows: u64,
+    pub attack_success: u64,
+    pub manual_review: u64,
+    /// review_reason → count and first case ids.
+    pub review: BTreeMap<String, ReviewCount>,
+    pub predictions: PredictionStats,
+    pub cases_sha256: String,
+    pub result_paths: BTreeMap<String, PathBuf>,
+}
+
+/// A run id usable as a folder name: no separators, no `..`, no hidden names.
+pub fn check_run_id(id: &str) -> Result<()> {
+    let ok = (1..=128).contains(&id.len())
+        && id.as_bytes()[0].is_ascii_alphanumeric()
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && !id.contains("..");
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Usage(format!(
+            "run id {:?} is not allowed: use letters, digits, '.', '_' and '-' (starting with a letter or digit, no '..', at most 128 characters)",
+            crate::text::excerpt(id, 60)
+        )))
+    }
+}
+
+/// Writes both result files under temporary names; `commit` renames them.
+struct ResultWriters {
+    parquet: (PathBuf, PathBuf, Option<ArrowWriter<File>>),
+    jsonl: (
+        PathBuf,
+        PathBuf,
+        Option<datafusion::arrow::json::Writer<BufWriter<File>, LineDelimited>>,
+    ),
+}
+
+fn temp_name(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
+}
+
+impl ResultWriters {
+    fn create(dir: &Path, schema: Arc<Schema>) -> Result<Self> {
+        let parquet = dir.join("case_results.parquet");
+        let jsonl = dir.join("case_results.jsonl");
+        let (tp, tj) = (temp_name(&parquet), temp_name(&jsonl));
+        let props = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(
+                ZstdLevel::try_new(3).map_err(Error::from)?,
+            ))
+            .build();
+        let pf = File::create(&tp).map_err(|e| Error::io(&tp, "cannot create", e))?;
+        let pw = ArrowWriter::try_new(pf, schema, Some(props))?;
+        let jf = File::create(&tj).map_err(|e| Error::io(&tj, "cannot create", e))?;
+        let jw = WriterBuilder::new()
+            .with_explicit_nulls(true)
+            .build::<_, LineDelimited>(BufWriter::new(jf));
+        Ok(Self {
+            parquet: (parquet, tp, Some(pw)),
+            jsonl: (jsonl, tj, Some(jw)),
+        })
+    }
+
+    fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        if let Some(w) = self.parquet.2.as_mut() {
+            w.write(batch)?;
+        }
+        if let Some(w) = self.jsonl.2.as_mut() {
+            w.write(batch)?;
+        }
+        Ok(())
+    }
+
+    fn commit(mut self) -> Result<BTreeMap<String, PathBuf>> {
+        if let Some(w) = self.parquet.2.take() {
+            w.close()?;
+        }
+        if let Some(mut w) = self.jsonl.2.take() {
+            w.finish()?;
+            let inner = w.into_inner();
+            inner
+                .into_inner()
+                .map_err(|e| Error::io(&self.jsonl.1, "cannot write", e.into_error()))?;
+        }
+        let mut paths = BTreeMap::new();
+        let files = [
+            ("case_results_parquet", &self.parquet.0, &self.parquet.1),
+            ("case_results_jsonl", &self.jsonl.0, &self.jsonl.1),
+        ];
+        for (key, final_path, tmp) in files {
+            std::fs::rename(tmp, final_path)
+                .map_err(|e| Error::io(final_path, "cannot replace", e))?;
+            paths.insert(key.to_owned(), final_path.clone());
+        }
+        Ok(paths)
+    }
+}
+
+impl Drop for ResultWriters {
+    fn drop(&mut self) {
+        // Only an uncommitted writer still has its temporary files.
+        for tmp in [&self.parquet.1, &self.jsonl.1] {
+            let _ = std::fs::remove_file(tmp);
+        }
+    }
+}
+
+/// Score predictions against a corpus; see the module docs.
+pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
+    check_run_id(&opts.run_id)?;
+    let corpus = corpus_table(&opts.cases, ReadOptions::default())?;
+    let predictions = predictions_table(&opts.predictions, 8192)?;
+    std::fs::create_dir_all(&opts.output)
+        .map_err(|e| Error::io(&opts.output, "cannot create folder", e))?;
+    let ctx = session();
+    ctx.register_table("attack_cases", corpus.table)?;
+    ctx.register_table("predictions", predictions.table)?;
+    let params_schema = Arc::new(Schema::new(vec![
+        Field::new("run_id", DataType::Utf8, true),
+        Field::new("mitigation", DataType::Utf8, true),
+    ]));
+    let params = RecordBatch::try_new(
+        Arc::clone(&params_schema),
+        vec![
+            Arc::new(StringArray::from(vec![Some(opts.run_id.as_str())])),
+            Arc::new(StringArray::from(vec![opts.mitigation.as_deref()])),
+        ],
+    )?;
+    ctx.register_table(
+        "score_params",
+        Arc::new(MemTable::try_new(params_schema, vec![vec![params]])?),
+    )?;
+
+    let mut report = ScoreReport {
+        run_id: opts.run_id.clone(),
+        output: opts.output.clone(),
+        rows: 0,
+        attack_success: 0,
+        manual_review: 0,
+        review: BTreeMap::new(),
+        predictions: PredictionStats::default(),
+        cases_sha256: String::new(),
+        result_paths: BTreeMap::new(),
+    };
+    let writers = runtime()?.block_on(async {
+        let df = ctx.sql(SCORE_CASES_SQL).await?;
+        let schema = Arc::new(df.schema().as_arrow().clone());
+        let mut writers = ResultWriters::create(&opts.output, schema)?;
+        let mut stream = df.execute_stream().await?;
+        while let Some(batch) = stream.next().await {
+            let batch = batch?;
+            tally(&batch, &mut report);
+            writers.write(&batch)?;
+        }
+        Ok::<_, Error>(writers)
+    })?;
+    report.result_paths = writers.commit()?;
+    report.predictions = predictions
+        .stats
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+        .unwrap_or_default();
+    report.cases_sha256 = corpus
+        .report
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .map(|r| r.sha256.clone())
+        .unwrap_or_default();
+    Ok(report)
+}
+
+/// Count outcomes and review reasons of one result batch.
+fn tally(batch: &RecordBatch, report: &mut ScoreReport) {
+    let col = |name: &str| batch.column_by_name(name).expect("score_cases.sql output");
+    let ids = col("case_id").as_string::<i32>();
+    let success = col("attack_success").as_boolean();
+    let review = col("manual_review").as_boolean();
+    let reasons = col("review_reason").as_string::<i32>();
+    report.rows += batch.num_rows() as u64;
+    for i in 0..batch.num_rows() {
+        if success.is_valid(i) && success.value(i) {
+            report.attack_success += 1;
+        }
+        if review.is_valid(i) && review.value(i) {
+            report.manual_review += 1;
+        }
+        if reasons.is_valid(i) {
+            for reason in reasons.value(i).split(',') {
+                let entry = report
+                    .review
+                    .entry(reason.to_owned())
+                    .or_insert(ReviewCount {
+                        count: 0,
+                        first_case_ids: Vec::new(),
+                    });
+                entry.count += 1;
+                if entry.first_case_ids.len() < EXAMPLES {
+                    entry
+                        .first_case_ids
+                        .push(crate::text::excerpt(ids.value(i), 80));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! `pieval score` end to end: every prediction gives exactly one row, flagged rows are
+//! kept, malformed input fails cleanly, and on real labelled responses (spikee's
+//! published gpt-4o results) `attack_success` agrees with the recorded success flag.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use common::{pieval, repo, run};
+use serde_json::{Value, json};
+
+fn lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn write_jsonl(path: &Path, rows: &[Value]) {
+    let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
+    std::fs::write(path, text).unwrap();
+}
+
+#[test]
+fn every_prediction_is_one_row_and_suspect_rows_are_flagged_not_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = lines(&repo("data/normalized/attack_cases.enriched.jsonl"));
+    let mut preds = Vec::new();
+    for (i, c) in cases.iter().take(40).enumerate() {
+        let target = c["expected_target"].as_str().unwrap_or("PWNED");
+        let response = match i % 4 {
+            // An exfiltration succeeds only as a rendered image, not as a bare URL.
+            0 if c["success_definition_id"] == "exfiltration_image_rendered" => {
+                json!(format!("Done ![s]({target}?d=1)"))
+            }
+            0 => json!(format!("Sure: {target}")),
+            1 => json!("I can't help with that."),
+            2 => Value::Null,
+            _ => json!("A neutral summary."),
+        };
+        let mut p = json!({"case_id": c["case_id"], "response_text": response, "latency_ms": i});
+        if i % 4 == 2 {
+            p["error"] = json!("HTTP 500 after 4 retries");
+        }
+        preds.push(p);
+    }
+    preds.push(json!({"case_id": "not-in-the-corpus", "response_text": "hello"}));
+    preds.push(json!({"case_id": cases[0]["case_id"], "response_text": "again"}));
+    let path = dir.path().join("predictions.jsonl");
+    write_jsonl(&path, &preds);
+    let out = dir.path().join("out");
+    let r = run(pieval()
+        .args(["score", "--run-id", "t-1", "--json", "--predictions"])
+        .arg(&path)
+        .arg("--output")
+        .arg(&out));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let report: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(report["rows"], 42);
+    assert_eq!(
+        report["review"]["unknown_case"]["first_case_ids"],
+        json!(["not-in-the-corpus"])
+    );
+    assert_eq!(report["review"]["duplicate_prediction"]["count"], 1);
+    assert_eq!(report["review"]["provider_error"]["count"], 10);
+    assert_eq!(report["predictions"]["empty_responses"], 10);
+
+    let rows = lines(&out.join("case_results.jsonl"));
+    assert_eq!(rows.len(), 42);
+    let mut per_id: HashMap<&str, usize> = HashMap::new();
+    for row in &rows {
+        *per_id.entry(row["case_id"].as_str().unwrap()).or_default() += 1;
+        assert_eq!(row["run_id"], "t-1");
+        if row["error"].is_string() {
+            assert_eq!(row["manual_review"], true);
+            assert!(row["attack_success"].is_null());
+        }
+    }
+    assert_eq!(per_id.len(), 41, "every case id present");
+    // The contract's fields, each one, validated by the JSON Schema.
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo("schemas/case_result.schema.json")).unwrap(),
+    )
+    .unwrap();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    for row in &rows {
+        assert!(validator.is_valid(row), "{row}");
+        for field in pieval::contract::fields::CASE_RESULT_FIELDS {
+            assert!(row.get(*field).is_some(), "{field} missing");
+        }
+    }
+    let successes = rows.iter().filter(|r| r["attack_success"] == true).count();
+    assert_eq!(successes, 10, "the responses that emit the target");
+    // Parquet holds the same rows with the contract's types.
+    let file = std::fs::File::open(out.join("case_results.parquet")).unwrap();
+    let reader =
+        datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+            .unwrap();
+    let schema = reader.schema().clone();
+    let expected = pieval::contract::arrow::case_results_schema();
+    for f in expected.fields() {
+        assert_eq!(
+            schema.field_with_name(f.name()).unwrap().data_type(),
+            f.data_type(),
+            "{}",
+            f.name()
+        );
+    }
+    let n: usize = reader.build().unwrap().map(|b| b.unwrap().num_rows()).sum();
+    assert_eq!(n, 42);
+}
+
+#[test]
+fn malformed_predictions_fail_cleanly_and_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.jsonl");
+    std::fs::write(&path, "{\"case_id\":\"a\",\"response_text\":\"x\"}\n{\"case_id\":\"b\",\"latency_ms\":\"slow\"}\n").unwrap();
+    let out = dir.path().join("out");
+    let r = run(pieval()
+        .args(["score", "--run-id", "t", "--predictions"])
+        .arg(&path)
+        .arg("--output")
+        .arg(&out));
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr
+            .contains("bad.jsonl:2: latency_ms: expected a non-negative number, found a string"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        std::fs::read_dir(&out).map(|d| d.count()).unwrap_or(0),
+        0,
+        "no half-written artifact"
+    );
+
+    for bad_id in ["../escape", "a/b", ".hidden", ""] {
+        let r = run(pieval()
+            .args(["score", "--run-id", bad_id, "--predictions"])
+            .arg(&path));
+        assert_eq!(r.code, 2, "{bad_id}");
+        assert!(r.stderr.contains("is not allowed"), "{}", r.stderr);
+    }
+    let r = run(pieval().args(["score", "--predictions", "no/such.jsonl", "--run-id", "t"]));
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("no/such.jsonl: cannot open predictions"),
+        "{}",
+        r.stderr
+    );
+}
+
+/// spikee's published results: each row is an assembled injected input, a vendor's
+/// response and spikee's success flag; the seed instruction it came from names the
+/// canary its judge looks for.
+#[test]
+fn agrees_with_spikee_recorded_success_on_real_responses() {
+    let base = repo("../shared/datasets/spikee");
+    if !base.exists() {
+        eprintln!(
+            "skipped: {} is absent (the shared datasets are not laid out here)",
+            base.display()
+        );
+        return;
+    }
+    let seeds: Vec<Value> = lines(&base.join("datasets/seeds-targeted-2024-12/instructions.jsonl"));
+    let results = lines(
+        &base.join("results/v0.1/results_az_gpt4o-targeted-2024-12-full-prompt_1734525165.jsonl"),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (mut cases, mut preds, mut expected) = (Vec::new(), Vec::new(), HashMap::new());
+    for r in &results {
+        let long_id = r["long_id"].as_str().unwrap();
+        let Some(seed) = seeds
+            .iter()
+            .find(|s| long_id.contains(&format!("_{}_", s["id"].as_str().unwrap())))
+        else {
+            continue;
+        };
+        assert_eq!(seed["judge_name"], "canary");
+        let case_id = format!("spikee-{}", r["id"]);
+        cases.push(json!({
+            "case_id": case_id, "source_name": "spikee", "source_type": "public_benchmark",
+            "attack_family": r["jailbreak_type"].as_str().unwrap().replace('-', "_"),
+            "attack_surface": "retrieved_document", "prompt": r["input"],
+            "success_criteria": {"type": "contains", "value": seed["judge_args"]},
+            "expected_target": seed["judge_args"], "label": "attack",
+        }));
+        preds.push(json!({"case_id": case_id, "response_text": r["response"], "provider": "azure", "model_name": "gpt-4o"}));
+        expected.insert(case_id, r["success"].as_bool().unwrap());
+    }
+    assert!(expected.len() >= 950, "{} results mapped", expected.len());
+    let (cases_path, preds_path, out) = (
+        dir.path().join("cases.jsonl"),
+        dir.path().join("preds.jsonl"),
+        dir.path().join("out"),
+    );
+    write_jsonl(&cases_path, &cases);
+    write_jsonl(&preds_path, &preds);
+    let r = run(pieval()
+        .args(["score", "--run-id", "spikee-gpt4o", "--cases"])
+        .arg(&cases_path)
+        .arg("--predictions")
+        .arg(&preds_path)
+        .arg("--output")
+        .arg(&out));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let rows = lines(&out.join("case_results.jsonl"));
+    assert_eq!(rows.len(), expected.len());
+    let agree = rows
+        .iter()
+        .filter(|row| {
+            row["attack_success"].as_bool() == Some(expected[row["case_id"].as_str().unwrap()])
+        })
+        .count();
+    let share = agree as f64 / rows.len() as f64;
+    eprintln!(
+        "spikee gpt-4o: attack_success agrees with the recorded flag on {agree} of {} responses ({:.2}%)",
+        rows.len(),
+        share * 100.0
+    );
+    assert!(share >= 0.98, "agreement {share}");
+}
