@@ -13,6 +13,7 @@
 //!
 //! Modules depend downward only: `cli` → `corpus`, `taxonomy` → `contract`.
 
+pub mod atomic;
 pub mod cli;
 pub mod contract;
 pub mod corpus;

@@ -2,8 +2,9 @@
 
 use std::path::PathBuf;
 
+use crate::atomic::write_lines;
 use crate::cli::{output, paths};
-use crate::corpus::synth::{synthesize, write_jsonl_atomic};
+use crate::corpus::synth::synthesize;
 use crate::engine::stats::{BREAKDOWNS, corpus_stats};
 use crate::error::Result;
 
@@ -43,7 +44,7 @@ pub fn run(cmd: Command) -> Result<u8> {
             let cases = synthesize(&templates, seed)?;
             let n = cases.len();
             let benign = cases.iter().filter(|c| c.is_benign()).count();
-            write_jsonl_atomic(&out, cases.iter().map(|c| c.to_json_line()))?;
+            write_lines(&out, cases.iter().map(|c| c.to_json_line()))?;
             eprintln!(
                 "wrote {n} cases ({benign} benign controls) to {}",
                 out.display()

@@ -2,9 +2,9 @@
 
 use std::path::PathBuf;
 
+use crate::atomic::write_lines;
 use crate::cli::{output, paths, validate};
 use crate::contract::AttackCase;
-use crate::corpus::synth::write_jsonl_atomic;
 use crate::corpus::{CorpusReader, ReadOptions};
 use crate::error::Result;
 use crate::taxonomy::Taxonomy;
@@ -45,7 +45,7 @@ pub fn run(args: Args) -> Result<u8> {
         eprintln!("{}", validate::render(&report));
         return report.into_result().map(|_| 1);
     }
-    write_jsonl_atomic(&args.output, lines)?;
+    write_lines(&args.output, lines)?;
     if args.json {
         output::json(&serde_json::json!({
             "input": args.input, "input_sha256": report.sha256, "output": args.output,

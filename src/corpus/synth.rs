@@ -12,8 +12,7 @@
 //! sha256(seed / case key), so the same seed gives the same bytes on any machine.
 
 use std::collections::HashSet;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -527,43 +526,6 @@ pub fn synthesize(templates_dir: impl AsRef<Path>, seed: Option<u64>) -> Result<
         }
     }
     Ok(cases)
-}
-
-/// Write cases as JSONL to a temporary file beside `path`, then rename over it, so a
-/// failure never leaves a half-written corpus.
-pub fn write_jsonl_atomic(path: &Path, lines: impl IntoIterator<Item = String>) -> Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "cannot create folder", e))?;
-    let file_name = path
-        .file_name()
-        .ok_or_else(|| Error::Usage(format!("{}: not a file path", path.display())))?;
-    let tmp: PathBuf = dir.join(format!(
-        ".{}.{}.tmp",
-        file_name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = (|| {
-        let f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, "cannot create", e))?;
-        let mut w = std::io::BufWriter::new(f);
-        for line in lines {
-            w.write_all(line.as_bytes())
-                .and_then(|_| w.write_all(b"\n"))
-                .map_err(|e| Error::io(&tmp, "cannot write", e))?;
-        }
-        let f = w
-            .into_inner()
-            .map_err(|e| Error::io(&tmp, "cannot write", e.into_error()))?;
-        f.sync_all()
-            .map_err(|e| Error::io(&tmp, "cannot sync", e))?;
-        std::fs::rename(&tmp, path).map_err(|e| Error::io(path, "cannot replace", e))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ use serde::Serialize;
 
 use super::predictions::PredictionStats;
 use super::{corpus_table, predictions_table, runtime, session};
+use crate::atomic::temp_path;
 use crate::corpus::ReadOptions;
 use crate::error::{Error, Result};
 
@@ -87,19 +88,11 @@ struct ResultWriters {
     ),
 }
 
-fn temp_name(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
-}
-
 impl ResultWriters {
     fn create(dir: &Path, schema: Arc<Schema>) -> Result<Self> {
         let parquet = dir.join("case_results.parquet");
         let jsonl = dir.join("case_results.jsonl");
-        let (tp, tj) = (temp_name(&parquet), temp_name(&jsonl));
+        let (tp, tj) = (temp_path(&parquet)?, temp_path(&jsonl)?);
         let props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(
                 ZstdLevel::try_new(3).map_err(Error::from)?,
