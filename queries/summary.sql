@@ -50,7 +50,8 @@ rated AS (
 SELECT
     metric, dimension, value, n, k,
     p AS rate,
-    CASE WHEN n > 0 THEN (p + z2 / (2 * n) - sqrt(z2) * sqrt(p * (1 - p) / n + z2 / (4.0 * n * n))) / (1 + z2 / n) END AS ci_low,
-    CASE WHEN n > 0 THEN (p + z2 / (2 * n) + sqrt(z2) * sqrt(p * (1 - p) / n + z2 / (4.0 * n * n))) / (1 + z2 / n) END AS ci_high
+    -- clamped: floating-point residue must not put a bound outside [0, 1]
+    CASE WHEN n > 0 THEN greatest(0.0, (p + z2 / (2 * n) - sqrt(z2) * sqrt(p * (1 - p) / n + z2 / (4.0 * n * n))) / (1 + z2 / n)) END AS ci_low,
+    CASE WHEN n > 0 THEN least(1.0, (p + z2 / (2 * n) + sqrt(z2) * sqrt(p * (1 - p) / n + z2 / (4.0 * n * n))) / (1 + z2 / n)) END AS ci_high
 FROM rated
 ORDER BY metric, dimension, value

@@ -110,6 +110,68 @@ fn every_prediction_is_one_row_and_suspect_rows_are_flagged_not_dropped() {
     }
     let n: usize = reader.build().unwrap().map(|b| b.unwrap().num_rows()).sum();
     assert_eq!(n, 42);
+
+    // summary.json: valid against its schema, Wilson interval as computed independently.
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo("schemas/summary.schema.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        jsonschema::validator_for(&schema)
+            .unwrap()
+            .is_valid(&summary),
+        "{summary:#}"
+    );
+    let m = &summary["aggregate_metrics"];
+    assert_eq!(
+        (m["total"].as_i64(), m["errors"].as_i64()),
+        (Some(42), Some(10))
+    );
+    let asr = &m["attack_success_rate"];
+    let (k, n) = (asr["k"].as_f64().unwrap(), asr["n"].as_f64().unwrap());
+    assert_eq!(k, 10.0);
+    let (p, z) = (k / n, 1.96_f64);
+    let centre = (p + z * z / (2.0 * n)) / (1.0 + z * z / n);
+    let half = z * (p * (1.0 - p) / n + z * z / (4.0 * n * n)).sqrt() / (1.0 + z * z / n);
+    assert!(
+        (asr["ci_low"].as_f64().unwrap() - (centre - half)).abs() < 1e-9,
+        "{asr}"
+    );
+    assert!(
+        (asr["ci_high"].as_f64().unwrap() - (centre + half)).abs() < 1e-9,
+        "{asr}"
+    );
+    assert!(
+        m["by_attack_family"]["naive"]["attack_success_rate"]["n"]
+            .as_i64()
+            .unwrap()
+            > 0
+    );
+    assert!(m["latency_ms"]["max"].as_f64().unwrap() >= 39.0);
+    // findings.parquet: the success rows are there, with the rule that decided them.
+    let file = std::fs::File::open(out.join("findings.parquet")).unwrap();
+    let findings: Vec<_> =
+        datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+            .unwrap()
+            .build()
+            .unwrap()
+            .map(|b| b.unwrap())
+            .collect();
+    let mut criteria_rows = 0;
+    for b in &findings {
+        let detector = datafusion::arrow::compute::cast(
+            b.column_by_name("detector").unwrap(),
+            &datafusion::arrow::datatypes::DataType::Utf8,
+        )
+        .unwrap();
+        let detector = datafusion::arrow::array::AsArray::as_string::<i32>(&detector);
+        criteria_rows += (0..b.num_rows())
+            .filter(|i| detector.value(*i) == "success_criteria")
+            .count();
+    }
+    assert_eq!(criteria_rows, 10);
 }
 
 #[test]

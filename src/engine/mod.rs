@@ -45,3 +45,30 @@ pub fn runtime() -> Result<tokio::runtime::Runtime> {
 pub async fn collect(ctx: &SessionContext, sql: &str) -> Result<Vec<RecordBatch>> {
     Ok(ctx.sql(sql).await?.collect().await?)
 }
+
+/// A result column as Utf8, whatever string type the plan produced (DataFusion reads
+/// Parquet strings as Utf8View); an error, not a panic, when it is missing or not text.
+pub fn utf8_column(
+    batch: &RecordBatch,
+    name: &str,
+) -> Result<datafusion::arrow::array::StringArray> {
+    use datafusion::arrow::array::AsArray;
+    let col = batch
+        .column_by_name(name)
+        .ok_or_else(|| Error::Usage(format!("query result has no column {name:?}")))?;
+    let col = datafusion::arrow::compute::cast(col, &datafusion::arrow::datatypes::DataType::Utf8)?;
+    Ok(col.as_string::<i32>().clone())
+}
+
+/// A result column cast to `T` (Int64, Float64, Boolean …).
+pub fn typed_column<T: datafusion::arrow::datatypes::ArrowPrimitiveType>(
+    batch: &RecordBatch,
+    name: &str,
+) -> Result<datafusion::arrow::array::PrimitiveArray<T>> {
+    use datafusion::arrow::array::AsArray;
+    let col = batch
+        .column_by_name(name)
+        .ok_or_else(|| Error::Usage(format!("query result has no column {name:?}")))?;
+    let col = datafusion::arrow::compute::cast(col, &T::DATA_TYPE)?;
+    Ok(col.as_primitive::<T>().clone())
+}

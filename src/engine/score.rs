@@ -28,6 +28,12 @@ use crate::error::{Error, Result};
 
 /// `queries/score_cases.sql`.
 pub const SCORE_CASES_SQL: &str = include_str!("../../queries/score_cases.sql");
+/// `queries/findings.sql`.
+pub const FINDINGS_SQL: &str = include_str!("../../queries/findings.sql");
+/// `queries/summary.sql`.
+pub const SUMMARY_SQL: &str = include_str!("../../queries/summary.sql");
+/// `queries/metrics/totals.sql`.
+pub const TOTALS_SQL: &str = include_str!("../../queries/metrics/totals.sql");
 
 /// Examples kept per review reason.
 const EXAMPLES: usize = 5;
@@ -58,6 +64,8 @@ pub struct ScoreReport {
     pub predictions: PredictionStats,
     pub cases_sha256: String,
     pub result_paths: BTreeMap<String, PathBuf>,
+    /// `summary.json`'s aggregate_metrics.
+    pub aggregate_metrics: serde_json::Value,
 }
 
 /// A run id usable as a folder name: no separators, no `..`, no hidden names.
@@ -190,6 +198,7 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
         predictions: PredictionStats::default(),
         cases_sha256: String::new(),
         result_paths: BTreeMap::new(),
+        aggregate_metrics: serde_json::Value::Null,
     };
     let writers = runtime()?.block_on(async {
         let df = ctx.sql(SCORE_CASES_SQL).await?;
@@ -198,12 +207,33 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
         let mut stream = df.execute_stream().await?;
         while let Some(batch) = stream.next().await {
             let batch = batch?;
-            tally(&batch, &mut report);
+            tally(&batch, &mut report)?;
             writers.write(&batch)?;
         }
         Ok::<_, Error>(writers)
     })?;
     report.result_paths = writers.commit()?;
+    let rt = runtime()?;
+    let parquet = report.result_paths["case_results_parquet"].clone();
+    let findings = opts.output.join("findings.parquet");
+    rt.block_on(write_findings(&parquet, &findings))?;
+    report
+        .result_paths
+        .insert("findings_parquet".into(), findings);
+    report.aggregate_metrics = rt.block_on(aggregate_metrics(&parquet))?;
+    let summary_path = opts.output.join("summary.json");
+    report
+        .result_paths
+        .insert("summary_json".into(), summary_path.clone());
+    let summary = serde_json::json!({
+        "run_id": report.run_id,
+        "experiment_name": serde_json::Value::Null,
+        "aggregate_metrics": report.aggregate_metrics,
+        "result_paths": report.result_paths,
+    });
+    let text = serde_json::to_string_pretty(&summary)
+        .map_err(|e| Error::Usage(format!("cannot encode summary: {e}")))?;
+    crate::atomic::write_lines(&summary_path, std::iter::once(text))?;
     report.predictions = predictions
         .stats
         .lock()
@@ -221,12 +251,19 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
 }
 
 /// Count outcomes and review reasons of one result batch.
-fn tally(batch: &RecordBatch, report: &mut ScoreReport) {
-    let col = |name: &str| batch.column_by_name(name).expect("score_cases.sql output");
-    let ids = col("case_id").as_string::<i32>();
-    let success = col("attack_success").as_boolean();
-    let review = col("manual_review").as_boolean();
-    let reasons = col("review_reason").as_string::<i32>();
+fn tally(batch: &RecordBatch, report: &mut ScoreReport) -> Result<()> {
+    let boolean = |name: &str| -> Result<datafusion::arrow::array::BooleanArray> {
+        let col = batch
+            .column_by_name(name)
+            .ok_or_else(|| Error::Usage(format!("score_cases.sql returned no {name}")))?;
+        Ok(datafusion::arrow::compute::cast(col, &DataType::Boolean)?
+            .as_boolean()
+            .clone())
+    };
+    let ids = super::utf8_column(batch, "case_id")?;
+    let success = boolean("attack_success")?;
+    let review = boolean("manual_review")?;
+    let reasons = super::utf8_column(batch, "review_reason")?;
     report.rows += batch.num_rows() as u64;
     for i in 0..batch.num_rows() {
         if success.is_valid(i) && success.value(i) {
@@ -253,4 +290,102 @@ fn tally(batch: &RecordBatch, report: &mut ScoreReport) {
             }
         }
     }
+    Ok(())
+}
+
+/// A session with `case_results` registered from a written Parquet file.
+async fn results_session(case_results: &Path) -> Result<datafusion::prelude::SessionContext> {
+    let ctx = session();
+    let path = case_results
+        .to_str()
+        .ok_or_else(|| Error::Usage(format!("{}: not a UTF-8 path", case_results.display())))?;
+    ctx.register_parquet(
+        "case_results",
+        path,
+        datafusion::prelude::ParquetReadOptions::default(),
+    )
+    .await?;
+    Ok(ctx)
+}
+
+/// `queries/findings.sql` → `findings.parquet` (atomically).
+pub async fn write_findings(case_results: &Path, out: &Path) -> Result<()> {
+    let ctx = results_session(case_results).await?;
+    let df = ctx.sql(FINDINGS_SQL).await?;
+    let schema = Arc::new(df.schema().as_arrow().clone());
+    let tmp = temp_path(out)?;
+    let result = async {
+        let file = File::create(&tmp).map_err(|e| Error::io(&tmp, "cannot create", e))?;
+        let mut writer = ArrowWriter::try_new(file, schema, None)?;
+        let mut stream = df.execute_stream().await?;
+        while let Some(batch) = stream.next().await {
+            writer.write(&batch?)?;
+        }
+        writer.close()?;
+        std::fs::rename(&tmp, out).map_err(|e| Error::io(out, "cannot replace", e))
+    }
+    .await;
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// `queries/summary.sql` and `queries/metrics/totals.sql` → summary.json's
+/// aggregate_metrics.
+pub async fn aggregate_metrics(case_results: &Path) -> Result<serde_json::Value> {
+    use serde_json::{Map, Value, json};
+    let ctx = results_session(case_results).await?;
+    let num = |v: Option<f64>| v.map_or(Value::Null, |x| json!(x));
+    let mut by: BTreeMap<String, Map<String, Value>> = BTreeMap::new();
+    let mut overall = Map::new();
+    for batch in super::collect(&ctx, SUMMARY_SQL).await? {
+        use datafusion::arrow::datatypes::{Float64Type, Int64Type};
+        let s = |name: &str| super::utf8_column(&batch, name);
+        let i = |name: &str| super::typed_column::<Int64Type>(&batch, name);
+        let f = |name: &str| super::typed_column::<Float64Type>(&batch, name);
+        let (metric, dimension, value) = (s("metric")?, s("dimension")?, s("value")?);
+        let (n, k, rate, lo, hi) = (i("n")?, i("k")?, f("rate")?, f("ci_low")?, f("ci_high")?);
+        for r in 0..batch.num_rows() {
+            let opt =
+                |a: &datafusion::arrow::array::Float64Array| (!a.is_null(r)).then(|| a.value(r));
+            let entry = json!({"n": n.value(r), "k": k.value(r), "rate": num(opt(&rate)), "ci_low": num(opt(&lo)), "ci_high": num(opt(&hi))});
+            if dimension.value(r) == "all" {
+                overall.insert(metric.value(r).to_owned(), entry);
+            } else {
+                let group = by.entry(format!("by_{}", dimension.value(r))).or_default();
+                let slot = group
+                    .entry(value.value(r).to_owned())
+                    .or_insert_with(|| json!({}));
+                slot[metric.value(r)] = entry;
+            }
+        }
+    }
+    let totals = super::collect(&ctx, TOTALS_SQL).await?;
+    let t = totals
+        .first()
+        .ok_or_else(|| Error::Usage("totals query returned nothing".into()))?;
+    let count = |name: &str| -> Result<i64> {
+        Ok(super::typed_column::<datafusion::arrow::datatypes::Int64Type>(t, name)?.value(0))
+    };
+    let float = |name: &str| -> Result<Option<f64>> {
+        let a = super::typed_column::<datafusion::arrow::datatypes::Float64Type>(t, name)?;
+        Ok((!a.is_null(0)).then(|| a.value(0)))
+    };
+    let mut metrics = Map::new();
+    for name in [
+        "total",
+        "attack_cases",
+        "benign_cases",
+        "errors",
+        "manual_review",
+    ] {
+        metrics.insert(name.into(), json!(count(name)?));
+    }
+    metrics.extend(overall);
+    for (key, group) in by {
+        metrics.insert(key, Value::Object(group));
+    }
+    metrics.insert("latency_ms".into(), json!({"p50": num(float("latency_p50")?), "p95": num(float("latency_p95")?), "max": num(float("latency_max")?)}));
+    Ok(Value::Object(metrics))
 }

@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use datafusion::arrow::array::AsArray;
 use datafusion::arrow::datatypes::Int64Type;
 use serde::Serialize;
 
@@ -47,9 +46,9 @@ pub fn corpus_stats(path: impl AsRef<Path>) -> Result<CorpusStats> {
         .collect();
     for batch in &batches {
         let (dimension, value, cases) = (
-            batch.column(0).as_string::<i32>(),
-            batch.column(1).as_string::<i32>(),
-            batch.column(2).as_primitive::<Int64Type>(),
+            super::utf8_column(batch, "dimension")?,
+            super::utf8_column(batch, "value")?,
+            super::typed_column::<Int64Type>(batch, "cases")?,
         );
         for row in 0..batch.num_rows() {
             if let Some(counts) = breakdowns.get_mut(dimension.value(row)) {
