@@ -6,6 +6,7 @@ mod corpus;
 mod enrich;
 mod output;
 mod score;
+mod sql;
 mod validate;
 
 use clap::{Parser, Subcommand};
@@ -45,6 +46,9 @@ enum Command {
     /// Score predictions (JSONL or Parquet) against the corpus with the detector UDFs
     /// (queries/score_cases.sql); writes case_results.{parquet,jsonl}.
     Score(score::Args),
+    /// Run read-only SQL over the corpus, every run's results and any Parquet / JSONL /
+    /// CSV file, with the detector UDFs.
+    Sql(sql::Args),
 }
 
 /// Parse the command line and run; `Ok` carries the exit code.
@@ -62,5 +66,6 @@ pub fn main() -> Result<u8> {
         Command::Enrich(args) => enrich::run(args),
         Command::Corpus(cmd) => corpus::run(cmd),
         Command::Score(args) => score::run(args),
+        Command::Sql(args) => sql::run(args),
     }
 }

@@ -5,6 +5,7 @@
 //! works from any folder); Rust code registers tables and runs it, and never builds SQL
 //! from user input.
 
+pub mod catalog;
 pub mod predictions;
 pub mod score;
 pub mod stats;

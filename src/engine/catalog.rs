@@ -1,0 +1,285 @@
+//! The tables every pieval session can query: `attack_cases` (the enriched corpus when
+//! present), and, across every run under the results folder, `case_results`,
+//! `findings`, `summaries` and `runs` — each row tagged with its `run_id`. Plus any
+//! file the user registers (Parquet, JSONL, CSV, by extension).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::datasource::MemTable;
+use datafusion::prelude::{CsvReadOptions, JsonReadOptions, ParquetReadOptions, SessionContext};
+use serde_json::Value;
+
+use super::corpus_table;
+use crate::contract::arrow::{case_results_schema, findings_schema};
+use crate::corpus::ReadOptions;
+use crate::error::{Error, Result};
+
+/// The run folders under `results` (those holding a `case_results.parquet` or a
+/// `summary.json`), sorted by name.
+pub fn run_dirs(results: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(results) else {
+        return Vec::new();
+    };
+    let mut dirs: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.is_dir()
+                && (p.join("case_results.parquet").exists() || p.join("summary.json").exists())
+        })
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+fn utf8(path: &Path) -> Result<&str> {
+    path.to_str()
+        .ok_or_else(|| Error::Usage(format!("{}: not a UTF-8 path", path.display())))
+}
+
+/// A table over the same-named Parquet file of every run, or an empty table of the
+/// contract schema when no run has one.
+async fn register_runs_parquet(
+    ctx: &SessionContext,
+    name: &str,
+    file: &str,
+    runs: &[PathBuf],
+    empty: SchemaRef,
+) -> Result<()> {
+    let files: Vec<String> = runs
+        .iter()
+        .map(|d| d.join(file))
+        .filter(|p| p.exists())
+        .map(|p| utf8(&p).map(str::to_owned))
+        .collect::<Result<_>>()?;
+    if files.is_empty() {
+        ctx.register_table(name, Arc::new(MemTable::try_new(empty, vec![vec![]])?))?;
+        return Ok(());
+    }
+    let df = ctx
+        .read_parquet(files, ParquetReadOptions::default())
+        .await?;
+    ctx.register_table(name, df.into_view())?;
+    Ok(())
+}
+
+/// One row per run: run_id, path, and the headline figures of its summary.json.
+fn summaries_table(runs: &[PathBuf]) -> Result<MemTable> {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("run_id", DataType::Utf8, false),
+        Field::new("experiment_name", DataType::Utf8, true),
+        Field::new("path", DataType::Utf8, false),
+        Field::new("total", DataType::Int64, true),
+        Field::new("errors", DataType::Int64, true),
+        Field::new("manual_review", DataType::Int64, true),
+        Field::new("attack_success_rate", DataType::Float64, true),
+        Field::new("attack_success_ci_low", DataType::Float64, true),
+        Field::new("attack_success_ci_high", DataType::Float64, true),
+        Field::new("leakage_rate", DataType::Float64, true),
+        Field::new("refusal_rate", DataType::Float64, true),
+        Field::new("over_refusal_rate", DataType::Float64, true),
+        Field::new("summary_json", DataType::Utf8, false),
+    ]));
+    let mut rows: Vec<(String, Option<String>, String, Value, String)> = Vec::new();
+    for dir in runs {
+        let path = dir.join("summary.json");
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let doc: Value = serde_json::from_str(&text)
+            .map_err(|e| Error::config(&path, format!("not valid JSON: {e}")))?;
+        let run_id = doc["run_id"]
+            .as_str()
+            .map(str::to_owned)
+            .unwrap_or_else(|| {
+                dir.file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            });
+        rows.push((
+            run_id,
+            doc["experiment_name"].as_str().map(str::to_owned),
+            dir.display().to_string(),
+            doc["aggregate_metrics"].clone(),
+            text,
+        ));
+    }
+    let int = |key: &str| {
+        Arc::new(
+            rows.iter()
+                .map(|r| r.3[key].as_i64())
+                .collect::<Int64Array>(),
+        ) as ArrayRef
+    };
+    let rate = |metric: &str, field: &str| {
+        Arc::new(
+            rows.iter()
+                .map(|r| r.3[metric][field].as_f64())
+                .collect::<Float64Array>(),
+        ) as ArrayRef
+    };
+    let batch = RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![
+            Arc::new(
+                rows.iter()
+                    .map(|r| Some(r.0.as_str()))
+                    .collect::<StringArray>(),
+            ),
+            Arc::new(rows.iter().map(|r| r.1.as_deref()).collect::<StringArray>()),
+            Arc::new(
+                rows.iter()
+                    .map(|r| Some(r.2.as_str()))
+                    .collect::<StringArray>(),
+            ),
+            int("total"),
+            int("errors"),
+            int("manual_review"),
+            rate("attack_success_rate", "rate"),
+            rate("attack_success_rate", "ci_low"),
+            rate("attack_success_rate", "ci_high"),
+            rate("leakage_rate", "rate"),
+            rate("refusal_rate", "rate"),
+            rate("over_refusal_rate", "rate"),
+            Arc::new(
+                rows.iter()
+                    .map(|r| Some(r.4.as_str()))
+                    .collect::<StringArray>(),
+            ),
+        ],
+    )?;
+    Ok(MemTable::try_new(schema, vec![vec![batch]])?)
+}
+
+/// One row per run folder: run_id, path, and which artifacts it holds.
+fn runs_table(runs: &[PathBuf]) -> Result<MemTable> {
+    let artifacts = [
+        "manifest.json",
+        "case_results.jsonl",
+        "case_results.parquet",
+        "findings.parquet",
+        "summary.json",
+        "predictions.jsonl",
+    ];
+    let mut fields = vec![
+        Field::new("run_id", DataType::Utf8, false),
+        Field::new("path", DataType::Utf8, false),
+    ];
+    fields.extend(artifacts.iter().map(|a| {
+        Field::new(
+            format!("has_{}", a.replace('.', "_")),
+            DataType::Boolean,
+            false,
+        )
+    }));
+    let schema = Arc::new(Schema::new(fields));
+    let mut columns: Vec<ArrayRef> = vec![
+        Arc::new(
+            runs.iter()
+                .map(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .collect::<StringArray>(),
+        ),
+        Arc::new(
+            runs.iter()
+                .map(|d| Some(d.display().to_string()))
+                .collect::<StringArray>(),
+        ),
+    ];
+    for a in artifacts {
+        columns.push(Arc::new(
+            runs.iter()
+                .map(|d| Some(d.join(a).exists()))
+                .collect::<datafusion::arrow::array::BooleanArray>(),
+        ));
+    }
+    Ok(MemTable::try_new(
+        Arc::clone(&schema),
+        vec![vec![RecordBatch::try_new(schema, columns)?]],
+    )?)
+}
+
+/// Register the standard tables. `corpus` is the attack-case file; `results` the folder
+/// of run folders.
+pub async fn register_standard_tables(
+    ctx: &SessionContext,
+    corpus: &Path,
+    results: &Path,
+) -> Result<()> {
+    if corpus.exists() {
+        ctx.register_table(
+            "attack_cases",
+            corpus_table(corpus, ReadOptions::default())?.table,
+        )?;
+    }
+    let runs = run_dirs(results);
+    register_runs_parquet(
+        ctx,
+        "case_results",
+        "case_results.parquet",
+        &runs,
+        case_results_schema(),
+    )
+    .await?;
+    register_runs_parquet(
+        ctx,
+        "findings",
+        "findings.parquet",
+        &runs,
+        findings_schema(),
+    )
+    .await?;
+    ctx.register_table("summaries", Arc::new(summaries_table(&runs)?))?;
+    ctx.register_table("runs", Arc::new(runs_table(&runs)?))?;
+    Ok(())
+}
+
+/// Register a user file as a table, by extension: .parquet, .jsonl / .ndjson / .json,
+/// .csv. Table names are SQL identifiers.
+pub async fn register_file(ctx: &SessionContext, name: &str, path: &Path) -> Result<()> {
+    let valid_name = !name.is_empty()
+        && name.as_bytes()[0].is_ascii_alphabetic()
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if !valid_name {
+        return Err(Error::Usage(format!(
+            "table name {name:?} must be letters, digits and '_', starting with a letter"
+        )));
+    }
+    if !path.exists() {
+        return Err(Error::io(
+            path,
+            "cannot open table file",
+            std::io::Error::from(std::io::ErrorKind::NotFound),
+        ));
+    }
+    let p = utf8(path)?;
+    let ext = path
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    match ext.as_str() {
+        "parquet" => {
+            ctx.register_parquet(name, p, ParquetReadOptions::default())
+                .await?
+        }
+        "jsonl" | "ndjson" | "json" => {
+            // Newline-delimited JSON (one object per line).
+            let extension = format!(".{ext}");
+            ctx.register_json(
+                name,
+                p,
+                JsonReadOptions::default().file_extension(&extension),
+            )
+            .await?
+        }
+        "csv" => ctx.register_csv(name, p, CsvReadOptions::new()).await?,
+        other => {
+            return Err(Error::Usage(format!(
+                "{}: unknown table format {other:?} (use .parquet, .jsonl or .csv)",
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
