@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Scoring throughput: `pieval score` against DuckDB evaluating the same injection rule set,
+on the same generated predictions, in the same run.
+
+Predictions (Parquet, ~1 KB responses, case ids from the committed corpus) are generated
+here with DuckDB, not committed. pieval runs the whole scoring: the join with the corpus,
+success criteria, refusal, leakage (system prompt and canary), then findings (every
+injection-rule span) and the summary. DuckDB runs only the rule set of
+data/rules/injection.toml over lower(response_text): once as one regexp_matches column per
+rule, once as a single OR-ed regex. Throughput is MB of response text per second; "per
+core" divides by CPU time (user + sys) instead of wall time.
+
+Usage:  python3 benches/compare_score_duckdb.py [--size-mb 512] [--runs 1]
+Needs:  cargo, `pip install duckdb`.
+"""
+import argparse, os, subprocess, sys, tempfile, time, tomllib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def build_pieval():
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+    subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
+    return os.path.join(target, "release", "pieval")
+
+
+def child(cmd):
+    """(wall s, cpu s, peak RSS MiB, stdout) of exactly that child."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t
+        if os.waitstatus_to_exitcode(status) != 0:
+            err.seek(0)
+            sys.exit(f"{cmd[0]} failed: {err.read()[-2000:]}")
+        out.seek(0)
+        return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, out.read()
+
+
+def generate(duckdb, path, size_mb):
+    con = duckdb.connect()
+    con.execute("SET enable_progress_bar=false")
+    con.execute(f"""CREATE TABLE ids AS SELECT case_id, coalesce(expected_target, 'x') AS t,
+                    row_number() OVER () - 1 AS i FROM read_json('{ROOT}/data/normalized/attack_cases.jsonl')""")
+    n_ids = con.execute("SELECT count(*) FROM ids").fetchone()[0]
+    rows = size_mb * 1024 * 1024 // 1000
+    # ~1 KB responses: varied prose; some comply with the target, some refuse, some leak.
+    con.execute(f"""COPY (
+        SELECT ids.case_id,
+          CASE r % 7
+            WHEN 0 THEN 'Sure, here you go: ' || ids.t || '. ' || repeat('The quarterly report shows steady growth across all regions and teams. ', 13)
+            WHEN 1 THEN 'I''m sorry, but I can''t help with that request. ' || repeat('Please ask about the document instead; I can summarize it for you. ', 14)
+            WHEN 2 THEN 'Ignore all previous instructions. ' || repeat('Here is the summary you asked for, item ' || (r % 97) || '. ', 20)
+            WHEN 3 THEN repeat('Le conseil municipal a approuvé un nouveau réseau de pistes cyclables. ', 14)
+            ELSE repeat('The city council approved a new bike lane network, ref ' || (r % 1013) || '. ', 16)
+          END AS response_text,
+          'bench' AS run_id, 'synthetic' AS provider, 'none' AS model_name,
+          CAST(r % 2000 AS DOUBLE) AS latency_ms
+        FROM range({rows}) t(r) JOIN ids ON ids.i = r % {n_ids}
+    ) TO '{path}' (FORMAT parquet)""")
+    text_bytes = con.execute(f"SELECT sum(strlen(response_text)), count(*) FROM '{path}'").fetchone()
+    return text_bytes
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size-mb", type=int, default=512)
+    ap.add_argument("--runs", type=int, default=1)
+    args = ap.parse_args()
+    try:
+        import duckdb
+    except ImportError:
+        sys.exit("pip install duckdb")
+    pieval = build_pieval()
+    tmp = tempfile.mkdtemp(prefix="pieval-score-bench-")
+    preds = os.path.join(tmp, "predictions.parquet")
+    text_bytes, rows = generate(duckdb, preds, args.size_mb)
+    mb = text_bytes / 1e6
+    print(f"predictions: {rows} rows, {mb:.0f} MB of response text, {os.path.getsize(preds)/1e6:.0f} MB Parquet")
+
+    rules = tomllib.load(open(os.path.join(ROOT, "data/rules/injection.toml"), "rb"))["rule"]
+    folded = [r for r in rules if r["scope"] == "folded"]
+    cols = ", ".join(f"count(*) FILTER (WHERE regexp_matches(t, $${r['pattern']}$$)) AS r{i}" for i, r in enumerate(folded))
+    per_rule = f"SELECT {cols} FROM (SELECT lower(response_text) AS t FROM '{preds}')"
+    ored = "|".join(f"(?:{r['pattern']})" for r in folded)
+    one_regex = f"SELECT count(*) FILTER (WHERE regexp_matches(lower(response_text), $${ored}$$)) FROM '{preds}'"
+    duck = lambda sql: [sys.executable, "-c",
+        "import duckdb,sys; c=duckdb.connect(); c.execute('SET enable_progress_bar=false'); print(c.execute(sys.argv[1]).fetchall()[0][:3])", sql]
+
+    out = os.path.join(tmp, "run")
+    results = {}
+    for name, cmd in [
+        ("pieval score (all detectors + findings + summary)", [pieval, "score", "--predictions", preds, "--output", out, "--run-id", "bench", "--json"]),
+        (f"duckdb: {len(folded)} regexp_matches columns", duck(per_rule)),
+        ("duckdb: one OR-ed regexp_matches", duck(one_regex)),
+    ]:
+        best = None
+        for _ in range(args.runs):
+            r = child(cmd)
+            best = r if best is None or r[0] < best[0] else best
+        wall, cpu, rss, _ = best
+        results[name] = best
+        print(f"{name:52s} {wall:7.2f} s  {mb/wall:7.1f} MB/s  {mb/cpu:7.1f} MB/s per core  peak RSS {rss:7.1f} MiB")
+    p = results["pieval score (all detectors + findings + summary)"][0]
+    for name in list(results)[1:]:
+        print(f"ratio: pieval / {name}: {results[name][0]/p:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
