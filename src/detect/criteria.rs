@@ -145,12 +145,9 @@ impl Compiled {
                 re.is_match(r.original) || re.is_match(&r.prepared.folded),
                 rule,
             ),
-            Compiled::Canary { target, rule } => hit(
-                target
-                    .exact_form(r.original, &r.prepared.folded, &r.prepared.compact)
-                    .is_some(),
-                rule,
-            ),
+            Compiled::Canary { target, rule } => {
+                hit(target.exact_form(r.original, r.prepared).is_some(), rule)
+            }
             Compiled::NotRefused => {
                 hit(!r.original.trim().is_empty() && !r.refused(), "not_refused")
             }

@@ -59,8 +59,11 @@ fn alternation(rules: &[Rule]) -> String {
 impl RefusalDetector {
     /// Parse and compile a pack; `origin` names it in errors.
     pub fn from_toml(text: &str, origin: &str) -> Result<Self> {
-        let pack: RefusalPack =
+        let mut pack: RefusalPack =
             toml::from_str(text).map_err(|e| Error::config(origin, e.to_string().trim_end()))?;
+        for r in pack.refusal.iter_mut().chain(pack.compliance.iter_mut()) {
+            r.pattern = super::rules::ascii_word_boundaries(&r.pattern);
+        }
         for r in pack.refusal.iter().chain(&pack.compliance) {
             Regex::new(&r.pattern).map_err(|e| {
                 Error::config(
@@ -118,7 +121,7 @@ mod tests {
             pack.refusal.iter().map(|r| r.lang.as_str()).collect();
         assert!(langs.len() >= 5, "{langs:?}");
         for r in pack.refusal.iter().chain(&pack.compliance) {
-            let re = Regex::new(&r.pattern).unwrap();
+            let re = Regex::new(&super::super::rules::ascii_word_boundaries(&r.pattern)).unwrap();
             for ex in &r.examples {
                 assert!(
                     re.is_match(&fold(ex)),

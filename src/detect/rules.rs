@@ -66,8 +66,11 @@ pub struct RulePack {
 
 impl RulePack {
     pub fn from_toml(text: &str, origin: &str) -> Result<Self> {
-        let file: InjectionPackFile =
+        let mut file: InjectionPackFile =
             toml::from_str(text).map_err(|e| Error::config(origin, e.to_string().trim_end()))?;
+        for r in &mut file.rule {
+            r.pattern = ascii_word_boundaries(&r.pattern);
+        }
         let mut each = Vec::with_capacity(file.rule.len());
         for r in &file.rule {
             if !crate::contract::SEVERITIES.contains(&r.severity.as_str()) {
@@ -87,8 +90,11 @@ impl RulePack {
             let idx: Vec<usize> = (0..file.rule.len())
                 .filter(|i| file.rule[*i].scope == scope)
                 .collect();
+            // A generous lazy-DFA cache: with many bounded repeats the default one thrashes
+            // and the set falls back to the (much slower) PikeVM.
             let set = RegexSetBuilder::new(idx.iter().map(|i| &file.rule[*i].pattern))
                 .size_limit(1 << 26)
+                .dfa_size_limit(1 << 26)
                 .build()
                 .map_err(|e| {
                     Error::config(origin, format!("rules do not compile together: {e}"))
@@ -156,6 +162,30 @@ impl RulePack {
         }
         out.sort_by_key(|s| (s.start, s.rule));
     }
+}
+
+/// `\b` as an ASCII word boundary. Unicode `\b` makes the regex engines give up their
+/// fast DFA on any non-ASCII text (and fall back to the PikeVM); folded text keeps
+/// accented letters, so rules that need a boundary next to one must not use `\b` there
+/// (the packs' examples test this).
+pub fn ascii_word_boundaries(pattern: &str) -> String {
+    let mut out = String::with_capacity(pattern.len() + 16);
+    let mut chars = pattern.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            match chars.next() {
+                Some('b') => out.push_str("(?-u:\\b)"),
+                Some(n) => {
+                    out.push('\\');
+                    out.push(n);
+                }
+                None => out.push('\\'),
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -235,5 +265,19 @@ mod tests {
                 .starts_with("r.toml: rule override.new_instructions: unknown severity"),
             "{err}"
         );
+    }
+}
+#[cfg(test)]
+mod boundary_tests {
+    #[test]
+    fn compiled_rules_use_ascii_word_boundaries_only() {
+        for r in &super::RulePack::default_pack().rules {
+            assert!(
+                !r.pattern.replace("(?-u:\\b)", "").contains("\\b"),
+                "{}",
+                r.id
+            );
+        }
+        assert_eq!(super::ascii_word_boundaries(r"\bx\\b\s"), r"(?-u:\b)x\\b\s");
     }
 }

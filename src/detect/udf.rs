@@ -488,7 +488,7 @@ impl ScalarUDFImpl for LeakageUdf {
                 continue;
             };
             prepared.load(text);
-            let (s, _) = targets[p].score(text, &prepared.folded, &prepared.compact);
+            let (s, _) = targets[p].score(text, &mut prepared);
             decision.append_value(s >= LEAKAGE_THRESHOLD);
             score.append_value(s);
         }
