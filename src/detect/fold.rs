@@ -17,10 +17,22 @@ pub fn fold_into(s: &str, out: &mut String) {
         out.extend(s.bytes().map(|b| b.to_ascii_lowercase() as char));
         return;
     }
-    for c in s.nfkc() {
+    // Most text is already NFKC: skip the (costly) normalisation when the quick check
+    // says so, and only map and lowercase.
+    if unicode_normalization::is_nfkc_quick(s.chars()) == unicode_normalization::IsNormalized::Yes {
+        push_folded(s.chars(), out);
+    } else {
+        push_folded(s.nfkc(), out);
+    }
+}
+
+fn push_folded(chars: impl Iterator<Item = char>, out: &mut String) {
+    for c in chars {
         if let Some(mapped) = fold_char(c) {
-            for l in mapped.to_lowercase() {
-                out.push(l);
+            if mapped.is_ascii() {
+                out.push(mapped.to_ascii_lowercase());
+            } else {
+                out.extend(mapped.to_lowercase());
             }
         }
     }
@@ -40,6 +52,11 @@ pub fn fold(s: &str) -> String {
 pub fn fold_with_offsets(s: &str, out: &mut String, offsets: &mut Vec<usize>) {
     out.clear();
     offsets.clear();
+    if s.is_ascii() {
+        out.extend(s.bytes().map(|b| b.to_ascii_lowercase() as char));
+        offsets.extend(0..=s.len());
+        return;
+    }
     let mut buf = [0u8; 4];
     for (i, c) in s.char_indices() {
         for n in c.encode_utf8(&mut buf).nfkc() {

@@ -34,7 +34,7 @@ use datafusion::prelude::SessionContext;
 use super::criteria::{Compiled, Response};
 use super::leak::{LeakTarget, Prepared};
 use super::refusal::RefusalDetector;
-use super::rules::{RulePack, Span};
+use super::rules::{RulePack, Span, SpanScratch};
 
 /// Leakage at or above this score counts as leaked (`pi_leakage`).
 pub const LEAKAGE_THRESHOLD: f64 = 0.5;
@@ -598,6 +598,7 @@ impl ScalarUDFImpl for RuleHitsUdf {
         let n = rows(&inputs, args.number_rows);
         let pack = RulePack::default_pack();
         let (mut folded, mut hits, mut spans) = (String::new(), Vec::new(), Vec::<Span>::new());
+        let mut span_scratch = SpanScratch::default();
         let array: ArrayRef = match self.output {
             RuleOutput::Ids => {
                 let mut out = ListBuilder::new(StringBuilder::new()).with_field(self.item_field());
@@ -632,7 +633,7 @@ impl ScalarUDFImpl for RuleHitsUdf {
                         out.append(false);
                         continue;
                     };
-                    pack.spans(text, &mut spans);
+                    pack.spans(text, &mut span_scratch, &mut spans);
                     let item = out.values();
                     for sp in &spans {
                         let rule = &pack.rules[sp.rule];
