@@ -123,6 +123,26 @@ fn rows(args: &[StrArg<'_>], number_rows: usize) -> usize {
     }
 }
 
+/// A detector's string arguments (exactly `N`), and how many rows to produce.
+fn string_args<'a, const N: usize>(
+    name: &str,
+    args: &'a ScalarFunctionArgs,
+) -> Result<([StrArg<'a>; N], usize)> {
+    if args.args.len() != N {
+        return exec_err!("{name} takes {N} argument(s), got {}", args.args.len());
+    }
+    let parsed = args
+        .args
+        .iter()
+        .map(|a| StrArg::new(name, a))
+        .collect::<Result<Vec<_>>>()?;
+    let Ok(inputs) = <[StrArg<'a>; N]>::try_from(parsed) else {
+        return exec_err!("{name} takes {N} argument(s)");
+    };
+    let n = rows(&inputs, args.number_rows);
+    Ok((inputs, n))
+}
+
 /// Array, or scalar when every input was one.
 fn finish(array: ArrayRef, scalar: bool) -> Result<ColumnarValue> {
     if scalar {
@@ -276,11 +296,7 @@ impl ScalarUDFImpl for CriteriaUdf {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let name = self.name();
-        let [response, criteria] = args.args.as_slice() else {
-            return exec_err!("{name} takes 2 arguments");
-        };
-        let inputs = [StrArg::new(name, response)?, StrArg::new(name, criteria)?];
-        let n = rows(&inputs, args.number_rows);
+        let (inputs, n) = string_args::<2>(name, &args)?;
         let [response, criteria] = &inputs;
         let compiled = self
             .cache
@@ -378,11 +394,7 @@ impl ScalarUDFImpl for RefusalUdf {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let [response] = args.args.as_slice() else {
-            return exec_err!("pi_refusal takes 1 argument");
-        };
-        let inputs = [StrArg::new(self.name(), response)?];
-        let n = rows(&inputs, args.number_rows);
+        let (inputs, n) = string_args::<1>(self.name(), &args)?;
         let detector = RefusalDetector::default_pack();
         let mut folded = String::new();
         let mut out = BooleanBuilder::with_capacity(n);
@@ -469,11 +481,7 @@ impl ScalarUDFImpl for LeakageUdf {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let name = self.name();
-        let [response, protected] = args.args.as_slice() else {
-            return exec_err!("{name} takes 2 arguments");
-        };
-        let inputs = [StrArg::new(name, response)?, StrArg::new(name, protected)?];
-        let n = rows(&inputs, args.number_rows);
+        let (inputs, n) = string_args::<2>(name, &args)?;
         let [response, protected] = &inputs;
         let targets = self
             .targets
@@ -590,12 +598,7 @@ impl ScalarUDFImpl for RuleHitsUdf {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let name = self.name();
-        let [response] = args.args.as_slice() else {
-            return exec_err!("{name} takes 1 argument");
-        };
-        let inputs = [StrArg::new(name, response)?];
-        let n = rows(&inputs, args.number_rows);
+        let (inputs, n) = string_args::<1>(self.name(), &args)?;
         let pack = RulePack::default_pack();
         let (mut folded, mut hits, mut spans) = (String::new(), Vec::new(), Vec::<Span>::new());
         let mut span_scratch = SpanScratch::default();
