@@ -2,7 +2,8 @@
 --
 -- Inputs
 --   predictions   the streamed predictions, with duplicate_prediction and source_line
---   attack_cases  the (enriched) corpus; the small build side of the join
+--   attack_cases  the (enriched) corpus; the small build side of the join (pieval turns
+--                 the optimizer's join reordering off for this query, so it stays so)
 --   score_params  one row: run_id, mitigation (used when a prediction does not carry them)
 --
 -- Decisions
@@ -44,9 +45,10 @@ WITH joined AS (
         c.success_criteria,
         c.context                             AS case_context,
         c.label
-    FROM attack_cases c
-    RIGHT JOIN predictions p ON c.case_id = p.case_id
-    CROSS JOIN score_params sp
+    -- score_params (one row) comes first: a cross join collects its left input, and
+    -- the predictions side must stream.
+    FROM score_params sp
+    CROSS JOIN (attack_cases c RIGHT JOIN predictions p ON c.case_id = p.case_id)
 ),
 scored AS (
     SELECT

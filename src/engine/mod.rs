@@ -23,15 +23,24 @@ use crate::error::{Error, Result};
 /// `queries/corpus_stats.sql`.
 pub const CORPUS_STATS_SQL: &str = include_str!("../../queries/corpus_stats.sql");
 
-/// A session sized for this machine, with the information schema on and the detector
-/// UDFs registered.
-pub fn session() -> SessionContext {
-    let config = SessionConfig::new()
+/// The session configuration pieval uses: sized for this machine, information schema on.
+pub fn session_config() -> SessionConfig {
+    SessionConfig::new()
         .with_information_schema(true)
-        .with_target_partitions(std::thread::available_parallelism().map_or(2, |n| n.get()));
+        .with_target_partitions(std::thread::available_parallelism().map_or(2, |n| n.get()))
+}
+
+/// A session with the detector UDFs registered.
+pub fn session_with(config: SessionConfig) -> SessionContext {
     let ctx = SessionContext::new_with_config(config);
     crate::detect::register_udfs(&ctx);
     ctx
+}
+
+/// A session sized for this machine, with the information schema on and the detector
+/// UDFs registered.
+pub fn session() -> SessionContext {
+    session_with(session_config())
 }
 
 /// A runtime for the synchronous CLI to drive DataFusion on.

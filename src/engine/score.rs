@@ -169,7 +169,12 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
     let predictions = predictions_table(&opts.predictions, 8192)?;
     std::fs::create_dir_all(&opts.output)
         .map_err(|e| Error::io(&opts.output, "cannot create folder", e))?;
-    let ctx = session();
+    // Keep the join as written: `attack_cases` (small) is the build side and predictions
+    // stream through. Left to itself the optimizer swaps the sides of the outer join
+    // and collects every prediction into memory.
+    let ctx = super::session_with(
+        super::session_config().set_bool("datafusion.optimizer.join_reordering", false),
+    );
     ctx.register_table("attack_cases", corpus.table)?;
     ctx.register_table("predictions", predictions.table)?;
     let params_schema = Arc::new(Schema::new(vec![
