@@ -38,7 +38,17 @@ def child(cmd):
         return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, out.read()
 
 
-def generate(duckdb, path, size_mb):
+def generate(path, size_mb):
+    """Generate in a child process: on Linux a child's ru_maxrss includes the RSS of the
+    parent it was forked from, so this process must stay small for the measurements."""
+    code = f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); " \
+           f"import compare_score_duckdb as m; print(*m._generate({path!r}, {size_mb}))"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split()
+    return int(out[0]), int(out[1])
+
+
+def _generate(path, size_mb):
+    import duckdb
     con = duckdb.connect()
     con.execute("SET enable_progress_bar=false")
     con.execute(f"""CREATE TABLE ids AS SELECT case_id, coalesce(expected_target, 'x') AS t,
@@ -68,14 +78,12 @@ def main():
     ap.add_argument("--size-mb", type=int, default=512)
     ap.add_argument("--runs", type=int, default=1)
     args = ap.parse_args()
-    try:
-        import duckdb
-    except ImportError:
+    if subprocess.run([sys.executable, "-c", "import duckdb"], capture_output=True).returncode != 0:
         sys.exit("pip install duckdb")
     pieval = build_pieval()
     tmp = tempfile.mkdtemp(prefix="pieval-score-bench-")
     preds = os.path.join(tmp, "predictions.parquet")
-    text_bytes, rows = generate(duckdb, preds, args.size_mb)
+    text_bytes, rows = generate(preds, args.size_mb)
     mb = text_bytes / 1e6
     print(f"predictions: {rows} rows, {mb:.0f} MB of response text, {os.path.getsize(preds)/1e6:.0f} MB Parquet")
 
