@@ -13,29 +13,9 @@ core" divides by CPU time (user + sys) instead of wall time.
 Usage:  python3 benches/compare_score_duckdb.py [--size-mb 512] [--runs 1]
 Needs:  cargo, `pip install duckdb`.
 """
-import argparse, os, subprocess, sys, tempfile, time, tomllib
+import argparse, os, subprocess, sys, tempfile, tomllib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def build_pieval():
-    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
-    subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
-    return os.path.join(target, "release", "pieval")
-
-
-def child(cmd):
-    """(wall s, cpu s, peak RSS MiB, stdout) of exactly that child."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        t = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
-        _, status, usage = os.wait4(p.pid, 0)
-        wall = time.perf_counter() - t
-        if os.waitstatus_to_exitcode(status) != 0:
-            err.seek(0)
-            sys.exit(f"{cmd[0]} failed: {err.read()[-2000:]}")
-        out.seek(0)
-        return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, out.read()
+from bench_common import ROOT, build_pieval, run_child
 
 
 def generate(path, size_mb):
@@ -105,7 +85,7 @@ def main():
     ]:
         best = None
         for _ in range(args.runs):
-            r = child(cmd)
+            r = run_child(cmd)
             best = r if best is None or r[0] < best[0] else best
         wall, cpu, rss, _ = best
         results[name] = best

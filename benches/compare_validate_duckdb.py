@@ -14,13 +14,7 @@ Needs:  cargo (builds target/release/pieval), `pip install duckdb`.
 """
 import argparse, json, os, subprocess, sys, tempfile, time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def build_pieval():
-    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
-    subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
-    return os.path.join(target, "release", "pieval")
+from bench_common import ROOT, build_pieval, run_child
 
 
 def generate(path, size_mb):
@@ -35,21 +29,6 @@ def generate(path, size_mb):
             written += len(chunk.encode("utf-8"))
             rep += 1
     return os.path.getsize(path), rep * len(src)
-
-
-def timed_child(cmd):
-    """Run cmd, return (seconds, peak RSS MiB of exactly that child, stdout)."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        t = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
-        _, status, usage = os.wait4(p.pid, 0)
-        dt = time.perf_counter() - t
-        p.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        if p.returncode not in (0, 1):
-            sys.exit(f"{cmd[0]} failed ({p.returncode}): {err.read()}")
-        return dt, usage.ru_maxrss / 1024, out.read()
 
 
 def main():
@@ -83,7 +62,7 @@ def main():
     ]:
         times, peak, out = [], 0.0, ""
         for _ in range(args.runs):
-            dt, peak, out = timed_child(cmd)
+            dt, _, peak, out = run_child(cmd, ok=(0, 1))
             times.append(dt)
         best = min(times)
         results[name] = (best, peak)
