@@ -73,6 +73,8 @@ pub struct Pipeline {
     reader: Option<JoinHandle<io::Result<(String, u64)>>>,
     pending: BTreeMap<u64, BlockResult>,
     next_seq: u64,
+    /// With no check worker no block is ever checked: an error, not an empty report.
+    workers_started: usize,
 }
 
 /// What the pipeline says when the input is exhausted.
@@ -98,6 +100,7 @@ impl Pipeline {
         let workers = std::thread::available_parallelism()
             .map_or(2, |n| n.get())
             .clamp(1, 4);
+        let mut workers_started = 0;
         for i in 0..workers {
             let (rx, tx, opts, keys) = (
                 Arc::clone(&block_rx),
@@ -105,13 +108,15 @@ impl Pipeline {
                 opts.clone(),
                 keys.clone(),
             );
-            let _ = std::thread::Builder::new()
+            let started = std::thread::Builder::new()
                 .name(format!("pieval-check-{i}"))
                 .spawn(move || check_worker(&rx, &tx, &opts, &keys));
+            workers_started += usize::from(started.is_ok());
         }
         Pipeline {
             results,
             reader,
+            workers_started,
             pending: BTreeMap::new(),
             next_seq: 0,
         }
@@ -132,6 +137,9 @@ impl Pipeline {
             }
         }
         // Every worker has exited: the reader has finished (or failed).
+        if self.workers_started == 0 {
+            return Err(io::Error::other("could not start any check worker thread"));
+        }
         let outcome = match self.reader.take() {
             Some(handle) => handle.join().unwrap_or_else(|_| {
                 Err(io::Error::other("the reader thread stopped unexpectedly"))
