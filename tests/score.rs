@@ -285,3 +285,63 @@ fn agrees_with_spikee_recorded_success_on_real_responses() {
     );
     assert!(share >= 0.98, "agreement {share}");
 }
+
+#[test]
+fn malformed_parquet_predictions_fail_cleanly() {
+    use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, fields: Vec<(&str, Vec<Option<&str>>)>| {
+        let schema = Arc::new(Schema::new(
+            fields
+                .iter()
+                .map(|(n, _)| Field::new(*n, DataType::Utf8, true))
+                .collect::<Vec<_>>(),
+        ));
+        let columns: Vec<ArrayRef> = fields
+            .into_iter()
+            .map(|(_, v)| Arc::new(StringArray::from(v)) as ArrayRef)
+            .collect();
+        let path = dir.path().join(name);
+        let mut w = datafusion::parquet::arrow::ArrowWriter::try_new(
+            std::fs::File::create(&path).unwrap(),
+            Arc::clone(&schema),
+            None,
+        )
+        .unwrap();
+        w.write(&RecordBatch::try_new(schema, columns).unwrap())
+            .unwrap();
+        w.close().unwrap();
+        path
+    };
+    let no_id = write("no_id.parquet", vec![("response_text", vec![Some("x")])]);
+    let null_id = write(
+        "null_id.parquet",
+        vec![
+            ("case_id", vec![Some("a"), None]),
+            ("response_text", vec![Some("x"), Some("y")]),
+        ],
+    );
+    for (path, expected) in [
+        (
+            no_id,
+            "no_id.parquet:0: case_id: the Parquet file has no case_id column",
+        ),
+        (null_id, "null_id.parquet:2: case_id: missing or empty"),
+    ] {
+        let out = dir.path().join("out");
+        let r = run(pieval()
+            .args(["score", "--run-id", "t", "--predictions"])
+            .arg(&path)
+            .arg("--output")
+            .arg(&out));
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        assert!(r.stderr.contains(expected), "{}", r.stderr);
+        assert_eq!(
+            std::fs::read_dir(&out).map(|d| d.count()).unwrap_or(0),
+            0,
+            "no half-written artifact"
+        );
+    }
+}
