@@ -14,13 +14,14 @@ pub fn fold_into(s: &str, out: &mut String) {
     out.clear();
     if s.is_ascii() {
         // Fast path: nothing to normalise but case.
-        out.extend(s.bytes().map(|b| b.to_ascii_lowercase() as char));
+        out.push_str(s);
+        out.make_ascii_lowercase();
         return;
     }
     // Most text is already NFKC: skip the (costly) normalisation when the quick check
     // says so, and only map and lowercase.
     if unicode_normalization::is_nfkc_quick(s.chars()) == unicode_normalization::IsNormalized::Yes {
-        push_folded(s.chars(), out);
+        push_folded_str(s, out);
     } else {
         push_folded(s.nfkc(), out);
     }
@@ -28,12 +29,35 @@ pub fn fold_into(s: &str, out: &mut String) {
 
 fn push_folded(chars: impl Iterator<Item = char>, out: &mut String) {
     for c in chars {
-        if let Some(mapped) = fold_char(c) {
+        if c.is_ascii() {
+            out.push(c.to_ascii_lowercase());
+        } else if let Some(mapped) = fold_char(c) {
             if mapped.is_ascii() {
                 out.push(mapped.to_ascii_lowercase());
             } else {
                 out.extend(mapped.to_lowercase());
             }
+        }
+    }
+}
+
+/// [`push_folded`] for text already in NFKC: runs of ASCII are copied and lowercased
+/// in bulk, the other characters mapped one by one.
+fn push_folded_str(s: &str, out: &mut String) {
+    let mut rest = s;
+    while !rest.is_empty() {
+        let run = rest
+            .bytes()
+            .position(|b| !b.is_ascii())
+            .unwrap_or(rest.len());
+        let start = out.len();
+        out.push_str(&rest[..run]);
+        out.as_mut_str()[start..].make_ascii_lowercase();
+        rest = &rest[run..];
+        let mut chars = rest.chars();
+        if let Some(c) = chars.next() {
+            push_folded(std::iter::once(c), out);
+            rest = chars.as_str();
         }
     }
 }
@@ -53,7 +77,8 @@ pub fn fold_with_offsets(s: &str, out: &mut String, offsets: &mut Vec<usize>) {
     out.clear();
     offsets.clear();
     if s.is_ascii() {
-        out.extend(s.bytes().map(|b| b.to_ascii_lowercase() as char));
+        out.push_str(s);
+        out.make_ascii_lowercase();
         offsets.extend(0..=s.len());
         return;
     }

@@ -125,13 +125,19 @@ impl RulePack {
     /// Indexes of the rules that fire, in pack order. `folded` is `raw` folded.
     pub fn hits(&self, raw: &str, folded: &str, out: &mut Vec<usize>) {
         out.clear();
-        out.extend(
-            self.folded
-                .matches(folded)
-                .iter()
-                .map(|i| self.folded_rules[i]),
-        );
-        out.extend(self.raw.matches(raw).iter().map(|i| self.raw_rules[i]));
+        // `is_match` can skip through the text with the set's literal prefilter; the
+        // overlapping search that names every rule only runs on texts where one fires.
+        if self.folded.is_match(folded) {
+            out.extend(
+                self.folded
+                    .matches(folded)
+                    .iter()
+                    .map(|i| self.folded_rules[i]),
+            );
+        }
+        if self.raw.is_match(raw) {
+            out.extend(self.raw.matches(raw).iter().map(|i| self.raw_rules[i]));
+        }
         out.sort_unstable();
     }
 

@@ -15,7 +15,7 @@
 //! compiles each distinct criterion (or protected text) once per process: the shared
 //! cache is locked once per batch, not per row.
 
-use std::collections::HashMap;
+use ahash::AHashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -172,13 +172,13 @@ fn coerce_strings(func: &str, arg_types: &[DataType], arity: usize) -> Result<Ve
 
 /// Values compiled from text, shared by all partitions of all queries of a session.
 struct TextCache<T> {
-    map: Mutex<HashMap<String, Arc<T>>>,
+    map: Mutex<AHashMap<String, Arc<T>>>,
 }
 
 impl<T> Default for TextCache<T> {
     fn default() -> Self {
         Self {
-            map: Mutex::new(HashMap::new()),
+            map: Mutex::new(AHashMap::new()),
         }
     }
 }
@@ -189,8 +189,8 @@ impl<T> TextCache<T> {
         &self,
         texts: impl Iterator<Item = &'a str>,
         build: impl Fn(&str) -> T,
-    ) -> HashMap<&'a str, Arc<T>> {
-        let mut local: HashMap<&'a str, Arc<T>> = HashMap::new();
+    ) -> AHashMap<&'a str, Arc<T>> {
+        let mut local: AHashMap<&'a str, Arc<T>> = AHashMap::new();
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         for text in texts {
             if local.contains_key(text) {
@@ -517,7 +517,7 @@ impl ScalarUDFImpl for LeakageUdf {
             ),
             LeakageOutput::Score => (
                 &SCORE,
-                "How much of the protected text leaked, in [0, 1]: 1 for verbatim, reformatted, reversed, Base64 or hex forms; otherwise the share of its character 8-grams found.",
+                "How much of the protected text leaked, in [0, 1]: 1 for verbatim, reformatted, reversed, Base64 or hex forms; otherwise the share of its 8-byte grams (over letters and digits) found.",
             ),
         };
         Some(cell.get_or_init(|| {
