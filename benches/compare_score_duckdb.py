@@ -13,7 +13,7 @@ core" divides by CPU time (user + sys) instead of wall time.
 Usage:  python3 benches/compare_score_duckdb.py [--size-mb 512] [--runs 1]
 Needs:  cargo, `pip install duckdb`.
 """
-import argparse, os, subprocess, sys, tempfile, tomllib
+import argparse, os, shutil, subprocess, sys, tempfile, tomllib
 
 from bench_common import ROOT, build_pieval, run_child
 
@@ -57,11 +57,20 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--size-mb", type=int, default=512)
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--keep", action="store_true", help="keep the generated data and outputs")
     args = ap.parse_args()
     if subprocess.run([sys.executable, "-c", "import duckdb"], capture_output=True).returncode != 0:
         sys.exit("pip install duckdb")
     pieval = build_pieval()
     tmp = tempfile.mkdtemp(prefix="pieval-score-bench-")
+    try:
+        measure(args, pieval, tmp)
+    finally:
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def measure(args, pieval, tmp):
     preds = os.path.join(tmp, "predictions.parquet")
     text_bytes, rows = generate(preds, args.size_mb)
     mb = text_bytes / 1e6

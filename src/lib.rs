@@ -9,9 +9,16 @@
 //! - [`corpus`]: streaming corpus reader (JSONL / Parquet → Arrow + sha256), the
 //!   synthetic generator and statistics.
 //! - [`taxonomy`]: enrichment of cases with categories, severity and success definitions.
+//! - [`detect`], [`engine`]: the detector UDFs and the DataFusion scoring engine.
+//! - [`experiment`]: experiment configs and seeded selection.
+//! - [`mitigation`]: request assembly and prompt-injection defences (pure functions).
+//! - [`provider`]: model clients (OpenAI-compatible HTTP, replay).
+//! - [`runner`]: select → mitigate → call → checkpoint → score → artifacts; the run
+//!   catalogue.
 //! - [`cli`]: the command surface; the only module that prints.
 //!
-//! Modules depend downward only: `cli` → `corpus`, `taxonomy` → `contract`.
+//! Modules depend downward only: `cli` → `runner` → (`provider`, `mitigation`,
+//! `engine`) → `detect` → `contract`.
 
 pub mod atomic;
 pub mod cli;
@@ -20,6 +27,10 @@ pub mod corpus;
 pub mod detect;
 pub mod engine;
 pub mod error;
+pub mod experiment;
+pub mod mitigation;
+pub mod provider;
+pub mod runner;
 pub mod taxonomy;
 pub mod text;
 

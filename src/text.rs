@@ -49,9 +49,28 @@ pub fn utc_compact_now() -> String {
     utc_compact(secs)
 }
 
-/// `YYYYMMDDTHHMMSSZ` for seconds since the Unix epoch (civil-from-days, proleptic
-/// Gregorian).
+/// `YYYYMMDDTHHMMSSZ` for seconds since the Unix epoch.
 pub fn utc_compact(secs: u64) -> String {
+    let (y, mo, d, h, mi, s) = civil(secs);
+    format!("{y:04}{mo:02}{d:02}T{h:02}{mi:02}{s:02}Z")
+}
+
+/// RFC 3339 (`YYYY-MM-DDTHH:MM:SSZ`) for seconds since the Unix epoch.
+pub fn utc_rfc3339(secs: u64) -> String {
+    let (y, mo, d, h, mi, s) = civil(secs);
+    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
+}
+
+/// Seconds since the Unix epoch, now.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// (year, month, day, hour, minute, second) in UTC (civil-from-days, proleptic
+/// Gregorian).
+fn civil(secs: u64) -> (i64, i64, i64, u64, u64, u64) {
     let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
@@ -62,12 +81,7 @@ pub fn utc_compact(secs: u64) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}{month:02}{day:02}T{:02}{:02}{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    (year, month, day, rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
 #[cfg(test)]
@@ -96,4 +110,10 @@ mod tests {
         assert_eq!(excerpt("a\u{1b}[31mb\n", 10), "a\\u{1b}[31mb\\n");
         assert_eq!(excerpt("abcdef", 3), "abc…");
     }
+}
+
+/// Lowercase hex sha256 of bytes.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
 }

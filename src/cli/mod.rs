@@ -5,6 +5,8 @@
 mod corpus;
 mod enrich;
 mod output;
+mod run;
+mod runs;
 mod score;
 mod sql;
 mod validate;
@@ -49,6 +51,15 @@ enum Command {
     /// Run read-only SQL over the corpus, every run's results and any Parquet / JSONL /
     /// CSV file, with the detector UDFs.
     Sql(sql::Args),
+    /// Run an experiment: select cases, apply the mitigation, call the model, checkpoint,
+    /// score; artifacts under results/<run_id>/.
+    Run(run::Args),
+    /// Run a recorded run again with the same selection and settings, or --rescore its
+    /// stored predictions with today's detectors.
+    Replay(run::ReplayArgs),
+    /// The run catalogue: list, show, diff.
+    #[command(subcommand)]
+    Runs(runs::Command),
 }
 
 /// Parse the command line and run; `Ok` carries the exit code.
@@ -67,5 +78,8 @@ pub fn main() -> Result<u8> {
         Command::Corpus(cmd) => corpus::run(cmd),
         Command::Score(args) => score::run(args),
         Command::Sql(args) => sql::run(args),
+        Command::Run(args) => run::run(args),
+        Command::Replay(args) => run::replay(args),
+        Command::Runs(cmd) => runs::run(cmd),
     }
 }

@@ -113,6 +113,7 @@ pub const PREDICTION_FIELDS: &[(&str, bool)] = &[
     ("request_task_input", false),
     ("execution_mode", false),
     ("mitigation", false),
+    ("blocked_by", false),
 ];
 
 /// `case_results.jsonl`: the seed's fields, then pieval's additive ones.
@@ -144,6 +145,7 @@ pub const CASE_RESULT_FIELDS: &[&str] = &[
     "mitigation",
     "error",
     "label",
+    "blocked_by",
     "review_reason",
 ];
 

@@ -39,3 +39,4 @@ pub fn run(cmd: &mut Command) -> Output {
 pub fn scrub(text: &str, dir: &Path) -> String {
     text.replace(&dir.display().to_string(), "<tmp>")
 }
+pub mod chat_server;

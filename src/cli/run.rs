@@ -1,0 +1,252 @@
+//! `pieval run CONFIG [--sample-size N] [--output-dir DIR] [--resume RUN_ID] [--dry-run]`
+//! and `pieval replay RUN [--rescore]`.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::cli::{output, paths};
+use crate::error::{Error, Result};
+use crate::experiment::config::{Config, LoadedConfig};
+use crate::experiment::selection::select;
+use crate::runner::{self, RunOptions, RunOutcome};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The experiment config (YAML).
+    config: PathBuf,
+    /// Override experiment.sample_size.
+    #[arg(long)]
+    sample_size: Option<usize>,
+    /// Override experiment.output_dir (where run folders and catalog.sqlite live).
+    #[arg(long)]
+    output_dir: Option<PathBuf>,
+    /// Continue an interrupted run: skip its finished cases, run the rest.
+    #[arg(long, value_name = "RUN_ID")]
+    resume: Option<String>,
+    /// Render every request, call nothing (execution_mode: dry_run).
+    #[arg(long)]
+    dry_run: bool,
+    /// Print the outcome as one JSON document.
+    #[arg(long)]
+    json: bool,
+}
+
+fn options(config: PathBuf, output_dir: Option<PathBuf>, json: bool) -> RunOptions {
+    RunOptions {
+        config,
+        sample_size: None,
+        output_dir,
+        resume: None,
+        dry_run: false,
+        progress: !json,
+        taxonomy: PathBuf::from(paths::TAXONOMY),
+    }
+}
+
+pub fn run(args: Args) -> Result<u8> {
+    let mut opts = options(args.config, args.output_dir, args.json);
+    opts.sample_size = args.sample_size;
+    opts.resume = args.resume;
+    opts.dry_run = args.dry_run;
+    let outcome = runner::run(&opts)?;
+    report(&outcome, args.json)
+}
+
+/// The end-of-run summary (table or JSON); exit 2 when interrupted.
+fn report(outcome: &RunOutcome, json: bool) -> Result<u8> {
+    if json {
+        output::json(outcome)?;
+    } else {
+        output::stdout_line(&summary_text(outcome))?;
+    }
+    if outcome.status == "interrupted" {
+        eprintln!(
+            "error: run {} was interrupted; continue it with: pieval run <CONFIG> --resume {}",
+            outcome.run_id, outcome.run_id
+        );
+        return Ok(2);
+    }
+    Ok(0)
+}
+
+fn pct(v: Option<&Value>) -> String {
+    let g = |k: &str| v.and_then(|v| v.get(k)).and_then(Value::as_f64);
+    let n = v
+        .and_then(|v| v.get("n"))
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    match (g("rate"), g("ci_low"), g("ci_high")) {
+        (Some(r), Some(lo), Some(hi)) => format!(
+            "{:5.1}%  [{:.1}–{:.1}]  n={n}",
+            r * 100.0,
+            lo * 100.0,
+            hi * 100.0
+        ),
+        _ => format!("    –  n={n}"),
+    }
+}
+
+fn summary_text(o: &RunOutcome) -> String {
+    let mut s = format!(
+        "run {} {}: {} case(s) selected, {} run now, {} resumed, {} provider error(s), {} blocked by the mitigation\n",
+        o.run_id, o.status, o.selected, o.executed, o.resumed, o.errors, o.blocked
+    );
+    if let Some(r) = &o.score {
+        let m = &r.aggregate_metrics;
+        let rows = vec![
+            vec![
+                "attack success".to_owned(),
+                pct(m.get("attack_success_rate")),
+            ],
+            vec![
+                "system-prompt leakage".to_owned(),
+                pct(m.get("leakage_rate")),
+            ],
+            vec!["refusal".to_owned(), pct(m.get("refusal_rate"))],
+            vec![
+                "over-refusal (benign)".to_owned(),
+                pct(m.get("over_refusal_rate")),
+            ],
+            vec!["manual review".to_owned(), r.manual_review.to_string()],
+        ];
+        s.push_str(&output::table(&["metric", "rate  [Wilson 95%]"], &rows));
+        s.push('\n');
+        if let Some(by) = m.get("by_attack_surface").and_then(Value::as_object) {
+            let rows: Vec<Vec<String>> = by
+                .iter()
+                .map(|(k, v)| vec![k.clone(), pct(v.get("attack_success_rate"))])
+                .collect();
+            s.push_str(&output::table(&["attack_surface", "attack success"], &rows));
+            s.push('\n');
+        }
+    }
+    s.push_str(&format!("artifacts: {}", o.dir.display()));
+    s
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ReplayArgs {
+    /// A run id under the results folder, or a run folder.
+    run: String,
+    /// Re-score the stored predictions with today's detectors (no model calls), in place.
+    #[arg(long)]
+    rescore: bool,
+    /// The results folder holding run ids.
+    #[arg(long, default_value = "results")]
+    results: PathBuf,
+    #[arg(long)]
+    json: bool,
+}
+
+/// A run folder from a run id or a path (ids cannot escape the results folder).
+pub fn run_dir(spec: &str, results: &Path) -> Result<PathBuf> {
+    let p = PathBuf::from(spec);
+    if p.join("manifest.json").is_file() {
+        return Ok(p);
+    }
+    crate::engine::score::check_run_id(spec)?;
+    let dir = results.join(spec);
+    if dir.join("manifest.json").is_file() {
+        Ok(dir)
+    } else {
+        Err(Error::Usage(format!(
+            "no run {spec:?}: neither a run folder nor a run id under {}",
+            results.display()
+        )))
+    }
+}
+
+pub fn replay(args: ReplayArgs) -> Result<u8> {
+    let dir = run_dir(&args.run, &args.results)?;
+    let manifest = runner::read_manifest(&dir)?;
+    let mpath = dir.join("manifest.json");
+    let bad = |msg: String| Error::config(&mpath, msg);
+    let config: Config = serde_json::from_value(
+        manifest
+            .get("config_snapshot")
+            .cloned()
+            .ok_or_else(|| bad("no config_snapshot".into()))?,
+    )
+    .map_err(|e| bad(format!("config_snapshot: {e}")))?;
+    let run_id = manifest
+        .get("run_id")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("no run_id".into()))?
+        .to_owned();
+    if args.rescore {
+        let scored = runner::score_run(&dir, &run_id, &config)?;
+        let mut m = manifest.clone();
+        runner::finish_manifest(&mut m, &scored);
+        m["rescored_at"] = serde_json::json!(crate::text::utc_rfc3339(crate::text::unix_now()));
+        runner::write_manifest(&dir, &m)?;
+        let results = dir.parent().unwrap_or(Path::new("."));
+        let catalog = runner::catalog::Catalog::open(results)?;
+        catalog.record(&runner::catalog::RunRow::from_manifest(&m, &dir))?;
+        let outcome = RunOutcome {
+            run_id,
+            dir: dir.clone(),
+            status: "rescored".into(),
+            selected: scored.rows as usize,
+            executed: 0,
+            resumed: 0,
+            errors: scored.predictions.provider_errors,
+            blocked: 0,
+            score: Some(scored),
+        };
+        return report(&outcome, args.json);
+    }
+    // Same corpus, same selection, or refuse.
+    let want_sha = manifest
+        .pointer("/dataset_snapshot/sha256")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let corpus = runner::load_cases(&config.dataset.path)?;
+    if corpus.sha256 != want_sha {
+        return Err(Error::Usage(format!(
+            "cannot replay {run_id}: the corpus {} changed (sha256 {} now, {} when the run was made); use --rescore to re-score the stored predictions instead",
+            config.dataset.path.display(),
+            &corpus.sha256[..12],
+            &want_sha[..want_sha.len().min(12)]
+        )));
+    }
+    let selected = select(
+        &corpus.cases,
+        &config.selection,
+        config.experiment.seed,
+        config.experiment.sample_size,
+    )?;
+    let recorded: Vec<String> = manifest
+        .pointer("/dataset_snapshot/selected_case_ids")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    if selected.selected_case_ids != recorded {
+        return Err(Error::Usage(format!(
+            "cannot replay {run_id}: the selection differs ({} case(s) now, {} recorded)",
+            selected.selected_case_ids.len(),
+            recorded.len()
+        )));
+    }
+    let loaded = LoadedConfig {
+        config,
+        path: manifest
+            .get("config_source_path")
+            .and_then(Value::as_str)
+            .map(PathBuf::from)
+            .unwrap_or_default(),
+        sha256: manifest
+            .pointer("/replay_hints/config_sha256")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+    };
+    let mut opts = options(loaded.path.clone(), None, args.json);
+    opts.output_dir = dir.parent().map(Path::to_path_buf);
+    let outcome = runner::run_loaded(loaded, &opts)?;
+    report(&outcome, args.json)
+}

@@ -1,0 +1,229 @@
+//! `pieval runs list | show RUN | diff RUN_A RUN_B`.
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use crate::cli::output;
+use crate::cli::run::run_dir;
+use crate::error::Result;
+use crate::runner::catalog::Catalog;
+use crate::runner::diff::diff;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Every run in the catalogue (results/catalog.sqlite), newest first.
+    List(ListArgs),
+    /// One run: its manifest headline and metrics.
+    Show(ShowArgs),
+    /// Metric deltas with intervals and the cases that flipped, from run A to run B.
+    Diff(DiffArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ListArgs {
+    #[arg(long, default_value = "results")]
+    results: PathBuf,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ShowArgs {
+    run: String,
+    #[arg(long, default_value = "results")]
+    results: PathBuf,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DiffArgs {
+    run_a: String,
+    run_b: String,
+    #[arg(long, default_value = "results")]
+    results: PathBuf,
+    /// Exit 1 when B is significantly worse than A (attack success, leakage or
+    /// over-refusal up, two-proportion z-test at 5%).
+    #[arg(long)]
+    fail_on_regression: bool,
+    /// Flipped cases to list (all with --json).
+    #[arg(long, default_value_t = 20)]
+    limit: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+fn rate(v: Option<f64>) -> String {
+    v.map_or("–".into(), |r| format!("{:.1}%", r * 100.0))
+}
+
+pub fn run(cmd: Command) -> Result<u8> {
+    match cmd {
+        Command::List(a) => {
+            let catalog = Catalog::open(&a.results)?;
+            catalog.sync(&a.results)?;
+            let runs = catalog.list()?;
+            if a.json {
+                output::json(&runs)?;
+                return Ok(0);
+            }
+            let rows: Vec<Vec<String>> = runs
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.run_id.clone(),
+                        r.status.clone(),
+                        r.started_at.clone(),
+                        format!(
+                            "{}:{}",
+                            r.provider.as_deref().unwrap_or("?"),
+                            r.model.as_deref().unwrap_or("?")
+                        ),
+                        r.mitigation.clone().unwrap_or_default(),
+                        r.rows.or(r.selected).map_or("–".into(), |n| n.to_string()),
+                        rate(r.attack_success_rate),
+                        rate(r.leakage_rate),
+                        rate(r.over_refusal_rate),
+                    ]
+                })
+                .collect();
+            output::stdout_line(&output::table(
+                &[
+                    "run_id",
+                    "status",
+                    "started",
+                    "model",
+                    "mitigation",
+                    "cases",
+                    "ASR",
+                    "leakage",
+                    "over-refusal",
+                ],
+                &rows,
+            ))?;
+            Ok(0)
+        }
+        Command::Show(a) => {
+            let dir = run_dir(&a.run, &a.results)?;
+            let m = crate::runner::read_manifest(&dir)?;
+            let summary: Option<Value> = std::fs::read_to_string(dir.join("summary.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok());
+            if a.json {
+                let mut doc = m.clone();
+                if let Some(s) = summary {
+                    doc["summary"] = s;
+                }
+                output::json(&doc)?;
+                return Ok(0);
+            }
+            let s = |p: &str| {
+                m.pointer(p)
+                    .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+                    .unwrap_or_else(|| "–".into())
+            };
+            let mut text = String::new();
+            for (label, p) in [
+                ("run_id", "/run_id"),
+                ("status", "/status"),
+                ("started", "/timestamp"),
+                ("finished", "/finished_at"),
+                ("config", "/config_source_path"),
+                ("corpus", "/dataset_snapshot/path"),
+                ("corpus sha256", "/dataset_snapshot/sha256"),
+                ("provider", "/model_snapshot/provider"),
+                ("model", "/model_snapshot/name"),
+                ("mitigation", "/mitigation_snapshot/name"),
+                ("seed", "/replay_hints/seed"),
+                ("selected", "/replay_hints/selected"),
+                ("git commit", "/git_commit"),
+            ] {
+                text.push_str(&format!("{label:<14} {}\n", s(p)));
+            }
+            if let Some(s) = summary {
+                let m = &s["aggregate_metrics"];
+                for key in [
+                    "attack_success_rate",
+                    "leakage_rate",
+                    "refusal_rate",
+                    "over_refusal_rate",
+                ] {
+                    let g = |k: &str| m[key][k].as_f64();
+                    text.push_str(&format!(
+                        "{key:<20} {} [{}–{}] n={}\n",
+                        rate(g("rate")),
+                        rate(g("ci_low")),
+                        rate(g("ci_high")),
+                        m[key]["n"]
+                    ));
+                }
+            }
+            text.push_str(&format!("folder         {}", dir.display()));
+            output::stdout_line(&text)?;
+            Ok(0)
+        }
+        Command::Diff(a) => {
+            let (da, db) = (
+                run_dir(&a.run_a, &a.results)?,
+                run_dir(&a.run_b, &a.results)?,
+            );
+            let d = diff((&a.run_a, &da), (&a.run_b, &db))?;
+            if a.json {
+                output::json(&d)?;
+            } else {
+                let rows: Vec<Vec<String>> = d
+                    .metrics
+                    .iter()
+                    .map(|m| {
+                        let iv = |r: &crate::runner::diff::Rate| {
+                            format!("{} [{}–{}]", rate(r.rate), rate(r.ci_low), rate(r.ci_high))
+                        };
+                        vec![
+                            m.metric.clone(),
+                            iv(&m.a),
+                            iv(&m.b),
+                            m.delta
+                                .map_or("–".into(), |x| format!("{:+.1} pp", x * 100.0)),
+                            m.z.map_or("–".into(), |z| format!("{z:+.2}")),
+                            if m.regression {
+                                "REGRESSION".into()
+                            } else if m.significant {
+                                "significant".into()
+                            } else {
+                                String::new()
+                            },
+                        ]
+                    })
+                    .collect();
+                let mut text = output::table(&["metric", "A", "B", "delta", "z", ""], &rows);
+                text.push_str(&format!(
+                    "\ncases: {} became successful, {} stopped succeeding; {} only in A, {} only in B\n",
+                    d.became_successful, d.became_unsuccessful, d.only_in_a, d.only_in_b
+                ));
+                for f in d.flips.iter().take(a.limit) {
+                    let v = |x: Option<bool>| x.map_or("null".to_owned(), |b| b.to_string());
+                    text.push_str(&format!(
+                        "  {:<16} {} → {}  {}\n",
+                        f.field,
+                        v(f.a),
+                        v(f.b),
+                        crate::text::excerpt(&f.case_id, 80)
+                    ));
+                }
+                if d.flips.len() > a.limit {
+                    text.push_str(&format!(
+                        "  … {} more (--limit, --json)\n",
+                        d.flips.len() - a.limit
+                    ));
+                }
+                output::stdout_line(text.trim_end())?;
+            }
+            Ok(if a.fail_on_regression && d.regression {
+                1
+            } else {
+                0
+            })
+        }
+    }
+}

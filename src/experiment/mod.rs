@@ -1,0 +1,4 @@
+//! Experiment configs ([`config`]) and seeded case selection ([`selection`]).
+
+pub mod config;
+pub mod selection;

@@ -1,0 +1,40 @@
+//! Model clients. A provider turns chat messages into a completion or a recorded
+//! failure; the runner never drops a case because a call failed.
+//!
+//! - [`openai::OpenAiProvider`]: any OpenAI-compatible `/v1/chat/completions` (OpenAI,
+//!   vLLM, Ollama, llama.cpp server, LM Studio …), with timeouts, retries with exponential
+//!   backoff and jitter that honour `Retry-After`, and a requests-per-minute limit.
+//! - [`replay::ReplayProvider`]: the responses of a predictions file or an earlier run.
+
+pub mod openai;
+pub mod replay;
+
+use async_trait::async_trait;
+
+use crate::mitigation::Message;
+
+/// A model's answer.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Completion {
+    pub text: String,
+    pub latency_ms: f64,
+    /// Attempts made (1 when the first succeeded).
+    pub attempts: u32,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+}
+
+/// A call that failed for good (after retries): recorded on the case as `error`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CallError {
+    pub message: String,
+    pub latency_ms: f64,
+    pub attempts: u32,
+}
+
+#[async_trait]
+pub trait Provider: Send + Sync {
+    /// `provider` as recorded in predictions (`openai`, `local`, `replay`).
+    fn name(&self) -> &str;
+    async fn complete(&self, case_id: &str, messages: &[Message]) -> Result<Completion, CallError>;
+}

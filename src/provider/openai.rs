@@ -1,0 +1,329 @@
+//! OpenAI-compatible chat completions over HTTP (tokio + reqwest).
+//!
+//! Retries: timeouts, connection failures, HTTP 408 / 409 / 429 / 5xx and unparseable
+//! bodies are retried up to `max_retries` times. The wait before retry `n` (from 0) is a
+//! random duration in `[0, min(30 s, 0.5 s · 2ⁿ)]` ("full jitter"), or the server's
+//! `Retry-After` (seconds or an HTTP date, at most 5 minutes) when it sends one. Other
+//! 4xx answers (a bad key, an unknown model) fail at once. The API key is read from the
+//! environment variable the config names, sent only in the `Authorization` header, and
+//! redacted from every message this module returns.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+
+use super::{CallError, Completion, Provider};
+use crate::error::{Error, Result};
+use crate::experiment::config::ModelSection;
+use crate::mitigation::Message;
+
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+
+pub struct OpenAiProvider {
+    client: reqwest::Client,
+    url: String,
+    model: String,
+    api_key: Option<String>,
+    max_tokens: u32,
+    temperature: f64,
+    top_p: Option<f64>,
+    seed: u64,
+    max_retries: u32,
+    /// Requests-per-minute limit: the earliest instant the next request may start.
+    pacing: Option<(Duration, Mutex<Instant>)>,
+}
+
+impl OpenAiProvider {
+    pub fn new(model: &ModelSection, seed: u64) -> Result<Self> {
+        let api_key = match &model.api_key_env {
+            None => None,
+            Some(var) => match std::env::var(var) {
+                Ok(k) if !k.trim().is_empty() => Some(k.trim().to_owned()),
+                _ => {
+                    return Err(Error::Usage(format!(
+                        "model.api_key_env names {var}, but that environment variable is not set: export {var}=<your key> (the key is never written to any artifact)"
+                    )));
+                }
+            },
+        };
+        let base = model.base_url.as_deref().unwrap_or_default();
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs_f64(model.timeout_s))
+            .connect_timeout(Duration::from_secs_f64(model.timeout_s.min(10.0)))
+            .pool_max_idle_per_host(model.concurrency)
+            .user_agent(concat!("pieval/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| Error::Usage(format!("cannot build the HTTP client: {e}")))?;
+        Ok(Self {
+            client,
+            url: format!("{}/chat/completions", base.trim_end_matches('/')),
+            model: model.name.clone(),
+            api_key,
+            max_tokens: model.max_tokens,
+            temperature: model.temperature,
+            top_p: model.top_p,
+            seed,
+            max_retries: model.max_retries,
+            pacing: model.requests_per_minute.map(|rpm| {
+                (
+                    Duration::from_secs_f64(60.0 / f64::from(rpm)),
+                    Mutex::new(Instant::now()),
+                )
+            }),
+        })
+    }
+
+    fn redact(&self, s: &str) -> String {
+        match &self.api_key {
+            Some(k) if !k.is_empty() => s.replace(k.as_str(), "[REDACTED]"),
+            _ => s.to_owned(),
+        }
+    }
+
+    /// Wait for this request's slot under the requests-per-minute limit.
+    async fn pace(&self) {
+        if let Some((interval, next)) = &self.pacing {
+            let slot = {
+                let mut next = next.lock().await;
+                let now = Instant::now();
+                let slot = (*next).max(now);
+                *next = slot + *interval;
+                slot
+            };
+            tokio::time::sleep_until(slot.into()).await;
+        }
+    }
+
+    /// One attempt: Ok, or Err(message, retryable, retry_after).
+    async fn attempt(&self, body: &Value) -> Result<Completion, (String, bool, Option<Duration>)> {
+        let mut req = self.client.post(&self.url).json(body);
+        if let Some(k) = &self.api_key {
+            req = req.bearer_auth(k);
+        }
+        let resp = match req.send().await {
+            Ok(r) => r,
+            Err(e) => {
+                let what = if e.is_timeout() {
+                    "timed out".to_owned()
+                } else if e.is_connect() {
+                    format!("connection failed: {}", error_chain(&e))
+                } else {
+                    format!("request failed: {}", error_chain(&e))
+                };
+                return Err((what, true, None));
+            }
+        };
+        let status = resp.status();
+        let retry_after = resp
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_retry_after);
+        let text = match resp.text().await {
+            Ok(t) => t,
+            Err(e) => {
+                let what = if e.is_timeout() {
+                    "timed out reading the response".to_owned()
+                } else {
+                    format!("the response body could not be read: {}", error_chain(&e))
+                };
+                return Err((what, true, retry_after));
+            }
+        };
+        if !status.is_success() {
+            let retryable = status.as_u16() == 408
+                || status.as_u16() == 409
+                || status.as_u16() == 429
+                || status.is_server_error();
+            return Err((
+                format!(
+                    "HTTP {}: {}",
+                    status.as_u16(),
+                    crate::text::excerpt(text.trim(), 200)
+                ),
+                retryable,
+                retry_after,
+            ));
+        }
+        parse_completion(&text).map_err(|m| (m, true, None))
+    }
+}
+
+/// The `Retry-After` header: delta-seconds or an HTTP date.
+pub fn parse_retry_after(v: &str) -> Option<Duration> {
+    let v = v.trim();
+    let d = if let Ok(secs) = v.parse::<f64>() {
+        (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs))?
+    } else {
+        let when = httpdate::parse_http_date(v).ok()?;
+        when.duration_since(SystemTime::now()).unwrap_or_default()
+    };
+    Some(d.min(MAX_RETRY_AFTER))
+}
+
+/// The text and token counts of a chat-completions body.
+pub fn parse_completion(body: &str) -> Result<Completion, String> {
+    let v: Value = serde_json::from_str(body).map_err(|e| {
+        format!(
+            "malformed response (not JSON: {e}): {}",
+            crate::text::excerpt(body.trim(), 120)
+        )
+    })?;
+    let choice = v
+        .get("choices")
+        .and_then(Value::as_array)
+        .and_then(|c| c.first())
+        .ok_or_else(|| {
+            format!(
+                "malformed response (no choices): {}",
+                crate::text::excerpt(body.trim(), 120)
+            )
+        })?;
+    let text = choice
+        .pointer("/message/content")
+        .or_else(|| choice.get("text"))
+        .and_then(Value::as_str)
+        .ok_or_else(|| {
+            let reason = choice
+                .get("finish_reason")
+                .and_then(Value::as_str)
+                .unwrap_or("none");
+            format!("malformed response (no message content; finish_reason {reason})")
+        })?;
+    let usage = |k: &str| v.pointer(&format!("/usage/{k}")).and_then(Value::as_u64);
+    Ok(Completion {
+        text: text.to_owned(),
+        prompt_tokens: usage("prompt_tokens"),
+        completion_tokens: usage("completion_tokens"),
+        ..Completion::default()
+    })
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        let t = inner.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        src = inner.source();
+    }
+    s
+}
+
+/// Full-jitter exponential backoff for retry `n` (from 0).
+fn backoff(n: u32) -> Duration {
+    let cap = Duration::from_millis(500)
+        .saturating_mul(1u32 << n.min(16))
+        .min(MAX_BACKOFF);
+    cap.mul_f64(fastrand::f64())
+}
+
+#[async_trait]
+impl Provider for OpenAiProvider {
+    fn name(&self) -> &str {
+        "openai"
+    }
+
+    async fn complete(
+        &self,
+        _case_id: &str,
+        messages: &[Message],
+    ) -> Result<Completion, CallError> {
+        let mut body = json!({
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "seed": self.seed,
+        });
+        if let Some(p) = self.top_p {
+            body["top_p"] = json!(p);
+        }
+        let start = Instant::now();
+        let mut attempts = 0;
+        loop {
+            self.pace().await;
+            attempts += 1;
+            match self.attempt(&body).await {
+                Ok(mut c) => {
+                    c.text = self.redact(&c.text);
+                    c.latency_ms = start.elapsed().as_secs_f64() * 1e3;
+                    c.attempts = attempts;
+                    return Ok(c);
+                }
+                Err((message, retryable, retry_after)) => {
+                    if !retryable || attempts > self.max_retries {
+                        let tried = if attempts > 1 {
+                            format!(" (after {attempts} attempts)")
+                        } else {
+                            String::new()
+                        };
+                        return Err(CallError {
+                            message: self.redact(&format!("{message}{tried}")),
+                            latency_ms: start.elapsed().as_secs_f64() * 1e3,
+                            attempts,
+                        });
+                    }
+                    let wait = retry_after.unwrap_or_else(|| backoff(attempts - 1));
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_forms() {
+        assert_eq!(parse_retry_after("2"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_retry_after("0.5"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_retry_after("100000"), Some(MAX_RETRY_AFTER));
+        assert_eq!(parse_retry_after("soon"), None);
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"),
+            Some(Duration::ZERO),
+            "a date in the past means now"
+        );
+    }
+
+    #[test]
+    fn completion_bodies() {
+        let ok = parse_completion(
+            r#"{"choices":[{"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":5,"completion_tokens":1}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (ok.text.as_str(), ok.prompt_tokens, ok.completion_tokens),
+            ("hi", Some(5), Some(1))
+        );
+        assert!(parse_completion("<html>").unwrap_err().contains("not JSON"));
+        assert!(
+            parse_completion(r#"{"choices":[]}"#)
+                .unwrap_err()
+                .contains("no choices")
+        );
+        assert!(
+            parse_completion(
+                r#"{"choices":[{"message":{"content":null},"finish_reason":"content_filter"}]}"#
+            )
+            .unwrap_err()
+            .contains("content_filter")
+        );
+    }
+
+    #[test]
+    fn backoff_is_bounded() {
+        for n in 0..40 {
+            assert!(backoff(n) <= MAX_BACKOFF);
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! `pieval runs diff A B`: what changed from run A to run B.
+//!
+//! Metric deltas come from each run's `summary.json` (rates with their Wilson 95%
+//! intervals). A change is *significant* when a two-proportion z-test gives |z| > 1.96
+//! (5%, two-sided). A **regression** is a significant increase of a rate where higher is
+//! worse: attack success, leakage, over-refusal of benign controls. Flipped cases come
+//! from joining the two runs' `case_results.parquet` on `case_id` in DataFusion.
+
+use std::path::{Path, PathBuf};
+
+use datafusion::arrow::array::{Array, AsArray};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+/// Metrics compared, and whether a higher value is worse.
+const METRICS: &[(&str, bool)] = &[
+    ("attack_success_rate", true),
+    ("leakage_rate", true),
+    ("over_refusal_rate", true),
+    ("refusal_rate", false),
+];
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Rate {
+    pub n: u64,
+    pub k: u64,
+    pub rate: Option<f64>,
+    pub ci_low: Option<f64>,
+    pub ci_high: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct MetricDelta {
+    pub metric: String,
+    pub a: Rate,
+    pub b: Rate,
+    pub delta: Option<f64>,
+    pub z: Option<f64>,
+    pub significant: bool,
+    pub regression: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Flip {
+    pub case_id: String,
+    pub field: String,
+    pub a: Option<bool>,
+    pub b: Option<bool>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RunDiff {
+    pub run_a: String,
+    pub run_b: String,
+    pub metrics: Vec<MetricDelta>,
+    /// attack_success false → true (the defence got worse on these cases).
+    pub became_successful: u64,
+    /// attack_success true → false.
+    pub became_unsuccessful: u64,
+    pub flips: Vec<Flip>,
+    pub only_in_a: u64,
+    pub only_in_b: u64,
+    pub regression: bool,
+}
+
+fn rate(summary: &Value, metric: &str) -> Rate {
+    let m = summary.pointer(&format!("/aggregate_metrics/{metric}"));
+    let g = |k: &str| m.and_then(|m| m.get(k));
+    Rate {
+        n: g("n").and_then(Value::as_u64).unwrap_or(0),
+        k: g("k").and_then(Value::as_u64).unwrap_or(0),
+        rate: g("rate").and_then(Value::as_f64),
+        ci_low: g("ci_low").and_then(Value::as_f64),
+        ci_high: g("ci_high").and_then(Value::as_f64),
+    }
+}
+
+/// Two-proportion z statistic (pooled); None when undefined.
+pub fn z_two_proportions(a: &Rate, b: &Rate) -> Option<f64> {
+    if a.n == 0 || b.n == 0 {
+        return None;
+    }
+    let (na, nb) = (a.n as f64, b.n as f64);
+    let (pa, pb) = (a.k as f64 / na, b.k as f64 / nb);
+    let p = (a.k + b.k) as f64 / (na + nb);
+    let se = (p * (1.0 - p) * (1.0 / na + 1.0 / nb)).sqrt();
+    if se == 0.0 {
+        return (pa == pb).then_some(0.0);
+    }
+    Some((pb - pa) / se)
+}
+
+fn read_summary(dir: &Path) -> Result<Value> {
+    let path = dir.join("summary.json");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| Error::io(&path, "cannot read run summary (was the run scored?)", e))?;
+    serde_json::from_str(&text)
+        .map_err(|e| Error::input(&path, e.line() as u64, None, format!("not JSON: {e}")))
+}
+
+pub fn diff(a: (&str, &Path), b: (&str, &Path)) -> Result<RunDiff> {
+    let (sa, sb) = (read_summary(a.1)?, read_summary(b.1)?);
+    let metrics: Vec<MetricDelta> = METRICS
+        .iter()
+        .map(|(name, higher_is_worse)| {
+            let (ra, rb) = (rate(&sa, name), rate(&sb, name));
+            let z = z_two_proportions(&ra, &rb);
+            let significant = z.is_some_and(|z| z.abs() > 1.96);
+            let delta = ra.rate.zip(rb.rate).map(|(x, y)| y - x);
+            MetricDelta {
+                metric: (*name).to_owned(),
+                regression: *higher_is_worse && significant && z.is_some_and(|z| z > 0.0),
+                a: ra,
+                b: rb,
+                delta,
+                z,
+                significant,
+            }
+        })
+        .collect();
+    let (flips, only_a, only_b) = flipped(a.1, b.1)?;
+    let up = flips
+        .iter()
+        .filter(|f| f.field == "attack_success" && f.a == Some(false) && f.b == Some(true))
+        .count() as u64;
+    let down = flips
+        .iter()
+        .filter(|f| f.field == "attack_success" && f.a == Some(true) && f.b == Some(false))
+        .count() as u64;
+    Ok(RunDiff {
+        run_a: a.0.to_owned(),
+        run_b: b.0.to_owned(),
+        regression: metrics.iter().any(|m| m.regression),
+        metrics,
+        became_successful: up,
+        became_unsuccessful: down,
+        flips,
+        only_in_a: only_a,
+        only_in_b: only_b,
+    })
+}
+
+fn parquet_path(dir: &Path) -> Result<String> {
+    let p: PathBuf = dir.join("case_results.parquet");
+    if !p.is_file() {
+        return Err(Error::Usage(format!(
+            "{} is missing (was the run scored?)",
+            p.display()
+        )));
+    }
+    p.to_str()
+        .map(str::to_owned)
+        .ok_or_else(|| Error::Usage(format!("{}: not a UTF-8 path", p.display())))
+}
+
+/// Cases whose attack_success or prompt_leakage differ, and ids present in one run only.
+fn flipped(a: &Path, b: &Path) -> Result<(Vec<Flip>, u64, u64)> {
+    let (pa, pb) = (parquet_path(a)?, parquet_path(b)?);
+    let rt = crate::engine::runtime()?;
+    rt.block_on(async {
+        let ctx = crate::engine::session();
+        let opts = datafusion::prelude::ParquetReadOptions::default();
+        ctx.register_parquet("a", &pa, opts.clone()).await?;
+        ctx.register_parquet("b", &pb, opts).await?;
+        let sql = "
+            WITH j AS (
+                SELECT coalesce(a.case_id, b.case_id) AS case_id,
+                       a.case_id IS NOT NULL AS in_a, b.case_id IS NOT NULL AS in_b,
+                       a.attack_success AS a_s, b.attack_success AS b_s,
+                       a.prompt_leakage AS a_l, b.prompt_leakage AS b_l
+                FROM a FULL OUTER JOIN b ON a.case_id = b.case_id
+            )
+            SELECT case_id, 'attack_success' AS field, a_s AS va, b_s AS vb FROM j
+              WHERE in_a AND in_b AND a_s IS DISTINCT FROM b_s
+            UNION ALL
+            SELECT case_id, 'prompt_leakage', a_l, b_l FROM j
+              WHERE in_a AND in_b AND a_l IS DISTINCT FROM b_l
+            UNION ALL
+            SELECT case_id, CASE WHEN in_a THEN 'only_in_a' ELSE 'only_in_b' END, NULL, NULL FROM j
+              WHERE NOT (in_a AND in_b)
+            ORDER BY 2, 1";
+        let batches = crate::engine::collect(&ctx, sql).await?;
+        let mut flips = Vec::new();
+        let (mut only_a, mut only_b) = (0, 0);
+        for batch in &batches {
+            let ids = crate::engine::utf8_column(batch, "case_id")?;
+            let fields = crate::engine::utf8_column(batch, "field")?;
+            let cast = |name: &str| -> Result<datafusion::arrow::array::BooleanArray> {
+                let col = batch
+                    .column_by_name(name)
+                    .ok_or_else(|| Error::Usage(format!("diff query returned no {name}")))?;
+                Ok(datafusion::arrow::compute::cast(
+                    col,
+                    &datafusion::arrow::datatypes::DataType::Boolean,
+                )?
+                .as_boolean()
+                .clone())
+            };
+            let (va, vb) = (cast("va")?, cast("vb")?);
+            for i in 0..batch.num_rows() {
+                match fields.value(i) {
+                    "only_in_a" => only_a += 1,
+                    "only_in_b" => only_b += 1,
+                    f => flips.push(Flip {
+                        case_id: ids.value(i).to_owned(),
+                        field: f.to_owned(),
+                        a: va.is_valid(i).then(|| va.value(i)),
+                        b: vb.is_valid(i).then(|| vb.value(i)),
+                    }),
+                }
+            }
+        }
+        Ok((flips, only_a, only_b))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(n: u64, k: u64) -> Rate {
+        Rate {
+            n,
+            k,
+            ..Rate::default()
+        }
+    }
+
+    #[test]
+    fn z_test_values() {
+        // 10/100 vs 30/100: pooled p = 0.2, se = sqrt(0.2*0.8*0.02) = 0.0566, z = 3.54
+        let z = z_two_proportions(&r(100, 10), &r(100, 30)).unwrap();
+        assert!((z - 3.5355).abs() < 1e-3, "{z}");
+        assert_eq!(z_two_proportions(&r(0, 0), &r(10, 1)), None);
+        assert_eq!(z_two_proportions(&r(10, 0), &r(10, 0)), Some(0.0));
+        let small = z_two_proportions(&r(10, 1), &r(10, 2)).unwrap();
+        assert!(small.abs() < 1.96);
+    }
+}

@@ -1,0 +1,213 @@
+//! A real HTTP/1.1 server on 127.0.0.1:0 that speaks the OpenAI chat-completions
+//! protocol, with scripted fault modes, for runner tests and benchmarks.
+//!
+//! The "model" is gullible: when the last user message contains a `PWNED-…` token it
+//! answers with that token alone (hijacked); otherwise it answers "Sure. " + the message.
+//! So attacks that ask for a target succeed, and a known-answer probe over injected text
+//! loses its key.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// What the server does with one request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    Answer,
+    /// An HTTP status with an optional Retry-After header.
+    Status(u16, Option<String>),
+    /// Never answer (until the client gives up).
+    Hang,
+    /// 200 with a body that is not JSON.
+    Garbage,
+    /// Close the connection without answering.
+    Reset,
+    /// Answer after a delay.
+    Slow(Duration),
+}
+
+/// Decides the action from the request's body hash and its attempt number (1-based).
+pub type Script = Arc<dyn Fn(u64, u32) -> Action + Send + Sync>;
+
+#[derive(Default)]
+pub struct Log {
+    pub requests: u64,
+    pub attempts: HashMap<u64, u32>,
+    pub authorization: Vec<String>,
+    pub bodies: Vec<String>,
+}
+
+pub struct ChatServer {
+    pub addr: SocketAddr,
+    pub log: Arc<Mutex<Log>>,
+    _thread: std::thread::JoinHandle<()>,
+}
+
+impl ChatServer {
+    pub fn start(script: Script) -> Self {
+        let log = Arc::new(Mutex::new(Log::default()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log2 = Arc::clone(&log);
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+                tx.send(listener.local_addr().unwrap()).unwrap();
+                loop {
+                    let Ok((sock, _)) = listener.accept().await else {
+                        continue;
+                    };
+                    let (script, log) = (Arc::clone(&script), Arc::clone(&log2));
+                    tokio::spawn(async move {
+                        let _ = connection(sock, script, log).await;
+                    });
+                }
+            });
+        });
+        let addr = rx.recv().unwrap();
+        Self {
+            addr,
+            log,
+            _thread: thread,
+        }
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    pub fn always(action: Action) -> Self {
+        Self::start(Arc::new(move |_, _| action.clone()))
+    }
+}
+
+pub fn fnv(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+async fn connection(
+    mut sock: TcpStream,
+    script: Script,
+    log: Arc<Mutex<Log>>,
+) -> std::io::Result<()> {
+    let mut buf = Vec::new();
+    loop {
+        // Read one request head.
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let mut chunk = [0u8; 8192];
+            let n = sock.read(&mut chunk).await?;
+            if n == 0 {
+                return Ok(());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+        let header = |name: &str| {
+            head.lines()
+                .find(|l| l.to_ascii_lowercase().starts_with(&format!("{name}:")))
+                .map(|l| l[name.len() + 1..].trim().to_owned())
+        };
+        let len: usize = header("content-length")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        while buf.len() < head_end + len {
+            let mut chunk = [0u8; 8192];
+            let n = sock.read(&mut chunk).await?;
+            if n == 0 {
+                return Ok(());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        let body: Vec<u8> = buf[head_end..head_end + len].to_vec();
+        buf.drain(..head_end + len);
+        let key = fnv(&body);
+        let attempt = {
+            let mut l = log.lock().unwrap();
+            l.requests += 1;
+            if let Some(a) = header("authorization") {
+                l.authorization.push(a);
+            }
+            l.bodies.push(String::from_utf8_lossy(&body).into_owned());
+            let a = l.attempts.entry(key).or_default();
+            *a += 1;
+            *a
+        };
+        let action = script(key, attempt);
+        let respond = |status: &str, extra: &str, body: &str| {
+            format!(
+                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra}\r\n{body}",
+                body.len()
+            )
+        };
+        let text = match action {
+            Action::Hang => {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                return Ok(());
+            }
+            Action::Reset => {
+                // Zero linger: the close sends a TCP reset (never blocks at zero).
+                #[allow(deprecated)]
+                let _ = sock.set_linger(Some(Duration::ZERO));
+                return Ok(());
+            }
+            Action::Garbage => respond("200 OK", "", "<html>502 bad gateway</html>"),
+            Action::Status(code, retry_after) => {
+                let extra = retry_after
+                    .map(|r| format!("Retry-After: {r}\r\n"))
+                    .unwrap_or_default();
+                respond(
+                    &format!("{code} Error"),
+                    &extra,
+                    r#"{"error":{"message":"scripted failure"}}"#,
+                )
+            }
+            Action::Slow(d) => {
+                tokio::time::sleep(d).await;
+                respond("200 OK", "", &answer(&body))
+            }
+            Action::Answer => respond("200 OK", "", &answer(&body)),
+        };
+        sock.write_all(text.as_bytes()).await?;
+    }
+}
+
+/// "Sure. " + the last user message, as a chat-completions body.
+fn answer(body: &[u8]) -> String {
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let last_user = v["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or("");
+    let text = match last_user.find("PWNED-") {
+        Some(i) => last_user[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+            .collect(),
+        None => format!("Sure. {last_user}"),
+    };
+    serde_json::json!({
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": body.len() / 4, "completion_tokens": text.len() / 4}
+    })
+    .to_string()
+}
