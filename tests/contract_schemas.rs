@@ -202,3 +202,68 @@ fn the_validator_and_the_schema_reject_the_same_bad_records() {
         );
     }
 }
+
+/// The config JSON Schema and the serde config agree: every key of every section, and
+/// the shipped configs and a run's config_snapshot validate; a run's manifest validates
+/// against the manifest schema.
+#[test]
+fn experiment_config_schema_agrees_with_the_parser() {
+    use pieval::experiment::config::Config;
+    let schema_v = schema("experiment_config");
+    let validator = jsonschema::validator_for(&schema_v).unwrap();
+    let dir = common::repo("data/experiments");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let loaded = Config::load(&path).unwrap();
+            let snap = loaded.config.snapshot();
+            let errors: Vec<String> = validator
+                .iter_errors(&snap)
+                .map(|e| e.to_string())
+                .collect();
+            assert!(errors.is_empty(), "{}: {errors:?}", path.display());
+            // Every serialized key is declared by the schema, section by section.
+            for (section, value) in snap.as_object().unwrap() {
+                let declared = keys(&schema_v["properties"][section]["properties"]);
+                assert!(keys(value).is_subset(&declared), "section {section}");
+            }
+            seen += 1;
+        }
+    }
+    assert!(seen >= 1);
+    // A config that sets every key: the parser accepts exactly the schema's keys.
+    let full = "experiment: {name: x, seed: 1, sample_size: 5, output_dir: r, description: d}
+dataset: {path: a.jsonl}
+selection: {include: {language: [en]}, exclude: {label: [benign]}, case_ids: [a], stratify_by: [attack_family]}
+model: {provider: openai, name: m, base_url: 'http://h/v1', api_key_env: K, max_tokens: 9, temperature: 0.5,
+        top_p: 0.9, execution_mode: live, concurrency: 2, requests_per_minute: 60, timeout_s: 5,
+        max_retries: 1, path: m.gguf, replay_from: r1}
+mitigation: {name: delimiters, params: {length: 8}}
+evaluation: {leakage_threshold: 0.6}
+";
+    let snap = Config::parse(full, std::path::Path::new("full.yaml"))
+        .unwrap()
+        .snapshot();
+    assert!(validator.iter_errors(&snap).next().is_none());
+    for (section, value) in snap.as_object().unwrap() {
+        let declared = keys(&schema_v["properties"][section]["properties"]);
+        assert_eq!(keys(value), declared, "section {section}");
+    }
+    // Required keys: the parser rejects a config without each required section.
+    for (section, required) in CONFIG_SECTIONS {
+        let mut text = String::new();
+        for (s, body) in [
+            ("experiment", "{name: x}"),
+            ("dataset", "{path: a.jsonl}"),
+            ("model", "{provider: local, name: m}"),
+            ("mitigation", "{name: none}"),
+        ] {
+            if s != *section {
+                text.push_str(&format!("{s}: {body}\n"));
+            }
+        }
+        let parsed = Config::parse(&text, std::path::Path::new("t.yaml"));
+        assert_eq!(parsed.is_err(), *required, "section {section}: {parsed:?}");
+    }
+}

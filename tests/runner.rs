@@ -33,6 +33,11 @@ model:
 {extra_model}
 {rest}
 "#,
+        rest = if rest.contains("mitigation:") {
+            rest.to_owned()
+        } else {
+            format!("mitigation: {{name: none}}\n{rest}")
+        },
         out = dir.join("results").display(),
         corpus = repo("data/normalized/attack_cases.enriched.jsonl").display(),
     );
@@ -418,9 +423,9 @@ fn replay_runs_dry_run_and_the_catalogue() {
     let defended = tmp.path().join("defended.yaml");
     std::fs::write(
         &defended,
-        format!(
-            "{}mitigation: {{name: input_filter}}\n",
-            std::fs::read_to_string(&cfg).unwrap()
+        std::fs::read_to_string(&cfg).unwrap().replace(
+            "mitigation: {name: none}",
+            "mitigation: {name: input_filter}",
         ),
     )
     .unwrap();

@@ -20,7 +20,6 @@ pub struct Config {
     pub experiment: ExperimentSection,
     pub dataset: DatasetSection,
     pub model: ModelSection,
-    #[serde(default)]
     pub mitigation: MitigationSection,
     #[serde(default)]
     pub selection: Selection,
@@ -35,11 +34,11 @@ pub struct ExperimentSection {
     #[serde(default)]
     pub seed: u64,
     /// Cases to draw after filtering; all of them when absent.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sample_size: Option<usize>,
     #[serde(default = "default_output_dir")]
     pub output_dir: PathBuf,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
 }
 
@@ -97,16 +96,16 @@ pub struct ModelSection {
     pub provider: ProviderKind,
     pub name: String,
     /// `openai`: the API root, e.g. `https://api.openai.com/v1` or `http://127.0.0.1:8080/v1`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_url: Option<String>,
     /// The environment variable holding the API key (never the key itself).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_env: Option<String>,
     #[serde(default = "default_max_tokens")]
     pub max_tokens: u32,
     #[serde(default)]
     pub temperature: f64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_p: Option<f64>,
     #[serde(default)]
     pub execution_mode: ExecutionMode,
@@ -114,7 +113,7 @@ pub struct ModelSection {
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
     /// Requests started per minute, at most; unlimited when absent.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests_per_minute: Option<u32>,
     /// Seconds before one request is abandoned (and retried).
     #[serde(default = "default_timeout_s")]
@@ -123,10 +122,10 @@ pub struct ModelSection {
     #[serde(default = "default_max_retries")]
     pub max_retries: u32,
     /// `local`: a GGUF file to run instead of the default model.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
     /// `replay`: a predictions file (JSONL / Parquet) or a run folder / run id.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay_from: Option<String>,
 }
 
@@ -189,7 +188,6 @@ impl MitigationName {
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct MitigationSection {
-    #[serde(default)]
     pub name: MitigationName,
     /// Mitigation-specific settings (see `src/mitigation/`); unknown ones are errors.
     #[serde(default)]
@@ -519,7 +517,9 @@ evaluation: {leakage_threshold: 0.5}
             "experiment: {name: x, seed: seven}\ndataset: {path: a.jsonl}\nmodel: {provider: local, name: m}\n",
         );
         assert!(e.starts_with("exp.yaml:1: experiment.seed"), "{e}");
-        let e = err("experiment: {name: x}\nmodel: {provider: local, name: m}\n");
+        let e = err(
+            "experiment: {name: x}\nmodel: {provider: local, name: m}\nmitigation: {name: none}\n",
+        );
         assert!(e.contains("missing field `dataset`"), "{e}");
         let e = err(
             "experiment: {name: x}\ndataset: {path: a.jsonl}\nmodel:\n  provider: local\n  name: m\n  max_tokens: -3\n",
@@ -531,7 +531,7 @@ evaluation: {leakage_threshold: 0.5}
 
     #[test]
     fn semantic_checks() {
-        let base = "experiment: {name: x}\ndataset: {path: a.jsonl}\n";
+        let base = "experiment: {name: x}\ndataset: {path: a.jsonl}\nmitigation: {name: none}\n";
         let e = err(&format!("{base}model: {{provider: openai, name: m}}\n"));
         assert!(e.contains("model.base_url"), "{e}");
         let e = err(&format!(
@@ -546,6 +546,6 @@ evaluation: {leakage_threshold: 0.5}
         let e = err(&format!(
             "{base}model: {{provider: local, name: m, temperature: 3}}\n"
         ));
-        assert!(e.contains("exp.yaml:3: model.temperature"), "{e}");
+        assert!(e.contains("exp.yaml:4: model.temperature"), "{e}");
     }
 }
