@@ -20,6 +20,20 @@ pub fn temp_path(path: &Path) -> Result<PathBuf> {
 
 /// Write lines (each followed by a newline) to `path` atomically.
 pub fn write_lines(path: &Path, lines: impl IntoIterator<Item = String>) -> Result<()> {
+    write_with(path, |push| {
+        for line in lines {
+            push(&line)?;
+        }
+        Ok(())
+    })
+}
+
+/// Write `path` atomically from a producer that pushes lines (each gets a newline) and
+/// may fail: on failure nothing is left behind.
+pub fn write_with(
+    path: &Path,
+    produce: impl FnOnce(&mut dyn FnMut(&str) -> Result<()>) -> Result<()>,
+) -> Result<()> {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -29,11 +43,11 @@ pub fn write_lines(path: &Path, lines: impl IntoIterator<Item = String>) -> Resu
     let result = (|| {
         let f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, "cannot create", e))?;
         let mut w = std::io::BufWriter::new(f);
-        for line in lines {
+        produce(&mut |line: &str| {
             w.write_all(line.as_bytes())
                 .and_then(|_| w.write_all(b"\n"))
-                .map_err(|e| Error::io(&tmp, "cannot write", e))?;
-        }
+                .map_err(|e| Error::io(&tmp, "cannot write", e))
+        })?;
         let f = w
             .into_inner()
             .map_err(|e| Error::io(&tmp, "cannot write", e.into_error()))?;

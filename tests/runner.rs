@@ -556,8 +556,10 @@ fn selection_is_seeded_and_pinned() {
         assert_eq!(corpus.cases[*i].attack_surface, "email");
         assert!(!corpus.cases[*i].is_benign());
     }
-    let mut bad = Selection::default();
-    bad.case_ids = vec!["no-such-case".into()];
+    let bad = Selection {
+        case_ids: vec!["no-such-case".into()],
+        ..Selection::default()
+    };
     let e = select(&corpus.cases, &bad, 1, None)
         .unwrap_err()
         .to_string();

@@ -114,7 +114,7 @@ fn writer_properties() -> Result<WriterProperties> {
         .set_compression(Compression::ZSTD(
             ZstdLevel::try_new(3).map_err(Error::from)?,
         ))
-        .set_max_row_group_size(ROW_GROUP_ROWS)
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
         .build())
 }
 

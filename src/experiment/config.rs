@@ -454,10 +454,11 @@ fn explain(message: &str) -> String {
     };
     let quoted: Vec<&str> = message.split('`').skip(1).step_by(2).collect();
     let unknown = message.starts_with("unknown field") || message.starts_with("unknown variant");
-    if unknown && quoted.len() >= 2 {
-        if let Some(s) = crate::text::did_you_mean(quoted[0], &quoted[1..]) {
-            return format!("{message} (did you mean `{s}`?)");
-        }
+    if unknown
+        && quoted.len() >= 2
+        && let Some(s) = crate::text::did_you_mean(quoted[0], &quoted[1..])
+    {
+        return format!("{message} (did you mean `{s}`?)");
     }
     message.to_owned()
 }

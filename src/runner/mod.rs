@@ -118,7 +118,7 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
     apply_overrides(&mut loaded.config, opts);
     let cfg = &loaded.config;
     let output_dir = cfg.experiment.output_dir.clone();
-    let corpus = load_cases(&cfg.dataset.path)?;
+    let mut corpus = load_cases_with(&cfg.dataset.path, true)?;
     let (run_id, dir, selected, resumed_ids) = match &opts.resume {
         None => {
             let selected = select(
@@ -154,22 +154,29 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
             (id.clone(), dir, selected, done)
         }
     };
+    // The selected cases are moved out of the corpus, which is dropped: a run holds one
+    // (light) copy of what it runs.
+    let taxonomy = needs_enrichment(&corpus.cases)
+        .then(|| crate::taxonomy::Taxonomy::load(&opts.taxonomy))
+        .transpose()?;
     let cases: Vec<AttackCase> = {
-        let taxonomy = needs_enrichment(&corpus.cases)
-            .then(|| crate::taxonomy::Taxonomy::load(&opts.taxonomy))
-            .transpose()?;
+        let mut slots: Vec<Option<AttackCase>> = std::mem::take(&mut corpus.cases)
+            .into_iter()
+            .map(Some)
+            .collect();
         selected
             .indexes
             .iter()
-            .map(|&i| match &taxonomy {
-                Some(t) => t.enrich(&corpus.cases[i]),
-                None => corpus.cases[i].clone(),
+            .filter_map(|&i| slots[i].take())
+            .map(|c| match &taxonomy {
+                Some(t) => t.enrich(&c),
+                None => c,
             })
             .collect()
     };
     let cases_path = dir.join("cases.jsonl");
     if opts.resume.is_none() || !cases_path.exists() {
-        crate::atomic::write_lines(&cases_path, cases.iter().map(AttackCase::to_json_line))?;
+        write_selected_cases(&cfg.dataset.path, &selected, taxonomy.as_ref(), &cases_path)?;
     }
     let started_at = crate::text::utc_rfc3339(crate::text::unix_now());
     let mut manifest = build_manifest(&run_id, &loaded, &corpus, &selected, &cases, &started_at);
@@ -286,15 +293,71 @@ pub struct Corpus {
 
 /// Load and validate a corpus (fails on any contract violation).
 pub fn load_cases(path: &Path) -> Result<Corpus> {
-    let loaded = crate::corpus::reader::load_corpus(path)?;
+    load_cases_with(path, false)
+}
+
+/// Columns a run needs in memory: all but the provenance, the audit trail and the notes,
+/// which are most of a case's size and are copied to `cases.jsonl` by a second pass.
+fn light_projection() -> Vec<usize> {
+    let schema = crate::contract::arrow::enriched_case_schema();
+    (0..schema.fields().len())
+        .filter(|&i| {
+            !matches!(
+                schema.field(i).name().as_str(),
+                "provenance" | "mapping_audit" | "notes"
+            )
+        })
+        .collect()
+}
+
+fn load_cases_with(path: &Path, light: bool) -> Result<Corpus> {
+    use crate::corpus::reader::{CorpusReader, ReadOptions};
+    // Batch by batch: only one Arrow batch is alive next to the cases.
+    let opts = ReadOptions {
+        projection: light.then(light_projection),
+        ..ReadOptions::default()
+    };
+    let mut reader = CorpusReader::open(path, opts)?;
     let mut cases = Vec::new();
-    for b in &loaded.batches {
-        cases.extend(AttackCase::from_batch(b)?);
+    for batch in reader.by_ref() {
+        cases.extend(AttackCase::from_batch(&batch?)?);
     }
+    let report = reader.finish()?.into_result()?;
     Ok(Corpus {
         path: path.to_path_buf(),
-        sha256: loaded.report.sha256,
+        sha256: report.sha256,
         cases,
+    })
+}
+
+/// Second pass over the corpus, batch by batch with every column: the selected cases,
+/// enriched when the corpus is not, in corpus order.
+fn write_selected_cases(
+    source: &Path,
+    selected: &Selected,
+    taxonomy: Option<&crate::taxonomy::Taxonomy>,
+    out: &Path,
+) -> Result<()> {
+    use crate::corpus::reader::{CorpusReader, ReadOptions};
+    let ids: HashSet<&str> = selected
+        .selected_case_ids
+        .iter()
+        .map(String::as_str)
+        .collect();
+    let mut reader = CorpusReader::open(source, ReadOptions::default())?;
+    crate::atomic::write_with(out, |push| {
+        for batch in reader.by_ref() {
+            for case in AttackCase::from_batch(&batch?)? {
+                if ids.contains(case.case_id.as_str()) {
+                    let case = match taxonomy {
+                        Some(t) => t.enrich(&case),
+                        None => case,
+                    };
+                    push(&case.to_json_line())?;
+                }
+            }
+        }
+        Ok(())
     })
 }
 
@@ -629,15 +692,13 @@ fn execute_all(
         pb
     });
     let refusals = RefusalDetector::default_pack();
-    let criteria: std::collections::HashMap<&str, Option<Compiled>> = pending
-        .iter()
-        .map(|c| {
-            (
-                c.case_id.as_str(),
-                Compiled::compile(&c.success_criteria).ok(),
-            )
-        })
-        .collect();
+    // For the live success count: criteria compiled once per distinct criteria.
+    let by_id: std::collections::HashMap<&str, &AttackCase> =
+        pending.iter().map(|c| (c.case_id.as_str(), *c)).collect();
+    let mut compiled: std::collections::HashMap<
+        crate::contract::criteria::SuccessCriteria,
+        Option<Compiled>,
+    > = std::collections::HashMap::new();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -675,16 +736,21 @@ fn execute_all(
             tally.done += 1;
             tally.errors += u64::from(record.error.is_some());
             tally.blocked += u64::from(record.blocked_by.is_some());
-            if let (Some(text), Some(Some(c))) = (
+            if let (Some(text), Some(case)) = (
                 record
                     .response_text
                     .as_deref()
                     .filter(|_| record.blocked_by.is_none()),
-                criteria.get(record.case_id.as_str()),
+                by_id.get(record.case_id.as_str()),
             ) {
-                prepared.load(text);
-                if c.eval(&Response::new(text, &prepared, refusals)).0 == Some(true) {
-                    tally.successes += 1;
+                let matcher = compiled
+                    .entry(case.success_criteria.clone())
+                    .or_insert_with(|| Compiled::compile(&case.success_criteria).ok());
+                if let Some(m) = matcher {
+                    prepared.load(text);
+                    if m.eval(&Response::new(text, &prepared, refusals)).0 == Some(true) {
+                        tally.successes += 1;
+                    }
                 }
             }
             if let Some(b) = &bar {

@@ -1,0 +1,80 @@
+//! Runner overhead: `pieval run` against a zero-latency OpenAI-compatible endpoint on
+//! 127.0.0.1 (the test server of tests/common/chat_server.rs, in this process), at
+//! concurrency 64, over a corpus of N cases (the committed corpus repeated with suffixed
+//! ids). Prints cases per second (end to end: load, select, plan, call, checkpoint,
+//! score, artifacts) and the run's peak RSS.
+//!
+//! Usage: cargo bench --bench runner_throughput [-- --cases 100000 --concurrency 64]
+//! The endpoint shares the machine's cores with pieval, as a local server would.
+
+#[path = "../tests/common/chat_server.rs"]
+mod chat_server;
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    let (n, concurrency) = (arg("--cases", 100_000), arg("--concurrency", 64));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus = tmp.path().join("cases.jsonl");
+    {
+        let source =
+            std::fs::read_to_string(root.join("data/normalized/attack_cases.enriched.jsonl"))
+                .unwrap();
+        let lines: Vec<serde_json::Value> = source
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&corpus).unwrap());
+        for i in 0..n {
+            let mut case = lines[i % lines.len()].clone();
+            let id = format!("{}-r{}", case["case_id"].as_str().unwrap(), i / lines.len());
+            case["case_id"] = id.into();
+            writeln!(out, "{case}").unwrap();
+        }
+    }
+    let server = chat_server::ChatServer::always(chat_server::Action::Answer);
+    let cfg = tmp.path().join("bench.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "experiment: {{name: bench, seed: 1, output_dir: \"{}\"}}\ndataset: {{path: \"{}\"}}\n\
+             model: {{provider: openai, name: echo, base_url: \"{}\", concurrency: {concurrency}, timeout_s: 30, max_retries: 2}}\n\
+             mitigation: {{name: none}}\n",
+            tmp.path().join("results").display(),
+            corpus.display(),
+            server.base_url()
+        ),
+    )
+    .unwrap();
+    let start = Instant::now();
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_pieval"))
+        .current_dir(root)
+        .args(["run", cfg.to_str().unwrap(), "--json"])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    let wall = start.elapsed().as_secs_f64();
+    assert!(status.success(), "pieval run failed");
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes into the struct we own.
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    let requests = server.log.lock().unwrap().requests;
+    assert_eq!(requests as usize, n, "one request per case");
+    println!(
+        "pieval run: {n} cases at concurrency {concurrency} against a zero-latency local endpoint: {wall:.2} s, {:.0} cases/s end to end, peak RSS {:.0} MiB",
+        n as f64 / wall,
+        usage.ru_maxrss as f64 / 1024.0
+    );
+}
