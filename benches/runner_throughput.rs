@@ -5,6 +5,7 @@
 //! score, artifacts) and the run's peak RSS.
 //!
 //! Usage: cargo bench --bench runner_throughput [-- --cases 100000 --concurrency 64]
+//!        cargo bench --bench runner_throughput -- --serve   (only serve; prints the URL)
 //! The endpoint shares the machine's cores with pieval, as a local server would.
 
 #[path = "../tests/common/chat_server.rs"]
@@ -24,6 +25,15 @@ fn arg(name: &str, default: usize) -> usize {
 }
 
 fn main() {
+    if std::env::args().any(|a| a == "--serve") {
+        // Serve only (for peer comparisons): print the base URL, answer until killed.
+        let server = chat_server::ChatServer::always(chat_server::Action::Answer);
+        println!("{}", server.base_url());
+        std::io::stdout().flush().unwrap();
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
+    }
     let (n, concurrency) = (arg("--cases", 100_000), arg("--concurrency", 64));
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let tmp = tempfile::tempdir().unwrap();
