@@ -29,6 +29,7 @@ pub mod engine;
 pub mod error;
 pub mod experiment;
 pub mod mitigation;
+pub mod model;
 pub mod provider;
 pub mod runner;
 pub mod taxonomy;

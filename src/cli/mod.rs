@@ -4,6 +4,7 @@
 
 mod corpus;
 mod enrich;
+mod model;
 mod output;
 mod run;
 mod runs;
@@ -60,6 +61,9 @@ enum Command {
     /// The run catalogue: list, show, diff.
     #[command(subcommand)]
     Runs(runs::Command),
+    /// Local models: pull (fetch and verify) and list.
+    #[command(subcommand)]
+    Model(model::Command),
 }
 
 /// Parse the command line and run; `Ok` carries the exit code.
@@ -81,5 +85,6 @@ pub fn main() -> Result<u8> {
         Command::Run(args) => run::run(args),
         Command::Replay(args) => run::replay(args),
         Command::Runs(cmd) => runs::run(cmd),
+        Command::Model(cmd) => model::run(cmd),
     }
 }

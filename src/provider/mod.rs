@@ -6,6 +6,7 @@
 //!   backoff and jitter that honour `Retry-After`, and a requests-per-minute limit.
 //! - [`replay::ReplayProvider`]: the responses of a predictions file or an earlier run.
 
+pub mod local;
 pub mod openai;
 pub mod replay;
 

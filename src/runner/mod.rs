@@ -640,6 +640,14 @@ fn corpus_git_commit(path: &Path) -> Option<String> {
         .filter(|s| s.len() == 40)
 }
 
+/// `model.path`, or the registry model named by `model.name` (pulled on first use).
+pub fn local_model_path(cfg: &Config) -> Result<PathBuf> {
+    match &cfg.model.path {
+        Some(p) => Ok(p.clone()),
+        None => crate::model::ensure(&cfg.model.name, &mut |line| eprintln!("{line}")),
+    }
+}
+
 enum Backend {
     Call(Box<dyn Provider>),
     Replay(ReplayProvider),
@@ -660,9 +668,21 @@ fn backend(cfg: &Config) -> Result<Backend> {
             let source = resolve_source(spec, &cfg.experiment.output_dir)?;
             Ok(Backend::Replay(ReplayProvider::open(&source)?))
         }
-        ProviderKind::Local => Err(Error::Usage(
-            "provider: local (the embedded GGUF model) is not available in this build yet; use provider: openai against a local server (llama.cpp, Ollama, vLLM) or execution_mode: dry_run".into(),
-        )),
+        ProviderKind::Local => {
+            let path = local_model_path(cfg)?;
+            let model = crate::provider::local::LocalModel::load(&path)?;
+            Ok(Backend::Call(Box::new(
+                crate::provider::local::LocalProvider::new(
+                    model,
+                    crate::provider::local::GenerationConfig {
+                        max_tokens: cfg.model.max_tokens,
+                        temperature: cfg.model.temperature,
+                        top_p: cfg.model.top_p,
+                        seed: cfg.experiment.seed,
+                    },
+                ),
+            )))
+        }
     }
 }
 

@@ -1,0 +1,284 @@
+//! `provider: local`: a llama-architecture GGUF run in process with candle
+//! (`candle_transformers::models::quantized_llama`), the tokenizer built from the GGUF's
+//! metadata, the ChatML template of SmolLM2, greedy decoding by default (temperature /
+//! top-p with the experiment seed otherwise), stopping at end-of-turn or `max_tokens`.
+//!
+//! Hostile text cannot forge control tokens: message contents are tokenized with special
+//! tokens encoded as plain text; only the template inserts `<|im_start|>` / `<|im_end|>`.
+//!
+//! Tokenizer fix: candle maps SmolLM2's `pre = "smollm"` to GPT-2 splitting; SmolLM2's own
+//! pre-tokenizer is `Sequence[Digits(individual_digits), ByteLevel(add_prefix_space=false)]`,
+//! which gives llama.cpp's ids exactly (tested against its `llama-tokenize` output).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use candle_core::quantized::gguf_file;
+use candle_core::quantized::tokenizer::TokenizerFromGguf;
+use candle_core::{Device, Tensor};
+use candle_transformers::generation::{LogitsProcessor, Sampling};
+use candle_transformers::models::quantized_llama::ModelWeights;
+use tokenizers::Tokenizer;
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+
+use super::{CallError, Completion, Provider};
+use crate::error::{Error, Result};
+use crate::mitigation::Message;
+
+const DEFAULT_SYSTEM: &str = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+
+/// Generation settings.
+#[derive(Clone, Debug)]
+pub struct GenerationConfig {
+    pub max_tokens: u32,
+    pub temperature: f64,
+    pub top_p: Option<f64>,
+    pub seed: u64,
+}
+
+pub struct LocalModel {
+    model: ModelWeights,
+    tokenizer: Tokenizer,
+    im_start: u32,
+    im_end: u32,
+    /// Other tokens that end generation (`<|endoftext|>`).
+    stops: Vec<u32>,
+    context: usize,
+    pub path: PathBuf,
+}
+
+/// Token counts and times of one generation.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Generated {
+    pub text: String,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub prompt_secs: f64,
+    pub generation_secs: f64,
+}
+
+fn wrap(path: &Path, what: &str, e: impl std::fmt::Display) -> Error {
+    Error::config(path, format!("{what}: {e}"))
+}
+
+impl LocalModel {
+    /// Load a GGUF; a missing, truncated or foreign file is a clear error.
+    pub fn load(path: &Path) -> Result<Self> {
+        let mut file =
+            std::fs::File::open(path).map_err(|e| Error::io(path, "cannot open model", e))?;
+        let content = gguf_file::Content::read(&mut file)
+            .map_err(|e| wrap(path, "not a readable GGUF file", e))?;
+        let arch = content
+            .metadata
+            .get("general.architecture")
+            .and_then(|v| v.to_string().ok())
+            .cloned()
+            .unwrap_or_default();
+        if arch != "llama" {
+            return Err(wrap(
+                path,
+                "unsupported model",
+                format!("architecture {arch:?}; provider local runs llama-architecture GGUFs"),
+            ));
+        }
+        let context = content
+            .metadata
+            .get("llama.context_length")
+            .and_then(|v| v.to_u32().ok())
+            .unwrap_or(2048) as usize;
+        let mut tokenizer = Tokenizer::from_gguf(&content)
+            .map_err(|e| wrap(path, "cannot build the tokenizer from the GGUF metadata", e))?;
+        tokenizer.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(Sequence::new(vec![
+            PreTokenizerWrapper::Digits(Digits::new(true)),
+            PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true)),
+        ]))));
+        tokenizer.set_encode_special_tokens(true);
+        let id = |t: &str| {
+            tokenizer.token_to_id(t).ok_or_else(|| {
+                wrap(
+                    path,
+                    "tokenizer",
+                    format!("no {t} token: not a ChatML model"),
+                )
+            })
+        };
+        let (im_start, im_end) = (id("<|im_start|>")?, id("<|im_end|>")?);
+        let stops = tokenizer.token_to_id("<|endoftext|>").into_iter().collect();
+        let model = ModelWeights::from_gguf(content, &mut file, &Device::Cpu).map_err(|e| {
+            wrap(
+                path,
+                "cannot load the model weights (truncated or corrupt GGUF?)",
+                e,
+            )
+        })?;
+        Ok(Self {
+            model,
+            tokenizer,
+            im_start,
+            im_end,
+            stops,
+            context,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Token ids of text, special-token strings encoded as plain text.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        self.tokenizer
+            .encode(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| wrap(&self.path, "tokenize", e))
+    }
+
+    /// The ChatML prompt of SmolLM2's template (a default system message when none).
+    pub fn chat_prompt(&self, messages: &[Message]) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        let turn = |role: &str, content: &str, ids: &mut Vec<u32>| -> Result<()> {
+            ids.push(self.im_start);
+            ids.extend(self.encode(&format!("{role}\n{content}"))?);
+            ids.push(self.im_end);
+            ids.extend(self.encode("\n")?);
+            Ok(())
+        };
+        if messages.first().is_none_or(|m| m.role != "system") {
+            turn("system", DEFAULT_SYSTEM, &mut ids)?;
+        }
+        for m in messages {
+            turn(m.role, &m.content, &mut ids)?;
+        }
+        ids.push(self.im_start);
+        ids.extend(self.encode("assistant\n")?);
+        Ok(ids)
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.tokenizer
+            .decode(ids, true)
+            .map_err(|e| wrap(&self.path, "detokenize", e))
+    }
+
+    /// Generate an answer to chat messages.
+    pub fn generate(&mut self, messages: &[Message], cfg: &GenerationConfig) -> Result<Generated> {
+        let prompt = self.chat_prompt(messages)?;
+        let max_new = cfg.max_tokens as usize;
+        if prompt.len() + max_new > self.context {
+            return Err(Error::Usage(format!(
+                "the prompt is {} tokens; with max_tokens {max_new} it exceeds the model's context of {}",
+                prompt.len(),
+                self.context
+            )));
+        }
+        let sampling = if cfg.temperature <= 0.0 {
+            Sampling::ArgMax
+        } else {
+            match cfg.top_p {
+                Some(p) => Sampling::TopP {
+                    p,
+                    temperature: cfg.temperature,
+                },
+                None => Sampling::All {
+                    temperature: cfg.temperature,
+                },
+            }
+        };
+        let mut logits_processor = LogitsProcessor::from_sampling(cfg.seed, sampling);
+        let err = |e: candle_core::Error| wrap(&self.path, "generation failed", e);
+        let start = Instant::now();
+        let input = Tensor::new(prompt.as_slice(), &Device::Cpu)
+            .and_then(|t| t.unsqueeze(0))
+            .map_err(err)?;
+        // index_pos 0 starts a fresh sequence (the KV cache is replaced).
+        let logits = self
+            .model
+            .forward(&input, 0)
+            .and_then(|l| l.squeeze(0))
+            .map_err(err)?;
+        let mut next = logits_processor.sample(&logits).map_err(err)?;
+        let prompt_secs = start.elapsed().as_secs_f64();
+        let gen_start = Instant::now();
+        let mut out = Vec::new();
+        while out.len() < max_new {
+            if next == self.im_end || self.stops.contains(&next) {
+                break;
+            }
+            out.push(next);
+            if out.len() == max_new {
+                break;
+            }
+            let input = Tensor::new(&[next], &Device::Cpu)
+                .and_then(|t| t.unsqueeze(0))
+                .map_err(err)?;
+            let logits = self
+                .model
+                .forward(&input, prompt.len() + out.len() - 1)
+                .and_then(|l| l.squeeze(0))
+                .map_err(err)?;
+            next = logits_processor.sample(&logits).map_err(err)?;
+        }
+        Ok(Generated {
+            text: self.decode(&out)?,
+            prompt_tokens: prompt.len(),
+            completion_tokens: out.len(),
+            prompt_secs,
+            generation_secs: gen_start.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+/// The provider: one model, requests served one at a time (candle uses every core for
+/// each forward pass).
+pub struct LocalProvider {
+    model: Arc<Mutex<LocalModel>>,
+    cfg: GenerationConfig,
+}
+
+impl LocalProvider {
+    pub fn new(model: LocalModel, cfg: GenerationConfig) -> Self {
+        Self {
+            model: Arc::new(Mutex::new(model)),
+            cfg,
+        }
+    }
+}
+
+#[async_trait]
+impl Provider for LocalProvider {
+    fn name(&self) -> &str {
+        "local"
+    }
+
+    async fn complete(
+        &self,
+        _case_id: &str,
+        messages: &[Message],
+    ) -> Result<Completion, CallError> {
+        let start = Instant::now();
+        let (model, cfg, messages) = (Arc::clone(&self.model), self.cfg.clone(), messages.to_vec());
+        let result = tokio::task::spawn_blocking(move || {
+            let mut model = model.lock().unwrap_or_else(|p| p.into_inner());
+            model.generate(&messages, &cfg)
+        })
+        .await
+        .unwrap_or_else(|e| Err(Error::Usage(format!("the model thread failed: {e}"))));
+        let latency_ms = start.elapsed().as_secs_f64() * 1e3;
+        match result {
+            Ok(g) => Ok(Completion {
+                text: g.text,
+                latency_ms,
+                attempts: 1,
+                prompt_tokens: Some(g.prompt_tokens as u64),
+                completion_tokens: Some(g.completion_tokens as u64),
+            }),
+            Err(e) => Err(CallError {
+                message: e.to_string(),
+                latency_ms,
+                attempts: 1,
+            }),
+        }
+    }
+}
