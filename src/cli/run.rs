@@ -121,6 +121,15 @@ fn summary_text(o: &RunOutcome) -> String {
             s.push('\n');
         }
     }
+    let sp = &o.speed;
+    if let (Some(p), Some(g)) = (sp.prompt_tokens_per_s, sp.generation_tokens_per_s) {
+        s.push_str(&format!(
+            "model speed: prompt {p:.0} tok/s ({} tokens), generation {g:.0} tok/s ({} tokens), {:.1} cases/minute\n",
+            sp.prompt_tokens,
+            sp.completion_tokens,
+            sp.cases_per_minute.unwrap_or(0.0)
+        ));
+    }
     s.push_str(&format!("artifacts: {}", o.dir.display()));
     s
 }
@@ -192,6 +201,7 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
             resumed: 0,
             errors: scored.predictions.provider_errors,
             blocked: 0,
+            speed: runner::Speed::default(),
             score: Some(scored),
         };
         return report(&outcome, args.json);

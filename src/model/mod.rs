@@ -111,6 +111,10 @@ pub fn list() -> Vec<ModelStatus> {
 /// The cached file when present and of the right size, else a pull. `say` reports
 /// progress lines (a pull takes seconds to a minute).
 pub fn ensure(name: &str, say: &mut dyn FnMut(&str)) -> Result<PathBuf> {
+    // One pull at a time in this process (concurrent runs in other processes each pull
+    // into their own folder; the final rename is atomic).
+    static PULLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = PULLING.lock().unwrap_or_else(|p| p.into_inner());
     let spec = spec(name)?;
     let path = model_path(spec);
     if std::fs::metadata(&path).is_ok_and(|md| md.len() == spec.bytes) {
@@ -127,7 +131,11 @@ pub fn pull(spec: &ModelSpec, say: &mut dyn FnMut(&str)) -> Result<PathBuf> {
         .expect("a model path has a folder")
         .to_path_buf();
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, "cannot create model cache", e))?;
-    let work = dir.join(format!(".pull-{}", std::process::id()));
+    let work = dir.join(format!(
+        ".pull-{}-{:08x}",
+        std::process::id(),
+        fastrand::u32(..)
+    ));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).map_err(|e| Error::io(&work, "cannot create", e))?;
     let result = (|| {

@@ -273,6 +273,8 @@ impl Provider for LocalProvider {
                 attempts: 1,
                 prompt_tokens: Some(g.prompt_tokens as u64),
                 completion_tokens: Some(g.completion_tokens as u64),
+                prompt_secs: Some(g.prompt_secs),
+                generation_secs: Some(g.generation_secs),
             }),
             Err(e) => Err(CallError {
                 message: e.to_string(),

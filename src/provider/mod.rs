@@ -23,6 +23,9 @@ pub struct Completion {
     pub attempts: u32,
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
+    /// Local models: seconds spent on the prompt and on generating (for tokens/s).
+    pub prompt_secs: Option<f64>,
+    pub generation_secs: Option<f64>,
 }
 
 /// A call that failed for good (after retries): recorded on the case as `error`.

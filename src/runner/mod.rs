@@ -79,6 +79,11 @@ pub struct PredictionRecord {
     /// `known_answer`: the detection call's answer.
     #[serde(default)]
     pub probe_response: Option<String>,
+    /// Local models: seconds on the prompt and on generation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_secs: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation_secs: Option<f64>,
     #[serde(default)]
     pub completed_at: String,
 }
@@ -95,6 +100,8 @@ pub struct RunOutcome {
     pub resumed: usize,
     pub errors: u64,
     pub blocked: u64,
+    /// Tokens and tokens/s of the model calls made now; cases/minute of the call phase.
+    pub speed: Speed,
     pub score: Option<ScoreReport>,
 }
 
@@ -105,6 +112,19 @@ struct Tally {
     errors: u64,
     blocked: u64,
     successes: u64,
+    speed: Speed,
+}
+
+/// Model speed over the cases run now (local models report their own timings).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Speed {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub prompt_secs: f64,
+    pub generation_secs: f64,
+    pub prompt_tokens_per_s: Option<f64>,
+    pub generation_tokens_per_s: Option<f64>,
+    pub cases_per_minute: Option<f64>,
 }
 
 /// Run (or resume) an experiment.
@@ -222,6 +242,7 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
         resumed: resumed_ids.len(),
         errors: tally.errors,
         blocked: tally.blocked,
+        speed: tally.speed.clone(),
         score: None,
     };
     if interrupted {
@@ -234,6 +255,7 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
     }
     let report = score_run(&dir, &run_id, cfg)?;
     finish_manifest(&mut manifest, &report);
+    manifest["results"]["model_speed"] = json!(outcome.speed);
     write_manifest(&dir, &manifest)?;
     catalog.record(&catalog::RunRow::from_manifest(&manifest, &dir))?;
     outcome.status = "completed".into();
@@ -724,6 +746,7 @@ fn execute_all(
         .build()
         .map_err(|e| Error::Usage(format!("cannot start the async runtime: {e}")))?;
     let concurrency = cfg.model.concurrency.max(1);
+    let call_start = std::time::Instant::now();
     rt.block_on(async {
         let mut tally = Tally::default();
         let mut stream = futures::stream::iter(pending.iter().map(|case| {
@@ -755,6 +778,11 @@ fn execute_all(
                 .map_err(|e| Error::io(&path, "cannot append to checkpoint", e))?;
             tally.done += 1;
             tally.errors += u64::from(record.error.is_some());
+            let sp = &mut tally.speed;
+            sp.prompt_tokens += record.prompt_tokens.unwrap_or(0);
+            sp.completion_tokens += record.completion_tokens.unwrap_or(0);
+            sp.prompt_secs += record.prompt_secs.unwrap_or(0.0);
+            sp.generation_secs += record.generation_secs.unwrap_or(0.0);
             tally.blocked += u64::from(record.blocked_by.is_some());
             if let (Some(text), Some(case)) = (
                 record
@@ -786,6 +814,11 @@ fn execute_all(
         if let Some(b) = &bar {
             b.finish_and_clear();
         }
+        let sp = &mut tally.speed;
+        let rate = |n: u64, secs: f64| (secs > 0.0).then(|| n as f64 / secs);
+        sp.prompt_tokens_per_s = rate(sp.prompt_tokens, sp.prompt_secs);
+        sp.generation_tokens_per_s = rate(sp.completion_tokens, sp.generation_secs);
+        sp.cases_per_minute = rate(tally.done * 60, call_start.elapsed().as_secs_f64());
         Ok((tally, false))
     })
 }
@@ -857,6 +890,8 @@ async fn execute_one(
                         rec.attempts += c.attempts;
                         rec.prompt_tokens = c.prompt_tokens;
                         rec.completion_tokens = c.completion_tokens;
+                        rec.prompt_secs = c.prompt_secs;
+                        rec.generation_secs = c.generation_secs;
                     }
                     Err(e) => fail(&mut rec, e, ""),
                 }
