@@ -220,8 +220,14 @@ impl LocalModel {
                 .map_err(err)?;
             next = logits_processor.sample(&logits).map_err(err)?;
         }
+        let mut text = self.decode(&out)?;
+        if out.len() == max_new {
+            // Cut at max_tokens inside a multi-byte character: drop the partial character.
+            let kept = text.trim_end_matches('\u{FFFD}').len();
+            text.truncate(kept);
+        }
         Ok(Generated {
-            text: self.decode(&out)?,
+            text,
             prompt_tokens: prompt.len(),
             completion_tokens: out.len(),
             prompt_secs,
