@@ -236,19 +236,32 @@ impl LocalModel {
     }
 }
 
-/// The provider: one model, requests served one at a time (candle uses every core for
-/// each forward pass).
+/// The provider: a pool of models, one request per model at a time. On a small machine
+/// one single-threaded model per core beats one model using every core (measured: two
+/// 1-thread models give 100 generated tokens/s together, one 2-thread model 71).
 pub struct LocalProvider {
-    model: Arc<Mutex<LocalModel>>,
+    models: Vec<Arc<Mutex<LocalModel>>>,
+    next: std::sync::atomic::AtomicUsize,
     cfg: GenerationConfig,
 }
 
 impl LocalProvider {
-    pub fn new(model: LocalModel, cfg: GenerationConfig) -> Self {
+    pub fn new(models: Vec<LocalModel>, cfg: GenerationConfig) -> Self {
+        assert!(!models.is_empty(), "at least one model");
         Self {
-            model: Arc::new(Mutex::new(model)),
+            models: models
+                .into_iter()
+                .map(|m| Arc::new(Mutex::new(m)))
+                .collect(),
+            next: std::sync::atomic::AtomicUsize::new(0),
             cfg,
         }
+    }
+
+    /// How many models to load for `concurrency` on this machine.
+    pub fn pool_size(concurrency: usize) -> usize {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        concurrency.min(cores).max(1)
     }
 }
 
@@ -264,10 +277,15 @@ impl Provider for LocalProvider {
         messages: &[Message],
     ) -> Result<Completion, CallError> {
         let start = Instant::now();
-        let (model, cfg, messages) = (Arc::clone(&self.model), self.cfg.clone(), messages.to_vec());
+        let first = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (models, cfg, messages) = (self.models.clone(), self.cfg.clone(), messages.to_vec());
         let result = tokio::task::spawn_blocking(move || {
-            let mut model = model.lock().unwrap_or_else(|p| p.into_inner());
-            model.generate(&messages, &cfg)
+            // A free model if there is one, else wait for this request's turn.
+            let n = models.len();
+            let mut guard = (0..n)
+                .find_map(|k| models[(first + k) % n].try_lock().ok())
+                .unwrap_or_else(|| models[first % n].lock().unwrap_or_else(|p| p.into_inner()));
+            guard.generate(&messages, &cfg)
         })
         .await
         .unwrap_or_else(|e| Err(Error::Usage(format!("the model thread failed: {e}"))));

@@ -691,11 +691,21 @@ fn backend(cfg: &Config) -> Result<Backend> {
             Ok(Backend::Replay(ReplayProvider::open(&source)?))
         }
         ProviderKind::Local => {
+            use crate::provider::local::{LocalModel, LocalProvider};
             let path = local_model_path(cfg)?;
-            let model = crate::provider::local::LocalModel::load(&path)?;
+            let n = LocalProvider::pool_size(cfg.model.concurrency);
+            if n > 1 && std::env::var_os("RAYON_NUM_THREADS").is_none() {
+                // One single-threaded model per core. SAFETY: set before any model code
+                // runs and before the async runtime starts; no other thread of pieval
+                // reads or writes the environment at this point.
+                unsafe { std::env::set_var("RAYON_NUM_THREADS", "1") };
+            }
+            let models = (0..n)
+                .map(|_| LocalModel::load(&path))
+                .collect::<Result<Vec<_>>>()?;
             Ok(Backend::Call(Box::new(
                 crate::provider::local::LocalProvider::new(
-                    model,
+                    models,
                     crate::provider::local::GenerationConfig {
                         max_tokens: cfg.model.max_tokens,
                         temperature: cfg.model.temperature,
