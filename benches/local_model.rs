@@ -12,14 +12,9 @@ use std::path::Path;
 use pieval::experiment::config::MitigationName;
 use pieval::provider::local::{GenerationConfig, LocalModel};
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+#[path = "support/args.rs"]
+mod args;
+use args::arg;
 
 fn main() {
     let (n, max_tokens) = (arg("--cases", 8), arg("--max-tokens", 64));

@@ -15,14 +15,9 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+#[path = "support/args.rs"]
+mod args;
+use args::arg;
 
 fn main() {
     if std::env::args().any(|a| a == "--serve") {

@@ -226,15 +226,7 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
         config.experiment.seed,
         config.experiment.sample_size,
     )?;
-    let recorded: Vec<String> = manifest
-        .pointer("/dataset_snapshot/selected_case_ids")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|v| v.as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
+    let recorded = runner::recorded_case_ids(&manifest);
     if selected.selected_case_ids != recorded {
         return Err(Error::Usage(format!(
             "cannot replay {run_id}: the selection differs ({} case(s) now, {} recorded)",

@@ -160,15 +160,7 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
             let dir = output_dir.join(id);
             let manifest = read_manifest(&dir)?;
             check_resumable(&manifest, &loaded, &corpus.sha256, &dir)?;
-            let ids: Vec<String> = manifest
-                .pointer("/dataset_snapshot/selected_case_ids")
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|v| v.as_str().map(str::to_owned))
-                        .collect()
-                })
-                .unwrap_or_default();
+            let ids = recorded_case_ids(&manifest);
             let selected = selection_from_ids(&corpus.cases, &ids, &dir)?;
             let done = read_checkpoint(&dir.join("predictions.jsonl"))?;
             (id.clone(), dir, selected, done)
@@ -429,6 +421,19 @@ pub fn read_manifest(dir: &Path) -> Result<Value> {
             format!("not a valid manifest: {e}"),
         )
     })
+}
+
+/// The selected case ids a manifest records.
+pub fn recorded_case_ids(manifest: &Value) -> Vec<String> {
+    manifest
+        .pointer("/dataset_snapshot/selected_case_ids")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 pub fn write_manifest(dir: &Path, manifest: &Value) -> Result<()> {
@@ -794,7 +799,8 @@ fn execute_all(
             sp.prompt_secs += record.prompt_secs.unwrap_or(0.0);
             sp.generation_secs += record.generation_secs.unwrap_or(0.0);
             tally.blocked += u64::from(record.blocked_by.is_some());
-            if let (Some(text), Some(case)) = (
+            if let (Some(_), Some(text), Some(case)) = (
+                &bar,
                 record
                     .response_text
                     .as_deref()
@@ -910,4 +916,41 @@ async fn execute_one(
     }
     rec.completed_at = crate::text::utc_rfc3339(crate::text::unix_now());
     rec
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(id: &str) -> String {
+        let r = PredictionRecord {
+            case_id: id.into(),
+            ..PredictionRecord::default()
+        };
+        format!("{}\n", serde_json::to_string(&r).unwrap())
+    }
+
+    #[test]
+    fn a_torn_tail_is_cut_and_a_corrupt_line_is_located() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("predictions.jsonl");
+        std::fs::write(&p, format!("{}{}{{\"case_id\":\"to", line("a"), line("b"))).unwrap();
+        let done = read_checkpoint(&p).unwrap();
+        assert_eq!(done.len(), 2);
+        assert_eq!(
+            std::fs::read_to_string(&p).unwrap(),
+            format!("{}{}", line("a"), line("b"))
+        );
+        std::fs::write(&p, format!("{}not json\n{}", line("a"), line("b"))).unwrap();
+        let e = read_checkpoint(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("predictions.jsonl:2") && e.contains("corrupt checkpoint"),
+            "{e}"
+        );
+        assert!(
+            read_checkpoint(&dir.path().join("none.jsonl"))
+                .unwrap()
+                .is_empty()
+        );
+    }
 }
