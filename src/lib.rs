@@ -15,6 +15,8 @@
 //! - [`provider`]: model clients (OpenAI-compatible HTTP, replay).
 //! - [`runner`]: select → mitigate → call → checkpoint → score → artifacts; the run
 //!   catalogue.
+//! - [`evidence`]: the SQL control catalogue, DSSE / in-toto envelopes, verification.
+//! - [`export`]: the warehouse layouts (Hive-partitioned Parquet, SQLite).
 //! - [`cli`]: the command surface; the only module that prints.
 //!
 //! Modules depend downward only: `cli` → `runner` → (`provider`, `mitigation`,
@@ -27,7 +29,9 @@ pub mod corpus;
 pub mod detect;
 pub mod engine;
 pub mod error;
+pub mod evidence;
 pub mod experiment;
+pub mod export;
 pub mod mitigation;
 pub mod model;
 pub mod provider;

@@ -2,8 +2,11 @@
 //! Each subcommand lives in its own file and returns the process exit code; this is
 //! the only module that writes to stdout.
 
+mod controls;
 mod corpus;
 mod enrich;
+mod export;
+mod keygen;
 mod model;
 mod output;
 mod run;
@@ -11,6 +14,7 @@ mod runs;
 mod score;
 mod sql;
 mod validate;
+mod verify;
 
 use clap::{Parser, Subcommand};
 
@@ -61,6 +65,15 @@ enum Command {
     /// The run catalogue: list, show, diff.
     #[command(subcommand)]
     Runs(runs::Command),
+    /// Run the control catalogue (queries/controls/*.sql) over a run: controls.parquet,
+    /// Parquet evidence and DSSE / in-toto envelopes under results/<run_id>/controls/.
+    Controls(controls::Args),
+    /// Make an Ed25519 key pair for signing control envelopes.
+    Keygen(keygen::Args),
+    /// Check envelopes: the signature and every subject's sha256.
+    Verify(verify::Args),
+    /// Export runs to a warehouse layout: Hive-partitioned Parquet or one SQLite file.
+    Export(export::Args),
     /// Local models: pull (fetch and verify) and list.
     #[command(subcommand)]
     Model(model::Command),
@@ -85,6 +98,10 @@ pub fn main() -> Result<u8> {
         Command::Run(args) => run::run(args),
         Command::Replay(args) => run::replay(args),
         Command::Runs(cmd) => runs::run(cmd),
+        Command::Controls(args) => controls::run(args),
+        Command::Keygen(args) => keygen::run(args),
+        Command::Verify(args) => verify::run(args),
+        Command::Export(args) => export::run(args),
         Command::Model(cmd) => model::run(cmd),
     }
 }

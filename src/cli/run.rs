@@ -148,15 +148,19 @@ pub struct ReplayArgs {
     json: bool,
 }
 
-/// A run folder from a run id or a path (ids cannot escape the results folder).
+/// A run folder from a run id or a path (ids cannot escape the results folder). A run
+/// folder holds a `manifest.json` (`pieval run`) or a `case_results.parquet` (`pieval
+/// score`).
 pub fn run_dir(spec: &str, results: &Path) -> Result<PathBuf> {
+    let is_run =
+        |d: &Path| d.join("manifest.json").is_file() || d.join("case_results.parquet").is_file();
     let p = PathBuf::from(spec);
-    if p.join("manifest.json").is_file() {
+    if is_run(&p) {
         return Ok(p);
     }
     crate::engine::score::check_run_id(spec)?;
     let dir = results.join(spec);
-    if dir.join("manifest.json").is_file() {
+    if is_run(&dir) {
         Ok(dir)
     } else {
         Err(Error::Usage(format!(

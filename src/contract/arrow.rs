@@ -92,6 +92,39 @@ pub fn findings_schema() -> SchemaRef {
     ))
 }
 
+/// `controls.parquet`: one row per control of a run (`pieval controls`).
+pub fn controls_schema() -> SchemaRef {
+    let text = |name: &str, nullable: bool| Field::new(name, DataType::Utf8, nullable);
+    let int = |name: &str| Field::new(name, DataType::Int64, false);
+    let float = |name: &str, nullable: bool| Field::new(name, DataType::Float64, nullable);
+    Arc::new(Schema::new(vec![
+        text("run_id", false),
+        text("control_id", false),
+        text("title", false),
+        text("status", false),
+        text("statistic", false),
+        text("comparator", false),
+        float("threshold", false),
+        float("measured", true),
+        int("n"),
+        int("k"),
+        int("undecided"),
+        float("ci_low", true),
+        float("ci_high", true),
+        int("min_n"),
+        text("group_key", true),
+        text("groups", false),
+        int("evidence_rows"),
+        text("evidence_sha256", false),
+        text("query_sha256", false),
+        text("envelope_sha256", false),
+        text("references", false),
+        Field::new("signed", DataType::Boolean, false),
+        text("key_id", true),
+        text("evaluated_at", false),
+    ]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

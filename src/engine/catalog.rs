@@ -1,6 +1,6 @@
 //! The tables every pieval session can query: `attack_cases` (the enriched corpus when
 //! present), and, across every run under the results folder, `case_results`,
-//! `findings`, `summaries` and `runs` — each row tagged with its `run_id`. Plus any
+//! `findings`, `controls`, `summaries` and `runs` — each row tagged with its `run_id`. Plus any
 //! file the user registers (Parquet, JSONL, CSV, by extension).
 
 use std::path::{Path, PathBuf};
@@ -228,6 +228,14 @@ pub async fn register_standard_tables(
         "findings.parquet",
         &runs,
         findings_schema(),
+    )
+    .await?;
+    register_runs_parquet(
+        ctx,
+        "controls",
+        "controls/controls.parquet",
+        &runs,
+        crate::contract::arrow::controls_schema(),
     )
     .await?;
     ctx.register_table("summaries", Arc::new(summaries_table(&runs)?))?;

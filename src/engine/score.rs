@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, AsArray, RecordBatch, StringArray};
-use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::json::WriterBuilder;
 use datafusion::arrow::json::writer::LineDelimited;
 use datafusion::datasource::MemTable;
@@ -349,23 +349,78 @@ async fn results_session(case_results: &Path) -> Result<datafusion::prelude::Ses
 pub async fn write_findings(case_results: &Path, out: &Path) -> Result<()> {
     let ctx = results_session(case_results).await?;
     let df = ctx.sql(FINDINGS_SQL).await?;
-    let schema = Arc::new(df.schema().as_arrow().clone());
-    let tmp = temp_path(out)?;
-    let result = async {
+    write_parquet(df, out).await.map(|_| ())
+}
+
+/// A Parquet file written under a temporary name (zstd, bounded row groups) and renamed
+/// over its target by [`ParquetFile::commit`]; dropped uncommitted, it leaves nothing.
+pub struct ParquetFile {
+    path: PathBuf,
+    tmp: PathBuf,
+    writer: Option<ArrowWriter<File>>,
+    rows: u64,
+}
+
+impl ParquetFile {
+    pub fn create(path: &Path, schema: SchemaRef) -> Result<Self> {
+        let tmp = temp_path(path)?;
         let file = File::create(&tmp).map_err(|e| Error::io(&tmp, "cannot create", e))?;
-        let mut writer = ArrowWriter::try_new(file, schema, Some(writer_properties()?))?;
-        let mut stream = df.execute_stream().await?;
-        while let Some(batch) = stream.next().await {
-            writer.write(&batch?)?;
+        let writer = ArrowWriter::try_new(file, schema, Some(writer_properties()?));
+        let mut this = Self {
+            path: path.to_path_buf(),
+            tmp,
+            writer: None,
+            rows: 0,
+        };
+        this.writer = Some(writer?);
+        Ok(this)
+    }
+
+    pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        self.rows += batch.num_rows() as u64;
+        self.writer
+            .as_mut()
+            .expect("open until committed")
+            .write(batch)?;
+        Ok(())
+    }
+
+    /// Close and rename into place; the number of rows written.
+    pub fn commit(mut self) -> Result<u64> {
+        if let Some(w) = self.writer.take() {
+            w.close()?;
         }
-        writer.close()?;
-        std::fs::rename(&tmp, out).map_err(|e| Error::io(out, "cannot replace", e))
+        std::fs::rename(&self.tmp, &self.path)
+            .map_err(|e| Error::io(&self.path, "cannot replace", e))?;
+        Ok(self.rows)
     }
-    .await;
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+}
+
+impl Drop for ParquetFile {
+    fn drop(&mut self) {
+        // Committed files were renamed away; this only removes an abandoned one.
+        let _ = std::fs::remove_file(&self.tmp);
     }
-    result
+}
+
+/// Stream a query's result into a Parquet file, atomically ([`ParquetFile`]). Returns
+/// the number of rows written.
+pub async fn write_parquet(df: datafusion::dataframe::DataFrame, out: &Path) -> Result<u64> {
+    let mut file = ParquetFile::create(out, Arc::new(df.schema().as_arrow().clone()))?;
+    let mut stream = df.execute_stream().await?;
+    while let Some(batch) = stream.next().await {
+        file.write(&batch?)?;
+    }
+    file.commit()
+}
+
+/// Write record batches (all of `schema`) into a Parquet file, atomically.
+pub fn write_batches(schema: SchemaRef, batches: &[RecordBatch], out: &Path) -> Result<()> {
+    let mut file = ParquetFile::create(out, schema)?;
+    for batch in batches {
+        file.write(batch)?;
+    }
+    file.commit().map(|_| ())
 }
 
 /// `queries/summary.sql` and `queries/metrics/totals.sql` → summary.json's

@@ -1,0 +1,59 @@
+//! `pieval export [RUN...] --to DIR [--format parquet|sqlite]`.
+
+use std::path::PathBuf;
+
+use crate::cli::output;
+use crate::cli::run::run_dir;
+use crate::error::Result;
+use crate::export::{Format, SQLITE_FILE, export};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Run ids under --results or run folders; default: every run under --results.
+    runs: Vec<String>,
+    /// The warehouse folder (created when missing).
+    #[arg(long)]
+    to: PathBuf,
+    /// Hive-partitioned Parquet tables, or one SQLite file (DIR/pieval.sqlite).
+    #[arg(long, value_enum, default_value = "parquet")]
+    format: Format,
+    #[arg(long, default_value = "results")]
+    results: PathBuf,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: Args) -> Result<u8> {
+    let runs: Vec<PathBuf> = if args.runs.is_empty() {
+        crate::engine::catalog::run_dirs(&args.results)
+    } else {
+        args.runs
+            .iter()
+            .map(|r| run_dir(r, &args.results))
+            .collect::<Result<_>>()?
+    };
+    let report = export(&runs, &args.to, args.format)?;
+    if args.json {
+        return output::json(&report).map(|_| 0);
+    }
+    let rows: Vec<Vec<String>> = report
+        .runs
+        .iter()
+        .map(|r| {
+            let tables: Vec<String> = r.tables.iter().map(|(t, n)| format!("{t} {n}")).collect();
+            vec![
+                r.run_id.clone(),
+                r.run_date.clone(),
+                r.model_name.clone(),
+                tables.join(", "),
+            ]
+        })
+        .collect();
+    let mut text = output::table(&["run", "run_date", "model_name", "rows per table"], &rows);
+    text.push_str(&match args.format {
+        Format::Parquet => format!("\nHive-partitioned Parquet under {}", args.to.display()),
+        Format::Sqlite => format!("\nSQLite: {}", args.to.join(SQLITE_FILE).display()),
+    });
+    output::stdout_line(&text)?;
+    Ok(0)
+}

@@ -1,0 +1,686 @@
+//! `pieval controls RUN`: run the control catalogue over one run's results and write,
+//! under `results/<run_id>/controls/`, `controls.parquet` (one row per control),
+//! `evidence/<control_id>.parquet` (the case rows behind each result) and
+//! `envelopes/<control_id>.json` (a DSSE envelope around an in-toto Statement binding
+//! the result to the digests of the evidence, the case results, the manifest and the
+//! run's corpus records).
+//!
+//! All of it is written into a staging folder first and renamed into place at the end:
+//! a failure leaves the previous `controls/` (or none) untouched.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+use datafusion::datasource::MemTable;
+use datafusion::execution::context::SQLOptions;
+use datafusion::prelude::{ParquetReadOptions, SessionContext};
+use datafusion::sql::parser::DFParser;
+use ed25519_dalek::SigningKey;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::catalog::{Control, Statistic};
+use super::dsse::{Envelope, PAYLOAD_TYPE, key_id};
+use crate::contract::arrow::{controls_schema, findings_schema};
+use crate::corpus::reader::sha256_file;
+use crate::engine::score::{write_batches, write_parquet};
+use crate::error::{Error, Result};
+
+/// in-toto Statement v1.
+pub const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
+/// The predicate type of a pieval control result.
+pub const PREDICATE_TYPE: &str = "https://pieval.dev/attestation/control-result/v1";
+
+/// Where a control landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Pass,
+    /// Fewer than `min_n` cases (or none) to judge by.
+    #[value(name = "insufficient_data")]
+    InsufficientData,
+    /// It would pass, but undecided rows (judge cases, manual review) are in scope.
+    #[value(name = "needs_review")]
+    NeedsReview,
+    Fail,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pass => "pass",
+            Self::InsufficientData => "insufficient_data",
+            Self::NeedsReview => "needs_review",
+            Self::Fail => "fail",
+        }
+    }
+}
+
+/// The Wilson score interval (95%) of k successes in n, as in `queries/summary.sql`:
+/// exact at the edges and clamped to [0, 1].
+pub fn wilson(k: u64, n: u64) -> Option<(f64, f64)> {
+    if n == 0 {
+        return None;
+    }
+    let (kf, nf) = (k as f64, n as f64);
+    let p = kf / nf;
+    let z2 = 3.8416_f64; // 1.96 squared
+    let centre = p + z2 / (2.0 * nf);
+    let spread = z2.sqrt() * (p * (1.0 - p) / nf + z2 / (4.0 * nf * nf)).sqrt();
+    let denom = 1.0 + z2 / nf;
+    let low = if k == 0 {
+        0.0
+    } else {
+        ((centre - spread) / denom).max(0.0)
+    };
+    let high = if k == n {
+        1.0
+    } else {
+        ((centre + spread) / denom).min(1.0)
+    };
+    Some((low, high))
+}
+
+/// One group of a control's result (the only group when the result is not grouped).
+#[derive(Debug, Clone, Serialize)]
+pub struct GroupResult {
+    pub group_key: Option<String>,
+    pub status: Status,
+    pub measured: Option<f64>,
+    pub n: u64,
+    pub k: u64,
+    pub undecided: u64,
+    pub ci_low: Option<f64>,
+    pub ci_high: Option<f64>,
+}
+
+/// Judge `k` of `n` by the control's statistic, comparator, threshold and `min_n`.
+pub fn judge(
+    control: &Control,
+    group_key: Option<String>,
+    n: u64,
+    k: u64,
+    undecided: u64,
+) -> GroupResult {
+    let interval = wilson(k, n);
+    let measured = match control.statistic {
+        Statistic::WilsonUpper => interval.map(|i| i.1),
+        Statistic::WilsonLower => interval.map(|i| i.0),
+        Statistic::Rate => (n > 0).then(|| k as f64 / n as f64),
+        Statistic::Count => Some(k as f64),
+    };
+    let status = match measured {
+        _ if n < control.min_n => Status::InsufficientData,
+        None => Status::InsufficientData,
+        Some(m) if !control.comparator.holds(m, control.threshold) => Status::Fail,
+        Some(_) if undecided > 0 => Status::NeedsReview,
+        Some(_) => Status::Pass,
+    };
+    GroupResult {
+        group_key,
+        status,
+        measured,
+        n,
+        k,
+        undecided,
+        ci_low: interval.map(|i| i.0),
+        ci_high: interval.map(|i| i.1),
+    }
+}
+
+/// The group that decides a control: the worst status, then the furthest on the
+/// failing side.
+pub fn deciding(control: &Control, groups: &[GroupResult]) -> usize {
+    let mut best = 0;
+    for (i, g) in groups.iter().enumerate().skip(1) {
+        let b = &groups[best];
+        let worse = g.status > b.status
+            || (g.status == b.status
+                && control
+                    .comparator
+                    .badness(g.measured.unwrap_or(f64::NEG_INFINITY))
+                    > control
+                        .comparator
+                        .badness(b.measured.unwrap_or(f64::NEG_INFINITY)));
+        if worse {
+            best = i;
+        }
+    }
+    best
+}
+
+/// One evaluated control.
+#[derive(Debug, Clone, Serialize)]
+pub struct ControlResult {
+    pub control: Control,
+    /// The deciding group (see [`deciding`]); `groups` holds them all.
+    pub result: GroupResult,
+    pub groups: Vec<GroupResult>,
+    pub evidence_rows: u64,
+    pub evidence_sha256: String,
+    pub envelope_sha256: String,
+}
+
+/// What `pieval controls` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct ControlsReport {
+    pub run_id: String,
+    /// `results/<run_id>/controls`.
+    pub dir: PathBuf,
+    pub key_id: Option<String>,
+    pub evaluated_at: String,
+    pub controls: Vec<ControlResult>,
+}
+
+impl ControlsReport {
+    pub fn count(&self, status: Status) -> usize {
+        self.controls
+            .iter()
+            .filter(|c| c.result.status == status)
+            .count()
+    }
+}
+
+/// The files of a run that every envelope names as subjects, with their digests.
+fn run_subjects(run: &Path) -> Result<Vec<(String, String)>> {
+    let mut subjects = Vec::new();
+    for name in ["case_results.parquet", "manifest.json", "cases.jsonl"] {
+        let path = run.join(name);
+        if path.is_file() {
+            subjects.push((name.to_owned(), sha256_file(&path)?));
+        }
+    }
+    Ok(subjects)
+}
+
+fn utf8(path: &Path) -> Result<&str> {
+    path.to_str()
+        .ok_or_else(|| Error::Usage(format!("{}: not a UTF-8 path", path.display())))
+}
+
+/// The session a control catalogue runs in: `case_results`, `findings` and
+/// `selected_cases` (the manifest's selected case ids) of this run.
+async fn control_session(run: &Path, manifest: &Value) -> Result<SessionContext> {
+    let ctx = crate::engine::session();
+    ctx.register_parquet(
+        "case_results",
+        utf8(&run.join("case_results.parquet"))?,
+        ParquetReadOptions::default(),
+    )
+    .await?;
+    let findings = run.join("findings.parquet");
+    if findings.is_file() {
+        ctx.register_parquet("findings", utf8(&findings)?, ParquetReadOptions::default())
+            .await?;
+    } else {
+        ctx.register_table(
+            "findings",
+            Arc::new(MemTable::try_new(findings_schema(), vec![vec![]])?),
+        )?;
+    }
+    let ids: Vec<Option<&str>> = manifest["dataset_snapshot"]["selected_case_ids"]
+        .as_array()
+        .map(|a| a.iter().map(Value::as_str).collect())
+        .unwrap_or_default();
+    let schema = Arc::new(Schema::new(vec![Field::new(
+        "case_id",
+        DataType::Utf8,
+        true,
+    )]));
+    let batch = RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![Arc::new(StringArray::from(ids)) as ArrayRef],
+    )?;
+    ctx.register_table(
+        "selected_cases",
+        Arc::new(MemTable::try_new(schema, vec![vec![batch]])?),
+    )?;
+    Ok(ctx)
+}
+
+/// Plan one of a control's statements, read-only.
+async fn plan(
+    ctx: &SessionContext,
+    control: &Control,
+    statement: datafusion::sql::parser::Statement,
+    what: &str,
+) -> Result<datafusion::dataframe::DataFrame> {
+    let fail = |e: datafusion::error::DataFusionError| {
+        Error::config(&control.file, format!("the {what} query cannot run: {e}"))
+    };
+    let plan = ctx
+        .state()
+        .statement_to_plan(statement)
+        .await
+        .map_err(fail)?;
+    SQLOptions::new()
+        .with_allow_ddl(false)
+        .with_allow_dml(false)
+        .with_allow_statements(false)
+        .verify_plan(&plan)
+        .map_err(fail)?;
+    ctx.execute_logical_plan(plan).await.map_err(fail)
+}
+
+/// Run one control: evidence to `evidence_path`, then the result query over it.
+async fn evaluate(
+    ctx: &SessionContext,
+    control: &Control,
+    evidence_path: &Path,
+) -> Result<(u64, Vec<GroupResult>)> {
+    let mut statements = DFParser::parse_sql(&control.sql)
+        .map_err(|e| Error::config(&control.file, format!("SQL does not parse: {e}")))?;
+    if statements.len() != 2 {
+        return Err(Error::config(
+            &control.file,
+            format!(
+                "expected two queries (evidence, then result), found {}",
+                statements.len()
+            ),
+        ));
+    }
+    let evidence_stmt = statements.pop_front().expect("two statements");
+    let result_stmt = statements.pop_front().expect("two statements");
+    let evidence = plan(ctx, control, evidence_stmt, "evidence").await?;
+    let rows = write_parquet(evidence, evidence_path).await?;
+    let _ = ctx.deregister_table("evidence")?;
+    ctx.register_parquet(
+        "evidence",
+        utf8(evidence_path)?,
+        ParquetReadOptions::default(),
+    )
+    .await?;
+    let batches = plan(ctx, control, result_stmt, "result")
+        .await?
+        .collect()
+        .await?;
+    let mut groups = Vec::new();
+    for batch in &batches {
+        let col = |name: &str| crate::engine::typed_column::<Int64Type>(batch, name);
+        let missing = |e: Error| {
+            Error::config(
+                &control.file,
+                format!("the result query must return BIGINT columns n and k: {e}"),
+            )
+        };
+        let n = col("n").map_err(missing)?;
+        let k = col("k").map_err(missing)?;
+        let undecided = batch
+            .column_by_name("undecided")
+            .map(|_| col("undecided"))
+            .transpose()?;
+        let keys = batch
+            .column_by_name("group_key")
+            .map(|_| crate::engine::utf8_column(batch, "group_key"))
+            .transpose()?;
+        for r in 0..batch.num_rows() {
+            let count = |a: &Int64Array| {
+                if a.is_null(r) {
+                    0
+                } else {
+                    a.value(r).max(0) as u64
+                }
+            };
+            let key = keys
+                .as_ref()
+                .and_then(|a| (!a.is_null(r)).then(|| a.value(r).to_owned()));
+            let undecided = undecided.as_ref().map_or(0, count);
+            groups.push(judge(control, key, count(&n), count(&k), undecided));
+        }
+    }
+    if groups.is_empty() {
+        groups.push(judge(control, None, 0, 0, 0));
+    }
+    Ok((rows, groups))
+}
+
+fn opt(v: Option<f64>) -> Value {
+    v.map_or(Value::Null, |x| json!(x))
+}
+
+fn group_json(g: &GroupResult) -> Value {
+    json!({
+        "group_key": g.group_key,
+        "status": g.status.as_str(),
+        "measured": opt(g.measured),
+        "n": g.n,
+        "k": g.k,
+        "undecided": g.undecided,
+        "ci_low": opt(g.ci_low),
+        "ci_high": opt(g.ci_high),
+    })
+}
+
+/// What every statement of one `pieval controls` invocation shares.
+struct RunContext {
+    run_id: String,
+    manifest: Value,
+    /// The run's files named as subjects, with their sha256.
+    subjects: Vec<(String, String)>,
+    evaluated_at: String,
+}
+
+/// The in-toto Statement of one control result.
+fn statement(
+    ctx: &RunContext,
+    control: &Control,
+    result: &GroupResult,
+    groups: &[GroupResult],
+    evidence: (&str, u64, &str),
+) -> Value {
+    let (subjects, manifest, run_id, evaluated_at) =
+        (&ctx.subjects, &ctx.manifest, &ctx.run_id, &ctx.evaluated_at);
+    let mut subject: Vec<Value> =
+        vec![json!({"name": evidence.0, "digest": {"sha256": evidence.2}})];
+    subject.extend(
+        subjects
+            .iter()
+            .map(|(name, sha)| json!({"name": name, "digest": {"sha256": sha}})),
+    );
+    let model = &manifest["model_snapshot"];
+    let data = &manifest["dataset_snapshot"];
+    json!({
+        "_type": STATEMENT_TYPE,
+        "subject": subject,
+        "predicateType": PREDICATE_TYPE,
+        "predicate": {
+            "control": {
+                "id": control.id,
+                "title": control.title,
+                "description": control.description,
+                "statistic": control.statistic,
+                "comparator": control.comparator.as_str(),
+                "threshold": control.threshold,
+                "min_n": control.min_n,
+                "references": control.references,
+                "query_file": control.file.file_name().map(|f| f.to_string_lossy().into_owned()),
+                "query_sha256": control.query_sha256,
+            },
+            "result": {
+                "status": result.status.as_str(),
+                "measured": opt(result.measured),
+                "n": result.n,
+                "k": result.k,
+                "undecided": result.undecided,
+                "ci_low": opt(result.ci_low),
+                "ci_high": opt(result.ci_high),
+                "interval": "wilson_95",
+                "group_key": result.group_key,
+                "groups": groups.iter().map(group_json).collect::<Vec<_>>(),
+            },
+            "evidence": {"name": evidence.0, "rows": evidence.1, "sha256": evidence.2},
+            "run": {
+                "run_id": run_id,
+                "experiment_name": manifest["config_snapshot"]["experiment"]["name"],
+                "provider": model["provider"],
+                "model_name": model["name"],
+                "mitigation": manifest["mitigation_snapshot"]["name"],
+                "seed": manifest["config_snapshot"]["experiment"]["seed"],
+                "corpus_path": data["path"],
+                "corpus_sha256": data["sha256"],
+                "git_commit": manifest["git_commit"],
+            },
+            "evaluator": {
+                "name": "pieval",
+                "version": env!("CARGO_PKG_VERSION"),
+                "git_commit": crate::runner::GIT_COMMIT,
+            },
+            "evaluated_at": evaluated_at,
+        }
+    })
+}
+
+/// Removes the staging folder unless committed.
+struct Staging(PathBuf);
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Run the catalogue over the run folder `run` (which holds `case_results.parquet`).
+pub fn run_controls(
+    run: &Path,
+    catalog: &[Control],
+    key: Option<&SigningKey>,
+) -> Result<ControlsReport> {
+    let case_results = run.join("case_results.parquet");
+    if !case_results.is_file() {
+        return Err(Error::Usage(format!(
+            "{}: no case_results.parquet; score the run first (pieval run / pieval replay --rescore)",
+            run.display()
+        )));
+    }
+    // A folder made by `pieval score` has no manifest: no run metadata, no selection.
+    let manifest = if run.join("manifest.json").is_file() {
+        crate::runner::read_manifest(run)?
+    } else {
+        Value::Null
+    };
+    let run_id = manifest["run_id"]
+        .as_str()
+        .map(str::to_owned)
+        .unwrap_or_else(|| {
+            run.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        });
+    let staging = Staging(run.join(format!(".controls.tmp-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&staging.0);
+    for sub in ["evidence", "envelopes"] {
+        let d = staging.0.join(sub);
+        std::fs::create_dir_all(&d).map_err(|e| Error::io(&d, "cannot create folder", e))?;
+    }
+    let shared = RunContext {
+        subjects: run_subjects(run)?,
+        evaluated_at: crate::text::utc_rfc3339(crate::text::unix_now()),
+        run_id,
+        manifest,
+    };
+    let key_id = key.map(|k| key_id(&k.verifying_key()));
+    let mut results = Vec::with_capacity(catalog.len());
+    crate::engine::runtime()?.block_on(async {
+        let ctx = control_session(run, &shared.manifest).await?;
+        for control in catalog {
+            let evidence_name = format!("controls/evidence/{}.parquet", control.id);
+            let evidence_path = staging
+                .0
+                .join("evidence")
+                .join(format!("{}.parquet", control.id));
+            let (rows, groups) = evaluate(&ctx, control, &evidence_path).await?;
+            let evidence_sha = sha256_file(&evidence_path)?;
+            let result = groups[deciding(control, &groups)].clone();
+            let stmt = statement(
+                &shared,
+                control,
+                &result,
+                &groups,
+                (&evidence_name, rows, &evidence_sha),
+            );
+            let payload = serde_json::to_vec(&stmt).map_err(|e| Error::Usage(e.to_string()))?;
+            let envelope = Envelope::seal(PAYLOAD_TYPE, &payload, key);
+            let env_path = staging
+                .0
+                .join("envelopes")
+                .join(format!("{}.json", control.id));
+            let text =
+                serde_json::to_string_pretty(&envelope).map_err(|e| Error::Usage(e.to_string()))?;
+            crate::atomic::write_lines(&env_path, [text])?;
+            results.push(ControlResult {
+                control: control.clone(),
+                result,
+                groups,
+                evidence_rows: rows,
+                evidence_sha256: evidence_sha,
+                envelope_sha256: sha256_file(&env_path)?,
+            });
+        }
+        Ok::<(), Error>(())
+    })?;
+    write_controls_parquet(
+        &staging.0.join("controls.parquet"),
+        &shared.run_id,
+        &results,
+        key_id.as_deref(),
+        &shared.evaluated_at,
+    )?;
+    // Commit: the old controls folder aside, the new one in, the old one gone.
+    let dir = run.join("controls");
+    let old = run.join(format!(".controls.old-{}", std::process::id()));
+    if dir.exists() {
+        std::fs::rename(&dir, &old).map_err(|e| Error::io(&dir, "cannot replace", e))?;
+    }
+    if let Err(e) = std::fs::rename(&staging.0, &dir) {
+        let _ = std::fs::rename(&old, &dir);
+        return Err(Error::io(&dir, "cannot replace", e));
+    }
+    let _ = std::fs::remove_dir_all(&old);
+    Ok(ControlsReport {
+        run_id: shared.run_id,
+        dir,
+        key_id,
+        evaluated_at: shared.evaluated_at,
+        controls: results,
+    })
+}
+
+fn write_controls_parquet(
+    path: &Path,
+    run_id: &str,
+    results: &[ControlResult],
+    key_id: Option<&str>,
+    evaluated_at: &str,
+) -> Result<()> {
+    let schema = controls_schema();
+    let text = |f: &dyn Fn(&ControlResult) -> String| -> ArrayRef {
+        Arc::new(results.iter().map(|r| Some(f(r))).collect::<StringArray>())
+    };
+    let int = |f: &dyn Fn(&ControlResult) -> u64| -> ArrayRef {
+        Arc::new(
+            results
+                .iter()
+                .map(|r| Some(f(r) as i64))
+                .collect::<Int64Array>(),
+        )
+    };
+    let float = |f: &dyn Fn(&ControlResult) -> Option<f64>| -> ArrayRef {
+        Arc::new(results.iter().map(f).collect::<Float64Array>())
+    };
+    let columns: Vec<ArrayRef> = vec![
+        text(&|_| run_id.to_owned()),
+        text(&|r| r.control.id.clone()),
+        text(&|r| r.control.title.clone()),
+        text(&|r| r.result.status.as_str().to_owned()),
+        text(&|r| {
+            serde_json::to_value(r.control.statistic)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default()
+        }),
+        text(&|r| r.control.comparator.as_str().to_owned()),
+        float(&|r| Some(r.control.threshold)),
+        float(&|r| r.result.measured),
+        int(&|r| r.result.n),
+        int(&|r| r.result.k),
+        int(&|r| r.result.undecided),
+        float(&|r| r.result.ci_low),
+        float(&|r| r.result.ci_high),
+        int(&|r| r.control.min_n),
+        Arc::new(
+            results
+                .iter()
+                .map(|r| r.result.group_key.clone())
+                .collect::<StringArray>(),
+        ),
+        text(&|r| Value::Array(r.groups.iter().map(group_json).collect()).to_string()),
+        int(&|r| r.evidence_rows),
+        text(&|r| r.evidence_sha256.clone()),
+        text(&|r| r.control.query_sha256.clone()),
+        text(&|r| r.envelope_sha256.clone()),
+        text(&|r| r.control.references.join("; ")),
+        Arc::new(
+            results
+                .iter()
+                .map(|_| Some(key_id.is_some()))
+                .collect::<BooleanArray>(),
+        ),
+        Arc::new(results.iter().map(|_| key_id).collect::<StringArray>()),
+        text(&|_| evaluated_at.to_owned()),
+    ];
+    let batch = RecordBatch::try_new(Arc::clone(&schema), columns)?;
+    write_batches(schema, &[batch], path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::catalog::parse_control;
+    use super::*;
+
+    fn control(statistic: &str, comparator: &str, threshold: &str, min_n: u64) -> Control {
+        let text = format!(
+            "-- id: T\n-- title: t\n-- description: d\n-- statistic: {statistic}\n-- comparator: {comparator}\n-- threshold: {threshold}\n-- min_n: {min_n}\n-- references: x\nSELECT 1;\nSELECT 1;\n"
+        );
+        parse_control(Path::new("t.sql"), &text).unwrap()
+    }
+
+    #[test]
+    fn wilson_matches_known_values() {
+        // k = 0 of 44: the quickstart's upper bound; 5 of 10 ≈ [0.2366, 0.7634].
+        let (lo, hi) = wilson(0, 44).unwrap();
+        assert_eq!(lo, 0.0);
+        assert!((hi - 0.080298).abs() < 1e-5, "{hi}");
+        let (lo, hi) = wilson(5, 10).unwrap();
+        assert!((lo - 0.236593).abs() < 1e-5 && (hi - 0.763407).abs() < 1e-5);
+        assert_eq!(wilson(3, 3).unwrap().1, 1.0);
+        assert!(wilson(0, 0).is_none());
+    }
+
+    #[test]
+    fn statuses() {
+        let c = control("wilson_upper", "<=", "0.10", 20);
+        assert_eq!(judge(&c, None, 50, 0, 0).status, Status::Pass);
+        // 2 of 30 is 6.7%, but its upper bound (21%) is over 10%: fail.
+        assert_eq!(judge(&c, None, 30, 2, 0).status, Status::Fail);
+        assert_eq!(judge(&c, None, 10, 0, 0).status, Status::InsufficientData);
+        assert_eq!(judge(&c, None, 0, 0, 0).status, Status::InsufficientData);
+        assert_eq!(judge(&c, None, 60, 0, 3).status, Status::NeedsReview);
+        let count = control("count", "<=", "0", 1);
+        assert_eq!(judge(&count, None, 5, 0, 0).status, Status::Pass);
+        assert_eq!(judge(&count, None, 5, 1, 0).status, Status::Fail);
+        assert_eq!(
+            judge(&count, None, 0, 0, 0).status,
+            Status::InsufficientData
+        );
+        let rate = control("rate", "<=", "0.02", 1);
+        assert_eq!(judge(&rate, None, 100, 2, 0).status, Status::Pass);
+        assert_eq!(judge(&rate, None, 100, 3, 0).status, Status::Fail);
+    }
+
+    #[test]
+    fn the_worst_group_decides() {
+        let c = control("wilson_upper", "<=", "0.5", 5);
+        let groups = vec![
+            judge(&c, Some("a".into()), 10, 0, 0),
+            judge(&c, Some("b".into()), 2, 0, 0),
+            judge(&c, Some("c".into()), 10, 9, 0),
+            judge(&c, Some("d".into()), 10, 8, 0),
+        ];
+        assert_eq!(
+            groups[deciding(&c, &groups)].group_key.as_deref(),
+            Some("c")
+        );
+        let groups = vec![
+            judge(&c, Some("a".into()), 10, 0, 0),
+            judge(&c, Some("b".into()), 2, 0, 0),
+        ];
+        assert_eq!(
+            groups[deciding(&c, &groups)].status,
+            Status::InsufficientData
+        );
+    }
+}

@@ -1,0 +1,13 @@
+//! Controls and evidence: the SQL control catalogue (`queries/controls/*.sql`) run over
+//! a run's results, each result written as Parquet evidence and a DSSE envelope around
+//! an in-toto Statement (Ed25519-signed when a key is given), and their verification.
+//!
+//! - [`catalog`]: control files (header + evidence query + result query).
+//! - [`controls`]: evaluation, statuses, the artifacts under `results/<run>/controls/`.
+//! - [`dsse`]: envelopes, the pre-authentication encoding, keys.
+//! - [`verify`]: signature and subject-digest checks.
+
+pub mod catalog;
+pub mod controls;
+pub mod dsse;
+pub mod verify;

@@ -1,0 +1,202 @@
+//! `pieval verify`: check a control envelope's signature and recompute every subject's
+//! sha256 from the files; any changed byte fails, naming the subject.
+
+use std::path::{Component, Path, PathBuf};
+
+use ed25519_dalek::VerifyingKey;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::controls::STATEMENT_TYPE;
+use super::dsse::{Envelope, PAYLOAD_TYPE, SignatureCheck};
+use crate::corpus::reader::sha256_file;
+use crate::error::{Error, Result};
+
+/// One subject: what the statement says and what the file holds now.
+#[derive(Debug, Clone, Serialize)]
+pub struct SubjectCheck {
+    pub name: String,
+    pub expected_sha256: String,
+    /// None when the file is missing.
+    pub actual_sha256: Option<String>,
+    pub ok: bool,
+}
+
+/// The signature verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "state", content = "key_id")]
+pub enum SignatureVerdict {
+    Valid(String),
+    /// A public key was given and no signature verifies with it.
+    Invalid,
+    /// A public key was given and the envelope carries no signature.
+    Unsigned,
+    /// No public key was given: the signature was not checked.
+    NotChecked,
+}
+
+/// What verifying one envelope found.
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifyReport {
+    pub envelope: PathBuf,
+    pub run_dir: PathBuf,
+    pub control_id: Option<String>,
+    pub status: Option<String>,
+    pub signature: SignatureVerdict,
+    pub subjects: Vec<SubjectCheck>,
+    pub ok: bool,
+}
+
+impl VerifyReport {
+    /// Why it failed, one phrase per problem (empty when ok).
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        match &self.signature {
+            SignatureVerdict::Invalid => {
+                out.push("the signature does not verify with the public key".into())
+            }
+            SignatureVerdict::Unsigned => out.push("the envelope is not signed".into()),
+            _ => {}
+        }
+        for s in self.subjects.iter().filter(|s| !s.ok) {
+            out.push(match &s.actual_sha256 {
+                None => format!("subject {} is missing", s.name),
+                Some(actual) => format!(
+                    "subject {} changed: sha256 {} (the statement says {})",
+                    s.name, actual, s.expected_sha256
+                ),
+            });
+        }
+        out
+    }
+}
+
+/// The run folder of an envelope at `RUN/controls/envelopes/ID.json`.
+fn default_run_dir(envelope: &Path) -> Option<PathBuf> {
+    let envelopes = envelope.parent()?;
+    let controls = envelopes.parent()?;
+    (envelopes.file_name()? == "envelopes" && controls.file_name()? == "controls")
+        .then(|| controls.parent().map(Path::to_path_buf))
+        .flatten()
+}
+
+/// A subject name must stay inside the run folder: relative, no `..`.
+fn subject_path(run: &Path, name: &str) -> Option<PathBuf> {
+    let rel = Path::new(name);
+    let clean = !name.is_empty()
+        && !name.contains('\\')
+        && rel.components().all(|c| matches!(c, Component::Normal(_)));
+    clean.then(|| run.join(rel))
+}
+
+/// Verify one envelope. `run_dir` overrides where subjects are looked up (default: the
+/// run folder the envelope sits in).
+pub fn verify_envelope(
+    path: &Path,
+    key: Option<&VerifyingKey>,
+    run_dir: Option<&Path>,
+) -> Result<VerifyReport> {
+    let envelope = Envelope::read(path)?;
+    let bad = |msg: String| Error::config(path, msg);
+    if envelope.payload_type != PAYLOAD_TYPE {
+        return Err(bad(format!(
+            "payloadType is {:?}, expected {PAYLOAD_TYPE:?}",
+            envelope.payload_type
+        )));
+    }
+    let run = match run_dir {
+        Some(d) => d.to_path_buf(),
+        None => default_run_dir(path).ok_or_else(|| {
+            bad(
+                "not under RUN/controls/envelopes/: say where the run folder is with --run-dir"
+                    .into(),
+            )
+        })?,
+    };
+    let signature = match key {
+        None => SignatureVerdict::NotChecked,
+        Some(k) => match envelope.check_signatures(k)? {
+            SignatureCheck::Valid(id) => SignatureVerdict::Valid(id),
+            SignatureCheck::Invalid => SignatureVerdict::Invalid,
+            SignatureCheck::Unsigned => SignatureVerdict::Unsigned,
+        },
+    };
+    let payload = envelope.payload_bytes().map_err(|e| bad(e.to_string()))?;
+    let statement: Value = serde_json::from_slice(&payload)
+        .map_err(|e| bad(format!("the payload is not a JSON in-toto Statement: {e}")))?;
+    if statement["_type"] != STATEMENT_TYPE {
+        return Err(bad(format!(
+            "the payload's _type is {}, expected {STATEMENT_TYPE:?}",
+            statement["_type"]
+        )));
+    }
+    let subjects = statement["subject"]
+        .as_array()
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| bad("the statement has no subject".into()))?;
+    let mut checks = Vec::with_capacity(subjects.len());
+    for s in subjects {
+        let name = s["name"]
+            .as_str()
+            .ok_or_else(|| bad("a subject has no name".into()))?;
+        let expected = s["digest"]["sha256"]
+            .as_str()
+            .ok_or_else(|| bad(format!("subject {name} has no sha256 digest")))?;
+        let file = subject_path(&run, name).ok_or_else(|| {
+            bad(format!(
+                "subject name {name:?} is not a plain relative path inside the run folder"
+            ))
+        })?;
+        let actual = if file.is_file() {
+            Some(sha256_file(&file)?)
+        } else {
+            None
+        };
+        checks.push(SubjectCheck {
+            name: name.to_owned(),
+            expected_sha256: expected.to_owned(),
+            ok: actual.as_deref() == Some(expected),
+            actual_sha256: actual,
+        });
+    }
+    let predicate = &statement["predicate"];
+    let ok = !matches!(
+        signature,
+        SignatureVerdict::Invalid | SignatureVerdict::Unsigned
+    ) && checks.iter().all(|c| c.ok);
+    Ok(VerifyReport {
+        envelope: path.to_path_buf(),
+        run_dir: run,
+        control_id: predicate["control"]["id"].as_str().map(str::to_owned),
+        status: predicate["result"]["status"].as_str().map(str::to_owned),
+        signature,
+        subjects: checks,
+        ok,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subject_names_cannot_escape() {
+        let run = Path::new("/r");
+        assert_eq!(
+            subject_path(run, "a/b.parquet"),
+            Some(PathBuf::from("/r/a/b.parquet"))
+        );
+        for bad in ["../x", "/etc/passwd", "a/../../x", "", "a\\..\\x", "./a"] {
+            assert!(subject_path(run, bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn run_dir_from_the_envelope_path() {
+        assert_eq!(
+            default_run_dir(Path::new("results/r1/controls/envelopes/X.json")),
+            Some(PathBuf::from("results/r1"))
+        );
+        assert_eq!(default_run_dir(Path::new("x/X.json")), None);
+    }
+}
