@@ -123,8 +123,18 @@ fn summary_text(o: &RunOutcome) -> String {
     }
     let sp = &o.speed;
     if let (Some(p), Some(g)) = (sp.prompt_tokens_per_s, sp.generation_tokens_per_s) {
+        let n = sp.instances.unwrap_or(1);
+        let per = if n > 1 {
+            format!(
+                " per model × {n} models side by side (together ≈ {:.0} and {:.0} tok/s)",
+                p * n as f64,
+                g * n as f64
+            )
+        } else {
+            String::new()
+        };
         s.push_str(&format!(
-            "model speed: prompt {p:.0} tok/s ({} tokens), generation {g:.0} tok/s ({} tokens), {:.1} cases/minute\n",
+            "model speed: prompt {p:.0} tok/s ({} tokens), generation {g:.0} tok/s ({} tokens){per}, {:.1} cases/minute\n",
             sp.prompt_tokens,
             sp.completion_tokens,
             sp.cases_per_minute.unwrap_or(0.0)

@@ -1,6 +1,7 @@
-//! `provider: local`: a llama-architecture GGUF run in process with candle
-//! (`candle_transformers::models::quantized_llama`), the tokenizer built from the GGUF's
-//! metadata, the ChatML template of SmolLM2, greedy decoding by default (temperature /
+//! `provider: local`: a llama-architecture GGUF run in process: GGUFs whose matrices are
+//! Q4_1 / Q8_0 (the embedded SmolLM2) on pieval's own decoder (`crates/pieval-llama`, AVX2),
+//! any other quantization on candle (`candle_transformers::models::quantized_llama`); the
+//! tokenizer built from the GGUF's metadata, the ChatML template of SmolLM2, greedy decoding by default (temperature /
 //! top-p with the experiment seed otherwise), stopping at end-of-turn or `max_tokens`.
 //!
 //! Hostile text cannot forge control tokens: message contents are tokenized with special
@@ -29,6 +30,7 @@ use tokenizers::pre_tokenizers::sequence::Sequence;
 use super::{CallError, Completion, Provider};
 use crate::error::{Error, Result};
 use crate::mitigation::Message;
+use pieval_llama::Llama;
 
 const DEFAULT_SYSTEM: &str = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
 
@@ -41,8 +43,16 @@ pub struct GenerationConfig {
     pub seed: u64,
 }
 
+/// Which implementation runs the weights.
+enum Backend {
+    /// pieval's decoder (Q4_1 / Q8_0 matrices).
+    Pieval(Box<Llama>),
+    /// candle's quantized llama (any other GGUF quantization).
+    Candle(Box<ModelWeights>),
+}
+
 pub struct LocalModel {
-    model: ModelWeights,
+    model: Backend,
     tokenizer: Tokenizer,
     im_start: u32,
     im_end: u32,
@@ -109,13 +119,22 @@ impl LocalModel {
         };
         let (im_start, im_end) = (id("<|im_start|>")?, id("<|im_end|>")?);
         let stops = tokenizer.token_to_id("<|endoftext|>").into_iter().collect();
-        let model = ModelWeights::from_gguf(content, &mut file, &Device::Cpu).map_err(|e| {
+        let corrupt = |e| {
             wrap(
                 path,
                 "cannot load the model weights (truncated or corrupt GGUF?)",
                 e,
             )
-        })?;
+        };
+        let model = if Llama::supports(&content) {
+            Backend::Pieval(Box::new(
+                Llama::from_gguf(&content, &mut file).map_err(corrupt)?,
+            ))
+        } else {
+            Backend::Candle(Box::new(
+                ModelWeights::from_gguf(content, &mut file, &Device::Cpu).map_err(corrupt)?,
+            ))
+        };
         Ok(Self {
             model,
             tokenizer,
@@ -162,6 +181,35 @@ impl LocalModel {
             .map_err(|e| wrap(&self.path, "detokenize", e))
     }
 
+    /// Which decoder runs the weights: `pieval` (Q4_1 / Q8_0) or `candle`.
+    pub fn backend(&self) -> &'static str {
+        match self.model {
+            Backend::Pieval(_) => "pieval",
+            Backend::Candle(_) => "candle",
+        }
+    }
+
+    /// Run `tokens` at position `pos` (0 starts a fresh sequence) and sample the next.
+    fn step(&mut self, tokens: &[u32], pos: usize, sampler: &mut LogitsProcessor) -> Result<u32> {
+        let err = |e: candle_core::Error| wrap(&self.path, "generation failed", e);
+        let logits = match &mut self.model {
+            Backend::Pieval(m) => {
+                let logits = m.forward(tokens, pos).map_err(err)?;
+                let n = logits.len();
+                Tensor::from_vec(logits, n, &Device::Cpu).map_err(err)?
+            }
+            Backend::Candle(m) => {
+                let input = Tensor::new(tokens, &Device::Cpu)
+                    .and_then(|t| t.unsqueeze(0))
+                    .map_err(err)?;
+                m.forward(&input, pos)
+                    .and_then(|l| l.squeeze(0))
+                    .map_err(err)?
+            }
+        };
+        sampler.sample(&logits).map_err(err)
+    }
+
     /// Generate an answer to chat messages.
     pub fn generate(&mut self, messages: &[Message], cfg: &GenerationConfig) -> Result<Generated> {
         let prompt = self.chat_prompt(messages)?;
@@ -187,18 +235,11 @@ impl LocalModel {
             }
         };
         let mut logits_processor = LogitsProcessor::from_sampling(cfg.seed, sampling);
-        let err = |e: candle_core::Error| wrap(&self.path, "generation failed", e);
         let start = Instant::now();
-        let input = Tensor::new(prompt.as_slice(), &Device::Cpu)
-            .and_then(|t| t.unsqueeze(0))
-            .map_err(err)?;
-        // index_pos 0 starts a fresh sequence (the KV cache is replaced).
-        let logits = self
-            .model
-            .forward(&input, 0)
-            .and_then(|l| l.squeeze(0))
-            .map_err(err)?;
-        let mut next = logits_processor.sample(&logits).map_err(err)?;
+        if let Backend::Pieval(m) = &mut self.model {
+            m.reset(prompt.len() + max_new);
+        }
+        let mut next = self.step(&prompt, 0, &mut logits_processor)?;
         let prompt_secs = start.elapsed().as_secs_f64();
         let gen_start = Instant::now();
         let mut out = Vec::new();
@@ -210,15 +251,7 @@ impl LocalModel {
             if out.len() == max_new {
                 break;
             }
-            let input = Tensor::new(&[next], &Device::Cpu)
-                .and_then(|t| t.unsqueeze(0))
-                .map_err(err)?;
-            let logits = self
-                .model
-                .forward(&input, prompt.len() + out.len() - 1)
-                .and_then(|l| l.squeeze(0))
-                .map_err(err)?;
-            next = logits_processor.sample(&logits).map_err(err)?;
+            next = self.step(&[next], prompt.len() + out.len() - 1, &mut logits_processor)?;
         }
         let mut text = self.decode(&out)?;
         if out.len() == max_new {
@@ -267,6 +300,18 @@ impl LocalProvider {
 
 #[async_trait]
 impl Provider for LocalProvider {
+    fn instances(&self) -> usize {
+        self.models.len()
+    }
+
+    fn backend(&self) -> Option<String> {
+        let model = self.models.first()?.lock().ok()?;
+        Some(match model.backend() {
+            "pieval" => "pieval-llama (Q4_1/Q8_0 decoder)".to_owned(),
+            other => format!("{other} quantized_llama"),
+        })
+    }
+
     fn name(&self) -> &str {
         "local"
     }

@@ -40,5 +40,15 @@ pub struct CallError {
 pub trait Provider: Send + Sync {
     /// `provider` as recorded in predictions (`openai`, `local`, `replay`).
     fn name(&self) -> &str;
+    /// What computes the answers, when it matters for reproducibility (a local model's
+    /// decoder: greedy outputs are deterministic per backend, not across backends).
+    fn backend(&self) -> Option<String> {
+        None
+    }
+    /// How many model instances answer side by side (a local model pool); tokens/s
+    /// are reported per instance.
+    fn instances(&self) -> usize {
+        1
+    }
     async fn complete(&self, case_id: &str, messages: &[Message]) -> Result<Completion, CallError>;
 }

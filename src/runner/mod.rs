@@ -125,6 +125,12 @@ pub struct Speed {
     pub prompt_tokens_per_s: Option<f64>,
     pub generation_tokens_per_s: Option<f64>,
     pub cases_per_minute: Option<f64>,
+    /// The decoder behind a local model (outputs are deterministic per backend).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    /// Model instances answering side by side; the tokens/s above are per instance.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instances: Option<usize>,
 }
 
 /// Run (or resume) an experiment.
@@ -764,6 +770,10 @@ fn execute_all(
     let call_start = std::time::Instant::now();
     rt.block_on(async {
         let mut tally = Tally::default();
+        if let Backend::Call(provider) = backend.as_ref() {
+            tally.speed.backend = provider.backend();
+            tally.speed.instances = provider.backend().map(|_| provider.instances());
+        }
         let mut stream = futures::stream::iter(pending.iter().map(|case| {
             let backend = Arc::clone(&backend);
             let p = plan(

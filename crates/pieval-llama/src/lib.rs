@@ -1,0 +1,770 @@
+//! A llama decoder for GGUF files whose matrices are Q4_1 or Q8_0 (the embedded
+//! SmolLM2 model): plain Rust over the GGUF's own block layout, with AVX2 dot products.
+//!
+//! Why not candle's `quantized_llama`: candle 0.11 has no SIMD kernel for Q4_1 (its
+//! `vec_dot` is the scalar reference), and its decode step pays a tensor allocation per
+//! operation, a copy of the whole KV cache per token (`Tensor::cat`) and another for
+//! grouped-query heads (`repeat_kv`). Here: activations are quantized once per matrix
+//! input (Q8, as ggml does), rows are dotted with AVX2 `maddubs`, the KV cache is one
+//! preallocated buffer per layer, attention reads it in place, and embeddings are
+//! dequantized one row at a time (the Q8_0 table is shared with the tied output head).
+//! Other GGUFs (K-quants, F16 …) run on candle: see `local.rs`.
+//!
+//! The arithmetic is llama's: RMSNorm, interleaved RoPE (llama.cpp's NORM type), causal
+//! grouped-query attention, SwiGLU, tied or separate output head. A test checks the
+//! logits against candle's implementation.
+
+use std::fs::File;
+
+use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
+use candle_core::{Device, Result};
+use half::f16;
+use rayon::prelude::*;
+
+const QK: usize = 32;
+
+/// A weight matrix in a GGUF block layout, `rows` × `cols`, row-major.
+struct QMatrix {
+    kind: Kind,
+    rows: usize,
+    cols: usize,
+    data: Vec<u8>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    /// 20-byte blocks: d (f16), m (f16), 16 bytes of nibbles; x = d·q + m.
+    Q4_1,
+    /// 34-byte blocks: d (f16), 32 i8; x = d·q.
+    Q8_0,
+}
+
+impl Kind {
+    fn block_bytes(self) -> usize {
+        match self {
+            Kind::Q4_1 => 20,
+            Kind::Q8_0 => 34,
+        }
+    }
+}
+
+/// One block of quantized activations: 32 values as `d·q`, `s = d·Σq`.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+struct ActBlock {
+    qs: [i8; QK],
+    d: f32,
+    s: f32,
+}
+
+/// Activations of `tokens` vectors of `cols` values, quantized per 32.
+struct Acts {
+    blocks: Vec<ActBlock>,
+    per_token: usize,
+}
+
+impl Acts {
+    fn quantize(x: &[f32], cols: usize) -> Self {
+        debug_assert_eq!(x.len() % cols, 0);
+        let per_token = cols / QK;
+        let mut blocks = Vec::with_capacity(x.len() / QK);
+        for chunk in x.chunks_exact(QK) {
+            let amax = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let mut qs = [0i8; QK];
+            let mut sum = 0i32;
+            for (q, v) in qs.iter_mut().zip(chunk) {
+                let r = (v * inv).round() as i32;
+                *q = r as i8;
+                sum += r;
+            }
+            blocks.push(ActBlock {
+                qs,
+                d,
+                s: d * sum as f32,
+            });
+        }
+        Self { blocks, per_token }
+    }
+
+    fn tokens(&self) -> usize {
+        self.blocks.len() / self.per_token
+    }
+
+    fn token(&self, t: usize) -> &[ActBlock] {
+        &self.blocks[t * self.per_token..(t + 1) * self.per_token]
+    }
+}
+
+fn half(bytes: &[u8]) -> f32 {
+    f16::from_bits(u16::from_le_bytes([bytes[0], bytes[1]])).to_f32()
+}
+
+/// Dot product of one weight row with one activation vector, scalar reference.
+fn dot_scalar(kind: Kind, row: &[u8], acts: &[ActBlock]) -> f32 {
+    let mut sum = 0f32;
+    match kind {
+        Kind::Q4_1 => {
+            for (b, a) in row.chunks_exact(20).zip(acts) {
+                let (d, m) = (half(&b[0..2]), half(&b[2..4]));
+                let mut s = 0i32;
+                for j in 0..16 {
+                    let q = b[4 + j];
+                    s += (q & 0x0F) as i32 * a.qs[j] as i32 + (q >> 4) as i32 * a.qs[j + 16] as i32;
+                }
+                sum += d * a.d * s as f32 + m * a.s;
+            }
+        }
+        Kind::Q8_0 => {
+            for (b, a) in row.chunks_exact(34).zip(acts) {
+                let d = half(&b[0..2]);
+                let mut s = 0i32;
+                for j in 0..QK {
+                    s += b[2 + j] as i8 as i32 * a.qs[j] as i32;
+                }
+                sum += d * a.d * s as f32;
+            }
+        }
+    }
+    sum
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{ActBlock, half};
+    use std::arch::x86_64::*;
+
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        unsafe {
+            let lo = _mm256_castps256_ps128(v);
+            let hi = _mm256_extractf128_ps(v, 1);
+            let s = _mm_add_ps(lo, hi);
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+            _mm_cvtss_f32(s)
+        }
+    }
+
+    /// Q4_1 row · Q8 activations.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_q4_1(row: &[u8], acts: &[ActBlock]) -> f32 {
+        unsafe {
+            let mask = _mm_set1_epi8(0x0F);
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = _mm256_setzero_ps();
+            let mut mins = 0f32;
+            for (b, a) in row.chunks_exact(20).zip(acts) {
+                let (d, m) = (half(&b[0..2]), half(&b[2..4]));
+                let qs = _mm_loadu_si128(b.as_ptr().add(4) as *const __m128i);
+                let lo = _mm_and_si128(qs, mask);
+                let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);
+                let x = _mm256_set_m128i(hi, lo);
+                let y = _mm256_load_si256(a.qs.as_ptr() as *const __m256i);
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), ones);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(p), acc);
+                mins += m * a.s;
+            }
+            hsum(acc) + mins
+        }
+    }
+
+    /// Q8_0 row · Q8 activations.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_q8_0(row: &[u8], acts: &[ActBlock]) -> f32 {
+        unsafe {
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = _mm256_setzero_ps();
+            for (b, a) in row.chunks_exact(34).zip(acts) {
+                let d = half(&b[0..2]);
+                let x = _mm256_loadu_si256(b.as_ptr().add(2) as *const __m256i);
+                let y = _mm256_load_si256(a.qs.as_ptr() as *const __m256i);
+                let ax = _mm256_sign_epi8(x, x);
+                let sy = _mm256_sign_epi8(y, x);
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(p), acc);
+            }
+            hsum(acc)
+        }
+    }
+}
+
+fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Work below this many multiply-adds runs on the calling thread.
+const PARALLEL_MIN_WORK: usize = 1 << 18;
+const ROW_CHUNK: usize = 32;
+
+impl QMatrix {
+    fn from_qtensor(name: &str, t: QTensor) -> Result<Self> {
+        let dims = t.shape().dims().to_vec();
+        let (rows, cols) = match dims[..] {
+            [r, c] => (r, c),
+            _ => candle_core::bail!("{name}: expected a matrix, found shape {dims:?}"),
+        };
+        let kind = match t.dtype() {
+            GgmlDType::Q4_1 => Kind::Q4_1,
+            GgmlDType::Q8_0 => Kind::Q8_0,
+            other => candle_core::bail!("{name}: {other:?} weights"),
+        };
+        if cols % QK != 0 {
+            candle_core::bail!("{name}: {cols} columns is not a multiple of {QK}");
+        }
+        let data = t.data()?.into_owned();
+        if data.len() != rows * cols / QK * kind.block_bytes() {
+            candle_core::bail!(
+                "{name}: {} bytes for a {rows}×{cols} {kind:?} matrix",
+                data.len()
+            );
+        }
+        Ok(Self {
+            kind,
+            rows,
+            cols,
+            data,
+        })
+    }
+
+    fn row(&self, r: usize) -> &[u8] {
+        let bytes = self.cols / QK * self.kind.block_bytes();
+        &self.data[r * bytes..(r + 1) * bytes]
+    }
+
+    fn dot(&self, r: usize, acts: &[ActBlock], simd: bool) -> f32 {
+        let row = self.row(r);
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            // SAFETY: `simd` is true only when AVX2 and FMA were detected at run time.
+            return unsafe {
+                match self.kind {
+                    Kind::Q4_1 => avx2::dot_q4_1(row, acts),
+                    Kind::Q8_0 => avx2::dot_q8_0(row, acts),
+                }
+            };
+        }
+        let _ = simd;
+        dot_scalar(self.kind, row, acts)
+    }
+
+    /// `out[t][r] = row r · x[t]` in f32 with the dequantized weights: the reference the
+    /// quantized path is checked against (slow).
+    fn matmul_exact(&self, x: &[f32], out: &mut [f32]) {
+        let tokens = x.len() / self.cols;
+        let mut row = vec![0f32; self.cols];
+        for r in 0..self.rows {
+            dequantize_row(self, r, &mut row);
+            for t in 0..tokens {
+                let xt = &x[t * self.cols..(t + 1) * self.cols];
+                out[t * self.rows + r] = row.iter().zip(xt).map(|(a, b)| a * b).sum();
+            }
+        }
+    }
+
+    /// `out[t][r] = row r · x[t]`: activations quantized to Q8 per 32 (as ggml does),
+    /// or exactly in f32 when `exact`.
+    fn apply(&self, x: &[f32], out: &mut [f32], simd: bool, exact: bool) {
+        if exact {
+            self.matmul_exact(x, out);
+        } else {
+            self.matmul(&Acts::quantize(x, self.cols), out, simd);
+        }
+    }
+
+    /// `out[t][r] = row r · token t`, for every token of `acts`.
+    fn matmul(&self, acts: &Acts, out: &mut [f32], simd: bool) {
+        let tokens = acts.tokens();
+        debug_assert_eq!(acts.per_token * QK, self.cols);
+        debug_assert_eq!(out.len(), tokens * self.rows);
+        let parallel =
+            rayon::current_num_threads() > 1 && self.rows * self.cols * tokens >= PARALLEL_MIN_WORK;
+        if tokens == 1 {
+            let a = acts.token(0);
+            let fill = |(c, chunk): (usize, &mut [f32])| {
+                for (i, o) in chunk.iter_mut().enumerate() {
+                    *o = self.dot(c * ROW_CHUNK + i, a, simd);
+                }
+            };
+            if parallel {
+                out.par_chunks_mut(ROW_CHUNK).enumerate().for_each(fill);
+            } else {
+                out.chunks_mut(ROW_CHUNK).enumerate().for_each(fill);
+            }
+            return;
+        }
+        // Several tokens: each weight row is read once and dotted with every token.
+        let block = |c: usize| -> Vec<f32> {
+            let (start, end) = (c * ROW_CHUNK, ((c + 1) * ROW_CHUNK).min(self.rows));
+            let mut local = vec![0f32; (end - start) * tokens];
+            for r in start..end {
+                for t in 0..tokens {
+                    local[t * (end - start) + (r - start)] = self.dot(r, acts.token(t), simd);
+                }
+            }
+            local
+        };
+        let chunks = self.rows.div_ceil(ROW_CHUNK);
+        let parts: Vec<Vec<f32>> = if parallel {
+            (0..chunks).into_par_iter().map(block).collect()
+        } else {
+            (0..chunks).map(block).collect()
+        };
+        for (c, local) in parts.iter().enumerate() {
+            let (start, end) = (c * ROW_CHUNK, ((c + 1) * ROW_CHUNK).min(self.rows));
+            let width = end - start;
+            for t in 0..tokens {
+                out[t * self.rows + start..t * self.rows + end]
+                    .copy_from_slice(&local[t * width..(t + 1) * width]);
+            }
+        }
+    }
+}
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    wq: QMatrix,
+    wk: QMatrix,
+    wv: QMatrix,
+    wo: QMatrix,
+    ffn_norm: Vec<f32>,
+    gate: QMatrix,
+    up: QMatrix,
+    down: QMatrix,
+    /// `[kv_head][position][head_dim]`, sized for the current sequence.
+    k_cache: Vec<f32>,
+    v_cache: Vec<f32>,
+}
+
+/// The decoder.
+pub struct Llama {
+    embed: QMatrix,
+    layers: Vec<Layer>,
+    norm: Vec<f32>,
+    /// None: tied to `embed`.
+    output: Option<QMatrix>,
+    n_head: usize,
+    n_kv_head: usize,
+    head_dim: usize,
+    eps: f32,
+    /// The rotary frequencies, one per pair of a head's dimensions.
+    theta: Vec<f32>,
+    /// `[position][head_dim / 2]` cos and sin of the rotary angles.
+    rope_cos: Vec<f32>,
+    rope_sin: Vec<f32>,
+    /// Positions the caches hold room for.
+    capacity: usize,
+    simd: bool,
+    /// f32 matrix products on dequantized weights (a reference for tests; slow).
+    exact: bool,
+}
+
+fn vector(t: QTensor, name: &str) -> Result<Vec<f32>> {
+    let v = t
+        .dequantize(&Device::Cpu)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    if v.is_empty() {
+        candle_core::bail!("{name}: empty");
+    }
+    Ok(v)
+}
+
+fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
+    for row in x.chunks_exact_mut(weight.len()) {
+        let mean = row.iter().map(|v| v * v).sum::<f32>() / row.len() as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        for (v, w) in row.iter_mut().zip(weight) {
+            *v *= scale * w;
+        }
+    }
+}
+
+impl Llama {
+    /// Whether this decoder runs `content`'s weights (all matrices Q4_1 or Q8_0).
+    pub fn supports(content: &gguf_file::Content) -> bool {
+        content.tensor_infos.iter().all(|(name, info)| {
+            let dims = info.shape.dims().len();
+            dims < 2
+                || matches!(info.ggml_dtype, GgmlDType::Q4_1 | GgmlDType::Q8_0)
+                || !name.ends_with(".weight")
+        })
+    }
+
+    pub fn from_gguf(content: &gguf_file::Content, file: &mut File) -> Result<Self> {
+        let md = |key: &str| {
+            content
+                .metadata
+                .get(key)
+                .ok_or_else(|| candle_core::Error::Msg(format!("no metadata {key}")))
+        };
+        let n_head = md("llama.attention.head_count")?.to_u32()? as usize;
+        let n_kv_head = md("llama.attention.head_count_kv")?.to_u32()? as usize;
+        let n_layer = md("llama.block_count")?.to_u32()? as usize;
+        let n_embd = md("llama.embedding_length")?.to_u32()? as usize;
+        let eps = md("llama.attention.layer_norm_rms_epsilon")?.to_f32()?;
+        let rope_base = md("llama.rope.freq_base")
+            .and_then(|v| v.to_f32())
+            .unwrap_or(10_000.0);
+        if n_head == 0
+            || n_kv_head == 0
+            || !n_head.is_multiple_of(n_kv_head)
+            || !n_embd.is_multiple_of(n_head)
+        {
+            candle_core::bail!(
+                "inconsistent heads: {n_head} heads, {n_kv_head} KV heads, embedding {n_embd}"
+            );
+        }
+        let head_dim = n_embd / n_head;
+        let mut tensor = |name: &str| content.tensor(file, name, &Device::Cpu);
+        let embed = QMatrix::from_qtensor("token_embd.weight", tensor("token_embd.weight")?)?;
+        let norm = vector(tensor("output_norm.weight")?, "output_norm.weight")?;
+        let output = match content.tensor_infos.contains_key("output.weight") {
+            true => Some(QMatrix::from_qtensor(
+                "output.weight",
+                tensor("output.weight")?,
+            )?),
+            false => None,
+        };
+        let mut layers = Vec::with_capacity(n_layer);
+        for i in 0..n_layer {
+            let mut m = |suffix: &str| {
+                let name = format!("blk.{i}.{suffix}.weight");
+                QMatrix::from_qtensor(&name, tensor(&name)?)
+            };
+            let (wq, wk, wv, wo) = (m("attn_q")?, m("attn_k")?, m("attn_v")?, m("attn_output")?);
+            let (gate, up, down) = (m("ffn_gate")?, m("ffn_up")?, m("ffn_down")?);
+            let attn_norm = vector(tensor(&format!("blk.{i}.attn_norm.weight"))?, "attn_norm")?;
+            let ffn_norm = vector(tensor(&format!("blk.{i}.ffn_norm.weight"))?, "ffn_norm")?;
+            let kv = n_kv_head * head_dim;
+            let shapes_ok = wq.rows == n_embd
+                && wq.cols == n_embd
+                && wk.rows == kv
+                && wv.rows == kv
+                && wk.cols == n_embd
+                && wv.cols == n_embd
+                && wo.rows == n_embd
+                && wo.cols == n_embd
+                && gate.cols == n_embd
+                && up.cols == n_embd
+                && gate.rows == up.rows
+                && down.cols == gate.rows
+                && down.rows == n_embd
+                && attn_norm.len() == n_embd
+                && ffn_norm.len() == n_embd;
+            if !shapes_ok {
+                candle_core::bail!(
+                    "blk.{i}: tensor shapes do not fit a llama block of width {n_embd}"
+                );
+            }
+            layers.push(Layer {
+                attn_norm,
+                wq,
+                wk,
+                wv,
+                wo,
+                ffn_norm,
+                gate,
+                up,
+                down,
+                k_cache: Vec::new(),
+                v_cache: Vec::new(),
+            });
+        }
+        if embed.cols != n_embd || norm.len() != n_embd {
+            candle_core::bail!("token_embd / output_norm do not have width {n_embd}");
+        }
+        let half_dim = head_dim / 2;
+        let theta: Vec<f32> = (0..half_dim)
+            .map(|i| 1.0 / rope_base.powf(2.0 * i as f32 / head_dim as f32))
+            .collect();
+        Ok(Self {
+            embed,
+            layers,
+            norm,
+            output,
+            n_head,
+            n_kv_head,
+            head_dim,
+            eps,
+            theta,
+            rope_cos: Vec::new(),
+            rope_sin: Vec::new(),
+            capacity: 0,
+            simd: has_avx2(),
+            exact: false,
+        })
+    }
+
+    /// Compute matrix products in f32 on dequantized weights instead of quantizing the
+    /// activations: a numerical reference for tests (many times slower).
+    pub fn set_exact(&mut self, exact: bool) {
+        self.exact = exact;
+    }
+
+    pub fn vocab(&self) -> usize {
+        self.output.as_ref().unwrap_or(&self.embed).rows
+    }
+
+    /// Start a sequence of at most `len` positions: caches sized, rotary tables built.
+    pub fn reset(&mut self, len: usize) {
+        let kv = self.n_kv_head * len * self.head_dim;
+        for l in &mut self.layers {
+            l.k_cache.clear();
+            l.k_cache.resize(kv, 0.0);
+            l.v_cache.clear();
+            l.v_cache.resize(kv, 0.0);
+        }
+        let half_dim = self.theta.len();
+        if self.rope_cos.len() < len * half_dim {
+            self.rope_cos = Vec::with_capacity(len * half_dim);
+            self.rope_sin = Vec::with_capacity(len * half_dim);
+            for p in 0..len {
+                for t in &self.theta {
+                    let angle = p as f32 * t;
+                    self.rope_cos.push(angle.cos());
+                    self.rope_sin.push(angle.sin());
+                }
+            }
+        }
+        self.capacity = len;
+    }
+
+    /// Interleaved rotary embedding of one head vector at `pos`.
+    fn rope(&self, x: &mut [f32], pos: usize) {
+        let half_dim = self.head_dim / 2;
+        let (cos, sin) = (
+            &self.rope_cos[pos * half_dim..(pos + 1) * half_dim],
+            &self.rope_sin[pos * half_dim..(pos + 1) * half_dim],
+        );
+        for i in 0..half_dim {
+            let (x0, x1) = (x[2 * i], x[2 * i + 1]);
+            x[2 * i] = x0 * cos[i] - x1 * sin[i];
+            x[2 * i + 1] = x0 * sin[i] + x1 * cos[i];
+        }
+    }
+
+    /// Run `tokens` at positions `pos..`; the logits of the last one.
+    pub fn forward(&mut self, tokens: &[u32], pos: usize) -> Result<Vec<f32>> {
+        let n = tokens.len();
+        if n == 0 || pos + n > self.capacity {
+            candle_core::bail!(
+                "positions {pos}..{} outside the sequence of {}",
+                pos + n,
+                self.capacity
+            );
+        }
+        let (simd, exact) = (self.simd, self.exact);
+        let (d, hd) = (self.embed.cols, self.head_dim);
+        let kv_dim = self.n_kv_head * hd;
+        let group = self.n_head / self.n_kv_head;
+        // Embeddings: dequantize the rows.
+        let mut x = vec![0f32; n * d];
+        for (t, &tok) in tokens.iter().enumerate() {
+            let tok = tok as usize;
+            if tok >= self.embed.rows {
+                candle_core::bail!(
+                    "token id {tok} outside the vocabulary of {}",
+                    self.embed.rows
+                );
+            }
+            dequantize_row(&self.embed, tok, &mut x[t * d..(t + 1) * d]);
+        }
+        let mut h = vec![0f32; n * d];
+        let mut q = vec![0f32; n * d];
+        let mut k = vec![0f32; n * kv_dim];
+        let mut v = vec![0f32; n * kv_dim];
+        let mut attn = vec![0f32; n * d];
+        let mut o = vec![0f32; n * d];
+        let ffn = self.layers.first().map_or(0, |l| l.gate.rows);
+        let (mut g, mut u) = (vec![0f32; n * ffn], vec![0f32; n * ffn]);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let cap = self.capacity;
+        let mut scores = vec![0f32; pos + n];
+        for li in 0..self.layers.len() {
+            let layer = &self.layers[li];
+            h.copy_from_slice(&x);
+            rms_norm(&mut h, &layer.attn_norm, self.eps);
+            if exact {
+                layer.wq.matmul_exact(&h, &mut q);
+                layer.wk.matmul_exact(&h, &mut k);
+                layer.wv.matmul_exact(&h, &mut v);
+            } else {
+                let acts = Acts::quantize(&h, d);
+                layer.wq.matmul(&acts, &mut q, simd);
+                layer.wk.matmul(&acts, &mut k, simd);
+                layer.wv.matmul(&acts, &mut v, simd);
+            }
+            for t in 0..n {
+                for hq in q[t * d..(t + 1) * d].chunks_exact_mut(hd) {
+                    self.rope(hq, pos + t);
+                }
+                for hk in k[t * kv_dim..(t + 1) * kv_dim].chunks_exact_mut(hd) {
+                    self.rope(hk, pos + t);
+                }
+            }
+            let layer = &mut self.layers[li];
+            for t in 0..n {
+                for kvh in 0..self.n_kv_head {
+                    let at = (kvh * cap + pos + t) * hd;
+                    let from = t * kv_dim + kvh * hd;
+                    layer.k_cache[at..at + hd].copy_from_slice(&k[from..from + hd]);
+                    layer.v_cache[at..at + hd].copy_from_slice(&v[from..from + hd]);
+                }
+            }
+            // Causal grouped-query attention, reading the cache in place.
+            for t in 0..n {
+                let len = pos + t + 1;
+                for head in 0..self.n_head {
+                    let kvh = head / group;
+                    let qh = &q[t * d + head * hd..t * d + (head + 1) * hd];
+                    let keys = &layer.k_cache[kvh * cap * hd..(kvh * cap + len) * hd];
+                    let mut max = f32::NEG_INFINITY;
+                    for (s, key) in scores[..len].iter_mut().zip(keys.chunks_exact(hd)) {
+                        *s = qh.iter().zip(key).map(|(a, b)| a * b).sum::<f32>() * scale;
+                        max = max.max(*s);
+                    }
+                    let mut total = 0f32;
+                    for s in &mut scores[..len] {
+                        *s = (*s - max).exp();
+                        total += *s;
+                    }
+                    let out = &mut attn[t * d + head * hd..t * d + (head + 1) * hd];
+                    out.fill(0.0);
+                    let values = &layer.v_cache[kvh * cap * hd..(kvh * cap + len) * hd];
+                    for (s, val) in scores[..len].iter().zip(values.chunks_exact(hd)) {
+                        let w = s / total;
+                        for (o, v) in out.iter_mut().zip(val) {
+                            *o += w * v;
+                        }
+                    }
+                }
+            }
+            let layer = &self.layers[li];
+            layer.wo.apply(&attn, &mut o, simd, exact);
+            for (xv, ov) in x.iter_mut().zip(&o) {
+                *xv += ov;
+            }
+            // SwiGLU feed-forward.
+            h.copy_from_slice(&x);
+            rms_norm(&mut h, &layer.ffn_norm, self.eps);
+            if exact {
+                layer.gate.matmul_exact(&h, &mut g);
+                layer.up.matmul_exact(&h, &mut u);
+            } else {
+                let acts = Acts::quantize(&h, d);
+                layer.gate.matmul(&acts, &mut g, simd);
+                layer.up.matmul(&acts, &mut u, simd);
+            }
+            for (gv, uv) in g.iter_mut().zip(&u) {
+                *gv = *gv / (1.0 + (-*gv).exp()) * uv;
+            }
+            layer.down.apply(&g, &mut o, simd, exact);
+            for (xv, ov) in x.iter_mut().zip(&o) {
+                *xv += ov;
+            }
+        }
+        let mut last = x[(n - 1) * d..].to_vec();
+        rms_norm(&mut last, &self.norm, self.eps);
+        let head = self.output.as_ref().unwrap_or(&self.embed);
+        let mut logits = vec![0f32; head.rows];
+        head.apply(&last, &mut logits, simd, exact);
+        Ok(logits)
+    }
+}
+
+/// Row `r` of a Q8_0 or Q4_1 matrix as f32.
+fn dequantize_row(m: &QMatrix, r: usize, out: &mut [f32]) {
+    let row = m.row(r);
+    match m.kind {
+        Kind::Q8_0 => {
+            for (b, o) in row.chunks_exact(34).zip(out.chunks_exact_mut(QK)) {
+                let d = half(&b[0..2]);
+                for (v, q) in o.iter_mut().zip(&b[2..]) {
+                    *v = d * (*q as i8) as f32;
+                }
+            }
+        }
+        Kind::Q4_1 => {
+            for (b, o) in row.chunks_exact(20).zip(out.chunks_exact_mut(QK)) {
+                let (d, mn) = (half(&b[0..2]), half(&b[2..4]));
+                for j in 0..16 {
+                    o[j] = d * (b[4 + j] & 0x0F) as f32 + mn;
+                    o[j + 16] = d * (b[4 + j] >> 4) as f32 + mn;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q4_1_block(values: &[f32; 32]) -> Vec<u8> {
+        let min = values.iter().cloned().fold(f32::INFINITY, f32::min);
+        let max = values.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let d = (max - min) / 15.0;
+        let mut out = Vec::new();
+        out.extend_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+        out.extend_from_slice(&f16::from_f32(min).to_bits().to_le_bytes());
+        let q = |v: f32| (((v - min) / d).round() as u8).min(15);
+        for j in 0..16 {
+            out.push(q(values[j]) | (q(values[j + 16]) << 4));
+        }
+        out
+    }
+
+    #[test]
+    fn simd_and_scalar_dots_agree() {
+        let mut rng = fastrand::Rng::with_seed(3);
+        let cols = 256;
+        let x: Vec<f32> = (0..cols).map(|_| rng.f32() * 2.0 - 1.0).collect();
+        let acts = Acts::quantize(&x, cols);
+        let mut q4 = Vec::new();
+        let mut q8 = Vec::new();
+        let mut w = vec![0f32; cols];
+        for chunk in w.chunks_exact_mut(32) {
+            let mut vals = [0f32; 32];
+            for v in vals.iter_mut() {
+                *v = rng.f32() - 0.3;
+            }
+            chunk.copy_from_slice(&vals);
+            q4.extend(q4_1_block(&vals));
+            let amax = vals.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            q8.extend_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+            q8.extend(vals.iter().map(|v| (v / d).round() as i8 as u8));
+        }
+        let exact: f32 = w.iter().zip(&x).map(|(a, b)| a * b).sum();
+        for (kind, data) in [(Kind::Q4_1, q4), (Kind::Q8_0, q8)] {
+            let m = QMatrix {
+                kind,
+                rows: 1,
+                cols,
+                data,
+            };
+            let scalar = m.dot(0, acts.token(0), false);
+            assert!(
+                (scalar - exact).abs() < 0.1,
+                "{kind:?}: {scalar} vs {exact}"
+            );
+            if has_avx2() {
+                let simd = m.dot(0, acts.token(0), true);
+                assert!((simd - scalar).abs() < 1e-3, "{kind:?}: {simd} vs {scalar}");
+            }
+            let mut row = vec![0f32; cols];
+            dequantize_row(&m, 0, &mut row);
+            let deq: f32 = row.iter().zip(&x).map(|(a, b)| a * b).sum();
+            assert!((deq - exact).abs() < 0.1, "{kind:?}: {deq} vs {exact}");
+        }
+    }
+}
