@@ -8,6 +8,7 @@
 //!   criteria, Arrow schemas, per-record rules). Everything else depends on it.
 //! - [`corpus`]: streaming corpus reader (JSONL / Parquet → Arrow + sha256), the
 //!   synthetic generator and statistics.
+//! - [`ingest`]: adapters from public corpora (and mapped files) to attack cases.
 //! - [`taxonomy`]: enrichment of cases with categories, severity and success definitions.
 //! - [`detect`], [`engine`]: the detector UDFs and the DataFusion scoring engine.
 //! - [`experiment`]: experiment configs and seeded selection.
@@ -32,6 +33,7 @@ pub mod error;
 pub mod evidence;
 pub mod experiment;
 pub mod export;
+pub mod ingest;
 pub mod mitigation;
 pub mod model;
 pub mod provider;

@@ -11,22 +11,9 @@ use std::process::Command;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use common::chat_server::{Action, ChatServer};
-use common::{pieval, repo, run};
+use common::{pieval, read_jsonl as lines, repo, run, write_jsonl};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-
-fn lines(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-fn write_jsonl(path: &Path, rows: &[Value]) {
-    let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
-    std::fs::write(path, text).unwrap();
-}
 
 /// A run folder scored by `pieval score` from crafted predictions.
 fn scored_run(dir: &Path, name: &str, preds: &[Value]) -> PathBuf {
@@ -637,30 +624,25 @@ print(json.dumps({"counts": counts, "digest": hashlib.sha256("\n".join(lines).en
     if !sqlite3 && std::env::var("CI").is_ok() {
         panic!("CI must have the sqlite3 program (.ci/run installs it)");
     }
+    // One query through the sqlite3 program: its output.
+    let sqlite3_query = |sql: &str| {
+        let out = Command::new("sqlite3").arg(&db).arg(sql).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
     if sqlite3 {
-        let out = Command::new("sqlite3")
-            .arg(&db)
-            .arg("SELECT (SELECT count(*) FROM case_results) || ',' || (SELECT count(*) FROM attack_cases) || ',' || (SELECT count(*) FROM controls) || ',' || (SELECT count(*) FROM runs) || ',' || (SELECT count(*) FROM sqlite_master WHERE type = 'index');")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = sqlite3_query(
+            "SELECT (SELECT count(*) FROM case_results) || ',' || (SELECT count(*) FROM attack_cases) || ',' || (SELECT count(*) FROM controls) || ',' || (SELECT count(*) FROM runs) || ',' || (SELECT count(*) FROM sqlite_master WHERE type = 'index');",
         );
-        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "40,40,10,1,9");
+        assert_eq!(out.trim(), "40,40,10,1,9");
         // The rows, sorted byte-wise and joined, as one value: the same digest.
-        let out = Command::new("sqlite3")
-            .arg(&db)
-            .arg("SELECT group_concat(r, char(10)) FROM (SELECT case_id || '|' || CASE WHEN attack_success IS NULL THEN 'NULL' WHEN attack_success THEN 'true' ELSE 'false' END || '|' || coalesce(response_text, 'NULL') AS r FROM case_results ORDER BY r);")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let text = sqlite3_query(
+            "SELECT group_concat(r, char(10)) FROM (SELECT case_id || '|' || CASE WHEN attack_success IS NULL THEN 'NULL' WHEN attack_success THEN 'true' ELSE 'false' END || '|' || coalesce(response_text, 'NULL') AS r FROM case_results ORDER BY r);",
         );
-        let text = String::from_utf8(out.stdout).unwrap();
         let joined = text.strip_suffix('\n').unwrap_or(&text);
         assert_eq!(
             hex::encode(Sha256::digest(joined.as_bytes())),

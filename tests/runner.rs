@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::chat_server::{Action, ChatServer};
-use common::{pieval, repo, run};
+use common::{pieval, read_jsonl as jsonl, repo, run};
 use serde_json::Value;
 
 const KEY_ENV: &str = "PIEVAL_TEST_API_KEY";
@@ -43,14 +43,6 @@ model:
     );
     std::fs::write(&path, text).unwrap();
     path
-}
-
-fn jsonl(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 fn only_run(results: &Path) -> PathBuf {

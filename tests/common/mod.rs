@@ -35,6 +35,21 @@ pub fn run(cmd: &mut Command) -> Output {
     }
 }
 
+/// The JSON values of a JSONL file, one per line.
+pub fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Write values as JSONL.
+pub fn write_jsonl(path: &Path, rows: &[serde_json::Value]) {
+    let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
+    std::fs::write(path, text).unwrap();
+}
+
 /// Replace a temp folder in output with `<tmp>` so snapshots are stable.
 pub fn scrub(text: &str, dir: &Path) -> String {
     text.replace(&dir.display().to_string(), "<tmp>")
