@@ -42,6 +42,18 @@ fn ingest(source: &str, paths: &[&Path], out: &Path, extra: &[&str]) -> Value {
     serde_json::from_str(&r.stdout).unwrap()
 }
 
+/// An ingest that must fail (exit 2) with `want` in its message.
+fn ingest_fails(source: &str, path: &Path, out: &Path, want: &str) {
+    let r = run(pieval()
+        .arg("ingest")
+        .arg(source)
+        .arg(path)
+        .arg("-o")
+        .arg(out));
+    assert_eq!(r.code, 2, "{source}: {}", r.stdout);
+    assert!(r.stderr.contains(want), "{want:?} not in {}", r.stderr);
+}
+
 /// `pieval validate` accepts the file, and `pieval enrich` enriches it unchanged.
 fn validates_and_enriches(path: &Path) {
     let r = run(pieval().arg("validate").arg(path));
@@ -365,17 +377,11 @@ fn appending_duplicates_and_bad_records() {
     let bad = tmp.path().join("bad.json");
     std::fs::write(&bad, serde_json::to_string(&records).unwrap()).unwrap();
     let target = tmp.path().join("new.jsonl");
-    let r = run(pieval()
-        .args(["ingest", "cyberseceval"])
-        .arg(&bad)
-        .arg("-o")
-        .arg(&target));
-    assert_eq!(r.code, 2);
-    assert!(
-        r.stderr
-            .contains("bad.json:2: user_input: missing or not a string"),
-        "{}",
-        r.stderr
+    ingest_fails(
+        "cyberseceval",
+        &bad,
+        &target,
+        "bad.json:2: user_input: missing or not a string",
     );
     assert!(!target.exists(), "no half-written corpus");
     let r = run(pieval()
@@ -395,13 +401,7 @@ fn appending_duplicates_and_bad_records() {
     );
     // Not JSON at all.
     std::fs::write(&bad, "{ nope").unwrap();
-    let r = run(pieval()
-        .args(["ingest", "cyberseceval"])
-        .arg(&bad)
-        .arg("-o")
-        .arg(&target));
-    assert_eq!(r.code, 2);
-    assert!(r.stderr.contains("bad.json:1"), "{}", r.stderr);
+    ingest_fails("cyberseceval", &bad, &target, "bad.json:1");
 }
 
 #[test]
@@ -542,17 +542,11 @@ fn mapped_jsonl_csv_parquet_and_tensor_trust() {
         "{\"sample_id\": 18, \"pre_prompt\": \"x\", \"post_prompt\": \"y\", \"access_code\": \"z\"}\n",
     )).unwrap();
     let out = tmp.path().join("tt.jsonl");
-    let r = run(pieval()
-        .args(["ingest", "tensor-trust"])
-        .arg(&hij)
-        .arg("-o")
-        .arg(&out));
-    assert_eq!(r.code, 2);
-    assert!(
-        r.stderr
-            .contains("hijacking_robustness_dataset.jsonl:2: attack: missing"),
-        "{}",
-        r.stderr
+    ingest_fails(
+        "tensor-trust",
+        &hij,
+        &out,
+        "hijacking_robustness_dataset.jsonl:2: attack: missing",
     );
     let report = ingest("tensor-trust", &[&hij], &out, &["--skip-invalid"]);
     assert_eq!(report["written"], 1);
