@@ -46,8 +46,8 @@ pub fn run(args: Args) -> Result<u8> {
             let what = format!(
                 "{} ({} {})",
                 r.envelope.display(),
-                r.control_id.as_deref().unwrap_or("?"),
-                r.status.as_deref().unwrap_or("?")
+                crate::text::excerpt(r.control_id.as_deref().unwrap_or("?"), 80),
+                crate::text::excerpt(r.status.as_deref().unwrap_or("?"), 40)
             );
             if r.ok {
                 let sig = match &r.signature {

@@ -11,6 +11,7 @@ use super::controls::STATEMENT_TYPE;
 use super::dsse::{Envelope, PAYLOAD_TYPE, SignatureCheck};
 use crate::corpus::reader::sha256_file;
 use crate::error::{Error, Result};
+use crate::text::excerpt;
 
 /// One subject: what the statement says and what the file holds now.
 #[derive(Debug, Clone, Serialize)]
@@ -48,7 +49,8 @@ pub struct VerifyReport {
 }
 
 impl VerifyReport {
-    /// Why it failed, one phrase per problem (empty when ok).
+    /// Why it failed, one phrase per problem (empty when ok). What comes from the
+    /// envelope is escaped: a forged envelope is hostile text.
     pub fn problems(&self) -> Vec<String> {
         let mut out = Vec::new();
         match &self.signature {
@@ -60,10 +62,12 @@ impl VerifyReport {
         }
         for s in self.subjects.iter().filter(|s| !s.ok) {
             out.push(match &s.actual_sha256 {
-                None => format!("subject {} is missing", s.name),
+                None => format!("subject {} is missing", excerpt(&s.name, 200)),
                 Some(actual) => format!(
                     "subject {} changed: sha256 {} (the statement says {})",
-                    s.name, actual, s.expected_sha256
+                    excerpt(&s.name, 200),
+                    actual,
+                    excerpt(&s.expected_sha256, 80)
                 ),
             });
         }
@@ -189,6 +193,30 @@ mod tests {
         for bad in ["../x", "/etc/passwd", "a/../../x", "", "a\\..\\x", "./a"] {
             assert!(subject_path(run, bad).is_none(), "{bad}");
         }
+    }
+
+    #[test]
+    fn problems_escape_what_the_envelope_says() {
+        let report = VerifyReport {
+            envelope: "e.json".into(),
+            run_dir: "r".into(),
+            control_id: None,
+            status: None,
+            signature: SignatureVerdict::NotChecked,
+            subjects: vec![SubjectCheck {
+                name: "evil\u{1b}[31m.txt".into(),
+                expected_sha256: "\u{1b}]0;x\u{7}".into(),
+                actual_sha256: Some("00".into()),
+                ok: false,
+            }],
+            ok: false,
+        };
+        let text = report.problems().join("; ");
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{7}'),
+            "{text:?}"
+        );
+        assert!(text.contains("evil\\u{1b}[31m.txt"), "{text}");
     }
 
     #[test]
