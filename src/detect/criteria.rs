@@ -68,6 +68,15 @@ impl<'a> Response<'a> {
 pub type Verdict<'c> = (Option<bool>, Option<&'c str>);
 
 impl Compiled {
+    /// Whether evaluating needs the response's compact form (a canary does).
+    pub fn needs_compact(&self) -> bool {
+        match self {
+            Compiled::Canary { .. } => true,
+            Compiled::Any(of) | Compiled::All { of, .. } => of.iter().any(Compiled::needs_compact),
+            _ => false,
+        }
+    }
+
     /// Compile criteria text: canonical JSON, or a shorthand string.
     pub fn from_text(text: &str) -> Result<Compiled, String> {
         let criteria = match serde_json::from_str::<serde_json::Value>(text) {

@@ -320,7 +320,11 @@ impl ScalarUDFImpl for CriteriaUdf {
                     );
                 }
             };
-            prepared.load(text);
+            if matcher.needs_compact() {
+                prepared.load(text);
+            } else {
+                prepared.load_folded(text);
+            }
             let (ok, decided_by) = matcher.eval(&Response::new(text, &prepared, refusals));
             success.append_option(ok);
             rule.append_option(decided_by);
