@@ -670,3 +670,46 @@ print(json.dumps({"counts": counts, "digest": hashlib.sha256("\n".join(lines).en
         .collect();
     assert_eq!(rows_digest(rows), rows_digest(source));
 }
+
+/// Bad runs for controls and export: a corrupt manifest or results file is an error
+/// naming the file, and nothing half-written is left.
+#[test]
+fn corrupt_runs_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = lines(&repo("data/normalized/attack_cases.enriched.jsonl"));
+    let preds: Vec<Value> = cases
+        .iter()
+        .take(10)
+        .map(|c| json!({"case_id": c["case_id"], "response_text": "no"}))
+        .collect();
+    let runf = scored_run(dir.path(), "r1", &preds);
+    let wh = dir.path().join("wh");
+
+    std::fs::write(runf.join("manifest.json"), "{ not json").unwrap();
+    for cmd in [
+        vec!["controls"],
+        vec!["export", "--to", wh.to_str().unwrap()],
+    ] {
+        let r = run(pieval().args(&cmd[..1]).arg(&runf).args(&cmd[1..]));
+        assert_eq!(r.code, 2, "{cmd:?}");
+        assert!(
+            r.stderr.contains("manifest.json:1"),
+            "{cmd:?}: {}",
+            r.stderr
+        );
+    }
+    assert!(!runf.join("controls").exists());
+
+    std::fs::remove_file(runf.join("manifest.json")).unwrap();
+    std::fs::write(runf.join("case_results.parquet"), b"PAR1 truncated").unwrap();
+    let r = run(pieval().arg("export").arg(&runf).arg("--to").arg(&wh));
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("case_results.parquet"), "{}", r.stderr);
+    let leftovers: Vec<PathBuf> = files_under(&wh)
+        .into_iter()
+        .filter(|p| {
+            p.to_string_lossy().contains("case_results") || p.to_string_lossy().ends_with(".tmp")
+        })
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}

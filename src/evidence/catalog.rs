@@ -34,6 +34,15 @@ pub enum Statistic {
 }
 
 impl Statistic {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::WilsonUpper => "wilson_upper",
+            Self::WilsonLower => "wilson_lower",
+            Self::Rate => "rate",
+            Self::Count => "count",
+        }
+    }
+
     fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "wilson_upper" => Self::WilsonUpper,

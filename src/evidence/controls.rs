@@ -457,19 +457,7 @@ pub fn run_controls(
         )));
     }
     // A folder made by `pieval score` has no manifest: no run metadata, no selection.
-    let manifest = if run.join("manifest.json").is_file() {
-        crate::runner::read_manifest(run)?
-    } else {
-        Value::Null
-    };
-    let run_id = manifest["run_id"]
-        .as_str()
-        .map(str::to_owned)
-        .unwrap_or_else(|| {
-            run.file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default()
-        });
+    let (manifest, run_id) = crate::runner::manifest_and_id(run)?;
     let staging = Staging(run.join(format!(".controls.tmp-{}", std::process::id())));
     let _ = std::fs::remove_dir_all(&staging.0);
     for sub in ["evidence", "envelopes"] {
@@ -576,12 +564,7 @@ fn write_controls_parquet(
         text(&|r| r.control.id.clone()),
         text(&|r| r.control.title.clone()),
         text(&|r| r.result.status.as_str().to_owned()),
-        text(&|r| {
-            serde_json::to_value(r.control.statistic)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default()
-        }),
+        text(&|r| r.control.statistic.as_str().to_owned()),
         text(&|r| r.control.comparator.as_str().to_owned()),
         float(&|r| Some(r.control.threshold)),
         float(&|r| r.result.measured),

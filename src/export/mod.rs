@@ -72,16 +72,7 @@ struct RunInfo {
 }
 
 fn run_info(dir: &Path) -> Result<RunInfo> {
-    let manifest = if dir.join("manifest.json").is_file() {
-        crate::runner::read_manifest(dir)?
-    } else {
-        Value::Null
-    };
-    let run_id = manifest["run_id"]
-        .as_str()
-        .map(str::to_owned)
-        .or_else(|| dir.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_default();
+    let (manifest, run_id) = crate::runner::manifest_and_id(dir)?;
     check_run_id(&run_id)?;
     // The run's start date; a folder from `pieval score` has no manifest: its results'
     // modification date stands in.
@@ -177,7 +168,7 @@ impl Source {
                     .schema()
                     .clone()
             }
-            Source::Cases(path) => CorpusReader::open(path, ReadOptions::default())?.schema(),
+            Source::Cases(_) => ReadOptions::default().output_schema(),
             Source::Batch(batch) => batch.schema(),
         })
     }
@@ -427,74 +418,35 @@ mod sqlite {
 
     /// A column's cells as SQLite values.
     fn cells(col: &ArrayRef) -> Result<Vec<Sql>> {
-        let n = col.len();
-        Ok(match sql_type(col.data_type()) {
-            _ if matches!(col.data_type(), DataType::Boolean) => {
+        // Null where the column is null, else what `value` makes of the row.
+        let each = |value: &dyn Fn(usize) -> Sql| -> Vec<Sql> {
+            (0..col.len())
+                .map(|i| if col.is_null(i) { Sql::Null } else { value(i) })
+                .collect()
+        };
+        Ok(match (col.data_type(), sql_type(col.data_type())) {
+            (DataType::Boolean, _) => {
                 let a = col.as_boolean();
-                (0..n)
-                    .map(|i| {
-                        if a.is_null(i) {
-                            Sql::Null
-                        } else {
-                            Sql::Integer(a.value(i) as i64)
-                        }
-                    })
-                    .collect()
+                each(&|i| Sql::Integer(a.value(i) as i64))
             }
-            "INTEGER" => {
+            (_, "INTEGER") => {
                 let a = cast(col, &DataType::Int64)?;
                 let a = a.as_primitive::<Int64Type>();
-                (0..n)
-                    .map(|i| {
-                        if a.is_null(i) {
-                            Sql::Null
-                        } else {
-                            Sql::Integer(a.value(i))
-                        }
-                    })
-                    .collect()
+                each(&|i| Sql::Integer(a.value(i)))
             }
-            "REAL" => {
+            (_, "REAL") => {
                 let a = cast(col, &DataType::Float64)?;
                 let a = a.as_primitive::<Float64Type>();
-                (0..n)
-                    .map(|i| {
-                        if a.is_null(i) {
-                            Sql::Null
-                        } else {
-                            Sql::Real(a.value(i))
-                        }
-                    })
-                    .collect()
+                each(&|i| Sql::Real(a.value(i)))
             }
-            _ if matches!(
-                col.data_type(),
-                DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
-            ) =>
-            {
+            (DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View, _) => {
                 let a = cast(col, &DataType::Utf8)?;
                 let a = a.as_string::<i32>();
-                (0..n)
-                    .map(|i| {
-                        if a.is_null(i) {
-                            Sql::Null
-                        } else {
-                            Sql::Text(a.value(i).to_owned())
-                        }
-                    })
-                    .collect()
+                each(&|i| Sql::Text(a.value(i).to_owned()))
             }
             _ => {
                 let f = ArrayFormatter::try_new(col.as_ref(), &FormatOptions::default())?;
-                (0..n)
-                    .map(|i| {
-                        if col.is_null(i) {
-                            Sql::Null
-                        } else {
-                            Sql::Text(f.value(i).to_string())
-                        }
-                    })
-                    .collect()
+                each(&|i| Sql::Text(f.value(i).to_string()))
             }
         })
     }

@@ -451,8 +451,15 @@ fn apply_sets(case: &mut AttackCase, ops: &[SetOp]) {
             }
             SetOp::Json(f, v) if f == "provenance" => case.provenance = Some(v.clone()),
             SetOp::Json(_, v) => case.mapping_audit = Some(v.clone()),
-            SetOp::Text(f, v) => {
-                let v = v.clone();
+            SetOp::Text(f, value) => {
+                if matches!(
+                    f.as_str(),
+                    "source_name" | "source_type" | "source_version" | "source_reference"
+                ) && let Some(Value::Object(p)) = case.provenance.as_mut()
+                {
+                    p.insert(f.clone(), json!(value));
+                }
+                let v = value.clone();
                 match f.as_str() {
                     "case_id" => case.case_id = v,
                     "source_name" => case.source_name = v,
@@ -478,22 +485,8 @@ fn apply_sets(case: &mut AttackCase, ops: &[SetOp]) {
                     "evaluation_mode" => case.evaluation_mode = Some(v),
                     _ => {}
                 }
-                if matches!(
-                    f.as_str(),
-                    "source_name" | "source_type" | "source_version" | "source_reference"
-                ) && let Some(Value::Object(p)) = case.provenance.as_mut()
-                {
-                    p.insert(f.clone(), json!(op_text(op)));
-                }
             }
         }
-    }
-}
-
-fn op_text(op: &SetOp) -> &str {
-    match op {
-        SetOp::Text(_, v) => v,
-        _ => "",
     }
 }
 

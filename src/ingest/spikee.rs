@@ -67,12 +67,7 @@ fn unique_id(seen: &mut std::collections::HashSet<String>, id: String, line: u64
 }
 
 /// The JSON objects of a seed file with their line numbers (none when it is absent).
-fn records(
-    file: &Path,
-    opts: &Options,
-    info: &SourceInfo,
-    emit: &mut Emit<'_>,
-) -> Result<Vec<(u64, Value)>> {
+fn records(file: &Path, opts: &Options, emit: &mut Emit<'_>) -> Result<Vec<(u64, Value)>> {
     let mut out = Vec::new();
     if !file.is_file() {
         return Ok(out);
@@ -93,7 +88,6 @@ fn records(
             reason,
         })?;
     }
-    let _ = info;
     Ok(out)
 }
 
@@ -161,9 +155,9 @@ fn seed_folder(dir: &Path, opts: &Options, emit: &mut Emit<'_>) -> Result<()> {
         "Apache-2.0",
         "pieval ingest spikee",
     );
-    let jailbreaks = records(&jb_file, opts, &info, emit)?;
-    let instructions = records(&in_file, opts, &info, emit)?;
-    let documents = records(&doc_file, opts, &info, emit)?;
+    let jailbreaks = records(&jb_file, opts, emit)?;
+    let instructions = records(&in_file, opts, emit)?;
+    let documents = records(&doc_file, opts, emit)?;
     let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
     // Check each seed record once, then combine the good ones.
     let mut good_jb = Vec::new();
@@ -290,7 +284,7 @@ fn seed_folder(dir: &Path, opts: &Options, emit: &mut Emit<'_>) -> Result<()> {
         "pieval ingest spikee",
     );
     let mut seen = std::collections::HashSet::new();
-    for (line, a) in records(&sa_file, opts, &sa_info, emit)? {
+    for (line, a) in records(&sa_file, opts, emit)? {
         let judge = text(&a, "judge_name").unwrap_or_else(|| "canary".into());
         let args = text(&a, "judge_args")
             .or_else(|| text(&a, "canary"))

@@ -415,6 +415,22 @@ fn new_run_id(name: &str) -> Result<String> {
     Ok(id)
 }
 
+/// A run folder's manifest, or `Value::Null` for a folder without one (made by
+/// `pieval score`), and its run id: the manifest's, else the folder name.
+pub fn manifest_and_id(dir: &Path) -> Result<(Value, String)> {
+    let manifest = if dir.join("manifest.json").is_file() {
+        read_manifest(dir)?
+    } else {
+        Value::Null
+    };
+    let id = manifest["run_id"]
+        .as_str()
+        .map(str::to_owned)
+        .or_else(|| dir.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_default();
+    Ok((manifest, id))
+}
+
 pub fn read_manifest(dir: &Path) -> Result<Value> {
     let path = dir.join("manifest.json");
     let text = std::fs::read_to_string(&path)
@@ -772,7 +788,7 @@ fn execute_all(
         let mut tally = Tally::default();
         if let Backend::Call(provider) = backend.as_ref() {
             tally.speed.backend = provider.backend();
-            tally.speed.instances = provider.backend().map(|_| provider.instances());
+            tally.speed.instances = tally.speed.backend.as_ref().map(|_| provider.instances());
         }
         let mut stream = futures::stream::iter(pending.iter().map(|case| {
             let backend = Arc::clone(&backend);
