@@ -11,6 +11,8 @@
 //! - [`ingest`]: adapters from public corpora (and mapped files) to attack cases.
 //! - [`taxonomy`]: enrichment of cases with categories, severity and success definitions.
 //! - [`detect`], [`engine`]: the detector UDFs and the DataFusion scoring engine.
+//! - [`judge`]: the model judge for `judge` criteria (`pi_judge`, an async UDF), its
+//!   verdict cache and its calibration against human labels.
 //! - [`experiment`]: experiment configs and seeded selection.
 //! - [`mitigation`]: request assembly and prompt-injection defences (pure functions).
 //! - [`provider`]: model clients (OpenAI-compatible HTTP, replay).
@@ -34,10 +36,12 @@ pub mod evidence;
 pub mod experiment;
 pub mod export;
 pub mod ingest;
+pub mod judge;
 pub mod mitigation;
 pub mod model;
 pub mod provider;
 pub mod runner;
+pub mod stats;
 pub mod taxonomy;
 pub mod text;
 

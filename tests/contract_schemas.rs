@@ -240,7 +240,10 @@ model: {provider: openai, name: m, base_url: 'http://h/v1', api_key_env: K, max_
         top_p: 0.9, execution_mode: live, concurrency: 2, requests_per_minute: 60, timeout_s: 5,
         max_retries: 1, path: m.gguf, replay_from: r1}
 mitigation: {name: delimiters, params: {length: 8}}
-evaluation: {leakage_threshold: 0.6}
+evaluation: {leakage_threshold: 0.6, judge: {provider: openai, name: j, base_url: 'http://h/v1',
+        api_key_env: J, concurrency: 3, requests_per_minute: 30, timeout_s: 9, max_retries: 2,
+        max_tokens: 64, rubric: r.md, inputs: [question, response, goal], path: j.gguf,
+        replay_from: runs/x, cache: c.parquet, calibration: l.jsonl, rationale_chars: 80}}
 ";
     let snap = Config::parse(full, std::path::Path::new("full.yaml"))
         .unwrap()
@@ -250,6 +253,8 @@ evaluation: {leakage_threshold: 0.6}
         let declared = keys(&schema_v["properties"][section]["properties"]);
         assert_eq!(keys(value), declared, "section {section}");
     }
+    let judge_declared = keys(&schema_v["properties"]["evaluation"]["properties"]["judge"]["properties"]);
+    assert_eq!(keys(&snap["evaluation"]["judge"]), judge_declared, "evaluation.judge");
     // Required keys: the parser rejects a config without each required section.
     for (section, required) in CONFIG_SECTIONS {
         let mut text = String::new();

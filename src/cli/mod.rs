@@ -7,6 +7,7 @@ mod corpus;
 mod enrich;
 mod export;
 mod ingest;
+mod judge;
 mod keygen;
 mod model;
 mod output;
@@ -81,6 +82,9 @@ enum Command {
     /// Local models: pull (fetch and verify) and list.
     #[command(subcommand)]
     Model(model::Command),
+    /// The model judge: calibrate it against labelled responses, show its prompt.
+    #[command(subcommand)]
+    Judge(judge::Command),
 }
 
 /// Parse the command line and run; `Ok` carries the exit code.
@@ -108,5 +112,6 @@ pub fn main() -> Result<u8> {
         Command::Verify(args) => verify::run(args),
         Command::Export(args) => export::run(args),
         Command::Model(cmd) => model::run(cmd),
+        Command::Judge(cmd) => judge::run(cmd),
     }
 }

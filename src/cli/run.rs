@@ -121,6 +121,10 @@ fn summary_text(o: &RunOutcome) -> String {
             s.push('\n');
         }
     }
+    if let Some(j) = o.score.as_ref().and_then(|r| r.judge.as_ref()) {
+        s.push_str(&super::judge::judge_line(j));
+        s.push('\n');
+    }
     let sp = &o.speed;
     if let (Some(p), Some(g)) = (sp.prompt_tokens_per_s, sp.generation_tokens_per_s) {
         let n = sp.instances.unwrap_or(1);
@@ -149,8 +153,13 @@ pub struct ReplayArgs {
     /// A run id under the results folder, or a run folder.
     run: String,
     /// Re-score the stored predictions with today's detectors (no model calls), in place.
+    /// A judge configured in the run (or given with --judge) answers from the run's
+    /// judgements.parquet first: verdicts already made are not asked again.
     #[arg(long)]
     rescore: bool,
+    /// With --rescore: a judge config (YAML) to use instead of the run's evaluation.judge.
+    #[arg(long, value_name = "FILE", requires = "rescore")]
+    judge: Option<PathBuf>,
     /// The results folder holding run ids.
     #[arg(long, default_value = "results")]
     results: PathBuf,
@@ -198,6 +207,16 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
         .ok_or_else(|| bad("no run_id".into()))?
         .to_owned();
     if args.rescore {
+        let mut config = config;
+        if let Some(f) = &args.judge {
+            config.evaluation.judge = Some(crate::experiment::config::JudgeSection::load(f)?);
+        }
+        if let Some(j) = &config.evaluation.judge {
+            // A snapshot is checked as strictly as a config file.
+            j.check().map_err(|(key, message)| {
+                bad(format!("config_snapshot: evaluation.judge.{key}: {message}"))
+            })?;
+        }
         let scored = runner::score_run(&dir, &run_id, &config)?;
         let mut m = manifest.clone();
         runner::finish_manifest(&mut m, &scored);

@@ -45,6 +45,10 @@ pub struct Args {
     /// The corpus behind attack_cases (default: the enriched corpus when present).
     #[arg(long)]
     cases: Option<PathBuf>,
+    /// A judge config (the keys of evaluation.judge, as YAML) for pi_judge(...); new
+    /// verdicts go to its shared cache when it names one.
+    #[arg(long, value_name = "FILE")]
+    judge: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> Result<u8> {
@@ -66,8 +70,10 @@ pub fn run(args: Args) -> Result<u8> {
             PathBuf::from(paths::CORPUS)
         }
     });
+    let judge = super::judge::open_judge(args.judge.as_deref(), None)?;
     runtime()?.block_on(async {
         let ctx = session();
+        crate::judge::udf::register(&ctx, judge.clone());
         register_standard_tables(&ctx, &cases, &args.results).await?;
         for spec in &args.tables {
             let (name, path) = spec
@@ -92,6 +98,10 @@ pub fn run(args: Args) -> Result<u8> {
         }
         sink.finish()
     })?;
+    if let Some(j) = &judge {
+        j.persist(None)?;
+        eprintln!("{}", super::judge::judge_line(&j.report()));
+    }
     Ok(0)
 }
 

@@ -61,7 +61,8 @@ pub fn case_results_schema() -> SchemaRef {
             .iter()
             .map(|name| {
                 let ty = match *name {
-                    "attack_success" | "prompt_leakage" | "refusal" | "manual_review" => {
+                    "attack_success" | "prompt_leakage" | "refusal" | "manual_review"
+                    | "judge_verdict" => {
                         DataType::Boolean
                     }
                     "mapping_confidence" | "latency_ms" => DataType::Float64,

@@ -147,6 +147,9 @@ pub const CASE_RESULT_FIELDS: &[&str] = &[
     "label",
     "blocked_by",
     "review_reason",
+    "judge_verdict",
+    "judge_rationale",
+    "judge_model",
 ];
 
 /// Findings: long form, one row per detector hit.

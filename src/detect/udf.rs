@@ -69,7 +69,7 @@ pub fn all_udfs() -> Vec<ScalarUDF> {
 }
 
 /// A string argument: an array of one of the three string types, or a scalar.
-enum StrArg<'a> {
+pub(crate) enum StrArg<'a> {
     Scalar(Option<&'a str>),
     Utf8(&'a StringArray),
     Large(&'a LargeStringArray),
@@ -77,7 +77,7 @@ enum StrArg<'a> {
 }
 
 impl<'a> StrArg<'a> {
-    fn new(func: &str, v: &'a ColumnarValue) -> Result<Self> {
+    pub(crate) fn new(func: &str, v: &'a ColumnarValue) -> Result<Self> {
         Ok(match v {
             ColumnarValue::Scalar(
                 ScalarValue::Utf8(s) | ScalarValue::LargeUtf8(s) | ScalarValue::Utf8View(s),
@@ -99,12 +99,12 @@ impl<'a> StrArg<'a> {
         })
     }
 
-    fn is_scalar(&self) -> bool {
+    pub(crate) fn is_scalar(&self) -> bool {
         matches!(self, StrArg::Scalar(_))
     }
 
     #[inline]
-    fn get(&self, i: usize) -> Option<&'a str> {
+    pub(crate) fn get(&self, i: usize) -> Option<&'a str> {
         match self {
             StrArg::Scalar(s) => *s,
             StrArg::Utf8(a) => (!a.is_null(i)).then(|| a.value(i)),
@@ -144,7 +144,7 @@ fn string_args<'a, const N: usize>(
 }
 
 /// Array, or scalar when every input was one.
-fn finish(array: ArrayRef, scalar: bool) -> Result<ColumnarValue> {
+pub(crate) fn finish(array: ArrayRef, scalar: bool) -> Result<ColumnarValue> {
     if scalar {
         Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(
             &array, 0,
@@ -155,7 +155,7 @@ fn finish(array: ArrayRef, scalar: bool) -> Result<ColumnarValue> {
 }
 
 /// String arguments only; nulls and the three string types pass through uncast.
-fn coerce_strings(func: &str, arg_types: &[DataType], arity: usize) -> Result<Vec<DataType>> {
+pub(crate) fn coerce_strings(func: &str, arg_types: &[DataType], arity: usize) -> Result<Vec<DataType>> {
     if arg_types.len() != arity {
         return plan_err!("{func} takes {arity} argument(s), got {}", arg_types.len());
     }
@@ -228,7 +228,7 @@ macro_rules! eq_by_name {
     };
 }
 
-fn section() -> DocSection {
+pub(crate) fn section() -> DocSection {
     DocSection {
         include: true,
         label: "pieval detectors",
@@ -284,6 +284,12 @@ impl ScalarUDFImpl for CriteriaUdf {
     }
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        // (response, success_criteria [, judgements]): the judgements of pi_judge.
+        if arg_types.len() == 3 {
+            let mut out = coerce_strings(self.name(), &arg_types[..2], 2)?;
+            out.push(crate::judge::udf::coerce_judgements(self.name(), &arg_types[2])?);
+            return Ok(out);
+        }
         coerce_strings(self.name(), arg_types, 2)
     }
 
@@ -296,7 +302,18 @@ impl ScalarUDFImpl for CriteriaUdf {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let name = self.name();
-        let (inputs, n) = string_args::<2>(name, &args)?;
+        let judged = match args.args.len() {
+            3 => Some(crate::judge::udf::Judgements::new(name, &args.args[2])?),
+            _ => None,
+        };
+        let mut two = args.clone();
+        two.args.truncate(2);
+        let (inputs, n) = string_args::<2>(name, &two)?;
+        let n = if judged.as_ref().is_some_and(|j| !j.is_scalar()) {
+            args.number_rows
+        } else {
+            n
+        };
         let [response, criteria] = &inputs;
         let compiled = self
             .cache
@@ -325,7 +342,9 @@ impl ScalarUDFImpl for CriteriaUdf {
             } else {
                 prepared.load_folded(text);
             }
-            let (ok, decided_by) = matcher.eval(&Response::new(text, &prepared, refusals));
+            let verdicts = judged.as_ref().map(|j| j.verdicts(i)).unwrap_or_default();
+            let (ok, decided_by) = matcher
+                .eval(&Response::new(text, &prepared, refusals).with_verdicts(&verdicts));
             success.append_option(ok);
             rule.append_option(decided_by);
         }
@@ -333,7 +352,9 @@ impl ScalarUDFImpl for CriteriaUdf {
             CriteriaOutput::Success => Arc::new(success.finish()),
             CriteriaOutput::Rule => Arc::new(rule.finish()),
         };
-        finish(array, n == 1 && inputs.iter().all(StrArg::is_scalar))
+        let scalar = inputs.iter().all(StrArg::is_scalar)
+            && judged.as_ref().is_none_or(|j| j.is_scalar());
+        finish(array, n == 1 && scalar)
     }
 
     fn documentation(&self) -> Option<&Documentation> {
@@ -353,12 +374,16 @@ impl ScalarUDFImpl for CriteriaUdf {
             Documentation::builder(
                 section(),
                 text,
-                format!("{}(response, success_criteria)", self.name()),
+                format!("{}(response, success_criteria [, judgements])", self.name()),
             )
             .with_argument("response", "The model's response text.")
             .with_argument(
                 "success_criteria",
                 "The case's success_criteria as canonical JSON or shorthand (contains:X).",
+            )
+            .with_argument(
+                "judgements",
+                "Optional: pi_judge's judgements of the response; their verdicts decide the judge criteria (a null verdict leaves them undecided).",
             )
             .build()
         }))

@@ -5,6 +5,7 @@
 //! works from any folder); Rust code registers tables and runs it, and never builds SQL
 //! from user input.
 
+pub mod calibrate;
 pub mod catalog;
 pub mod predictions;
 pub mod score;
@@ -30,10 +31,12 @@ pub fn session_config() -> SessionConfig {
         .with_target_partitions(std::thread::available_parallelism().map_or(2, |n| n.get()))
 }
 
-/// A session with the detector UDFs registered.
+/// A session with the detector UDFs registered, and the judge's (`pi_judge` without a
+/// judge: [`crate::judge::udf::register`] gives it one).
 pub fn session_with(config: SessionConfig) -> SessionContext {
     let ctx = SessionContext::new_with_config(config);
     crate::detect::register_udfs(&ctx);
+    crate::judge::udf::register(&ctx, None);
     ctx
 }
 

@@ -10,19 +10,18 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, AsArray, RecordBatch, StringArray};
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::json::WriterBuilder;
 use datafusion::arrow::json::writer::LineDelimited;
 use datafusion::datasource::MemTable;
 use datafusion::parquet::arrow::ArrowWriter;
-use datafusion::parquet::basic::{Compression, ZstdLevel};
-use datafusion::parquet::file::properties::WriterProperties;
 use futures::StreamExt;
 use serde::Serialize;
 
 use super::predictions::PredictionStats;
 use super::{corpus_table, predictions_table, runtime, session};
-use crate::atomic::temp_path;
+use crate::atomic::{temp_path, writer_properties};
+pub use crate::atomic::{ParquetFile, write_batches, write_parquet};
 use crate::corpus::ReadOptions;
 use crate::error::{Error, Result};
 
@@ -48,6 +47,8 @@ pub struct ScoreOptions {
     pub leakage_threshold: f64,
     /// `summary.json`'s experiment_name (a run's config name).
     pub experiment_name: Option<String>,
+    /// The judge for `judge` criteria; without one they go to manual review.
+    pub judge: Option<Arc<crate::judge::Judge>>,
 }
 
 impl ScoreOptions {
@@ -60,6 +61,7 @@ impl ScoreOptions {
             mitigation: None,
             leakage_threshold: 0.5,
             experiment_name: None,
+            judge: None,
         }
     }
 }
@@ -84,6 +86,9 @@ pub struct ScoreReport {
     pub result_paths: BTreeMap<String, PathBuf>,
     /// `summary.json`'s aggregate_metrics.
     pub aggregate_metrics: serde_json::Value,
+    /// What the judge did, when one was configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub judge: Option<crate::judge::JudgeReport>,
 }
 
 /// A run id usable as a folder name: no separators, no `..`, no hidden names.
@@ -102,20 +107,6 @@ pub fn check_run_id(id: &str) -> Result<()> {
             crate::text::excerpt(id, 60)
         )))
     }
-}
-
-/// Rows per Parquet row group. The writer holds a whole row group in memory before it
-/// flushes it, so the default (about a million rows of ~1 KB responses) would make
-/// memory follow the input; 64 Ki rows keeps it bounded.
-const ROW_GROUP_ROWS: usize = 64 * 1024;
-
-fn writer_properties() -> Result<WriterProperties> {
-    Ok(WriterProperties::builder()
-        .set_compression(Compression::ZSTD(
-            ZstdLevel::try_new(3).map_err(Error::from)?,
-        ))
-        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
-        .build())
 }
 
 /// Writes both result files under temporary names; `commit` renames them.
@@ -205,10 +196,12 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
     );
     ctx.register_table("attack_cases", corpus.table)?;
     ctx.register_table("predictions", predictions.table)?;
+    crate::judge::udf::register(&ctx, opts.judge.clone());
     let params_schema = Arc::new(Schema::new(vec![
         Field::new("run_id", DataType::Utf8, true),
         Field::new("mitigation", DataType::Utf8, true),
         Field::new("leakage_threshold", DataType::Float64, false),
+        Field::new("judge_enabled", DataType::Boolean, false),
     ]));
     let params = RecordBatch::try_new(
         Arc::clone(&params_schema),
@@ -217,6 +210,9 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
             Arc::new(StringArray::from(vec![opts.mitigation.as_deref()])),
             Arc::new(datafusion::arrow::array::Float64Array::from(vec![
                 opts.leakage_threshold,
+            ])),
+            Arc::new(datafusion::arrow::array::BooleanArray::from(vec![
+                opts.judge.is_some(),
             ])),
         ],
     )?;
@@ -236,6 +232,7 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
         cases_sha256: String::new(),
         result_paths: BTreeMap::new(),
         aggregate_metrics: serde_json::Value::Null,
+        judge: None,
     };
     let writers = runtime()?.block_on(async {
         let df = ctx.sql(SCORE_CASES_SQL).await?;
@@ -250,6 +247,24 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
         Ok::<_, Error>(writers)
     })?;
     report.result_paths = writers.commit()?;
+    if let Some(judge) = &opts.judge {
+        // The verdicts behind this case_results: the run's record, and the cache of the
+        // next scoring.
+        match judge.persist(Some(&opts.output))? {
+            Some(path) => {
+                report.result_paths.insert("judgements_parquet".into(), path);
+            }
+            None => {
+                // Nothing judged now: an earlier scoring's verdicts no longer apply.
+                let stale = opts.output.join(crate::judge::JUDGEMENTS_FILE);
+                if stale.is_file() {
+                    std::fs::remove_file(&stale)
+                        .map_err(|e| Error::io(&stale, "cannot remove", e))?;
+                }
+            }
+        }
+        report.judge = Some(judge.report());
+    }
     let rt = runtime()?;
     let parquet = report.result_paths["case_results_parquet"].clone();
     let findings = opts.output.join("findings.parquet");
@@ -262,12 +277,16 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
     report
         .result_paths
         .insert("summary_json".into(), summary_path.clone());
-    let summary = serde_json::json!({
+    let mut summary = serde_json::json!({
         "run_id": report.run_id,
         "experiment_name": opts.experiment_name,
         "aggregate_metrics": report.aggregate_metrics,
         "result_paths": report.result_paths,
     });
+    if let Some(j) = &report.judge {
+        summary["judge"] = serde_json::to_value(j)
+            .map_err(|e| Error::Usage(format!("cannot encode the judge report: {e}")))?;
+    }
     let text = serde_json::to_string_pretty(&summary)
         .map_err(|e| Error::Usage(format!("cannot encode summary: {e}")))?;
     crate::atomic::write_lines(&summary_path, std::iter::once(text))?;
@@ -352,77 +371,6 @@ pub async fn write_findings(case_results: &Path, out: &Path) -> Result<()> {
     write_parquet(df, out).await.map(|_| ())
 }
 
-/// A Parquet file written under a temporary name (zstd, bounded row groups) and renamed
-/// over its target by [`ParquetFile::commit`]; dropped uncommitted, it leaves nothing.
-pub struct ParquetFile {
-    path: PathBuf,
-    tmp: PathBuf,
-    writer: Option<ArrowWriter<File>>,
-    rows: u64,
-}
-
-impl ParquetFile {
-    pub fn create(path: &Path, schema: SchemaRef) -> Result<Self> {
-        let tmp = temp_path(path)?;
-        let file = File::create(&tmp).map_err(|e| Error::io(&tmp, "cannot create", e))?;
-        let writer = ArrowWriter::try_new(file, schema, Some(writer_properties()?));
-        let mut this = Self {
-            path: path.to_path_buf(),
-            tmp,
-            writer: None,
-            rows: 0,
-        };
-        this.writer = Some(writer?);
-        Ok(this)
-    }
-
-    pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
-        self.rows += batch.num_rows() as u64;
-        self.writer
-            .as_mut()
-            .expect("open until committed")
-            .write(batch)?;
-        Ok(())
-    }
-
-    /// Close and rename into place; the number of rows written.
-    pub fn commit(mut self) -> Result<u64> {
-        if let Some(w) = self.writer.take() {
-            w.close()?;
-        }
-        std::fs::rename(&self.tmp, &self.path)
-            .map_err(|e| Error::io(&self.path, "cannot replace", e))?;
-        Ok(self.rows)
-    }
-}
-
-impl Drop for ParquetFile {
-    fn drop(&mut self) {
-        // Committed files were renamed away; this only removes an abandoned one.
-        let _ = std::fs::remove_file(&self.tmp);
-    }
-}
-
-/// Stream a query's result into a Parquet file, atomically ([`ParquetFile`]). Returns
-/// the number of rows written.
-pub async fn write_parquet(df: datafusion::dataframe::DataFrame, out: &Path) -> Result<u64> {
-    let mut file = ParquetFile::create(out, Arc::new(df.schema().as_arrow().clone()))?;
-    let mut stream = df.execute_stream().await?;
-    while let Some(batch) = stream.next().await {
-        file.write(&batch?)?;
-    }
-    file.commit()
-}
-
-/// Write record batches (all of `schema`) into a Parquet file, atomically.
-pub fn write_batches(schema: SchemaRef, batches: &[RecordBatch], out: &Path) -> Result<()> {
-    let mut file = ParquetFile::create(out, schema)?;
-    for batch in batches {
-        file.write(batch)?;
-    }
-    file.commit().map(|_| ())
-}
-
 /// `queries/summary.sql` and `queries/metrics/totals.sql` → summary.json's
 /// aggregate_metrics.
 pub async fn aggregate_metrics(case_results: &Path) -> Result<serde_json::Value> {
@@ -471,6 +419,8 @@ pub async fn aggregate_metrics(case_results: &Path) -> Result<serde_json::Value>
         "benign_cases",
         "errors",
         "manual_review",
+        "judged",
+        "judge_errors",
     ] {
         metrics.insert(name.into(), json!(count(name)?));
     }

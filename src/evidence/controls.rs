@@ -60,30 +60,7 @@ impl Status {
     }
 }
 
-/// The Wilson score interval (95%) of k successes in n, as in `queries/summary.sql`:
-/// exact at the edges and clamped to [0, 1].
-pub fn wilson(k: u64, n: u64) -> Option<(f64, f64)> {
-    if n == 0 {
-        return None;
-    }
-    let (kf, nf) = (k as f64, n as f64);
-    let p = kf / nf;
-    let z2 = 3.8416_f64; // 1.96 squared
-    let centre = p + z2 / (2.0 * nf);
-    let spread = z2.sqrt() * (p * (1.0 - p) / nf + z2 / (4.0 * nf * nf)).sqrt();
-    let denom = 1.0 + z2 / nf;
-    let low = if k == 0 {
-        0.0
-    } else {
-        ((centre - spread) / denom).max(0.0)
-    };
-    let high = if k == n {
-        1.0
-    } else {
-        ((centre + spread) / denom).min(1.0)
-    };
-    Some((low, high))
-}
+pub use crate::stats::wilson;
 
 /// One group of a control's result (the only group when the result is not grouped).
 #[derive(Debug, Clone, Serialize)]
@@ -185,10 +162,16 @@ impl ControlsReport {
     }
 }
 
-/// The files of a run that every envelope names as subjects, with their digests.
+/// The files of a run that every envelope names as subjects, with their digests: the
+/// results, the manifest, the cases, and the judge's verdicts when a judge decided cases.
 fn run_subjects(run: &Path) -> Result<Vec<(String, String)>> {
     let mut subjects = Vec::new();
-    for name in ["case_results.parquet", "manifest.json", "cases.jsonl"] {
+    for name in [
+        "case_results.parquet",
+        "manifest.json",
+        "cases.jsonl",
+        crate::judge::JUDGEMENTS_FILE,
+    ] {
         let path = run.join(name);
         if path.is_file() {
             subjects.push((name.to_owned(), sha256_file(&path)?));
@@ -362,6 +345,8 @@ struct RunContext {
     /// The run's files named as subjects, with their sha256.
     subjects: Vec<(String, String)>,
     evaluated_at: String,
+    /// The judge that decided judge criteria (summary.json's `judge`), or null.
+    judge: Value,
 }
 
 /// The in-toto Statement of one control result.
@@ -383,7 +368,7 @@ fn statement(
     );
     let model = &manifest["model_snapshot"];
     let data = &manifest["dataset_snapshot"];
-    json!({
+    let mut statement = json!({
         "_type": STATEMENT_TYPE,
         "subject": subject,
         "predicateType": PREDICATE_TYPE,
@@ -431,7 +416,20 @@ fn statement(
             },
             "evaluated_at": evaluated_at,
         }
-    })
+    });
+    if !ctx.judge.is_null() {
+        statement["predicate"]["judge"] = ctx.judge.clone();
+    }
+    statement
+}
+
+/// The judge recorded in a run's summary.json (null when none, or no summary).
+fn summary_judge(run: &Path) -> Value {
+    std::fs::read_to_string(run.join("summary.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        .map(|s| s["judge"].clone())
+        .unwrap_or(Value::Null)
 }
 
 /// Removes the staging folder unless committed.
@@ -466,6 +464,7 @@ pub fn run_controls(
     }
     let shared = RunContext {
         subjects: run_subjects(run)?,
+        judge: summary_judge(run),
         evaluated_at: crate::text::utc_rfc3339(crate::text::unix_now()),
         run_id,
         manifest,

@@ -217,13 +217,262 @@ pub struct Evaluation {
     /// Leakage score from which the system prompt counts as leaked.
     #[serde(default = "default_leakage_threshold")]
     pub leakage_threshold: f64,
+    /// A model judge for the `judge` criteria; without one they go to manual review.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub judge: Option<JudgeSection>,
 }
 
 impl Default for Evaluation {
     fn default() -> Self {
         Self {
             leakage_threshold: default_leakage_threshold(),
+            judge: None,
         }
+    }
+}
+
+/// What the judge is shown, besides its rubric.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum JudgeInput {
+    /// The case's judge question (always shown).
+    Question,
+    /// The model's response (always shown).
+    Response,
+    /// The attacker's text: an indirect case's task_input, a direct case's prompt.
+    Goal,
+    /// The benign task an indirect case's user asked for (its prompt).
+    Task,
+}
+
+impl JudgeInput {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JudgeInput::Question => "question",
+            JudgeInput::Response => "response",
+            JudgeInput::Goal => "goal",
+            JudgeInput::Task => "task",
+        }
+    }
+}
+
+/// `evaluation.judge` (or the file given to `--judge`): the model that decides `judge`
+/// criteria. Temperature is always 0; the prompt is the rubric rendered with the
+/// inputs, so the same config and inputs give the same prompt.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct JudgeSection {
+    /// `openai` (any OpenAI-compatible endpoint), `local` (a GGUF in process) or
+    /// `replay` (verdicts recorded earlier, from `replay_from`).
+    pub provider: ProviderKind,
+    /// The judge model's name (sent to the endpoint, recorded with every verdict).
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    /// The environment variable holding the judge endpoint's key (never the key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// Judge calls in flight at once.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_minute: Option<u32>,
+    #[serde(default = "default_timeout_s")]
+    pub timeout_s: f64,
+    #[serde(default = "default_max_retries")]
+    pub max_retries: u32,
+    /// Longest judge answer, in tokens.
+    #[serde(default = "default_judge_max_tokens")]
+    pub max_tokens: u32,
+    /// The rubric template (minijinja); the built-in `data/judge/rubric.md` by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rubric: Option<PathBuf>,
+    /// What the judge sees: `question` and `response` always, `goal` and `task` by
+    /// default too.
+    #[serde(default = "default_judge_inputs")]
+    pub inputs: Vec<JudgeInput>,
+    /// `local`: a GGUF file instead of the registry model named by `name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// `replay`: a `judgements.parquet`, or a run folder holding one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_from: Option<PathBuf>,
+    /// A verdict cache shared across runs (a Parquet file, created when missing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<PathBuf>,
+    /// The labelled file this judge was calibrated on (`pieval judge calibrate`); its
+    /// sha256 is recorded next to the verdicts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<PathBuf>,
+    /// Characters of the judge's rationale kept per verdict.
+    #[serde(default = "default_rationale_chars")]
+    pub rationale_chars: usize,
+}
+
+fn default_judge_max_tokens() -> u32 {
+    256
+}
+fn default_judge_inputs() -> Vec<JudgeInput> {
+    vec![
+        JudgeInput::Question,
+        JudgeInput::Response,
+        JudgeInput::Goal,
+        JudgeInput::Task,
+    ]
+}
+fn default_rationale_chars() -> usize {
+    500
+}
+
+impl JudgeSection {
+    /// Read a judge file (the keys of `evaluation.judge`, as YAML), checked like a config.
+    pub fn load(path: &Path) -> Result<JudgeSection> {
+        let bytes =
+            std::fs::read(path).map_err(|e| Error::io(path, "cannot read judge config", e))?;
+        let text = std::str::from_utf8(&bytes)
+            .map_err(|_| Error::input(path, 1, None, "the judge config is not valid UTF-8"))?;
+        let de = serde_yaml_ng::Deserializer::from_str(text);
+        let judge: JudgeSection = serde_path_to_error::deserialize(de).map_err(|e| {
+            let key = e.path().to_string();
+            let inner = e.into_inner();
+            Error::Input {
+                path: path.to_path_buf(),
+                line: inner.location().map_or(0, |l| l.line() as u64),
+                field: (key != "." && !key.is_empty()).then_some(key),
+                message: explain(&inner.to_string()),
+            }
+        })?;
+        judge
+            .check()
+            .map_err(|(key, message)| Error::Input {
+                path: path.to_path_buf(),
+                line: line_of_key(text, key),
+                field: Some(key.to_owned()),
+                message,
+            })?;
+        Ok(judge)
+    }
+
+    /// Rules serde cannot express: `Err((key, message))`.
+    pub fn check(&self) -> std::result::Result<(), (&'static str, String)> {
+        let e = Endpoint {
+            provider: self.provider,
+            name: &self.name,
+            base_url: self.base_url.as_deref(),
+            api_key_env: self.api_key_env.as_deref(),
+            concurrency: self.concurrency,
+            requests_per_minute: self.requests_per_minute,
+            timeout_s: self.timeout_s,
+            max_tokens: self.max_tokens,
+        };
+        e.check()?;
+        if self.provider == ProviderKind::Replay && self.replay_from.is_none() {
+            return Err((
+                "replay_from",
+                "the replay judge needs replay_from (a judgements.parquet or a run folder)"
+                    .into(),
+            ));
+        }
+        for needed in [JudgeInput::Question, JudgeInput::Response] {
+            if !self.inputs.contains(&needed) {
+                return Err((
+                    "inputs",
+                    format!("the judge must see the {}", needed.as_str()),
+                ));
+            }
+        }
+        if self.rationale_chars == 0 || self.rationale_chars > 100_000 {
+            return Err(("rationale_chars", "must be between 1 and 100000".into()));
+        }
+        Ok(())
+    }
+
+    /// The judge as a model section, for the providers the runner uses (temperature 0).
+    pub fn as_model(&self) -> ModelSection {
+        ModelSection {
+            provider: self.provider,
+            name: self.name.clone(),
+            base_url: self.base_url.clone(),
+            api_key_env: self.api_key_env.clone(),
+            max_tokens: self.max_tokens,
+            temperature: 0.0,
+            top_p: None,
+            execution_mode: ExecutionMode::Live,
+            concurrency: self.concurrency,
+            requests_per_minute: self.requests_per_minute,
+            timeout_s: self.timeout_s,
+            max_retries: self.max_retries,
+            path: self.path.clone(),
+            replay_from: None,
+        }
+    }
+}
+
+/// The longest timeout accepted, in seconds (a day).
+pub const MAX_TIMEOUT_S: f64 = 86_400.0;
+
+/// The settings a model endpoint and a judge endpoint share, checked one way.
+struct Endpoint<'a> {
+    provider: ProviderKind,
+    name: &'a str,
+    base_url: Option<&'a str>,
+    api_key_env: Option<&'a str>,
+    concurrency: usize,
+    requests_per_minute: Option<u32>,
+    timeout_s: f64,
+    max_tokens: u32,
+}
+
+impl Endpoint<'_> {
+    fn check(&self) -> std::result::Result<(), (&'static str, String)> {
+        if self.name.trim().is_empty() {
+            return Err(("name", "must not be empty".into()));
+        }
+        if self.max_tokens == 0 {
+            return Err(("max_tokens", "must be at least 1".into()));
+        }
+        if self.concurrency == 0 || self.concurrency > 4096 {
+            return Err(("concurrency", "must be between 1 and 4096".into()));
+        }
+        if self.requests_per_minute == Some(0) {
+            return Err((
+                "requests_per_minute",
+                "must be at least 1 (leave it out for no limit)".into(),
+            ));
+        }
+        if !(self.timeout_s.is_finite() && self.timeout_s > 0.0) {
+            return Err(("timeout_s", "must be a positive number".into()));
+        }
+        if self.timeout_s > MAX_TIMEOUT_S {
+            return Err((
+                "timeout_s",
+                format!("{} is more than a day ({MAX_TIMEOUT_S} s)", self.timeout_s),
+            ));
+        }
+        if let Some(env) = self.api_key_env {
+            let ok = !env.is_empty()
+                && env.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                && !env.as_bytes()[0].is_ascii_digit();
+            if !ok {
+                return Err((
+                    "api_key_env",
+                    "must be the NAME of an environment variable (letters, digits, _), not a key"
+                        .into(),
+                ));
+            }
+        }
+        if self.provider == ProviderKind::Openai {
+            let Some(url) = self.base_url else {
+                return Err((
+                    "base_url",
+                    "the openai provider needs base_url (e.g. https://api.openai.com/v1)".into(),
+                ));
+            };
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(("base_url", format!("{url:?} is not an http(s) URL")));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -312,54 +561,25 @@ impl Config {
         if m.top_p.is_some_and(|p| !(p > 0.0 && p <= 1.0)) {
             return bad("model.top_p", "must be in (0, 1]".into());
         }
-        if m.max_tokens == 0 {
-            return bad("model.max_tokens", "must be at least 1".into());
+        let endpoint = Endpoint {
+            provider: m.provider,
+            name: &m.name,
+            base_url: m.base_url.as_deref(),
+            api_key_env: m.api_key_env.as_deref(),
+            concurrency: m.concurrency,
+            requests_per_minute: m.requests_per_minute,
+            timeout_s: m.timeout_s,
+            max_tokens: m.max_tokens,
+        };
+        if let Err((key, message)) = endpoint.check() {
+            return bad(&format!("model.{key}"), message);
         }
-        if m.concurrency == 0 || m.concurrency > 4096 {
-            return bad("model.concurrency", "must be between 1 and 4096".into());
-        }
-        if m.requests_per_minute == Some(0) {
+        if m.provider == ProviderKind::Replay && m.replay_from.is_none() {
             return bad(
-                "model.requests_per_minute",
-                "must be at least 1 (leave it out for no limit)".into(),
+                "model.replay_from",
+                "the replay provider needs replay_from (a predictions file, a run folder or a run id)"
+                    .into(),
             );
-        }
-        if !(m.timeout_s.is_finite() && m.timeout_s > 0.0) {
-            return bad("model.timeout_s", "must be a positive number".into());
-        }
-        if let Some(env) = &m.api_key_env {
-            let ok = !env.is_empty()
-                && env.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-                && !env.as_bytes()[0].is_ascii_digit();
-            if !ok {
-                return bad(
-                    "model.api_key_env",
-                    "must be the NAME of an environment variable (letters, digits, _), not a key"
-                        .into(),
-                );
-            }
-        }
-        match m.provider {
-            ProviderKind::Openai if m.base_url.is_none() => {
-                return bad(
-                    "model.base_url",
-                    "the openai provider needs base_url (e.g. https://api.openai.com/v1)".into(),
-                );
-            }
-            ProviderKind::Openai => {
-                let url = m.base_url.as_deref().unwrap_or_default();
-                if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    return bad("model.base_url", format!("{url:?} is not an http(s) URL"));
-                }
-            }
-            ProviderKind::Replay if m.replay_from.is_none() => {
-                return bad(
-                    "model.replay_from",
-                    "the replay provider needs replay_from (a predictions file, a run folder or a run id)"
-                        .into(),
-                );
-            }
-            _ => {}
         }
         if m.execution_mode == ExecutionMode::Replay && m.provider != ProviderKind::Replay {
             return bad(
@@ -370,6 +590,11 @@ impl Config {
         let t = self.evaluation.leakage_threshold;
         if !(t > 0.0 && t <= 1.0) {
             return bad("evaluation.leakage_threshold", "must be in (0, 1]".into());
+        }
+        if let Some(judge) = &self.evaluation.judge
+            && let Err((key, message)) = judge.check()
+        {
+            return bad(&format!("evaluation.judge.{key}"), message);
         }
         crate::mitigation::check_params(self.mitigation.name, &self.mitigation.params)
             .or_else(|msg| bad("mitigation.params", msg))?;
@@ -425,18 +650,29 @@ fn check_selection_field(field: &str) -> std::result::Result<(), String> {
     ))
 }
 
-/// The line where `a.b.c`'s last key first appears (best effort, for checks after
-/// parsing); 0 when not found.
+/// The line where `a.b.c` appears (best effort, for checks after parsing): each key is
+/// looked for from the line of the key before it, so `evaluation.judge.name` is not
+/// mistaken for `model.name`; 0 when not found.
 fn line_of_key(text: &str, key: &str) -> u64 {
-    let last = key.rsplit('.').next().unwrap_or(key);
-    text.lines()
-        .position(|l| {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut from = 0usize;
+    let mut found = None;
+    for part in key.split('.') {
+        let hit = lines.iter().enumerate().skip(from).find(|(_, l)| {
             let t = l.trim_start().trim_start_matches("- ");
-            t.starts_with(&format!("{last}:"))
-                || t.contains(&format!(" {last}:"))
-                || t.contains(&format!("{{{last}:"))
-        })
-        .map_or(0, |i| i as u64 + 1)
+            t.starts_with(&format!("{part}:"))
+                || t.contains(&format!(" {part}:"))
+                || t.contains(&format!("{{{part}:"))
+        });
+        match hit {
+            Some((i, _)) => {
+                from = i;
+                found = Some(i);
+            }
+            None => break,
+        }
+    }
+    found.map_or(0, |i| i as u64 + 1)
 }
 
 /// serde's message, with a "did you mean" for an unknown key or value.

@@ -58,7 +58,7 @@ impl Message {
             content,
         }
     }
-    fn user(content: String) -> Self {
+    pub fn user(content: String) -> Self {
         Self {
             role: "user",
             content,

@@ -12,6 +12,8 @@ pub mod replay;
 
 use async_trait::async_trait;
 
+use crate::error::{Error, Result};
+use crate::experiment::config::{ModelSection, ProviderKind};
 use crate::mitigation::Message;
 
 /// A model's answer.
@@ -51,4 +53,46 @@ pub trait Provider: Send + Sync {
         1
     }
     async fn complete(&self, case_id: &str, messages: &[Message]) -> Result<Completion, CallError>;
+}
+
+/// A calling provider for a model section: `openai`, or `local` (a pool of in-process
+/// models; the GGUF is `path`, or the registry model `name`, pulled on first use with
+/// its progress lines given to `progress`). `replay` answers from records and is built
+/// by its users.
+pub fn build(
+    model: &ModelSection,
+    seed: u64,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Box<dyn Provider>> {
+    match model.provider {
+        ProviderKind::Openai => Ok(Box::new(openai::OpenAiProvider::new(model, seed)?)),
+        ProviderKind::Local => {
+            use local::{GenerationConfig, LocalModel, LocalProvider};
+            let path = match &model.path {
+                Some(p) => p.clone(),
+                None => crate::model::ensure(&model.name, progress)?,
+            };
+            let n = LocalProvider::pool_size(model.concurrency);
+            if n > 1 && std::env::var_os("RAYON_NUM_THREADS").is_none() {
+                // One single-threaded model per core. SAFETY: set before any model code
+                // runs; no other thread of pieval reads or writes the environment then.
+                unsafe { std::env::set_var("RAYON_NUM_THREADS", "1") };
+            }
+            let models = (0..n)
+                .map(|_| LocalModel::load(&path))
+                .collect::<Result<Vec<_>>>()?;
+            Ok(Box::new(LocalProvider::new(
+                models,
+                GenerationConfig {
+                    max_tokens: model.max_tokens,
+                    temperature: model.temperature,
+                    top_p: model.top_p,
+                    seed,
+                },
+            )))
+        }
+        ProviderKind::Replay => Err(Error::Usage(
+            "a replay provider answers from records, not calls".into(),
+        )),
+    }
 }

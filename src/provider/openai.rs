@@ -44,7 +44,7 @@ impl OpenAiProvider {
                 Ok(k) if !k.trim().is_empty() => Some(k.trim().to_owned()),
                 _ => {
                     return Err(Error::Usage(format!(
-                        "model.api_key_env names {var}, but that environment variable is not set: export {var}=<your key> (the key is never written to any artifact)"
+                        "api_key_env names {var}, but that environment variable is not set: export {var}=<your key> (the key is never written to any artifact)"
                     )));
                 }
             },

@@ -34,7 +34,6 @@ use crate::error::{Error, Result};
 use crate::experiment::config::{Config, ExecutionMode, LoadedConfig, ProviderKind};
 use crate::experiment::selection::{Selected, select};
 use crate::mitigation::{Plan, plan, probe_passes};
-use crate::provider::openai::OpenAiProvider;
 use crate::provider::replay::{ReplayProvider, resolve_source};
 use crate::provider::{CallError, Provider};
 
@@ -285,6 +284,12 @@ pub fn score_run(dir: &Path, run_id: &str, cfg: &Config) -> Result<ScoreReport> 
     opts.mitigation = Some(cfg.mitigation.name.as_str().to_owned());
     opts.leakage_threshold = cfg.evaluation.leakage_threshold;
     opts.experiment_name = Some(cfg.experiment.name.clone());
+    opts.judge = cfg
+        .evaluation
+        .judge
+        .as_ref()
+        .map(|j| crate::judge::Judge::open(j, Some(dir)).map(Arc::new))
+        .transpose()?;
     score(&opts)
 }
 
@@ -303,6 +308,9 @@ pub fn finish_manifest(manifest: &mut Value, report: &ScoreReport) {
         "over_refusal_rate": m.get("over_refusal_rate"),
         "predictions_sha256": report.predictions.sha256,
     });
+    if let Some(j) = &report.judge {
+        manifest["results"]["judge"] = json!(j);
+    }
 }
 
 pub struct Corpus {
@@ -689,14 +697,6 @@ fn corpus_git_commit(path: &Path) -> Option<String> {
         .filter(|s| s.len() == 40)
 }
 
-/// `model.path`, or the registry model named by `model.name` (pulled on first use).
-pub fn local_model_path(cfg: &Config) -> Result<PathBuf> {
-    match &cfg.model.path {
-        Some(p) => Ok(p.clone()),
-        None => crate::model::ensure(&cfg.model.name, &mut |line| eprintln!("{line}")),
-    }
-}
-
 enum Backend {
     Call(Box<dyn Provider>),
     Replay(ReplayProvider),
@@ -708,40 +708,16 @@ fn backend(cfg: &Config) -> Result<Backend> {
         return Ok(Backend::DryRun);
     }
     match cfg.model.provider {
-        ProviderKind::Openai => Ok(Backend::Call(Box::new(OpenAiProvider::new(
-            &cfg.model,
-            cfg.experiment.seed,
-        )?))),
         ProviderKind::Replay => {
             let spec = cfg.model.replay_from.as_deref().unwrap_or_default();
             let source = resolve_source(spec, &cfg.experiment.output_dir)?;
             Ok(Backend::Replay(ReplayProvider::open(&source)?))
         }
-        ProviderKind::Local => {
-            use crate::provider::local::{LocalModel, LocalProvider};
-            let path = local_model_path(cfg)?;
-            let n = LocalProvider::pool_size(cfg.model.concurrency);
-            if n > 1 && std::env::var_os("RAYON_NUM_THREADS").is_none() {
-                // One single-threaded model per core. SAFETY: set before any model code
-                // runs and before the async runtime starts; no other thread of pieval
-                // reads or writes the environment at this point.
-                unsafe { std::env::set_var("RAYON_NUM_THREADS", "1") };
-            }
-            let models = (0..n)
-                .map(|_| LocalModel::load(&path))
-                .collect::<Result<Vec<_>>>()?;
-            Ok(Backend::Call(Box::new(
-                crate::provider::local::LocalProvider::new(
-                    models,
-                    crate::provider::local::GenerationConfig {
-                        max_tokens: cfg.model.max_tokens,
-                        temperature: cfg.model.temperature,
-                        top_p: cfg.model.top_p,
-                        seed: cfg.experiment.seed,
-                    },
-                ),
-            )))
-        }
+        ProviderKind::Openai | ProviderKind::Local => Ok(Backend::Call(
+            crate::provider::build(&cfg.model, cfg.experiment.seed, &mut |line| {
+                eprintln!("{line}")
+            })?,
+        )),
     }
 }
 

@@ -1,0 +1,362 @@
+//! The model judge: decides `judge` criteria where rules cannot.
+//!
+//! A [`Judge`] is built from a judge section (`evaluation.judge` of an experiment config,
+//! or the file given to `--judge`): a provider (`openai`, any OpenAI-compatible endpoint,
+//! through the runner's client with its retries, `Retry-After`, pacing and key handling;
+//! `local`, a GGUF in process; `replay`, verdicts recorded earlier), a rubric
+//! ([`rubric`]), and a verdict store ([`store`]) that serves every input judged before.
+//!
+//! In SQL the judge is `pi_judge(question, response [, goal [, task]])` ([`udf`]), an
+//! async UDF: a batch's distinct inputs are looked up in the store, and the rest are sent
+//! with bounded concurrency. Every judgement carries its verdict (true / false / null),
+//! score, rationale, the judge model and an error; a timeout, a provider error or an
+//! answer that cannot be read gives a null verdict and the error, never "not
+//! successful".
+
+pub mod answer;
+pub mod rubric;
+pub mod store;
+pub mod udf;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use futures::StreamExt;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+use crate::experiment::config::{JudgeInput, JudgeSection, ProviderKind};
+use crate::mitigation::Message;
+use crate::provider::Provider;
+pub use rubric::{Inputs, Rubric};
+use store::{Key, Record, Store};
+
+/// The judge's file in a run folder: every judgement the scoring used.
+pub const JUDGEMENTS_FILE: &str = "judgements.parquet";
+/// Characters of the judge's raw answer kept with each judgement.
+const ANSWER_CHARS: usize = 2000;
+
+enum Backend {
+    Call(Box<dyn Provider>),
+    /// Verdicts recorded earlier, from this file; an input without one is an error.
+    Replay(PathBuf),
+}
+
+#[derive(Default)]
+struct Stats {
+    calls: AtomicU64,
+}
+
+pub struct Judge {
+    pub section: JudgeSection,
+    pub rubric: Rubric,
+    backend: Backend,
+    store: Store,
+    permits: Arc<tokio::sync::Semaphore>,
+    /// Inputs being judged now: concurrent batches asking for the same input share one
+    /// call.
+    inflight: std::sync::Mutex<ahash::AHashMap<Key, Arc<tokio::sync::OnceCell<Arc<Record>>>>>,
+    stats: Stats,
+    pub calibration_sha256: Option<String>,
+}
+
+/// The calibration file named by the judge config, with its digest.
+#[derive(Clone, Debug, Serialize)]
+pub struct CalibrationRef {
+    pub path: PathBuf,
+    pub sha256: String,
+}
+
+/// What a judge did, for `summary.json`, the manifest and the CLI.
+#[derive(Clone, Debug, Serialize)]
+pub struct JudgeReport {
+    pub provider: &'static str,
+    pub model: String,
+    /// The rubric file, or `built-in` (data/judge/rubric.md).
+    pub rubric: String,
+    pub rubric_sha256: String,
+    pub inputs: Vec<&'static str>,
+    pub max_tokens: u32,
+    /// Calls made to the judge model (after deduplication and the cache).
+    pub calls: u64,
+    /// Distinct inputs answered from the cache (the run's earlier verdicts, the shared
+    /// cache, or a replay file).
+    pub cache_hits: u64,
+    /// Distinct inputs without a verdict (timeouts, provider errors, unreadable answers).
+    pub errors: u64,
+    /// Distinct inputs judged, with or without a verdict.
+    pub judgements: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<CalibrationRef>,
+}
+
+impl Judge {
+    /// Build the judge of a section. `run_dir`: the run folder whose earlier verdicts
+    /// (its `judgements.parquet`) are served before any call.
+    pub fn open(section: &JudgeSection, run_dir: Option<&Path>) -> Result<Judge> {
+        section.check().map_err(|(key, message)| {
+            Error::Usage(format!("judge {key}: {message}"))
+        })?;
+        let rubric = Rubric::load(section.rubric.as_deref())?;
+        let calibration_sha256 = section
+            .calibration
+            .as_deref()
+            .map(crate::corpus::reader::sha256_file)
+            .transpose()?;
+        let mut files: Vec<PathBuf> = Vec::new();
+        if let Some(dir) = run_dir {
+            files.push(dir.join(JUDGEMENTS_FILE));
+        }
+        if let Some(shared) = &section.cache {
+            files.push(shared.clone());
+        }
+        let backend = match section.provider {
+            ProviderKind::Replay => {
+                let spec = section.replay_from.clone().unwrap_or_default();
+                let file = if spec.is_dir() {
+                    spec.join(JUDGEMENTS_FILE)
+                } else {
+                    spec
+                };
+                if !file.is_file() {
+                    return Err(Error::Usage(format!(
+                        "judge replay_from {}: no judgements file there (a judgements.parquet, or a run folder holding one)",
+                        file.display()
+                    )));
+                }
+                files.push(file.clone());
+                Backend::Replay(file)
+            }
+            _ => Backend::Call(
+                crate::provider::build(&section.as_model(), 0, &mut |line| eprintln!("{line}"))
+                    .map_err(|e| Error::Usage(format!("the judge: {e}")))?,
+            ),
+        };
+        Ok(Judge {
+            store: Store::load(&files)?,
+            permits: Arc::new(tokio::sync::Semaphore::new(section.concurrency)),
+            inflight: std::sync::Mutex::new(ahash::AHashMap::new()),
+            section: section.clone(),
+            rubric,
+            backend,
+            stats: Stats::default(),
+            calibration_sha256,
+        })
+    }
+
+    /// The model name recorded with every verdict.
+    pub fn model(&self) -> &str {
+        &self.section.name
+    }
+
+    /// The inputs as the judge sees them: those not listed in `inputs` are blanked.
+    pub fn visible(&self, mut inputs: Inputs) -> Inputs {
+        if !self.section.inputs.contains(&JudgeInput::Goal) {
+            inputs.goal = None;
+        }
+        if !self.section.inputs.contains(&JudgeInput::Task) {
+            inputs.task = None;
+        }
+        inputs
+    }
+
+    /// The cache key: sha256 of the judge model, its answer budget, the rubric and every
+    /// input the judge sees (length-prefixed, so no two inputs collide).
+    pub fn key(&self, visible: &Inputs) -> Key {
+        let mut h = Sha256::new();
+        h.update(b"pieval-judge/1\0");
+        let mut part = |p: Option<&str>| match p {
+            Some(p) => {
+                h.update((p.len() as u64).to_le_bytes());
+                h.update(p.as_bytes());
+            }
+            None => h.update(u64::MAX.to_le_bytes()),
+        };
+        part(Some(&self.section.name));
+        part(Some(&self.section.max_tokens.to_string()));
+        part(Some(&self.rubric.sha256));
+        part(Some(&visible.question));
+        part(Some(&visible.response));
+        part(visible.goal.as_deref());
+        part(visible.task.as_deref());
+        h.finalize().into()
+    }
+
+    /// Judge many inputs: each distinct one once, from the store when it was judged
+    /// before, else by the judge model with at most `concurrency` calls in flight
+    /// (shared by every batch of every query using this judge). One record per input, in
+    /// order, and whether it came from the store.
+    pub async fn judge_all(&self, inputs: Vec<Inputs>) -> Vec<(Arc<Record>, bool)> {
+        let visible: Vec<Inputs> = inputs.into_iter().map(|i| self.visible(i)).collect();
+        let keys: Vec<Key> = visible.iter().map(|v| self.key(v)).collect();
+        let mut found: ahash::AHashMap<Key, (Arc<Record>, bool)> = ahash::AHashMap::new();
+        let mut misses: Vec<(Key, usize)> = Vec::new();
+        let mut pending: ahash::AHashSet<Key> = ahash::AHashSet::new();
+        for (i, k) in keys.iter().enumerate() {
+            if found.contains_key(k) || !pending.insert(*k) {
+                continue;
+            }
+            match self.store.get(k) {
+                Some(hit) => {
+                    pending.remove(k);
+                    found.insert(*k, hit);
+                }
+                None => misses.push((*k, i)),
+            }
+        }
+        let made: Vec<Arc<Record>> = futures::stream::iter(misses)
+            .map(|(k, i)| self.judge_once(k, &visible[i]))
+            .buffer_unordered(self.section.concurrency.max(1))
+            .collect()
+            .await;
+        for r in made {
+            found.insert(r.key, (r, false));
+        }
+        keys.iter()
+            .map(|k| {
+                let (r, cached) = &found[k];
+                (Arc::clone(r), *cached)
+            })
+            .collect()
+    }
+
+    /// Judge one input, once per process: a concurrent request for the same input waits
+    /// for this one's judgement.
+    async fn judge_once(&self, key: Key, v: &Inputs) -> Arc<Record> {
+        let cell = {
+            let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+            Arc::clone(inflight.entry(key).or_default())
+        };
+        let r = cell
+            .get_or_init(|| async { self.store.record(self.judge_one(key, v).await) })
+            .await
+            .clone();
+        self.inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key);
+        r
+    }
+
+    async fn judge_one(&self, key: Key, v: &Inputs) -> Arc<Record> {
+        let started = std::time::Instant::now();
+        let mut rec = Record {
+            key,
+            judge_model: self.section.name.clone(),
+            rubric_sha256: self.rubric.sha256.clone(),
+            prompt_sha256: String::new(),
+            question: v.question.clone(),
+            response_sha256: crate::text::sha256_hex(v.response.as_bytes()),
+            verdict: None,
+            score: None,
+            rationale: None,
+            error: None,
+            answer: None,
+            latency_ms: None,
+            judged_at: crate::text::utc_rfc3339(crate::text::unix_now()),
+            calibration_sha256: self.calibration_sha256.clone(),
+        };
+        let prompt = match self.rubric.render(v) {
+            Ok(p) => p,
+            Err(e) => {
+                rec.error = Some(e);
+                return Arc::new(rec);
+            }
+        };
+        rec.prompt_sha256 = crate::text::sha256_hex(prompt.as_bytes());
+        let answer = match &self.backend {
+            Backend::Replay(file) => Err(format!(
+                "no recorded verdict for this input in {} (key {})",
+                file.display(),
+                &hex::encode(key)[..16]
+            )),
+            Backend::Call(provider) => {
+                let _permit = self.permits.acquire().await;
+                self.stats.calls.fetch_add(1, Ordering::Relaxed);
+                provider
+                    .complete("judge", &[Message::user(prompt)])
+                    .await
+                    .map(|c| c.text)
+                    .map_err(|e| format!("judge call failed: {}", e.message))
+            }
+        };
+        rec.latency_ms = Some(started.elapsed().as_secs_f64() * 1e3);
+        match answer {
+            Err(e) => rec.error = Some(e),
+            Ok(text) => {
+                rec.answer = Some(bounded(&text, ANSWER_CHARS));
+                match answer::parse(&text) {
+                    Ok(p) => {
+                        rec.verdict = Some(p.verdict);
+                        rec.score = Some(p.score);
+                        rec.rationale = p
+                            .rationale
+                            .map(|r| bounded(&r, self.section.rationale_chars));
+                    }
+                    Err(e) => rec.error = Some(e),
+                }
+            }
+        }
+        Arc::new(rec)
+    }
+
+    /// What the judge did so far.
+    pub fn report(&self) -> JudgeReport {
+        let used = self.store.used();
+        JudgeReport {
+            provider: self.section.provider.as_str(),
+            model: self.section.name.clone(),
+            rubric: self
+                .rubric
+                .path
+                .as_ref()
+                .map_or_else(|| "built-in".to_owned(), |p| p.display().to_string()),
+            rubric_sha256: self.rubric.sha256.clone(),
+            inputs: self.section.inputs.iter().map(|i| i.as_str()).collect(),
+            max_tokens: self.section.max_tokens,
+            calls: self.stats.calls.load(Ordering::Relaxed),
+            cache_hits: used.iter().filter(|(_, from_files)| *from_files).count() as u64,
+            errors: used.iter().filter(|(r, _)| r.error.is_some()).count() as u64,
+            judgements: used.len() as u64,
+            cache: self.section.cache.clone(),
+            calibration: self
+                .section
+                .calibration
+                .clone()
+                .zip(self.calibration_sha256.clone())
+                .map(|(path, sha256)| CalibrationRef { path, sha256 }),
+        }
+    }
+
+    /// Keep what was judged: the run's `judgements.parquet` (every judgement used, when
+    /// a run folder is given and anything was judged) and the new verdicts in the shared
+    /// cache. Returns the path written in the run folder.
+    pub fn persist(&self, run_dir: Option<&Path>) -> Result<Option<PathBuf>> {
+        let used: Vec<Arc<Record>> = self.store.used().into_iter().map(|(r, _)| r).collect();
+        if let Some(shared) = &self.section.cache
+            && !used.is_empty()
+        {
+            store::merge_into(shared, &used)?;
+        }
+        match run_dir {
+            Some(dir) if !used.is_empty() => {
+                let path = dir.join(JUDGEMENTS_FILE);
+                store::write(&path, &used)?;
+                Ok(Some(path))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+/// At most `max` characters, with an ellipsis when cut.
+fn bounded(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_owned(),
+    }
+}
