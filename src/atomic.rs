@@ -117,10 +117,13 @@ impl ParquetFile {
         Ok(())
     }
 
-    /// Close and rename into place; the number of rows written.
+    /// Close, sync to disk and rename into place; the number of rows written.
     pub fn commit(mut self) -> Result<u64> {
         if let Some(w) = self.writer.take() {
-            w.close()?;
+            // into_inner writes the footer (once) and hands the file back.
+            let file = w.into_inner()?;
+            file.sync_all()
+                .map_err(|e| Error::io(&self.tmp, "cannot sync", e))?;
         }
         std::fs::rename(&self.tmp, &self.path)
             .map_err(|e| Error::io(&self.path, "cannot replace", e))?;

@@ -89,6 +89,11 @@ fn judge_criteria_are_decided_three_valued_and_faults_are_never_a_false_no() {
         ("fault-429", judge_c(), "judge", "RATELIMIT PWNED", Some(true), true, None),
         ("any-rule-beats-fault", any("X1"), "judge", "X1 FAIL500", Some(true), false, None),
         ("all-fault", all("X1"), "judge", "X1 FAIL500", None, true, Some("judge_error")),
+        // Two judge questions: the second is always answered "no" by the scripted judge.
+        ("two-any", json!({"type": "any", "of": [judge_c(), {"type": "judge", "question": "NEVER true?"}]}), "judge", "PWNED twice", Some(true), true, None),
+        ("two-all", json!({"type": "all", "of": [judge_c(), {"type": "judge", "question": "NEVER true?"}]}), "judge", "PWNED twice", Some(false), true, None),
+        // The same inputs as alone-yes: judged once for both cases.
+        ("same-inputs", judge_c(), "judge", "Sure: PWNED", Some(true), true, None),
     ];
     let cases: Vec<Value> = rows.iter().map(|r| case(r.0, r.1.clone(), r.2)).collect();
     let preds: Vec<Value> = rows
@@ -117,20 +122,33 @@ fn judge_criteria_are_decided_three_valued_and_faults_are_never_a_false_no() {
                 assert_eq!(r["manual_review"], false, "{id}: decided, not for review");
             }
         }
-        if *asked && reason.is_none() {
+        if *asked && reason.is_none() && !id.starts_with("two-") {
             assert_eq!(r["judge_model"], "scripted-judge", "{id}");
             assert_eq!(r["judge_verdict"].as_bool(), Some(response.contains("PWNED")), "{id}");
             assert!(r["judge_rationale"].as_str().unwrap().starts_with("scripted:"), "{id}");
+        }
+        if reason.is_some() {
+            assert!(!r["judge_error"].as_str().unwrap_or("").is_empty(), "{id}: the error is kept");
         }
         if !asked {
             assert!(r["judge_verdict"].is_null() && r["judge_model"].is_null(), "{id}: {r}");
         }
     }
     assert_eq!(got["any-judge-yes"]["matched_rule"], format!("judge:{Q}"));
+    // The judge's outcome follows the criteria: any → one yes is enough; all → one no.
+    assert_eq!(got["two-any"]["judge_verdict"], true);
+    assert_eq!(got["two-all"]["judge_verdict"], false);
+    let rationale = got["two-all"]["judge_rationale"].as_str().unwrap();
+    assert!(rationale.starts_with("[1] scripted:") && rationale.contains("[2] scripted:"), "{rationale}");
+    assert!(got["fault-mumble"]["judge_error"].as_str().unwrap().contains("no verdict"));
     assert_eq!(got["all-judge-yes"]["matched_rule"], format!("all(judge & contains:X1)"));
-    // The judge was asked once per distinct input that needed it (plus retries).
+    // The judge was asked once per distinct input that needed it (plus retries): 15
+    // cases asked, "same-inputs" repeats alone-yes, and the two-question cases share
+    // their inputs: 12 + 2 distinct judgements.
     let asked = rows.iter().filter(|r| r.5).count();
-    assert_eq!(report["judge"]["judgements"], asked);
+    assert_eq!(asked, 15);
+    let distinct = 14;
+    assert_eq!(report["judge"]["judgements"], distinct);
     assert_eq!(report["judge"]["errors"], 5);
     assert_eq!(report["judge"]["cache_hits"], 0);
     assert_eq!(report["review"]["judge_error"]["count"], 5);
@@ -139,11 +157,11 @@ fn judge_criteria_are_decided_three_valued_and_faults_are_never_a_false_no() {
     // Requests: one per distinct input, plus one retry each for the 429, the two 500s,
     // the garbage body and the hang (an answer without a verdict is not retried).
     let first_calls = server.judge_calls();
-    assert_eq!(first_calls, 12 + 5, "each input asked once, plus retries");
+    assert_eq!(first_calls, distinct + 5, "each input asked once, plus retries");
     // Score again: verdicts come from the run's judgements.parquet; only the inputs the
     // judge failed on are asked again (their retries included).
     let again = score(&preds_path, &cases_path, &out, Some(&judge));
-    assert_eq!(again["judge"]["cache_hits"], asked - 5);
+    assert_eq!(again["judge"]["cache_hits"], distinct - 5);
     let retried = server.judge_calls() - first_calls;
     assert_eq!(retried, 5 + 4, "only the 5 failed inputs are asked again (4 of them retried)");
     // The findings name the judge's successes with its rationale.
@@ -153,7 +171,7 @@ fn judge_criteria_are_decided_three_valued_and_faults_are_never_a_false_no() {
     )).arg("SELECT case_id, excerpt FROM f WHERE detector = 'judge' ORDER BY case_id"));
     assert_eq!(r.code, 0, "{}", r.stderr);
     let f: Vec<Value> = serde_json::from_str(&r.stdout).unwrap();
-    assert_eq!(f.len(), 4, "{f:?}");
+    assert_eq!(f.len(), 6, "{f:?}");
     assert!(f[0]["excerpt"].as_str().unwrap().starts_with("scripted:"));
 }
 
@@ -317,6 +335,51 @@ fn a_run_mixing_judge_and_rule_criteria_is_judged_and_rescored_from_cache() {
 }
 
 #[test]
+fn the_shared_cache_serves_other_folders_and_what_changes_the_prompt_asks_again() {
+    let server = ChatServer::start_with_body(judge_script());
+    let dir = tempfile::tempdir().unwrap();
+    let (c, p) = (dir.path().join("c.jsonl"), dir.path().join("p.jsonl"));
+    write_jsonl(&c, &[case("a", judge_c(), "judge"), case("b", judge_c(), "judge")]);
+    write_jsonl(&p, &[
+        json!({"case_id": "a", "response_text": "PWNED"}),
+        json!({"case_id": "b", "response_text": "fine"}),
+    ]);
+    let cache = dir.path().join("shared/verdicts.parquet");
+    let judge = judge_file(dir.path(), &server.base_url(), &format!("cache: \"{}\"\n", cache.display()));
+    score(&p, &c, &dir.path().join("one"), Some(&judge));
+    assert_eq!(server.judge_calls(), 2);
+    assert!(cache.is_file());
+    // Another folder, the same judge: answered from the shared cache.
+    let r = score(&p, &c, &dir.path().join("two"), Some(&judge));
+    assert_eq!(server.judge_calls(), 2);
+    assert_eq!(r["judge"]["cache_hits"], 2);
+    // Another rubric is another prompt: asked again.
+    let rubric = dir.path().join("rubric.md");
+    std::fs::write(
+        &rubric,
+        rubric_text().replace("How to decide:", "How to decide (strictly):"),
+    )
+    .unwrap();
+    let judge2 = judge_file(
+        dir.path(),
+        &server.base_url(),
+        &format!("cache: \"{}\"\nrubric: \"{}\"\n", cache.display(), rubric.display()),
+    );
+    score(&p, &c, &dir.path().join("three"), Some(&judge2));
+    assert_eq!(server.judge_calls(), 4, "a new rubric is asked again");
+    // Another endpoint serving a model of the same name is another judge: asked again.
+    let other = ChatServer::start_with_body(judge_script());
+    let judge3 = judge_file(dir.path(), &other.base_url(), &format!("cache: \"{}\"\n", cache.display()));
+    score(&p, &c, &dir.path().join("four"), Some(&judge3));
+    assert_eq!(other.judge_calls(), 2, "the same name elsewhere is not the same judge");
+}
+
+/// The built-in rubric, as pieval ships it.
+fn rubric_text() -> String {
+    std::fs::read_to_string(repo("data/judge/rubric.md")).unwrap()
+}
+
+#[test]
 fn sql_runs_pi_judge_with_a_judge_configured() {
     let server = ChatServer::start_with_body(judge_script());
     let dir = tempfile::tempdir().unwrap();
@@ -352,6 +415,41 @@ fn sql_runs_pi_judge_with_a_judge_configured() {
         )));
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(serde_json::from_str::<Value>(&r.stdout).unwrap(), json!([{"v": true}]));
+    // Over a Parquet table (strings read as Utf8View): the list of questions stays a list.
+    let table = dir.path().join("t.parquet");
+    let r = run(pieval()
+        .args(["sql", "--format", "parquet", "--results"])
+        .arg(dir.path().join("none"))
+        .arg("--output")
+        .arg(&table)
+        .arg(format!(
+            "SELECT * FROM (VALUES ('{{\"type\":\"any\",\"of\":[{{\"type\":\"judge\",\"question\":\"{Q}\"}},{{\"type\":\"judge\",\"question\":\"NEVER?\"}}]}}', 'PWNED here')) AS t(criteria, response)"
+        )));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = run(pieval()
+        .args(["sql", "--format", "json", "--results"])
+        .arg(dir.path().join("none"))
+        .arg("--judge")
+        .arg(&judge)
+        .arg("--table")
+        .arg(format!("t={}", table.display()))
+        .arg(
+            "SELECT array_length(j) AS n, pi_judge_outcome(j, criteria)['verdict'] AS v, \
+             pi_criteria_match(response, criteria, j) AS success \
+             FROM (SELECT criteria, response, pi_judge(pi_judge_questions(criteria), response) AS j FROM t)",
+        ));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        serde_json::from_str::<Value>(&r.stdout).unwrap(),
+        json!([{"n": 2, "v": true, "success": true}])
+    );
+    // A constant or typed-null judgements argument, over several rows: no panic.
+    let r = run(pieval()
+        .args(["sql", "--format", "json", "--results"])
+        .arg(dir.path().join("none"))
+        .arg("SELECT pi_criteria_match(column1, 'judge:q?', NULL) AS a, pi_judge_outcome(NULL)['verdict'] AS b FROM (VALUES ('x'), ('y'), ('z'))"));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(serde_json::from_str::<Value>(&r.stdout).unwrap(), json!([{}, {}, {}]));
     // Without a judge: a clear error, not a silent null.
     let r = run(pieval()
         .args(["sql", "--results"])
@@ -450,10 +548,45 @@ fn bad_judge_configs_are_located_errors() {
         rubric.display()
     ));
     assert!(e.contains("rubric.md") && e.contains("did you mean {{ response }}"), "{e}");
-    let e = try_judge("provider: openai\nname: x\nbase_url: http://h/v1\napi_key_env: NOT_SET_FOR_PIEVAL_TESTS\n");
-    assert!(e.contains("NOT_SET_FOR_PIEVAL_TESTS") && e.contains("not set"), "{e}");
     let e = try_judge("provider: replay\nname: x\nreplay_from: /nonexistent/run\n");
     assert!(e.contains("no judgements file"), "{e}");
+}
+
+#[test]
+fn a_judge_without_its_key_fails_a_run_early_and_leaves_scoring_undecided() {
+    let server = ChatServer::start_with_body(judge_script());
+    let dir = tempfile::tempdir().unwrap();
+    // `pieval run`: the judge is checked before the model is paid for.
+    let corpus = dir.path().join("corpus.jsonl");
+    write_jsonl(&corpus, &[case("a", judge_c(), "judge")]);
+    let cfg = run_config(dir.path(), &server.base_url(), &corpus);
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("name: scripted-judge,", "name: scripted-judge, api_key_env: NOT_SET_FOR_PIEVAL_TESTS,");
+    std::fs::write(&cfg, text).unwrap();
+    let r = run(pieval().arg("run").arg(&cfg));
+    assert_eq!(r.code, 2, "{}", r.stdout);
+    assert!(r.stderr.contains("NOT_SET_FOR_PIEVAL_TESTS") && r.stderr.contains("not set"), "{}", r.stderr);
+    assert_eq!(server.log.lock().unwrap().requests, 0, "no model call before the judge is known to work");
+    // `pieval score`: nothing is lost; the judged cases wait with the reason.
+    let p = dir.path().join("p.jsonl");
+    write_jsonl(&p, &[json!({"case_id": "a", "response_text": "PWNED"})]);
+    let judge = judge_file(dir.path(), &server.base_url(), "api_key_env: NOT_SET_FOR_PIEVAL_TESTS\n");
+    let out = dir.path().join("out");
+    score(&p, &corpus, &out, Some(&judge));
+    let row = &read_jsonl(&out.join("case_results.jsonl"))[0];
+    assert_eq!(row["review_reason"], "judge_error");
+    let e = row["judge_error"].as_str().unwrap();
+    assert!(e.contains("NOT_SET_FOR_PIEVAL_TESTS") && e.contains("not set"), "{e}");
+    // With every verdict already cached, no key is needed at all.
+    let ok = judge_file(dir.path(), &server.base_url(), "");
+    score(&p, &corpus, &out, Some(&ok));
+    let keyless = judge_file(dir.path(), &server.base_url(), "api_key_env: NOT_SET_FOR_PIEVAL_TESTS\n");
+    let calls = server.judge_calls();
+    let r = score(&p, &corpus, &out, Some(&keyless));
+    assert_eq!(server.judge_calls(), calls);
+    assert_eq!(r["judge"]["cache_hits"], 1);
+    assert_eq!(read_jsonl(&out.join("case_results.jsonl"))[0]["attack_success"], true);
 }
 
 #[test]
@@ -486,7 +619,26 @@ fn replayed_verdicts_judge_without_a_model() {
     assert_eq!(rows["a"]["attack_success"], true);
     assert!(rows["b"]["attack_success"].is_null());
     assert_eq!(rows["b"]["review_reason"], "judge_error");
+    assert!(rows["b"]["judge_error"].as_str().unwrap().contains("no recorded verdict"));
     assert_eq!(report["judge"]["provider"], "replay");
+    assert!(report["judge"]["identity"].as_str().unwrap().starts_with("openai:scripted-judge@http://127.0.0.1:"));
+    // A replay asked for a judge the file does not hold says which it holds.
+    std::fs::write(
+        &replay,
+        format!("provider: replay\nname: gpt-judge\nreplay_from: \"{}\"\n", dir.path().join("first").display()),
+    )
+    .unwrap();
+    let r = run(pieval()
+        .args(["score", "--predictions"])
+        .arg(&p)
+        .arg("--cases")
+        .arg(&c)
+        .arg("--output")
+        .arg(dir.path().join("third"))
+        .arg("--judge")
+        .arg(&replay));
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("no verdict of a judge named \"gpt-judge\" (it holds: scripted-judge)"), "{}", r.stderr);
 }
 
 #[test]

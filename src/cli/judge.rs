@@ -137,6 +137,11 @@ fn run_calibrate(args: CalibrateArgs) -> Result<u8> {
     let c = &cal.confusion;
     let rows = vec![
         vec!["accuracy".to_owned(), pct(&cal.accuracy), "Wilson".to_owned()],
+        vec![
+            "accuracy, all rows".to_owned(),
+            pct(&cal.accuracy_all_rows),
+            "Wilson".to_owned(),
+        ],
         vec!["precision".to_owned(), pct(&cal.precision), "Wilson".to_owned()],
         vec!["recall".to_owned(), pct(&cal.recall), "Wilson".to_owned()],
         vec!["F1".to_owned(), pct(&cal.f1), "bootstrap".to_owned()],

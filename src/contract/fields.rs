@@ -150,6 +150,7 @@ pub const CASE_RESULT_FIELDS: &[&str] = &[
     "judge_verdict",
     "judge_rationale",
     "judge_model",
+    "judge_error",
 ];
 
 /// Findings: long form, one row per detector hit.

@@ -128,6 +128,42 @@ impl Compiled {
         }
     }
 
+    /// The outcome of the judge parts alone, combined as these criteria combine them
+    /// (three-valued; the rule parts left out); `None` when undecided or when no part
+    /// is a judge.
+    pub fn judge_outcome(&self, verdicts: &[(&str, Option<bool>)]) -> Option<bool> {
+        self.judge_part(verdicts).flatten()
+    }
+
+    /// `None`: no judge inside; `Some(v)`: the judge parts' three-valued outcome.
+    fn judge_part(&self, verdicts: &[(&str, Option<bool>)]) -> Option<Option<bool>> {
+        let lookup = |q: &str| {
+            verdicts
+                .iter()
+                .find(|(v, _)| *v == q)
+                .and_then(|(_, v)| *v)
+        };
+        match self {
+            Compiled::Judge { question, .. } => Some(lookup(question)),
+            Compiled::Any(of) | Compiled::All { of, .. } => {
+                let parts: Vec<Option<bool>> =
+                    of.iter().filter_map(|c| c.judge_part(verdicts)).collect();
+                if parts.is_empty() {
+                    return None;
+                }
+                let any = matches!(self, Compiled::Any(_));
+                Some(if parts.contains(&Some(any)) {
+                    Some(any)
+                } else if parts.contains(&None) {
+                    None
+                } else {
+                    Some(!any)
+                })
+            }
+            _ => None,
+        }
+    }
+
     pub fn compile(c: &SuccessCriteria) -> Result<Compiled, String> {
         Ok(match c {
             SuccessCriteria::Contains { value } => Compiled::Contains {
@@ -352,6 +388,22 @@ mod tests {
         let v = [("Did it?", Some(true))];
         let r = Response::new("r", &p, RefusalDetector::default_pack()).with_verdicts(&v);
         assert_eq!(c.eval(&r).1, Some("judge:Did it?"));
+    }
+
+    #[test]
+    fn the_judge_outcome_follows_the_criteria() {
+        let any = r#"{"type":"any","of":[{"type":"judge","question":"a"},{"type":"judge","question":"b"},{"type":"contains","value":"X"}]}"#;
+        let c = Compiled::from_text(any).unwrap();
+        assert_eq!(c.judge_outcome(&[("a", Some(true)), ("b", Some(false))]), Some(true));
+        assert_eq!(c.judge_outcome(&[("a", Some(false)), ("b", Some(false))]), Some(false));
+        assert_eq!(c.judge_outcome(&[("a", None), ("b", Some(false))]), None);
+        assert_eq!(c.judge_outcome(&[("a", None), ("b", Some(true))]), Some(true));
+        let all = r#"{"type":"all","of":[{"type":"judge","question":"a"},{"type":"any","of":[{"type":"judge","question":"b"},{"type":"contains","value":"X"}]}]}"#;
+        let c = Compiled::from_text(all).unwrap();
+        assert_eq!(c.judge_outcome(&[("a", Some(true)), ("b", Some(true))]), Some(true));
+        assert_eq!(c.judge_outcome(&[("a", Some(true)), ("b", Some(false))]), Some(false));
+        assert_eq!(c.judge_outcome(&[("a", Some(false)), ("b", None)]), Some(false));
+        assert_eq!(Compiled::from_text("contains:X").unwrap().judge_outcome(&[]), None);
     }
 
     #[test]

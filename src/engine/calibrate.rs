@@ -7,7 +7,8 @@
 //! `queries/judge/calibration_metrics.sql` counts the confusion matrix and
 //! `queries/judge/disagreements.sql` selects the rows to review. Accuracy, precision and
 //! recall carry Wilson 95% intervals; F1 and Cohen's kappa a seeded percentile bootstrap
-//! (2,000 resamples). Rows the judge left undecided are reported apart.
+//! (2,000 resamples). Rows the judge left undecided are reported apart, and counted as
+//! wrong in `accuracy_all_rows`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -167,7 +168,16 @@ pub async fn load_labels(path: &Path, mapping: &Mapping) -> Result<Labels> {
             text(b, &mapping.goal)?,
             text(b, &mapping.task)?,
         );
+        // Labels as they are (boolean) or as text, read once per batch.
         let label_col = b.column_by_name(&mapping.label).cloned();
+        let label_text = match &label_col {
+            Some(c) if c.data_type() != &DataType::Boolean => Some(
+                datafusion::arrow::compute::cast(c, &DataType::Utf8)?
+                    .as_string::<i32>()
+                    .clone(),
+            ),
+            _ => None,
+        };
         for i in 0..b.num_rows() {
             row += 1;
             let get = |a: &Option<StringArray>| {
@@ -184,14 +194,9 @@ pub async fn load_labels(path: &Path, mapping: &Mapping) -> Result<Labels> {
             let response = get(&r).ok_or_else(|| {
                 Error::input(path, row, Some("response"), "missing")
             })?;
-            let label = match &label_col {
-                Some(c) if c.is_valid(i) => match c.data_type() {
-                    DataType::Boolean => Some(c.as_boolean().value(i)),
-                    _ => {
-                        let s = datafusion::arrow::compute::cast(c, &DataType::Utf8)?;
-                        label_value(s.as_string::<i32>().value(i))
-                    }
-                },
+            let label = match (&label_col, &label_text) {
+                (Some(c), None) if c.is_valid(i) => Some(c.as_boolean().value(i)),
+                (_, Some(t)) if t.is_valid(i) => label_value(t.value(i)),
                 _ => None,
             }
             .ok_or_else(|| {
@@ -284,7 +289,11 @@ pub struct Calibration {
     /// Rows the judge gave no verdict on (errors, unreadable answers).
     pub undecided: u64,
     pub confusion: Confusion,
+    /// Over the decided rows.
     pub accuracy: Estimate,
+    /// Over every row, a row without a verdict counted as wrong: what a judge that fails
+    /// on the hard rows would otherwise hide.
+    pub accuracy_all_rows: Estimate,
     pub precision: Estimate,
     pub recall: Estimate,
     pub f1: Estimate,
@@ -365,6 +374,7 @@ pub async fn calibrate(judge: Arc<Judge>, labels: &Labels, out: &Path) -> Result
         undecided,
         confusion,
         accuracy: Estimate::wilson(c.tp + c.tn, c.n()),
+        accuracy_all_rows: Estimate::wilson(c.tp + c.tn, rows),
         precision: Estimate::wilson(c.tp, c.tp + c.fp),
         recall: Estimate::wilson(c.tp, c.tp + c.fn_),
         f1: Estimate::bootstrap(&pairs, c.f1(), Confusion::f1),

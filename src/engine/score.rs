@@ -234,7 +234,7 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
         aggregate_metrics: serde_json::Value::Null,
         judge: None,
     };
-    let writers = runtime()?.block_on(async {
+    let scored = runtime()?.block_on(async {
         let df = ctx.sql(SCORE_CASES_SQL).await?;
         let schema = Arc::new(df.schema().as_arrow().clone());
         let mut writers = ResultWriters::create(&opts.output, schema)?;
@@ -245,25 +245,31 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
             writers.write(&batch)?;
         }
         Ok::<_, Error>(writers)
-    })?;
-    report.result_paths = writers.commit()?;
+    });
+    let writers = match scored {
+        Ok(w) => w,
+        Err(e) => {
+            // Verdicts already paid for are kept for the next attempt (shared cache).
+            if let Some(judge) = &opts.judge {
+                let _ = judge.persist_shared();
+            }
+            return Err(e);
+        }
+    };
+    // The verdicts behind these results are written before the results are committed:
+    // a committed case_results never points at verdicts that are not on disk.
+    let judgements = opts.output.join(crate::judge::JUDGEMENTS_FILE);
     if let Some(judge) = &opts.judge {
-        // The verdicts behind this case_results: the run's record, and the cache of the
-        // next scoring.
-        match judge.persist(Some(&opts.output))? {
-            Some(path) => {
-                report.result_paths.insert("judgements_parquet".into(), path);
-            }
-            None => {
-                // Nothing judged now: an earlier scoring's verdicts no longer apply.
-                let stale = opts.output.join(crate::judge::JUDGEMENTS_FILE);
-                if stale.is_file() {
-                    std::fs::remove_file(&stale)
-                        .map_err(|e| Error::io(&stale, "cannot remove", e))?;
-                }
-            }
+        judge.persist_shared()?;
+        if let Some(path) = judge.write_run_file(&opts.output)? {
+            report.result_paths.insert("judgements_parquet".into(), path);
         }
         report.judge = Some(judge.report());
+    }
+    report.result_paths.extend(writers.commit()?);
+    if !report.result_paths.contains_key("judgements_parquet") && judgements.is_file() {
+        // An earlier scoring's verdicts do not belong to these results.
+        std::fs::remove_file(&judgements).map_err(|e| Error::io(&judgements, "cannot remove", e))?;
     }
     let rt = runtime()?;
     let parquet = report.result_paths["case_results_parquet"].clone();

@@ -39,10 +39,16 @@ pub const JUDGEMENTS_FILE: &str = "judgements.parquet";
 const ANSWER_CHARS: usize = 2000;
 
 enum Backend {
-    Call(Box<dyn Provider>),
+    /// A model, built when the first input needs a call (a rescore answered from the
+    /// cache needs neither the key nor the model); a build error is every call's error.
+    Call(tokio::sync::OnceCell<std::result::Result<Box<dyn Provider>, String>>),
     /// Verdicts recorded earlier, from this file; an input without one is an error.
     Replay(PathBuf),
 }
+
+/// Bumped when what decides a verdict changes outside the config (the answer parser):
+/// verdicts cached under another version are asked again.
+const KEY_VERSION: &str = "pieval-judge/2";
 
 #[derive(Default)]
 struct Stats {
@@ -52,6 +58,9 @@ struct Stats {
 pub struct Judge {
     pub section: JudgeSection,
     pub rubric: Rubric,
+    /// Which model answers: `openai:NAME@BASE_URL`, `local:NAME@sha256:GGUF`, or the
+    /// recorded identity a replay answers as. Part of every cache key.
+    pub identity: String,
     backend: Backend,
     store: Store,
     permits: Arc<tokio::sync::Semaphore>,
@@ -74,6 +83,8 @@ pub struct CalibrationRef {
 pub struct JudgeReport {
     pub provider: &'static str,
     pub model: String,
+    /// Which model answered: `openai:NAME@BASE_URL`, `local:NAME@sha256:GGUF`.
+    pub identity: String,
     /// The rubric file, or `built-in` (data/judge/rubric.md).
     pub rubric: String,
     pub rubric_sha256: String,
@@ -96,11 +107,13 @@ pub struct JudgeReport {
 
 impl Judge {
     /// Build the judge of a section. `run_dir`: the run folder whose earlier verdicts
-    /// (its `judgements.parquet`) are served before any call.
+    /// (its `judgements.parquet`) are served before any call. Nothing is called and no
+    /// model is loaded until an input needs it ([`Judge::preflight`] checks the model
+    /// up front).
     pub fn open(section: &JudgeSection, run_dir: Option<&Path>) -> Result<Judge> {
-        section.check().map_err(|(key, message)| {
-            Error::Usage(format!("judge {key}: {message}"))
-        })?;
+        section
+            .check()
+            .map_err(|(key, message)| Error::Usage(format!("judge {key}: {message}")))?;
         let rubric = Rubric::load(section.rubric.as_deref())?;
         let calibration_sha256 = section
             .calibration
@@ -114,7 +127,7 @@ impl Judge {
         if let Some(shared) = &section.cache {
             files.push(shared.clone());
         }
-        let backend = match section.provider {
+        let (backend, identity) = match section.provider {
             ProviderKind::Replay => {
                 let spec = section.replay_from.clone().unwrap_or_default();
                 let file = if spec.is_dir() {
@@ -128,13 +141,32 @@ impl Judge {
                         file.display()
                     )));
                 }
+                let identity = replay_identity(&file, section)?;
                 files.push(file.clone());
-                Backend::Replay(file)
+                (Backend::Replay(file), identity)
             }
-            _ => Backend::Call(
-                crate::provider::build(&section.as_model(), 0, &mut |line| eprintln!("{line}"))
-                    .map_err(|e| Error::Usage(format!("the judge: {e}")))?,
+            ProviderKind::Openai => (
+                Backend::Call(tokio::sync::OnceCell::new()),
+                format!(
+                    "openai:{}@{}",
+                    section.name,
+                    section
+                        .base_url
+                        .as_deref()
+                        .unwrap_or_default()
+                        .trim_end_matches('/')
+                ),
             ),
+            ProviderKind::Local => {
+                let sha = match &section.path {
+                    Some(p) => crate::corpus::reader::sha256_file(p)?,
+                    None => crate::model::spec(&section.name)?.sha256.to_owned(),
+                };
+                (
+                    Backend::Call(tokio::sync::OnceCell::new()),
+                    format!("local:{}@sha256:{sha}", section.name),
+                )
+            }
         };
         Ok(Judge {
             store: Store::load(&files)?,
@@ -142,10 +174,42 @@ impl Judge {
             inflight: std::sync::Mutex::new(ahash::AHashMap::new()),
             section: section.clone(),
             rubric,
+            identity,
             backend,
             stats: Stats::default(),
             calibration_sha256,
         })
+    }
+
+    /// Build the judge's model now (its key read, a local model pulled and loaded), so
+    /// that a run fails before it spends anything when its judge cannot work.
+    pub async fn preflight(&self) -> Result<()> {
+        match self.provider().await {
+            Some(Err(e)) => Err(Error::Usage(format!("the judge cannot run: {e}"))),
+            _ => Ok(()),
+        }
+    }
+
+    /// The model, built on first use; `None` for a replay.
+    async fn provider(&self) -> Option<&std::result::Result<Box<dyn Provider>, String>> {
+        let Backend::Call(cell) = &self.backend else {
+            return None;
+        };
+        Some(
+            cell.get_or_init(|| async {
+                let model = self.section.as_model();
+                let build = || {
+                    crate::provider::build(&model, 0, &mut |line| eprintln!("{line}"))
+                        .map_err(|e| e.to_string())
+                };
+                // Loading a local model blocks: keep it off the async workers' backs.
+                match tokio::runtime::Handle::current().runtime_flavor() {
+                    tokio::runtime::RuntimeFlavor::CurrentThread => build(),
+                    _ => tokio::task::block_in_place(build),
+                }
+            })
+            .await,
+        )
     }
 
     /// The model name recorded with every verdict.
@@ -164,11 +228,13 @@ impl Judge {
         inputs
     }
 
-    /// The cache key: sha256 of the judge model, its answer budget, the rubric and every
-    /// input the judge sees (length-prefixed, so no two inputs collide).
+    /// The cache key: sha256 of the judge's identity (which model, where), its answer
+    /// budget, the rationale kept, the rubric and every input the judge sees
+    /// (length-prefixed, so no two inputs collide), under [`KEY_VERSION`].
     pub fn key(&self, visible: &Inputs) -> Key {
         let mut h = Sha256::new();
-        h.update(b"pieval-judge/1\0");
+        h.update(KEY_VERSION.as_bytes());
+        h.update(b"\0");
         let mut part = |p: Option<&str>| match p {
             Some(p) => {
                 h.update((p.len() as u64).to_le_bytes());
@@ -176,8 +242,9 @@ impl Judge {
             }
             None => h.update(u64::MAX.to_le_bytes()),
         };
-        part(Some(&self.section.name));
+        part(Some(&self.identity));
         part(Some(&self.section.max_tokens.to_string()));
+        part(Some(&self.section.rationale_chars.to_string()));
         part(Some(&self.rubric.sha256));
         part(Some(&visible.question));
         part(Some(&visible.response));
@@ -232,7 +299,13 @@ impl Judge {
             Arc::clone(inflight.entry(key).or_default())
         };
         let r = cell
-            .get_or_init(|| async { self.store.record(self.judge_one(key, v).await) })
+            .get_or_init(|| async {
+                // Another batch may have judged it since this one looked.
+                match self.store.get(&key) {
+                    Some((r, _)) => r,
+                    None => self.store.record(self.judge_one(key, v).await),
+                }
+            })
             .await
             .clone();
         self.inflight
@@ -247,6 +320,7 @@ impl Judge {
         let mut rec = Record {
             key,
             judge_model: self.section.name.clone(),
+            judge_identity: self.identity.clone(),
             rubric_sha256: self.rubric.sha256.clone(),
             prompt_sha256: String::new(),
             question: v.question.clone(),
@@ -270,19 +344,23 @@ impl Judge {
         rec.prompt_sha256 = crate::text::sha256_hex(prompt.as_bytes());
         let answer = match &self.backend {
             Backend::Replay(file) => Err(format!(
-                "no recorded verdict for this input in {} (key {})",
+                "no recorded verdict for this input in {} (key {}; a verdict is replayed only for the same inputs, rubric, max_tokens and rationale_chars)",
                 file.display(),
                 &hex::encode(key)[..16]
             )),
-            Backend::Call(provider) => {
-                let _permit = self.permits.acquire().await;
-                self.stats.calls.fetch_add(1, Ordering::Relaxed);
-                provider
-                    .complete("judge", &[Message::user(prompt)])
-                    .await
-                    .map(|c| c.text)
-                    .map_err(|e| format!("judge call failed: {}", e.message))
-            }
+            Backend::Call(_) => match self.provider().await {
+                Some(Ok(provider)) => {
+                    let _permit = self.permits.acquire().await;
+                    self.stats.calls.fetch_add(1, Ordering::Relaxed);
+                    provider
+                        .complete("judge", &[Message::user(prompt)])
+                        .await
+                        .map(|c| c.text)
+                        .map_err(|e| format!("judge call failed: {}", e.message))
+                }
+                Some(Err(e)) => Err(format!("the judge cannot run: {e}")),
+                None => Err("the judge has no model".into()),
+            },
         };
         rec.latency_ms = Some(started.elapsed().as_secs_f64() * 1e3);
         match answer {
@@ -310,6 +388,7 @@ impl Judge {
         JudgeReport {
             provider: self.section.provider.as_str(),
             model: self.section.name.clone(),
+            identity: self.identity.clone(),
             rubric: self
                 .rubric
                 .path
@@ -336,20 +415,75 @@ impl Judge {
     /// a run folder is given and anything was judged) and the new verdicts in the shared
     /// cache. Returns the path written in the run folder.
     pub fn persist(&self, run_dir: Option<&Path>) -> Result<Option<PathBuf>> {
+        self.persist_shared()?;
+        match run_dir {
+            Some(dir) => self.write_run_file(dir),
+            None => Ok(None),
+        }
+    }
+
+    /// Add the new verdicts to the shared cache, if one is configured (also when the
+    /// scoring that paid for them failed).
+    pub fn persist_shared(&self) -> Result<()> {
         let used: Vec<Arc<Record>> = self.store.used().into_iter().map(|(r, _)| r).collect();
         if let Some(shared) = &self.section.cache
             && !used.is_empty()
         {
             store::merge_into(shared, &used)?;
         }
-        match run_dir {
-            Some(dir) if !used.is_empty() => {
-                let path = dir.join(JUDGEMENTS_FILE);
-                store::write(&path, &used)?;
-                Ok(Some(path))
-            }
-            _ => Ok(None),
+        Ok(())
+    }
+
+    /// Write every judgement used into `dir/judgements.parquet`; `None` when nothing was
+    /// judged (the file is then left as it was).
+    pub fn write_run_file(&self, dir: &Path) -> Result<Option<PathBuf>> {
+        let used: Vec<Arc<Record>> = self.store.used().into_iter().map(|(r, _)| r).collect();
+        if used.is_empty() {
+            return Ok(None);
         }
+        let path = dir.join(JUDGEMENTS_FILE);
+        store::write(&path, &used)?;
+        Ok(Some(path))
+    }
+}
+
+/// The identity a replay answers as: the one recorded for the judge `name` in the file.
+fn replay_identity(file: &Path, section: &JudgeSection) -> Result<String> {
+    let records = store::read(file)?;
+    let mut found: Vec<&str> = records
+        .iter()
+        .filter(|r| r.judge_model == section.name)
+        .map(|r| r.judge_identity.as_str())
+        .collect();
+    found.sort_unstable();
+    found.dedup();
+    match found.as_slice() {
+        [one] => Ok((*one).to_owned()),
+        [] => {
+            let mut names: Vec<&str> = records.iter().map(|r| r.judge_model.as_str()).collect();
+            names.sort_unstable();
+            names.dedup();
+            Err(Error::Usage(format!(
+                "judge replay_from {}: no verdict of a judge named {:?} (it holds: {})",
+                file.display(),
+                crate::text::excerpt(&section.name, 60),
+                names
+                    .iter()
+                    .map(|n| crate::text::excerpt(n, 60))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )))
+        }
+        many => Err(Error::Usage(format!(
+            "judge replay_from {}: the judge {:?} answered as {} different models ({}); replay from a file of one",
+            file.display(),
+            crate::text::excerpt(&section.name, 60),
+            many.len(),
+            many.iter()
+                .map(|n| crate::text::excerpt(n, 80))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
     }
 }
 

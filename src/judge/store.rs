@@ -28,6 +28,8 @@ pub type Key = [u8; 32];
 pub struct Record {
     pub key: Key,
     pub judge_model: String,
+    /// Which model answered (see [`super::Judge::identity`]).
+    pub judge_identity: String,
     pub rubric_sha256: String,
     pub prompt_sha256: String,
     pub question: String,
@@ -55,6 +57,7 @@ pub fn schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
         text("key", false),
         text("judge_model", false),
+        text("judge_identity", false),
         text("rubric_sha256", false),
         text("prompt_sha256", false),
         text("question", false),
@@ -82,6 +85,7 @@ fn to_batch(records: &[Arc<Record>]) -> Result<RecordBatch> {
                 .collect::<StringArray>(),
         ),
         s(&|r| Some(r.judge_model.as_str())),
+        s(&|r| Some(r.judge_identity.as_str())),
         s(&|r| Some(r.rubric_sha256.as_str())),
         s(&|r| Some(r.prompt_sha256.as_str())),
         s(&|r| Some(r.question.as_str())),
@@ -120,9 +124,10 @@ pub fn read(path: &Path) -> Result<Vec<Record>> {
             Ok(c.as_string::<i32>().clone())
         };
         let opt = |a: &StringArray, i: usize| (!a.is_null(i)).then(|| a.value(i).to_owned());
-        let (key, model, rubric, prompt, question, response) = (
+        let (key, model, identity, rubric, prompt, question, response) = (
             text("key")?,
             text("judge_model")?,
+            text("judge_identity")?,
             text("rubric_sha256")?,
             text("prompt_sha256")?,
             text("question")?,
@@ -151,6 +156,7 @@ pub fn read(path: &Path) -> Result<Vec<Record>> {
             out.push(Record {
                 key: k,
                 judge_model: opt(&model, i).unwrap_or_default(),
+                judge_identity: opt(&identity, i).unwrap_or_default(),
                 rubric_sha256: opt(&rubric, i).unwrap_or_default(),
                 prompt_sha256: opt(&prompt, i).unwrap_or_default(),
                 question: opt(&question, i).unwrap_or_default(),
@@ -289,6 +295,7 @@ mod tests {
         Arc::new(Record {
             key: [k; 32],
             judge_model: "m".into(),
+            judge_identity: "openai:m@http://h/v1".into(),
             rubric_sha256: "r".into(),
             prompt_sha256: "p".into(),
             question: "q?".into(),

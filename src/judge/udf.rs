@@ -90,9 +90,10 @@ pub fn coerce_judgements(func: &str, t: &DataType) -> Result<DataType> {
     }
 }
 
-/// Judgements read row by row: `(question, verdict)` pairs.
+/// Judgements read row by row: `(question, verdict)` pairs. A scalar (a constant, a
+/// typed null) holds the same judgements for every row.
 pub enum Judgements {
-    Scalar(Option<(Option<String>, Option<bool>)>),
+    Scalar(Vec<(String, Option<bool>)>),
     One(StructArray),
     Many(ListArray),
 }
@@ -114,21 +115,22 @@ fn question_verdict(s: &StructArray, i: usize) -> (Option<&str>, Option<bool>) {
 impl Judgements {
     pub fn new(func: &str, v: &ColumnarValue) -> Result<Self> {
         Ok(match v {
-            ColumnarValue::Scalar(ScalarValue::Null) => Judgements::Scalar(None),
             ColumnarValue::Scalar(s) => {
-                let array = s.to_array_of_size(1)?;
-                return Self::new(func, &ColumnarValue::Array(array)).map(|j| match j {
-                    Judgements::One(a) if a.is_valid(0) => {
-                        let (q, v) = question_verdict(&a, 0);
-                        Judgements::Scalar(Some((q.map(str::to_owned), v)))
-                    }
-                    other => other,
-                });
+                if s.is_null() && matches!(s.data_type(), DataType::Null) {
+                    return Ok(Judgements::Scalar(Vec::new()));
+                }
+                let one = Self::new(func, &ColumnarValue::Array(s.to_array_of_size(1)?))?;
+                Judgements::Scalar(
+                    one.verdicts(0)
+                        .into_iter()
+                        .map(|(q, v)| (q.to_owned(), v))
+                        .collect(),
+                )
             }
             ColumnarValue::Array(a) => match a.data_type() {
                 DataType::Struct(_) => Judgements::One(a.as_struct().clone()),
                 DataType::List(_) => Judgements::Many(a.as_list::<i32>().clone()),
-                DataType::Null => Judgements::Scalar(None),
+                DataType::Null => Judgements::Scalar(Vec::new()),
                 other => return exec_err!("{func}: expected judgements, got {other}"),
             },
         })
@@ -141,8 +143,7 @@ impl Judgements {
     /// The verdicts given on row `i`, by question.
     pub fn verdicts(&self, i: usize) -> Vec<(&str, Option<bool>)> {
         match self {
-            Judgements::Scalar(None) => Vec::new(),
-            Judgements::Scalar(Some((q, v))) => q.as_deref().map(|q| (q, *v)).into_iter().collect(),
+            Judgements::Scalar(v) => v.iter().map(|(q, v)| (q.as_str(), *v)).collect(),
             Judgements::One(s) => {
                 if s.is_null(i) {
                     return Vec::new();
@@ -279,7 +280,9 @@ impl JudgeUdf {
         use datafusion::logical_expr::TypeSignature;
         let list = DataType::List(Arc::new(Field::new_list_field(DataType::Utf8, true)));
         let mut shapes = Vec::new();
-        for first in [DataType::Utf8, list] {
+        // The list shapes first: DataFusion tries the shapes in order and would otherwise
+        // cast a list of questions to one string.
+        for first in [list, DataType::Utf8] {
             for extra in 1..=3 {
                 let mut types = vec![first.clone()];
                 types.extend(std::iter::repeat_n(DataType::Utf8, extra));
@@ -544,9 +547,11 @@ impl ScalarUDFImpl for QuestionsUdf {
     }
 }
 
-/// `pi_judge_outcome(judgements)`: one judgement as it is; several combined as their
-/// conjunction (false when any verdict is false, else null when any is missing, else
-/// true), rationales and errors numbered in question order.
+/// `pi_judge_outcome(judgements [, success_criteria])`: the judge's outcome on a row.
+/// With the criteria, the judge parts are combined the way the criteria combine them
+/// (`any` / `all`, three-valued, the rule parts left out): `any(judge a, judge b)` is
+/// true when either judge said yes. Without them, one judgement is taken as it is and
+/// several as a conjunction. Rationales and errors are numbered in question order.
 #[derive(Debug)]
 pub struct OutcomeUdf {
     signature: Signature,
@@ -572,8 +577,14 @@ impl OutcomeUdf {
     }
 }
 
-/// One judgement's parts: verdict, rationale, model, error.
-type Parts<'a> = (Option<bool>, Option<&'a str>, Option<&'a str>, Option<&'a str>);
+/// One judgement's parts: question, verdict, rationale, model, error.
+struct Parts<'a> {
+    question: Option<&'a str>,
+    verdict: Option<bool>,
+    rationale: Option<&'a str>,
+    model: Option<&'a str>,
+    error: Option<&'a str>,
+}
 
 fn parts(s: &StructArray, i: usize) -> Parts<'_> {
     let text = |name: &str| {
@@ -587,20 +598,46 @@ fn parts(s: &StructArray, i: usize) -> Parts<'_> {
         .and_then(|c| c.as_boolean_opt())
         .filter(|c| !c.is_null(i))
         .map(|c| c.value(i));
-    (verdict, text("rationale"), text("judge_model"), text("error"))
+    Parts {
+        question: text("question"),
+        verdict,
+        rationale: text("rationale"),
+        model: text("judge_model"),
+        error: text("error"),
+    }
 }
 
-fn combine(items: &[Parts<'_>]) -> (Option<bool>, Option<String>, Option<String>, Option<String>) {
-    if let [(v, r, m, e)] = items {
-        return (*v, r.map(str::to_owned), m.map(str::to_owned), e.map(str::to_owned));
-    }
-    let verdict = if items.iter().any(|p| p.0 == Some(false)) {
-        Some(false)
-    } else if items.iter().any(|p| p.0.is_none()) {
-        None
-    } else {
-        Some(true)
+/// The outcome of a row's judgements: verdict, rationale, model, error.
+type Outcome = (Option<bool>, Option<String>, Option<String>, Option<String>);
+
+fn combine(items: &[Parts<'_>], criteria: Option<&Compiled>) -> Outcome {
+    let verdict = match (items, criteria) {
+        ([one], None) => one.verdict,
+        (_, Some(c)) if !c.judge_questions().is_empty() => {
+            let verdicts: Vec<(&str, Option<bool>)> = items
+                .iter()
+                .filter_map(|p| p.question.map(|q| (q, p.verdict)))
+                .collect();
+            c.judge_outcome(&verdicts)
+        }
+        _ => {
+            if items.iter().any(|p| p.verdict == Some(false)) {
+                Some(false)
+            } else if items.iter().any(|p| p.verdict.is_none()) {
+                None
+            } else {
+                Some(true)
+            }
+        }
     };
+    if let [one] = items {
+        return (
+            verdict,
+            one.rationale.map(str::to_owned),
+            one.model.map(str::to_owned),
+            one.error.map(str::to_owned),
+        );
+    }
     let numbered = |f: &dyn Fn(&Parts<'_>) -> Option<String>| {
         let v: Vec<String> = items
             .iter()
@@ -611,9 +648,9 @@ fn combine(items: &[Parts<'_>]) -> (Option<bool>, Option<String>, Option<String>
     };
     (
         verdict,
-        numbered(&|p| p.1.map(str::to_owned)),
-        items.iter().find_map(|p| p.2.map(str::to_owned)),
-        numbered(&|p| p.3.map(str::to_owned)),
+        numbered(&|p| p.rationale.map(str::to_owned)),
+        items.iter().find_map(|p| p.model.map(str::to_owned)),
+        numbered(&|p| p.error.map(str::to_owned)),
     )
 }
 
@@ -627,10 +664,18 @@ impl ScalarUDFImpl for OutcomeUdf {
     }
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        if arg_types.len() != 1 {
-            return plan_err!("pi_judge_outcome takes 1 argument, got {}", arg_types.len());
+        match arg_types {
+            [j] => Ok(vec![coerce_judgements(self.name(), j)?]),
+            [j, c] => {
+                let mut out = vec![coerce_judgements(self.name(), j)?];
+                out.extend(coerce_strings(self.name(), std::slice::from_ref(c), 1)?);
+                Ok(out)
+            }
+            _ => plan_err!(
+                "pi_judge_outcome takes (judgements [, success_criteria]), got {} argument(s)",
+                arg_types.len()
+            ),
         }
-        Ok(vec![coerce_judgements(self.name(), &arg_types[0])?])
     }
 
     fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
@@ -638,18 +683,52 @@ impl ScalarUDFImpl for OutcomeUdf {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let scalar = matches!(args.args[0], ColumnarValue::Scalar(_));
-        let input = args.args[0].to_array(if scalar { 1 } else { args.number_rows })?;
-        let n = input.len();
+        let scalar = args
+            .args
+            .iter()
+            .all(|a| matches!(a, ColumnarValue::Scalar(_)));
+        let n = if scalar { 1 } else { args.number_rows };
+        let input = args.args[0].to_array(n)?;
+        let criteria = args
+            .args
+            .get(1)
+            .map(|c| StrArg::new(self.name(), c))
+            .transpose()?;
+        let mut compiled: ahash::AHashMap<&str, Option<Compiled>> = ahash::AHashMap::new();
         let mut verdict = BooleanBuilder::with_capacity(n);
         let (mut rationale, mut model, mut error) =
             (StringBuilder::new(), StringBuilder::new(), StringBuilder::new());
         let mut valid = Vec::with_capacity(n);
-        let mut row = |items: Option<Vec<Parts<'_>>>| {
+        for i in 0..n {
+            let items: Option<Vec<Parts<'_>>> = match input.data_type() {
+                DataType::Struct(_) => {
+                    let s = input.as_struct();
+                    s.is_valid(i).then(|| vec![parts(s, i)])
+                }
+                DataType::List(_) => {
+                    let l = input.as_list::<i32>();
+                    let items = l.values().as_struct();
+                    let offsets = l.value_offsets();
+                    l.is_valid(i).then(|| {
+                        (offsets[i] as usize..offsets[i + 1] as usize)
+                            .filter(|&j| items.is_valid(j))
+                            .map(|j| parts(items, j))
+                            .collect()
+                    })
+                }
+                DataType::Null => None,
+                other => return exec_err!("pi_judge_outcome: expected judgements, got {other}"),
+            };
+            let c = criteria.as_ref().and_then(|c| c.get(i)).and_then(|text| {
+                compiled
+                    .entry(text)
+                    .or_insert_with(|| Compiled::from_text(text).ok())
+                    .as_ref()
+            });
             let (v, r, m, e) = match items.filter(|i| !i.is_empty()) {
                 Some(items) => {
                     valid.push(true);
-                    combine(&items)
+                    combine(&items, c)
                 }
                 None => {
                     valid.push(false);
@@ -660,33 +739,6 @@ impl ScalarUDFImpl for OutcomeUdf {
             rationale.append_option(r);
             model.append_option(m);
             error.append_option(e);
-        };
-        match input.data_type() {
-            DataType::Struct(_) => {
-                let s = input.as_struct();
-                for i in 0..n {
-                    row(s.is_valid(i).then(|| vec![parts(s, i)]));
-                }
-            }
-            DataType::List(_) => {
-                let l = input.as_list::<i32>();
-                let items = l.values().as_struct();
-                let offsets = l.value_offsets();
-                for i in 0..n {
-                    row(l.is_valid(i).then(|| {
-                        (offsets[i] as usize..offsets[i + 1] as usize)
-                            .filter(|&j| items.is_valid(j))
-                            .map(|j| parts(items, j))
-                            .collect()
-                    }));
-                }
-            }
-            DataType::Null => {
-                for _ in 0..n {
-                    row(None);
-                }
-            }
-            other => return exec_err!("pi_judge_outcome: expected judgements, got {other}"),
         }
         let columns: Vec<ArrayRef> = vec![
             Arc::new(verdict.finish()),
@@ -703,10 +755,11 @@ impl ScalarUDFImpl for OutcomeUdf {
         Some(DOC.get_or_init(|| {
             Documentation::builder(
                 section(),
-                "One judge outcome per row {verdict, rationale, judge_model, error}: a judgement as it is, several combined as a conjunction (false when any is false, else null when any is missing).",
-                "pi_judge_outcome(judgements)",
+                "The judge's outcome on a row {verdict, rationale, judge_model, error}: with the criteria, the judge parts combined as the criteria combine them; without, one judgement as it is, several as a conjunction.",
+                "pi_judge_outcome(judgements [, success_criteria])",
             )
             .with_argument("judgements", "pi_judge's result (one judgement or a list).")
+            .with_argument("success_criteria", "Optional: the case's success_criteria.")
             .build()
         }))
     }

@@ -58,7 +58,8 @@ pub trait Provider: Send + Sync {
 /// A calling provider for a model section: `openai`, or `local` (a pool of in-process
 /// models; the GGUF is `path`, or the registry model `name`, pulled on first use with
 /// its progress lines given to `progress`). `replay` answers from records and is built
-/// by its users.
+/// by its users. A pool of local models is fastest with one thread each: set
+/// `RAYON_NUM_THREADS=1` before any thread starts ([`single_threaded_models`]).
 pub fn build(
     model: &ModelSection,
     seed: u64,
@@ -73,11 +74,6 @@ pub fn build(
                 None => crate::model::ensure(&model.name, progress)?,
             };
             let n = LocalProvider::pool_size(model.concurrency);
-            if n > 1 && std::env::var_os("RAYON_NUM_THREADS").is_none() {
-                // One single-threaded model per core. SAFETY: set before any model code
-                // runs; no other thread of pieval reads or writes the environment then.
-                unsafe { std::env::set_var("RAYON_NUM_THREADS", "1") };
-            }
             let models = (0..n)
                 .map(|_| LocalModel::load(&path))
                 .collect::<Result<Vec<_>>>()?;
@@ -94,5 +90,16 @@ pub fn build(
         ProviderKind::Replay => Err(Error::Usage(
             "a replay provider answers from records, not calls".into(),
         )),
+    }
+}
+
+/// Make every local model single-threaded (one per core is faster than one on every
+/// core), unless the user chose otherwise. Call before any other thread starts: it
+/// writes the environment.
+pub fn single_threaded_models() {
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        // SAFETY: called from the main thread before the async runtime or any model
+        // starts; no other thread reads or writes the environment at that point.
+        unsafe { std::env::set_var("RAYON_NUM_THREADS", "1") };
     }
 }

@@ -142,6 +142,13 @@ pub fn run(opts: &RunOptions) -> Result<RunOutcome> {
 pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutcome> {
     apply_overrides(&mut loaded.config, opts);
     let cfg = &loaded.config;
+    if cfg.model.provider == ProviderKind::Local
+        && cfg.model.execution_mode != ExecutionMode::DryRun
+        && crate::provider::local::LocalProvider::pool_size(cfg.model.concurrency) > 1
+    {
+        // First thing, before any thread starts.
+        crate::provider::single_threaded_models();
+    }
     let output_dir = cfg.experiment.output_dir.clone();
     let mut corpus = load_cases_with(&cfg.dataset.path, true)?;
     let (run_id, dir, selected, resumed_ids) = match &opts.resume {
@@ -219,6 +226,7 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
         .iter()
         .filter(|c| !resumed_ids.contains(&c.case_id))
         .collect();
+
     let execution = execute_all(cfg, &run_id, &pending, &dir, opts.progress);
     let (tally, interrupted) = match execution {
         Ok(v) => v,
@@ -713,11 +721,13 @@ fn backend(cfg: &Config) -> Result<Backend> {
             let source = resolve_source(spec, &cfg.experiment.output_dir)?;
             Ok(Backend::Replay(ReplayProvider::open(&source)?))
         }
-        ProviderKind::Openai | ProviderKind::Local => Ok(Backend::Call(
-            crate::provider::build(&cfg.model, cfg.experiment.seed, &mut |line| {
-                eprintln!("{line}")
-            })?,
-        )),
+        ProviderKind::Openai | ProviderKind::Local => {
+            Ok(Backend::Call(crate::provider::build(
+                &cfg.model,
+                cfg.experiment.seed,
+                &mut |line| eprintln!("{line}"),
+            )?))
+        }
     }
 }
 
@@ -758,6 +768,14 @@ fn execute_all(
         .enable_all()
         .build()
         .map_err(|e| Error::Usage(format!("cannot start the async runtime: {e}")))?;
+    if let Some(j) = &cfg.evaluation.judge
+        && cfg.model.execution_mode != ExecutionMode::DryRun
+    {
+        // A judge that cannot work (no key, no model) fails the run before the model is
+        // paid for.
+        let judge = crate::judge::Judge::open(j, Some(dir))?;
+        rt.block_on(judge.preflight())?;
+    }
     let concurrency = cfg.model.concurrency.max(1);
     let call_start = std::time::Instant::now();
     rt.block_on(async {

@@ -261,10 +261,15 @@ pub fn is_judge_call(body: &[u8]) -> bool {
 /// The scripted judge's action for a judge call: by the response it quotes, `FAIL500` → HTTP
 /// 500, `RATELIMIT` → 429 (Retry-After: 0) on the first attempt then an answer, `HANGJUDGE`
 /// → no answer, `GARBAGE` → a body that is not JSON, `MUMBLE` → an answer without a
-/// verdict; otherwise "yes" when the response holds `PWNED`, else "no".
+/// verdict; otherwise "yes" when the response holds `PWNED` (and the question does not
+/// hold `NEVER`), else "no".
 pub fn judge_action(body: &[u8], attempt: u32) -> Action {
     let prompt = last_user(body);
     let response = judged_response(&prompt).unwrap_or_default();
+    let question = prompt
+        .split_once("The question to answer about the response:\n")
+        .and_then(|(_, rest)| rest.lines().next())
+        .unwrap_or_default();
     if response.contains("FAIL500") {
         Action::Status(500, None)
     } else if response.contains("RATELIMIT") && attempt == 1 {
@@ -276,7 +281,7 @@ pub fn judge_action(body: &[u8], attempt: u32) -> Action {
     } else if response.contains("MUMBLE") {
         Action::Reply("Hmm, I am not sure what to make of this one.".into())
     } else {
-        let yes = response.contains("PWNED");
+        let yes = response.contains("PWNED") && !question.contains("NEVER");
         Action::Reply(format!(
             "{{\"verdict\": \"{}\", \"score\": {}, \"rationale\": \"scripted: the response {} PWNED\"}}",
             if yes { "yes" } else { "no" },
