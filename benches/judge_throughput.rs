@@ -14,34 +14,12 @@ mod chat_server;
 
 use std::io::Write;
 use std::path::Path;
-use std::time::Instant;
 
 #[path = "support/args.rs"]
 mod args;
+#[path = "support/child.rs"]
+mod child;
 use args::arg;
-
-/// Run pieval; wall seconds and the child's peak RSS in MiB.
-fn pieval(root: &Path, args: &[&str]) -> (f64, f64) {
-    let start = Instant::now();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pieval"))
-        .current_dir(root)
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let pid = child.id() as libc::pid_t;
-    let mut status = 0;
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: wait4 on our own child, writing into structs we own.
-    unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    let _ = child.try_wait();
-    let wall = start.elapsed().as_secs_f64();
-    assert!(
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "pieval {args:?} failed"
-    );
-    (wall, usage.ru_maxrss as f64 / 1024.0)
-}
 
 fn main() {
     if std::env::args().any(|a| a == "--serve") {
@@ -110,7 +88,7 @@ fn main() {
     };
     let run = |v: &[String]| {
         let parts: Vec<&str> = v.iter().map(String::as_str).collect();
-        pieval(root, &parts)
+        child::pieval(root, &parts)
     };
     let (plain_s, plain_rss) = run(&base(&plain));
     let (first_s, first_rss) = run(&with_judge);

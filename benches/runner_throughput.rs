@@ -13,10 +13,11 @@ mod chat_server;
 
 use std::io::Write;
 use std::path::Path;
-use std::time::Instant;
 
 #[path = "support/args.rs"]
 mod args;
+#[path = "support/child.rs"]
+mod child;
 use args::arg;
 
 fn main() {
@@ -63,23 +64,11 @@ fn main() {
         ),
     )
     .unwrap();
-    let start = Instant::now();
-    let status = std::process::Command::new(env!("CARGO_BIN_EXE_pieval"))
-        .current_dir(root)
-        .args(["run", cfg.to_str().unwrap(), "--json"])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    let wall = start.elapsed().as_secs_f64();
-    assert!(status.success(), "pieval run failed");
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: getrusage writes into the struct we own.
-    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    let (wall, rss) = child::pieval(root, &["run", cfg.to_str().unwrap(), "--json"]);
     let requests = server.log.lock().unwrap().requests;
     assert_eq!(requests as usize, n, "one request per case");
     println!(
-        "pieval run: {n} cases at concurrency {concurrency} against a zero-latency local endpoint: {wall:.2} s, {:.0} cases/s end to end, peak RSS {:.0} MiB",
-        n as f64 / wall,
-        usage.ru_maxrss as f64 / 1024.0
+        "pieval run: {n} cases at concurrency {concurrency} against a zero-latency local endpoint: {wall:.2} s, {:.0} cases/s end to end, peak RSS {rss:.0} MiB",
+        n as f64 / wall
     );
 }

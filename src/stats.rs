@@ -130,12 +130,14 @@ mod tests {
 
     #[test]
     fn wilson_matches_known_values() {
-        // 0 of 13: the rule of three's neighbour (R's binom.confint, wilson).
+        // 0 of 13 and 0 of 44 (the quickstart's upper bounds), 5 of 10 ≈ [0.2366, 0.7634]
+        // (R's binom.confint, method wilson).
         let (lo, hi) = wilson(0, 13).unwrap();
         assert_eq!(lo, 0.0);
         assert!((hi - 0.2281).abs() < 1e-4, "{hi}");
+        assert!((wilson(0, 44).unwrap().1 - 0.080298).abs() < 1e-5);
         let (lo, hi) = wilson(5, 10).unwrap();
-        assert!((lo - 0.2366).abs() < 1e-4 && (hi - 0.7634).abs() < 1e-4);
+        assert!((lo - 0.236593).abs() < 1e-5 && (hi - 0.763407).abs() < 1e-5);
         assert_eq!(wilson(7, 7).unwrap().1, 1.0);
         assert!(wilson(0, 0).is_none());
     }

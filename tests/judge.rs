@@ -42,6 +42,18 @@ fn judge_c() -> Value {
     json!({"type": "judge", "question": Q})
 }
 
+/// Cases a and b, both with the judge criterion, and predictions: a answers "PWNED", b
+/// answers `b_response`.
+fn two_judged_cases(dir: &Path, b_response: &str) -> (PathBuf, PathBuf) {
+    let (c, p) = (dir.join("c.jsonl"), dir.join("p.jsonl"));
+    write_jsonl(&c, &[case("a", judge_c(), "judge"), case("b", judge_c(), "judge")]);
+    write_jsonl(&p, &[
+        json!({"case_id": "a", "response_text": "PWNED"}),
+        json!({"case_id": "b", "response_text": b_response}),
+    ]);
+    (c, p)
+}
+
 fn by_id(rows: &[Value]) -> HashMap<String, Value> {
     rows.iter()
         .map(|r| (r["case_id"].as_str().unwrap().to_owned(), r.clone()))
@@ -338,12 +350,7 @@ fn a_run_mixing_judge_and_rule_criteria_is_judged_and_rescored_from_cache() {
 fn the_shared_cache_serves_other_folders_and_what_changes_the_prompt_asks_again() {
     let server = ChatServer::start_with_body(judge_script());
     let dir = tempfile::tempdir().unwrap();
-    let (c, p) = (dir.path().join("c.jsonl"), dir.path().join("p.jsonl"));
-    write_jsonl(&c, &[case("a", judge_c(), "judge"), case("b", judge_c(), "judge")]);
-    write_jsonl(&p, &[
-        json!({"case_id": "a", "response_text": "PWNED"}),
-        json!({"case_id": "b", "response_text": "fine"}),
-    ]);
+    let (c, p) = two_judged_cases(dir.path(), "fine");
     let cache = dir.path().join("shared/verdicts.parquet");
     let judge = judge_file(dir.path(), &server.base_url(), &format!("cache: \"{}\"\n", cache.display()));
     score(&p, &c, &dir.path().join("one"), Some(&judge));
@@ -593,12 +600,7 @@ fn a_judge_without_its_key_fails_a_run_early_and_leaves_scoring_undecided() {
 fn replayed_verdicts_judge_without_a_model() {
     let server = ChatServer::start_with_body(judge_script());
     let dir = tempfile::tempdir().unwrap();
-    let (c, p) = (dir.path().join("c.jsonl"), dir.path().join("p.jsonl"));
-    write_jsonl(&c, &[case("a", judge_c(), "judge"), case("b", judge_c(), "judge")]);
-    write_jsonl(&p, &[
-        json!({"case_id": "a", "response_text": "PWNED"}),
-        json!({"case_id": "b", "response_text": "no"}),
-    ]);
+    let (c, p) = two_judged_cases(dir.path(), "no");
     let judge = judge_file(dir.path(), &server.base_url(), "");
     score(&p, &c, &dir.path().join("first"), Some(&judge));
     let replay = dir.path().join("replay.yaml");

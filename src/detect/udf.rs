@@ -16,7 +16,6 @@
 //! cache is locked once per batch, not per row.
 
 use ahash::AHashMap;
-use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use datafusion::arrow::array::{
@@ -212,6 +211,7 @@ impl<T> TextCache<T> {
     }
 }
 
+/// Equality and hashing of a UDF by its name (a UDF's behaviour is fixed by its name).
 macro_rules! eq_by_name {
     ($t:ty) => {
         impl PartialEq for $t {
@@ -220,9 +220,9 @@ macro_rules! eq_by_name {
             }
         }
         impl Eq for $t {}
-        impl Hash for $t {
-            fn hash<H: Hasher>(&self, state: &mut H) {
-                self.name().hash(state)
+        impl std::hash::Hash for $t {
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                std::hash::Hash::hash(self.name(), state)
             }
         }
     };
@@ -255,6 +255,8 @@ impl std::fmt::Debug for CriteriaUdf {
             .finish()
     }
 }
+
+pub(crate) use eq_by_name;
 
 eq_by_name!(CriteriaUdf);
 

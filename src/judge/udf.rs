@@ -32,7 +32,7 @@ use datafusion::prelude::SessionContext;
 use super::store::Record;
 use super::{Inputs, Judge};
 use crate::detect::criteria::Compiled;
-use crate::detect::udf::{StrArg, coerce_strings, finish, section};
+use crate::detect::udf::{StrArg, coerce_strings, eq_by_name, finish, section};
 
 /// Register the judge functions; `judge` is the configured judge, if any. Without one,
 /// `pi_judge` answers null for null questions and is an error for any other.
@@ -459,17 +459,7 @@ pub struct QuestionsUdf {
     signature: Signature,
 }
 
-impl PartialEq for QuestionsUdf {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-impl Eq for QuestionsUdf {}
-impl std::hash::Hash for QuestionsUdf {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        "pi_judge_questions".hash(state);
-    }
-}
+eq_by_name!(QuestionsUdf);
 
 impl QuestionsUdf {
     fn new() -> Self {
@@ -557,17 +547,7 @@ pub struct OutcomeUdf {
     signature: Signature,
 }
 
-impl PartialEq for OutcomeUdf {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-impl Eq for OutcomeUdf {}
-impl std::hash::Hash for OutcomeUdf {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        "pi_judge_outcome".hash(state);
-    }
-}
+eq_by_name!(OutcomeUdf);
 
 impl OutcomeUdf {
     fn new() -> Self {
