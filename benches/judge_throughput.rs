@@ -6,8 +6,10 @@
 //! rescore, their ratio, the time of the same scoring without a judge, and each pass's
 //! peak RSS.
 //!
-//! Usage: cargo bench --bench judge_throughput [-- --predictions 100000 --concurrency 64]
+//! Usage: cargo bench --bench judge_throughput [-- --predictions 100000 --concurrency 64
+//!                                               --latency-ms 0]
 //!        cargo bench --bench judge_throughput -- --serve   (only serve; prints the URL)
+//! `--latency-ms N` makes every judge answer take N ms, as a hosted model's would.
 
 #[path = "../tests/common/chat_server.rs"]
 mod chat_server;
@@ -31,6 +33,7 @@ fn main() {
         }
     }
     let (n, concurrency) = (arg("--predictions", 100_000), arg("--concurrency", 64));
+    let latency = std::time::Duration::from_millis(arg("--latency-ms", 0) as u64);
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let tmp = tempfile::tempdir().unwrap();
     let (cases, predictions) = (tmp.path().join("cases.jsonl"), tmp.path().join("p.jsonl"));
@@ -56,7 +59,15 @@ fn main() {
             writeln!(p, "{}", serde_json::json!({"case_id": format!("judged-{i:07}"), "response_text": response})).unwrap();
         }
     }
-    let server = chat_server::ChatServer::start_with_body(chat_server::judge_script());
+    let script = chat_server::judge_script();
+    let server = chat_server::ChatServer::start_with_body(std::sync::Arc::new(move |body, key, attempt| {
+        match script(body, key, attempt) {
+            chat_server::Action::Reply(text) if !latency.is_zero() => {
+                chat_server::Action::SlowReply(latency, text)
+            }
+            other => other,
+        }
+    }));
     let judge = tmp.path().join("judge.yaml");
     std::fs::write(
         &judge,
@@ -97,7 +108,8 @@ fn main() {
     let (again_s, again_rss) = run(&with_judge);
     assert_eq!(server.judge_calls(), calls, "the rescore asked the judge nothing");
     println!(
-        "judged scoring: {n} predictions, judge concurrency {concurrency}, zero-latency local endpoint"
+        "judged scoring: {n} predictions, judge concurrency {concurrency}, local endpoint answering in {} ms",
+        latency.as_millis()
     );
     println!(
         "  first pass: {first_s:.2} s, {:.0} judgements/s end to end, peak RSS {first_rss:.0} MiB ({calls} judge requests)",

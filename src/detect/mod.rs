@@ -5,6 +5,7 @@
 
 pub mod criteria;
 pub mod fold;
+pub mod judgements;
 pub mod leak;
 pub mod refusal;
 pub mod rules;

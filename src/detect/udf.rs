@@ -289,7 +289,7 @@ impl ScalarUDFImpl for CriteriaUdf {
         // (response, success_criteria [, judgements]): the judgements of pi_judge.
         if arg_types.len() == 3 {
             let mut out = coerce_strings(self.name(), &arg_types[..2], 2)?;
-            out.push(crate::judge::udf::coerce_judgements(self.name(), &arg_types[2])?);
+            out.push(super::judgements::coerce_judgements(self.name(), &arg_types[2])?);
             return Ok(out);
         }
         coerce_strings(self.name(), arg_types, 2)
@@ -305,7 +305,7 @@ impl ScalarUDFImpl for CriteriaUdf {
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let name = self.name();
         let judged = match args.args.len() {
-            3 => Some(crate::judge::udf::Judgements::new(name, &args.args[2])?),
+            3 => Some(super::judgements::Judgements::new(name, &args.args[2])?),
             _ => None,
         };
         let mut two = args.clone();

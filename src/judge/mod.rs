@@ -61,6 +61,8 @@ pub struct Judge {
     /// Which model answers: `openai:NAME@BASE_URL`, `local:NAME@sha256:GGUF`, or the
     /// recorded identity a replay answers as. Part of every cache key.
     pub identity: String,
+    /// The run folder whose judgements were loaded first.
+    run_dir: Option<PathBuf>,
     backend: Backend,
     store: Store,
     permits: Arc<tokio::sync::Semaphore>,
@@ -175,6 +177,7 @@ impl Judge {
             section: section.clone(),
             rubric,
             identity,
+            run_dir: run_dir.map(Path::to_path_buf),
             backend,
             stats: Stats::default(),
             calibration_sha256,
@@ -435,13 +438,18 @@ impl Judge {
     }
 
     /// Write every judgement used into `dir/judgements.parquet`; `None` when nothing was
-    /// judged (the file is then left as it was).
+    /// judged (the file is then left as it was). A rescore that used exactly the folder's
+    /// own judgements leaves the file as it is: it would be written the same.
     pub fn write_run_file(&self, dir: &Path) -> Result<Option<PathBuf>> {
+        let path = dir.join(JUDGEMENTS_FILE);
+        let own = self.run_dir.as_deref() == Some(dir);
+        if own && self.store.used_is_first_file() && path.is_file() {
+            return Ok(Some(path));
+        }
         let used: Vec<Arc<Record>> = self.store.used().into_iter().map(|(r, _)| r).collect();
         if used.is_empty() {
             return Ok(None);
         }
-        let path = dir.join(JUDGEMENTS_FILE);
         store::write(&path, &used)?;
         Ok(Some(path))
     }

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
-use ahash::AHashMap;
+use ahash::{AHashMap, AHashSet};
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, Float64Array, RecordBatch, StringArray,
 };
@@ -190,17 +190,22 @@ pub struct Store {
     /// Every judgement of this process, by key, and whether it came from `known`. An
     /// input is judged at most once per process, failures included (DataFusion may
     /// evaluate `pi_judge` more than once per batch).
-    used: Mutex<BTreeMap<Key, (Arc<Record>, bool)>>,
+    used: Mutex<AHashMap<Key, (Arc<Record>, bool)>>,
+    /// Every key of the first file loaded (the run's own judgements), errors included.
+    first_file_keys: AHashSet<Key>,
 }
 
 impl Store {
     /// Load every verdict of these files (missing files are skipped).
     pub fn load(files: &[PathBuf]) -> Result<Store> {
-        let store = Store::default();
+        let mut store = Store::default();
         {
             let mut known = store.known.write().unwrap_or_else(|p| p.into_inner());
-            for f in files.iter().filter(|f| f.exists()) {
+            for (i, f) in files.iter().enumerate().filter(|(_, f)| f.exists()) {
                 for r in read(f)? {
+                    if i == 0 {
+                        store.first_file_keys.insert(r.key);
+                    }
                     if r.is_verdict() {
                         known.entry(r.key).or_insert_with(|| Arc::new(r));
                     }
@@ -208,6 +213,16 @@ impl Store {
             }
         }
         Ok(store)
+    }
+
+    /// Whether the judgements used are exactly those of the first file loaded, all served
+    /// from it: writing it again would write the same records.
+    pub fn used_is_first_file(&self) -> bool {
+        let used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        used.len() == self.first_file_keys.len()
+            && used
+                .iter()
+                .all(|(k, (_, from_files))| *from_files && self.first_file_keys.contains(k))
     }
 
     /// A judgement of this input: made earlier in this process (`false`), or a verdict
@@ -237,14 +252,17 @@ impl Store {
         Arc::clone(&used.entry(r.key).or_insert((r, false)).0)
     }
 
-    /// Every judgement used so far, by key, and whether it came from the files.
+    /// Every judgement used so far, ordered by key, and whether it came from the files.
     pub fn used(&self) -> Vec<(Arc<Record>, bool)> {
-        self.used
+        let mut v: Vec<(Arc<Record>, bool)> = self
+            .used
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
             .cloned()
-            .collect()
+            .collect();
+        v.sort_unstable_by(|a, b| a.0.key.cmp(&b.0.key));
+        v
     }
 }
 

@@ -35,6 +35,8 @@ pub enum Action {
     Slow(Duration),
     /// 200 with this assistant message.
     Reply(String),
+    /// 200 with this assistant message, after a delay.
+    SlowReply(Duration, String),
 }
 
 /// Decides the action from the request's body hash and its attempt number (1-based).
@@ -196,6 +198,10 @@ async fn connection(
             }
             Action::Answer => respond("200 OK", "", &answer(&body)),
             Action::Reply(content) => respond("200 OK", "", &completion(&content, body.len())),
+            Action::SlowReply(d, content) => {
+                tokio::time::sleep(d).await;
+                respond("200 OK", "", &completion(&content, body.len()))
+            }
         };
         sock.write_all(text.as_bytes()).await?;
     }
