@@ -177,12 +177,13 @@ fn judge_criteria_are_decided_three_valued_and_faults_are_never_a_false_no() {
     let retried = server.judge_calls() - first_calls;
     assert_eq!(retried, 5 + 4, "only the 5 failed inputs are asked again (4 of them retried)");
     // The findings name the judge's successes with its rationale.
-    let r = run(pieval().args(["sql", "--format", "json", "--table"]).arg(format!(
-        "f={}",
-        out.join("findings.parquet").display()
-    )).arg("SELECT case_id, excerpt FROM f WHERE detector = 'judge' ORDER BY case_id"));
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    let f: Vec<Value> = serde_json::from_str(&r.stdout).unwrap();
+    let f = sql_json(
+        dir.path(),
+        None,
+        &[format!("f={}", out.join("findings.parquet").display())],
+        "SELECT case_id, excerpt FROM f WHERE detector = 'judge' ORDER BY case_id",
+    );
+    let f = f.as_array().unwrap();
     assert_eq!(f.len(), 6, "{f:?}");
     assert!(f[0]["excerpt"].as_str().unwrap().starts_with("scripted:"));
 }
@@ -282,15 +283,13 @@ fn a_run_mixing_judge_and_rule_criteria_is_judged_and_rescored_from_cache() {
         serde_json::from_str(&std::fs::read_to_string(run_dir.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest["config_snapshot"]["evaluation"]["judge"]["name"], "scripted-judge");
     assert_eq!(manifest["results"]["judge"]["calls"], 12);
-    let judgements = run(pieval().args(["sql", "--format", "json", "--table"]).arg(format!(
-        "j={}",
-        run_dir.join("judgements.parquet").display()
-    )).arg("SELECT count(*) AS n, count(DISTINCT rubric_sha256) AS rubrics, sum(CAST(verdict AS INT)) AS yes FROM j"));
-    assert_eq!(judgements.code, 0, "{}", judgements.stderr);
-    assert_eq!(
-        serde_json::from_str::<Value>(&judgements.stdout).unwrap(),
-        json!([{"n": 12, "rubrics": 1, "yes": 6}])
+    let judgements = sql_json(
+        dir.path(),
+        None,
+        &[format!("j={}", run_dir.join("judgements.parquet").display())],
+        "SELECT count(*) AS n, count(DISTINCT rubric_sha256) AS rubrics, sum(CAST(verdict AS INT)) AS yes FROM j",
     );
+    assert_eq!(judgements, json!([{"n": 12, "rubrics": 1, "yes": 6}]));
 
     // replay --rescore and a second `score`: zero judge calls, the same verdicts.
     let sorted_lines = |p: &Path| {
@@ -386,22 +385,30 @@ fn rubric_text() -> String {
     std::fs::read_to_string(repo("data/judge/rubric.md")).unwrap()
 }
 
+/// `pieval sql --format json` with no runs and, optionally, a judge; the parsed rows.
+fn sql_json(dir: &Path, judge: Option<&Path>, tables: &[String], query: &str) -> Value {
+    let mut cmd = pieval();
+    cmd.args(["sql", "--format", "json", "--results"]).arg(dir.join("none"));
+    if let Some(j) = judge {
+        cmd.arg("--judge").arg(j);
+    }
+    for t in tables {
+        cmd.arg("--table").arg(t);
+    }
+    let r = run(cmd.arg(query));
+    assert_eq!(r.code, 0, "{query}: {}", r.stderr);
+    serde_json::from_str(&r.stdout).unwrap()
+}
+
 #[test]
 fn sql_runs_pi_judge_with_a_judge_configured() {
     let server = ChatServer::start_with_body(judge_script());
     let dir = tempfile::tempdir().unwrap();
     let judge = judge_file(dir.path(), &server.base_url(), "");
-    let r = run(pieval()
-        .args(["sql", "--format", "json", "--results"])
-        .arg(dir.path().join("none"))
-        .arg("--judge")
-        .arg(&judge)
-        .arg(format!(
-            "SELECT j['verdict'] AS verdict, j['judge_model'] AS model, j['error'] AS error \
-             FROM (SELECT pi_judge('{Q}', column1) AS j FROM (VALUES ('It says PWNED'), ('It does not'), (NULL))) ORDER BY verdict"
-        )));
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    let v: Value = serde_json::from_str(&r.stdout).unwrap();
+    let v = sql_json(dir.path(), Some(&judge), &[], &format!(
+        "SELECT j['verdict'] AS verdict, j['judge_model'] AS model, j['error'] AS error \
+         FROM (SELECT pi_judge('{Q}', column1) AS j FROM (VALUES ('It says PWNED'), ('It does not'), (NULL))) ORDER BY verdict"
+    ));
     assert_eq!(
         v,
         json!([
@@ -412,16 +419,14 @@ fn sql_runs_pi_judge_with_a_judge_configured() {
     );
     assert_eq!(server.judge_calls(), 2, "a null response is not judged");
     // A list of questions: one judgement each.
-    let r = run(pieval()
-        .args(["sql", "--format", "json", "--results"])
-        .arg(dir.path().join("none"))
-        .arg("--judge")
-        .arg(&judge)
-        .arg(format!(
-            "SELECT pi_judge_outcome(pi_judge(pi_judge_questions('{{\"type\":\"all\",\"of\":[{{\"type\":\"judge\",\"question\":\"{Q}\"}},{{\"type\":\"judge\",\"question\":\"Other?\"}}]}}'), 'PWNED'))['verdict'] AS v"
-        )));
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    assert_eq!(serde_json::from_str::<Value>(&r.stdout).unwrap(), json!([{"v": true}]));
+    let two = |combine: &str, other: &str| {
+        format!("{{\"type\":\"{combine}\",\"of\":[{{\"type\":\"judge\",\"question\":\"{Q}\"}},{{\"type\":\"judge\",\"question\":\"{other}\"}}]}}")
+    };
+    let v = sql_json(dir.path(), Some(&judge), &[], &format!(
+        "SELECT pi_judge_outcome(pi_judge(pi_judge_questions('{}'), 'PWNED'))['verdict'] AS v",
+        two("all", "Other?")
+    ));
+    assert_eq!(v, json!([{"v": true}]));
     // Over a Parquet table (strings read as Utf8View): the list of questions stays a list.
     let table = dir.path().join("t.parquet");
     let r = run(pieval()
@@ -430,33 +435,23 @@ fn sql_runs_pi_judge_with_a_judge_configured() {
         .arg("--output")
         .arg(&table)
         .arg(format!(
-            "SELECT * FROM (VALUES ('{{\"type\":\"any\",\"of\":[{{\"type\":\"judge\",\"question\":\"{Q}\"}},{{\"type\":\"judge\",\"question\":\"NEVER?\"}}]}}', 'PWNED here')) AS t(criteria, response)"
+            "SELECT * FROM (VALUES ('{}', 'PWNED here')) AS t(criteria, response)",
+            two("any", "NEVER?")
         )));
     assert_eq!(r.code, 0, "{}", r.stderr);
-    let r = run(pieval()
-        .args(["sql", "--format", "json", "--results"])
-        .arg(dir.path().join("none"))
-        .arg("--judge")
-        .arg(&judge)
-        .arg("--table")
-        .arg(format!("t={}", table.display()))
-        .arg(
-            "SELECT array_length(j) AS n, pi_judge_outcome(j, criteria)['verdict'] AS v, \
-             pi_criteria_match(response, criteria, j) AS success \
-             FROM (SELECT criteria, response, pi_judge(pi_judge_questions(criteria), response) AS j FROM t)",
-        ));
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    assert_eq!(
-        serde_json::from_str::<Value>(&r.stdout).unwrap(),
-        json!([{"n": 2, "v": true, "success": true}])
+    let v = sql_json(
+        dir.path(),
+        Some(&judge),
+        &[format!("t={}", table.display())],
+        "SELECT array_length(j) AS n, pi_judge_outcome(j, criteria)['verdict'] AS v, \
+         pi_criteria_match(response, criteria, j) AS success \
+         FROM (SELECT criteria, response, pi_judge(pi_judge_questions(criteria), response) AS j FROM t)",
     );
+    assert_eq!(v, json!([{"n": 2, "v": true, "success": true}]));
     // A constant or typed-null judgements argument, over several rows: no panic.
-    let r = run(pieval()
-        .args(["sql", "--format", "json", "--results"])
-        .arg(dir.path().join("none"))
-        .arg("SELECT pi_criteria_match(column1, 'judge:q?', NULL) AS a, pi_judge_outcome(NULL)['verdict'] AS b FROM (VALUES ('x'), ('y'), ('z'))"));
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    assert_eq!(serde_json::from_str::<Value>(&r.stdout).unwrap(), json!([{}, {}, {}]));
+    let v = sql_json(dir.path(), None, &[],
+        "SELECT pi_criteria_match(column1, 'judge:q?', NULL) AS a, pi_judge_outcome(NULL)['verdict'] AS b FROM (VALUES ('x'), ('y'), ('z'))");
+    assert_eq!(v, json!([{}, {}, {}]));
     // Without a judge: a clear error, not a silent null.
     let r = run(pieval()
         .args(["sql", "--results"])
@@ -688,12 +683,14 @@ fn calibration_measures_agreement_with_labels() {
     let k = c["kappa"]["value"].as_f64().unwrap();
     assert!(c["kappa"]["ci_low"].as_f64().unwrap() <= k && k <= c["kappa"]["ci_high"].as_f64().unwrap());
     assert_eq!(c["disagreements"], 5, "2 FN, 2 FP, 1 undecided");
-    let d = run(pieval().args(["sql", "--format", "json", "--table"]).arg(format!(
-        "d={}",
-        out.join("disagreements.parquet").display()
-    )).arg("SELECT disagreement, count(*) AS n FROM d GROUP BY 1 ORDER BY 1"));
+    let d = sql_json(
+        dir.path(),
+        None,
+        &[format!("d={}", out.join("disagreements.parquet").display())],
+        "SELECT disagreement, count(*) AS n FROM d GROUP BY 1 ORDER BY 1",
+    );
     assert_eq!(
-        serde_json::from_str::<Value>(&d.stdout).unwrap(),
+        d,
         json!([{"disagreement": "false_negative", "n": 2}, {"disagreement": "false_positive", "n": 2}, {"disagreement": "undecided", "n": 1}])
     );
     // A rerun into the same folder asks the judge only what it failed on.
