@@ -7,7 +7,7 @@
 //! `--models N` runs N single-threaded models side by side (the local provider's pool at
 //! `concurrency: N`), the cases split between them, and reports the aggregate tokens/s of
 //! the process over wall time.
-//! Reference on this 2-core machine (ARCHITECTURE.md): llama.cpp ≈ 457 tok/s prompt,
+//! Reference on this 2-core machine (docs/performance.md, "Embedded local model"): llama.cpp ≈ 457 tok/s prompt,
 //! ≈ 190 tok/s generation.
 
 use std::collections::BTreeMap;

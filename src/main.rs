@@ -1,4 +1,4 @@
-//! The `pieval` binary: parse, dispatch, map errors to exit codes (CLI.md).
+//! The `pieval` binary: parse, dispatch, map errors to exit codes (docs/cli.md).
 
 use std::process::ExitCode;
 

@@ -12,7 +12,7 @@ pub struct Args {
     /// The source format.
     #[arg(value_enum)]
     source: SourceKind,
-    /// Source files or folders (see the README for what each source reads).
+    /// Source files or folders (docs/corpus.md says what each source reads).
     #[arg(required = true)]
     paths: Vec<PathBuf>,
     /// The corpus to write; an existing one is appended to (ids checked against it).

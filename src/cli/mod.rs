@@ -1,4 +1,4 @@
-//! The command surface (CLI.md). clap derive; the doc comments are the `--help` text.
+//! The command surface (docs/cli.md). clap derive; the doc comments are the `--help` text.
 //! Each subcommand lives in its own file and returns the process exit code; this is
 //! the only module that writes to stdout.
 
@@ -22,7 +22,7 @@ use clap::{Parser, Subcommand};
 
 use crate::error::Result;
 
-/// Default paths, relative to the repository root (CLI.md: commands work from there).
+/// Default paths, relative to the repository root (docs/cli.md: commands work from there).
 pub mod paths {
     pub const CORPUS: &str = "data/normalized/attack_cases.jsonl";
     pub const ENRICHED: &str = "data/normalized/attack_cases.enriched.jsonl";

@@ -1,4 +1,4 @@
-//! The detector UDFs, usable in any query (CLI.md):
+//! The detector UDFs, usable in any query (docs/detectors.md):
 //!
 //! | function | returns |
 //! |---|---|

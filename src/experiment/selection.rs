@@ -1,6 +1,6 @@
 //! Seeded, machine-independent case selection.
 //!
-//! The algorithm (documented in the README; `pieval replay` relies on it):
+//! The algorithm (documented in docs/config.md, "Selection algorithm"; `pieval replay` relies on it):
 //!
 //! 1. **Filter.** A case is kept when, for every `include` field, its value is one of the
 //!    listed values, and for no `exclude` field its value is listed. A missing value

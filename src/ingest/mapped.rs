@@ -2,7 +2,7 @@
 //! fields. `--map FIELD=COLUMN` takes a field from a column (for JSONL a dotted path
 //! reaches into nested objects); a column named like a contract field is taken as that
 //! field without a map; `--set FIELD=VALUE` gives constants (applied last). Unmapped
-//! fields default as CLI.md says: `source_name` = `--source-name` or the file stem,
+//! fields default as docs/corpus.md says: `source_name` = `--source-name` or the file stem,
 //! `source_type` = public_benchmark, `attack_surface` = user_prompt,
 //! `success_criteria` = `{"type":"not_refused"}`, `attack_family` = unspecified, and
 //! `case_id` = the source name and a hash of the case's text (stable across runs).

@@ -3,7 +3,7 @@
 //! across runs, every case validates and enriches; appending, duplicates, bad records,
 //! and the mapped JSONL / CSV / Parquet sources.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,7 @@
 //! `pieval sql`: the standard tables across runs, user tables, output formats, read-only,
 //! and golden outputs of the shipped queries.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

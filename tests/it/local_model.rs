@@ -2,7 +2,7 @@
 //! ~/.cache/pieval), tokenizer against llama.cpp's ids, deterministic greedy generation,
 //! bad GGUFs, and the quickstart end to end on a small sample.
 
-mod common;
+use crate::common;
 
 use pieval::mitigation::Message;
 use pieval::provider::local::{GenerationConfig, LocalModel};

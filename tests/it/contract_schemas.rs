@@ -1,7 +1,7 @@
 //! The Rust contract and the JSON Schemas in `schemas/` agree, and the committed corpus
 //! files validate against those schemas (an independent validator: the jsonschema crate).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

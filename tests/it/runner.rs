@@ -1,7 +1,7 @@
 //! The experiment runner end to end against a real HTTP server on 127.0.0.1:0 that speaks
 //! chat completions, with fault modes; resume after a kill; replay; runs list/show/diff.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -535,7 +535,7 @@ fn selection_is_seeded_and_pinned() {
     // Every surface is represented (9 surfaces, 12 cases).
     assert_eq!(a.strata.len(), 9);
     assert!(a.strata.values().all(|s| s.selected >= 1));
-    // Pinned: the algorithm must not drift (README documents it).
+    // Pinned: the algorithm must not drift (docs/config.md documents it).
     insta::assert_json_snapshot!("selection_seed7_n12", a.selected_case_ids);
     // Filters.
     let mut f = Selection::default();

@@ -3,7 +3,7 @@
 //! tampering caught; the Parquet export read back by the parquet crate and by DuckDB,
 //! the SQLite export opened with the sqlite3 program.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

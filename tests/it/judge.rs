@@ -5,7 +5,7 @@
 //! `pieval sql` with `pi_judge`, ingested BIPIA and CyberSecEval cases judged instead of
 //! sent to review, the evidence naming the verdicts, and calibration against labels.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -705,7 +705,7 @@ fn calibration_measures_agreement_with_labels() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(server.judge_calls() - calls, 1);
     // The shipped calibration file reads and runs (the scripted judge is no real judge:
-    // its figures are not what the README records).
+    // its figures are not what docs/judge.md records).
     let r = run(pieval()
         .args(["judge", "calibrate", "--json", "--labels"])
         .arg(repo("data/labels/judge-calibration.jsonl"))

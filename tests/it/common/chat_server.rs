@@ -9,7 +9,6 @@
 //! [`judge_script`] adds a scripted judge on the same server: a request carrying pieval's
 //! judge rubric is answered by rule from the response it quotes (and fault markers in
 //! that response script the judge's failures); every other request goes to the model.
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -1,7 +1,7 @@
 //! `pieval validate` end to end on hostile files: every kind of violation is reported
-//! as `file:line: field: problem` (golden), exit codes follow CLI.md, nothing panics.
+//! as `file:line: field: problem` (golden), exit codes follow docs/cli.md, nothing panics.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::sync::Arc;

@@ -1,6 +1,5 @@
 //! Shared helpers for the integration tests: the repository root, a temp dir per test,
 //! and the `pieval` binary as a command.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! kept, malformed input fails cleanly, and on real labelled responses (spikee's
 //! published gpt-4o results) `attack_success` agrees with the recorded success flag.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 

@@ -1,0 +1,74 @@
+//! The repository keeps its own promises: every test file runs, every document a
+//! comment cites exists.
+
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// With `autotests = false` a test file that is not a module here would silently not run.
+#[test]
+fn every_test_file_is_a_module_of_this_binary() {
+    let main = include_str!("main.rs");
+    let dir = root().join("tests");
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(dir.join("it")).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if let Some(stem) = name.strip_suffix(".rs")
+            && stem != "main"
+            && !main.contains(&format!("\nmod {stem};\n"))
+        {
+            missing.push(name);
+        }
+    }
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if name.ends_with(".rs") {
+            missing.push(format!("tests/{name} (outside tests/it)"));
+        }
+    }
+    assert!(missing.is_empty(), "test files that never run: {missing:?}");
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Comments cite documents by path (`docs/cli.md`); each must be in the repository, and
+/// none may cite a document by a bare name that is not (`CLI.md`, `ARCHITECTURE.md`).
+#[test]
+fn every_document_a_comment_cites_exists() {
+    let cited = regex::Regex::new(r"\b((?:docs|data/[a-z_/]+)/[A-Za-z0-9_.-]+\.md)\b").unwrap();
+    let bare = regex::Regex::new(r"\b[A-Z][A-Z_]+\.md\b").unwrap();
+    let mut files = Vec::new();
+    for dir in ["src", "benches", "tests", "crates"] {
+        rust_files(&root().join(dir), &mut files);
+    }
+    let mut bad = Vec::new();
+    // Not citations: the file a dataset copy may carry (ingest), and this test's own text.
+    let not_cited = ["README.md", "SOURCE.md"];
+    for file in files.iter().filter(|f| !f.ends_with("tests/it/layout.rs")) {
+        let text = std::fs::read_to_string(file).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            for m in cited.captures_iter(line) {
+                if !root().join(&m[1]).is_file() {
+                    bad.push(format!("{}:{}: {}", file.display(), n + 1, &m[1]));
+                }
+            }
+            for m in bare.find_iter(line) {
+                if !not_cited.contains(&m.as_str()) && !root().join(m.as_str()).is_file() {
+                    bad.push(format!("{}:{}: {}", file.display(), n + 1, m.as_str()));
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "cited documents that do not exist: {bad:#?}");
+}

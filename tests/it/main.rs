@@ -1,0 +1,20 @@
+//! The integration tests: one binary, so the suite links DataFusion and the model once.
+//! Each module drives the real `pieval` binary (and the library where a test needs it);
+//! `common` holds the helpers and the chat-completions server with fault modes.
+
+mod common;
+
+mod cli_validate;
+mod contract_schemas;
+mod corpus;
+mod detect_udfs;
+mod evidence;
+mod ingest;
+mod judge;
+mod layout;
+mod local_model;
+mod pinning;
+mod runner;
+mod score;
+mod sql;
+
