@@ -72,3 +72,36 @@ fn every_document_a_comment_cites_exists() {
     }
     assert!(bad.is_empty(), "cited documents that do not exist: {bad:#?}");
 }
+
+/// `cargo run` and `cargo test` share one build only if no dev-dependency changes the
+/// features of a dependency the binary also uses (cargo unifies them in the test build,
+/// and every crate above a changed one is compiled twice).
+#[test]
+fn dev_dependencies_do_not_change_the_features_of_the_build() {
+    let tree = |edges: &str| {
+        let out = std::process::Command::new(env!("CARGO"))
+            .current_dir(root())
+            .args(["tree", "--locked", "--offline", "-p", "pieval", "--prefix", "none"])
+            .args(["-e", edges, "-f", "{p} [{f}]"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let mut map = std::collections::BTreeMap::new();
+        for line in String::from_utf8(out.stdout).unwrap().lines() {
+            let line = line.trim_end_matches(" (*)");
+            if let Some((package, features)) = line.rsplit_once(" [") {
+                map.insert(package.to_owned(), features.to_owned());
+            }
+        }
+        map
+    };
+    let normal = tree("normal,build");
+    let with_dev = tree("normal,build,dev");
+    assert!(normal.len() > 100, "cargo tree printed too little: {normal:?}");
+    let changed: Vec<String> = normal
+        .iter()
+        .filter(|(p, f)| with_dev.get(*p).is_some_and(|g| g != *f))
+        .map(|(p, f)| format!("{p}: [{f} → [{}", with_dev[p]))
+        .collect();
+    assert!(changed.is_empty(), "dev-dependencies change these features: {changed:#?}");
+}
