@@ -2,7 +2,7 @@
 """Runner overhead: `pieval run` against promptfoo (`promptfoo eval`) on the same cases, the
 same zero-latency local chat-completions endpoint, the same concurrency, in the same run.
 
-The endpoint is the test server of tests/common/chat_server.rs, started through
+The endpoint is the test server of tests/it/common/chat_server.rs, started through
 `cargo bench --bench runner_throughput -- --serve` in its own process. Both tools send one
 chat request per case (system = the case's context, user = the prompt, with an indirect
 case's untrusted text under a carrier header, as pieval assembles it) and check one

@@ -11,7 +11,7 @@
 //!        cargo bench --bench judge_throughput -- --serve   (only serve; prints the URL)
 //! `--latency-ms N` makes every judge answer take N ms, as a hosted model's would.
 
-#[path = "../tests/common/chat_server.rs"]
+#[path = "../tests/it/common/chat_server.rs"]
 mod chat_server;
 
 use std::io::Write;

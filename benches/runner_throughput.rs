@@ -1,5 +1,5 @@
 //! Runner overhead: `pieval run` against a zero-latency OpenAI-compatible endpoint on
-//! 127.0.0.1 (the test server of tests/common/chat_server.rs, in this process), at
+//! 127.0.0.1 (the test server of tests/it/common/chat_server.rs, in this process), at
 //! concurrency 64, over a corpus of N cases (the committed corpus repeated with suffixed
 //! ids). Prints cases per second (end to end: load, select, plan, call, checkpoint,
 //! score, artifacts) and the run's peak RSS.
@@ -8,7 +8,7 @@
 //!        cargo bench --bench runner_throughput -- --serve   (only serve; prints the URL)
 //! The endpoint shares the machine's cores with pieval, as a local server would.
 
-#[path = "../tests/common/chat_server.rs"]
+#[path = "../tests/it/common/chat_server.rs"]
 mod chat_server;
 
 use std::io::Write;

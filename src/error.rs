@@ -44,6 +44,36 @@ pub enum Error {
     #[error("{0}")]
     Usage(String),
 
+    /// Something named (a run, a model, a table, a control) that does not exist.
+    #[error("{0}")]
+    NotFound(String),
+
+    /// A run (or another artifact) whose state does not allow the action: a completed
+    /// run to resume, a changed corpus or config, a run folder that is not one.
+    #[error("{0}")]
+    State(String),
+
+    /// An external program (pip, git, a browser) that could not be run or failed.
+    #[error("{0}")]
+    Process(String),
+
+    /// Keys, signatures and envelopes: a key that does not parse, a signature that
+    /// cannot be made, an envelope that is not one.
+    #[error("{0}")]
+    Crypto(String),
+
+    /// A model or an endpoint that cannot serve: a model file, an unusable answer.
+    #[error("{0}")]
+    Model(String),
+
+    /// A query that cannot be planned or run as asked.
+    #[error("{0}")]
+    Query(String),
+
+    /// A broken invariant or an encoding that cannot fail in practice (a bug if seen).
+    #[error("internal error: {0}")]
+    Internal(String),
+
     #[error("arrow: {0}")]
     Arrow(#[from] datafusion::arrow::error::ArrowError),
 

@@ -40,9 +40,13 @@ pub mod judge;
 pub mod mitigation;
 pub mod model;
 pub mod provider;
+pub mod rundir;
 pub mod runner;
 pub mod stats;
 pub mod taxonomy;
 pub mod text;
 
 pub use error::{Error, Result};
+
+/// The commit pieval was built from (empty when built outside a checkout).
+pub const GIT_COMMIT: &str = env!("PIEVAL_GIT_COMMIT");

@@ -125,7 +125,7 @@ fn run_calibrate(args: CalibrateArgs) -> Result<u8> {
             crate::text::utc_compact_now()
         ))
     });
-    let judge = Arc::new(Judge::open(&section, Some(&out))?);
+    let judge = Arc::new(Judge::open(&section, Some(&out))?.with_notes(output::notes()));
     let cal: Calibration = crate::engine::runtime()?.block_on(async {
         let labels = load_labels(&args.labels, &mapping).await?;
         calibrate(judge, &labels, &out).await
@@ -188,7 +188,7 @@ pub fn judge_line(j: &JudgeReport) -> String {
 pub fn open_judge(file: Option<&Path>, run_dir: Option<&Path>) -> Result<Option<Arc<Judge>>> {
     file.map(|f| {
         let section = JudgeSection::load(f)?;
-        Judge::open(&section, run_dir).map(Arc::new)
+        Judge::open(&section, run_dir).map(|j| Arc::new(j.with_notes(output::notes())))
     })
     .transpose()
 }

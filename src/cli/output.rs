@@ -55,3 +55,8 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     }
     out
 }
+
+/// Lines about setup (a model being pulled or loaded), to stderr.
+pub fn notes() -> crate::judge::Notes {
+    std::sync::Arc::new(|line: &str| eprintln!("{line}"))
+}

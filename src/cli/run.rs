@@ -9,7 +9,8 @@ use crate::cli::{output, paths};
 use crate::error::{Error, Result};
 use crate::experiment::config::{Config, LoadedConfig};
 use crate::experiment::selection::select;
-use crate::runner::{self, RunOptions, RunOutcome};
+use crate::rundir::{Manifest, ModelSpeed};
+use crate::runner::{self, RunEvent, RunOptions, RunOutcome};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -39,9 +40,56 @@ fn options(config: PathBuf, output_dir: Option<PathBuf>, json: bool) -> RunOptio
         output_dir,
         resume: None,
         dry_run: false,
-        progress: !json,
+        progress: Some(progress(!json)),
         taxonomy: PathBuf::from(paths::TAXONOMY),
     }
+}
+
+/// The run's progress on stderr: setup notes always, a bar while the model is called
+/// (on a terminal, when `bar`).
+fn progress(bar: bool) -> runner::Progress {
+    use std::io::IsTerminal;
+    let bar = bar && std::io::stderr().is_terminal();
+    let current: std::sync::Mutex<Option<indicatif::ProgressBar>> = std::sync::Mutex::new(None);
+    std::sync::Arc::new(move |event: RunEvent<'_>| {
+        let mut current = current.lock().unwrap_or_else(|e| e.into_inner());
+        match event {
+            RunEvent::Note(line) => eprintln!("{line}"),
+            RunEvent::Calling { pending } if bar => {
+                let pb = indicatif::ProgressBar::new(pending);
+                pb.set_style(
+                    indicatif::ProgressStyle::with_template(
+                        "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} {per_sec} ETA {eta} {msg}",
+                    )
+                    .expect("a valid template"),
+                );
+                *current = Some(pb);
+            }
+            RunEvent::CaseDone {
+                successes,
+                errors,
+                blocked,
+            } => {
+                if let Some(pb) = current.as_ref() {
+                    pb.inc(1);
+                    pb.set_message(format!(
+                        "successes {successes} errors {errors} blocked {blocked}"
+                    ));
+                }
+            }
+            RunEvent::Interrupted => {
+                if let Some(pb) = current.take() {
+                    pb.abandon_with_message("interrupted");
+                }
+            }
+            RunEvent::CallsDone => {
+                if let Some(pb) = current.take() {
+                    pb.finish_and_clear();
+                }
+            }
+            RunEvent::Calling { .. } => {}
+        }
+    })
 }
 
 pub fn run(args: Args) -> Result<u8> {
@@ -177,7 +225,7 @@ pub fn run_dir(spec: &str, results: &Path) -> Result<PathBuf> {
     if is_run(&p) {
         return Ok(p);
     }
-    crate::engine::score::check_run_id(spec)?;
+    crate::rundir::check_run_id(spec)?;
     let dir = results.join(spec);
     if is_run(&dir) {
         Ok(dir)
@@ -191,21 +239,15 @@ pub fn run_dir(spec: &str, results: &Path) -> Result<PathBuf> {
 
 pub fn replay(args: ReplayArgs) -> Result<u8> {
     let dir = run_dir(&args.run, &args.results)?;
-    let manifest = runner::read_manifest(&dir)?;
-    let mpath = dir.join("manifest.json");
+    let manifest = Manifest::read(&dir)?;
+    let mpath = dir.join(crate::rundir::MANIFEST_FILE);
     let bad = |msg: String| Error::config(&mpath, msg);
-    let config: Config = serde_json::from_value(
-        manifest
-            .get("config_snapshot")
-            .cloned()
-            .ok_or_else(|| bad("no config_snapshot".into()))?,
-    )
-    .map_err(|e| bad(format!("config_snapshot: {e}")))?;
-    let run_id = manifest
-        .get("run_id")
-        .and_then(Value::as_str)
-        .ok_or_else(|| bad("no run_id".into()))?
-        .to_owned();
+    if manifest.config_snapshot.is_null() {
+        return Err(bad("no config_snapshot".into()));
+    }
+    let config: Config = serde_json::from_value(manifest.config_snapshot.clone())
+        .map_err(|e| bad(format!("config_snapshot: {e}")))?;
+    let run_id = manifest.run_id.clone();
     if args.rescore {
         let mut config = config;
         if let Some(f) = &args.judge {
@@ -217,11 +259,12 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
                 bad(format!("config_snapshot: evaluation.judge.{key}: {message}"))
             })?;
         }
-        let scored = runner::score_run(&dir, &run_id, &config)?;
+        let notes = progress(false);
+        let scored = runner::score_run(&dir, &run_id, &config, Some(&notes))?;
         let mut m = manifest.clone();
         runner::finish_manifest(&mut m, &scored);
-        m["rescored_at"] = serde_json::json!(crate::text::utc_rfc3339(crate::text::unix_now()));
-        runner::write_manifest(&dir, &m)?;
+        m.rescored_at = Some(crate::text::utc_rfc3339(crate::text::unix_now()));
+        m.write(&dir)?;
         let results = dir.parent().unwrap_or(Path::new("."));
         let catalog = runner::catalog::Catalog::open(results)?;
         catalog.record(&runner::catalog::RunRow::from_manifest(&m, &dir))?;
@@ -234,16 +277,13 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
             resumed: 0,
             errors: scored.predictions.provider_errors,
             blocked: 0,
-            speed: runner::Speed::default(),
+            speed: ModelSpeed::default(),
             score: Some(scored),
         };
         return report(&outcome, args.json);
     }
     // Same corpus, same selection, or refuse.
-    let want_sha = manifest
-        .pointer("/dataset_snapshot/sha256")
-        .and_then(Value::as_str)
-        .unwrap_or("");
+    let want_sha = manifest.dataset_snapshot.sha256.as_str();
     let corpus = runner::load_cases(&config.dataset.path)?;
     if corpus.sha256 != want_sha {
         return Err(Error::Usage(format!(
@@ -259,8 +299,8 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
         config.experiment.seed,
         config.experiment.sample_size,
     )?;
-    let recorded = runner::recorded_case_ids(&manifest);
-    if selected.selected_case_ids != recorded {
+    let recorded = &manifest.dataset_snapshot.selected_case_ids;
+    if &selected.selected_case_ids != recorded {
         return Err(Error::Usage(format!(
             "cannot replay {run_id}: the selection differs ({} case(s) now, {} recorded)",
             selected.selected_case_ids.len(),
@@ -270,15 +310,11 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
     let loaded = LoadedConfig {
         config,
         path: manifest
-            .get("config_source_path")
-            .and_then(Value::as_str)
+            .config_source_path
+            .as_deref()
             .map(PathBuf::from)
             .unwrap_or_default(),
-        sha256: manifest
-            .pointer("/replay_hints/config_sha256")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned(),
+        sha256: manifest.replay_hints.config_sha256.clone(),
     };
     let mut opts = options(loaded.path.clone(), None, args.json);
     opts.output_dir = dir.parent().map(Path::to_path_buf);

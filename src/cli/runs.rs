@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use crate::cli::output;
 use crate::cli::run::run_dir;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::runner::catalog::Catalog;
 use crate::runner::diff::diff;
 
@@ -106,40 +106,40 @@ pub fn run(cmd: Command) -> Result<u8> {
         }
         Command::Show(a) => {
             let dir = run_dir(&a.run, &a.results)?;
-            let m = crate::runner::read_manifest(&dir)?;
+            let m = crate::rundir::Manifest::read(&dir)?;
             let summary: Option<Value> = std::fs::read_to_string(dir.join("summary.json"))
                 .ok()
                 .and_then(|t| serde_json::from_str(&t).ok());
             if a.json {
-                let mut doc = m.clone();
+                let mut doc = serde_json::to_value(&m)
+                    .map_err(|e| Error::Internal(format!("cannot encode the manifest: {e}")))?;
                 if let Some(s) = summary {
                     doc["summary"] = s;
                 }
                 output::json(&doc)?;
                 return Ok(0);
             }
-            let s = |p: &str| {
-                m.pointer(p)
-                    .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
-                    .unwrap_or_else(|| "–".into())
-            };
+            // Absent: "–"; recorded as null: "null" (as the manifest says).
+            let opt = |v: Option<&str>| v.map_or_else(|| "–".to_owned(), str::to_owned);
+            let null = |v: Option<&str>| v.map_or_else(|| "null".to_owned(), str::to_owned);
             let mut text = String::new();
-            for (label, p) in [
-                ("run_id", "/run_id"),
-                ("status", "/status"),
-                ("started", "/timestamp"),
-                ("finished", "/finished_at"),
-                ("config", "/config_source_path"),
-                ("corpus", "/dataset_snapshot/path"),
-                ("corpus sha256", "/dataset_snapshot/sha256"),
-                ("provider", "/model_snapshot/provider"),
-                ("model", "/model_snapshot/name"),
-                ("mitigation", "/mitigation_snapshot/name"),
-                ("seed", "/replay_hints/seed"),
-                ("selected", "/replay_hints/selected"),
-                ("git commit", "/git_commit"),
+            let (data, model) = (&m.dataset_snapshot, &m.model_snapshot);
+            for (label, value) in [
+                ("run_id", m.run_id.clone()),
+                ("status", opt(m.status.map(|s| s.as_str()))),
+                ("started", m.timestamp.clone()),
+                ("finished", opt(m.finished_at.as_deref())),
+                ("config", null(m.config_source_path.as_deref())),
+                ("corpus", data.path.clone()),
+                ("corpus sha256", data.sha256.clone()),
+                ("provider", model.provider.clone()),
+                ("model", model.name.clone()),
+                ("mitigation", m.mitigation_snapshot.name.clone()),
+                ("seed", m.replay_hints.seed.to_string()),
+                ("selected", m.replay_hints.selected.to_string()),
+                ("git commit", null(m.git_commit.as_deref())),
             ] {
-                text.push_str(&format!("{label:<14} {}\n", s(p)));
+                text.push_str(&format!("{label:<14} {value}\n"));
             }
             if let Some(s) = summary {
                 let m = &s["aggregate_metrics"];

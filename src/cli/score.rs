@@ -3,7 +3,8 @@
 use std::path::{Path, PathBuf};
 
 use crate::cli::{output, paths};
-use crate::engine::score::{ScoreOptions, check_run_id, score};
+use crate::engine::score::{ScoreOptions, score};
+use crate::rundir::check_run_id;
 use crate::error::Result;
 
 #[derive(Debug, clap::Args)]

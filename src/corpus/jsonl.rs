@@ -22,7 +22,7 @@ use std::thread::JoinHandle;
 use datafusion::arrow::array::RecordBatch;
 
 use super::lines::{Line, LineReader};
-use super::reader::{CaseBatchBuilder, IdKeys, ReadOptions, json_error_message};
+use super::batch::{CaseBatchBuilder, IdKeys, ReadOptions, json_error_message};
 use crate::contract::Level;
 use crate::contract::record::{CriteriaCache, FieldValue, RawRecord, Violation, check_record};
 

@@ -1,8 +1,10 @@
 //! Corpora on disk: the streaming reader (JSONL / Parquet → validated Arrow batches
 //! with the file's sha256), the deterministic synthetic generator, and statistics.
 
+pub(crate) mod batch;
 mod jsonl;
 pub mod lines;
+pub mod predictions;
 pub mod reader;
 
 pub use reader::{

@@ -7,7 +7,6 @@
 
 pub mod calibrate;
 pub mod catalog;
-pub mod predictions;
 pub mod score;
 pub mod stats;
 mod stream_table;

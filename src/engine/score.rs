@@ -18,7 +18,7 @@ use datafusion::parquet::arrow::ArrowWriter;
 use futures::StreamExt;
 use serde::Serialize;
 
-use super::predictions::PredictionStats;
+use crate::corpus::predictions::PredictionStats;
 use super::{corpus_table, predictions_table, runtime, session};
 use crate::atomic::{temp_path, writer_properties};
 pub use crate::atomic::{ParquetFile, write_batches, write_parquet};
@@ -89,24 +89,6 @@ pub struct ScoreReport {
     /// What the judge did, when one was configured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub judge: Option<crate::judge::JudgeReport>,
-}
-
-/// A run id usable as a folder name: no separators, no `..`, no hidden names.
-pub fn check_run_id(id: &str) -> Result<()> {
-    let ok = (1..=128).contains(&id.len())
-        && id.as_bytes()[0].is_ascii_alphanumeric()
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-        && !id.contains("..");
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::Usage(format!(
-            "run id {:?} is not allowed: use letters, digits, '.', '_' and '-' (starting with a letter or digit, no '..', at most 128 characters)",
-            crate::text::excerpt(id, 60)
-        )))
-    }
 }
 
 /// Writes both result files under temporary names; `commit` renames them.
@@ -183,7 +165,7 @@ impl Drop for ResultWriters {
 
 /// Score predictions against a corpus; see the module docs.
 pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
-    check_run_id(&opts.run_id)?;
+    crate::rundir::check_run_id(&opts.run_id)?;
     let corpus = corpus_table(&opts.cases, ReadOptions::default())?;
     let predictions = predictions_table(&opts.predictions, 8192)?;
     std::fs::create_dir_all(&opts.output)

@@ -28,6 +28,7 @@ use super::dsse::{Envelope, PAYLOAD_TYPE, key_id};
 use crate::contract::arrow::{controls_schema, findings_schema};
 use crate::corpus::reader::sha256_file;
 use crate::engine::score::{write_batches, write_parquet};
+use crate::rundir::Manifest;
 use crate::error::{Error, Result};
 
 /// in-toto Statement v1.
@@ -187,7 +188,7 @@ fn utf8(path: &Path) -> Result<&str> {
 
 /// The session a control catalogue runs in: `case_results`, `findings` and
 /// `selected_cases` (the manifest's selected case ids) of this run.
-async fn control_session(run: &Path, manifest: &Value) -> Result<SessionContext> {
+async fn control_session(run: &Path, manifest: Option<&Manifest>) -> Result<SessionContext> {
     let ctx = crate::engine::session();
     ctx.register_parquet(
         "case_results",
@@ -205,9 +206,14 @@ async fn control_session(run: &Path, manifest: &Value) -> Result<SessionContext>
             Arc::new(MemTable::try_new(findings_schema(), vec![vec![]])?),
         )?;
     }
-    let ids: Vec<Option<&str>> = manifest["dataset_snapshot"]["selected_case_ids"]
-        .as_array()
-        .map(|a| a.iter().map(Value::as_str).collect())
+    let ids: Vec<Option<&str>> = manifest
+        .map(|m| {
+            m.dataset_snapshot
+                .selected_case_ids
+                .iter()
+                .map(|id| Some(id.as_str()))
+                .collect()
+        })
         .unwrap_or_default();
     let schema = Arc::new(Schema::new(vec![Field::new(
         "case_id",
@@ -341,7 +347,7 @@ fn group_json(g: &GroupResult) -> Value {
 /// What every statement of one `pieval controls` invocation shares.
 struct RunContext {
     run_id: String,
-    manifest: Value,
+    manifest: Option<Manifest>,
     /// The run's files named as subjects, with their sha256.
     subjects: Vec<(String, String)>,
     evaluated_at: String,
@@ -366,8 +372,8 @@ fn statement(
             .iter()
             .map(|(name, sha)| json!({"name": name, "digest": {"sha256": sha}})),
     );
-    let model = &manifest["model_snapshot"];
-    let data = &manifest["dataset_snapshot"];
+    let m = manifest.as_ref();
+    let (model, data) = (m.map(|m| &m.model_snapshot), m.map(|m| &m.dataset_snapshot));
     let mut statement = json!({
         "_type": STATEMENT_TYPE,
         "subject": subject,
@@ -400,19 +406,19 @@ fn statement(
             "evidence": {"name": evidence.0, "rows": evidence.1, "sha256": evidence.2},
             "run": {
                 "run_id": run_id,
-                "experiment_name": manifest["config_snapshot"]["experiment"]["name"],
-                "provider": model["provider"],
-                "model_name": model["name"],
-                "mitigation": manifest["mitigation_snapshot"]["name"],
-                "seed": manifest["config_snapshot"]["experiment"]["seed"],
-                "corpus_path": data["path"],
-                "corpus_sha256": data["sha256"],
-                "git_commit": manifest["git_commit"],
+                "experiment_name": m.and_then(Manifest::experiment_name),
+                "provider": model.map(|x| &x.provider),
+                "model_name": model.map(|x| &x.name),
+                "mitigation": m.map(|m| &m.mitigation_snapshot.name),
+                "seed": m.and_then(Manifest::experiment_seed),
+                "corpus_path": data.map(|d| &d.path),
+                "corpus_sha256": data.map(|d| &d.sha256),
+                "git_commit": m.and_then(|m| m.git_commit.as_ref()),
             },
             "evaluator": {
                 "name": "pieval",
                 "version": env!("CARGO_PKG_VERSION"),
-                "git_commit": crate::runner::GIT_COMMIT,
+                "git_commit": crate::GIT_COMMIT,
             },
             "evaluated_at": evaluated_at,
         }
@@ -455,7 +461,7 @@ pub fn run_controls(
         )));
     }
     // A folder made by `pieval score` has no manifest: no run metadata, no selection.
-    let (manifest, run_id) = crate::runner::manifest_and_id(run)?;
+    let (manifest, run_id) = crate::rundir::manifest_and_id(run)?;
     let staging = Staging(run.join(format!(".controls.tmp-{}", std::process::id())));
     let _ = std::fs::remove_dir_all(&staging.0);
     for sub in ["evidence", "envelopes"] {
@@ -472,7 +478,7 @@ pub fn run_controls(
     let key_id = key.map(|k| key_id(&k.verifying_key()));
     let mut results = Vec::with_capacity(catalog.len());
     crate::engine::runtime()?.block_on(async {
-        let ctx = control_session(run, &shared.manifest).await?;
+        let ctx = control_session(run, shared.manifest.as_ref()).await?;
         for control in catalog {
             let evidence_name = format!("controls/evidence/{}.parquet", control.id);
             let evidence_path = staging

@@ -31,7 +31,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::corpus::{CorpusReader, ReadOptions};
-use crate::engine::score::check_run_id;
+use crate::rundir::{Manifest, Rate, RunResults, check_run_id};
 use crate::error::{Error, Result};
 
 /// The export formats.
@@ -68,15 +68,15 @@ struct RunInfo {
     run_id: String,
     run_date: String,
     model_name: String,
-    manifest: Value,
+    manifest: Option<Manifest>,
 }
 
 fn run_info(dir: &Path) -> Result<RunInfo> {
-    let (manifest, run_id) = crate::runner::manifest_and_id(dir)?;
+    let (manifest, run_id) = crate::rundir::manifest_and_id(dir)?;
     check_run_id(&run_id)?;
     // The run's start date; a folder from `pieval score` has no manifest: its results'
     // modification date stands in.
-    let run_date = match manifest["timestamp"].as_str() {
+    let run_date = match manifest.as_ref().map(|m| m.timestamp.as_str()) {
         Some(t)
             if t.len() >= 10
                 && t.as_bytes()[..10]
@@ -96,9 +96,9 @@ fn run_info(dir: &Path) -> Result<RunInfo> {
             crate::text::utc_rfc3339(secs)[..10].to_owned()
         }
     };
-    let model_name = manifest["model_snapshot"]["name"]
-        .as_str()
-        .unwrap_or("unknown")
+    let model_name = manifest
+        .as_ref()
+        .map_or("unknown", |m| m.model_snapshot.name.as_str())
         .to_owned();
     Ok(RunInfo {
         dir: dir.to_path_buf(),
@@ -255,41 +255,45 @@ pub fn runs_schema() -> SchemaRef {
 }
 
 fn runs_batch(run: &RunInfo) -> Result<RecordBatch> {
-    let m = &run.manifest;
-    let results = &m["results"];
-    let text = |v: &Value| -> ArrayRef { Arc::new(StringArray::from(vec![v.as_str()])) };
+    let m = run.manifest.as_ref();
+    let results = m.and_then(|m| m.results.as_ref());
+    let text = |v: Option<&str>| -> ArrayRef { Arc::new(StringArray::from(vec![v])) };
     let own = |v: &str| -> ArrayRef { Arc::new(StringArray::from(vec![Some(v)])) };
-    let int = |v: &Value| -> ArrayRef { Arc::new(Int64Array::from(vec![v.as_i64()])) };
-    let float = |v: &Value| -> ArrayRef { Arc::new(Float64Array::from(vec![v.as_f64()])) };
-    let manifest_json = if m.is_null() {
-        None
-    } else {
-        Some(m.to_string())
+    let int = |v: Option<u64>| -> ArrayRef {
+        Arc::new(Int64Array::from(vec![v.and_then(|v| i64::try_from(v).ok())]))
     };
+    let float = |v: Option<f64>| -> ArrayRef { Arc::new(Float64Array::from(vec![v])) };
+    let rate = |pick: fn(&RunResults) -> Option<&Rate>, value: fn(&Rate) -> Option<f64>| {
+        float(results.and_then(pick).and_then(value))
+    };
+    let manifest_json = m
+        .map(serde_json::to_string)
+        .transpose()
+        .map_err(|e| Error::Internal(format!("cannot encode the manifest: {e}")))?;
     let columns: Vec<ArrayRef> = vec![
         own(&run.run_id),
         own(&run.run_date),
-        text(&m["timestamp"]),
-        text(&m["finished_at"]),
-        text(&m["status"]),
-        text(&m["config_snapshot"]["experiment"]["name"]),
-        text(&m["model_snapshot"]["provider"]),
+        text(m.map(|m| m.timestamp.as_str())),
+        text(m.and_then(|m| m.finished_at.as_deref())),
+        text(m.and_then(|m| m.status).map(|s| s.as_str())),
+        text(m.and_then(Manifest::experiment_name)),
+        text(m.map(|m| m.model_snapshot.provider.as_str())),
         own(&run.model_name),
-        text(&m["mitigation_snapshot"]["name"]),
-        int(&m["config_snapshot"]["experiment"]["seed"]),
-        text(&m["dataset_snapshot"]["path"]),
-        text(&m["dataset_snapshot"]["sha256"]),
-        text(&m["replay_hints"]["config_sha256"]),
-        text(&results["predictions_sha256"]),
-        text(&m["git_commit"]),
-        text(&m["pieval_version"]),
-        int(&results["rows"]),
-        int(&results["provider_errors"]),
-        int(&results["manual_review"]),
-        float(&results["attack_success_rate"]["rate"]),
-        float(&results["attack_success_rate"]["ci_high"]),
-        float(&results["leakage_rate"]["rate"]),
-        float(&results["over_refusal_rate"]["rate"]),
+        text(m.map(|m| m.mitigation_snapshot.name.as_str())),
+        int(m.and_then(Manifest::experiment_seed).and_then(Value::as_u64)),
+        text(m.map(|m| m.dataset_snapshot.path.as_str())),
+        text(m.map(|m| m.dataset_snapshot.sha256.as_str())),
+        text(m.map(|m| m.replay_hints.config_sha256.as_str())),
+        text(results.map(|r| r.predictions_sha256.as_str())),
+        text(m.and_then(|m| m.git_commit.as_deref())),
+        text(m.and_then(|m| m.pieval_version.as_deref())),
+        int(results.map(|r| r.rows)),
+        int(results.map(|r| r.provider_errors)),
+        int(results.map(|r| r.manual_review)),
+        rate(|r| r.attack_success_rate.as_ref(), |r| r.rate),
+        rate(|r| r.attack_success_rate.as_ref(), |r| r.ci_high),
+        rate(|r| r.leakage_rate.as_ref(), |r| r.rate),
+        rate(|r| r.over_refusal_rate.as_ref(), |r| r.rate),
         Arc::new(StringArray::from(vec![manifest_json])),
     ];
     Ok(RecordBatch::try_new(runs_schema(), columns)?)

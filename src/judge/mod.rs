@@ -71,7 +71,12 @@ pub struct Judge {
     inflight: std::sync::Mutex<ahash::AHashMap<Key, Arc<tokio::sync::OnceCell<Arc<Record>>>>>,
     stats: Stats,
     pub calibration_sha256: Option<String>,
+    /// Where lines about the model (pulled, loaded) go; the judge never prints.
+    notes: Notes,
 }
+
+/// A sink for progress lines (the CLI prints them to stderr).
+pub type Notes = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// The calibration file named by the judge config, with its digest.
 #[derive(Clone, Debug, Serialize)]
@@ -181,7 +186,14 @@ impl Judge {
             backend,
             stats: Stats::default(),
             calibration_sha256,
+            notes: Arc::new(|_: &str| {}),
         })
+    }
+
+    /// Send lines about the judge's model (pull, load) to `notes`.
+    pub fn with_notes(mut self, notes: Notes) -> Judge {
+        self.notes = notes;
+        self
     }
 
     /// Build the judge's model now (its key read, a local model pulled and loaded), so
@@ -202,7 +214,7 @@ impl Judge {
             cell.get_or_init(|| async {
                 let model = self.section.as_model();
                 let build = || {
-                    crate::provider::build(&model, 0, &mut |line| eprintln!("{line}"))
+                    crate::provider::build(&model, 0, &mut |line| (self.notes)(line))
                         .map_err(|e| e.to_string())
                 };
                 // Loading a local model blocks: keep it off the async workers' backs.

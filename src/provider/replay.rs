@@ -10,7 +10,7 @@ use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::datatypes::Float64Type;
 
 use super::{CallError, Completion, Provider};
-use crate::engine::predictions::PredictionsReader;
+use crate::corpus::predictions::PredictionsReader;
 use crate::error::{Error, Result};
 use crate::mitigation::Message;
 
@@ -37,7 +37,7 @@ pub fn resolve_source(spec: &str, results: &Path) -> Result<PathBuf> {
         results.join(spec).join("predictions.jsonl"),
     ];
     if !spec.contains(['/', '\\']) && !p.exists() {
-        crate::engine::score::check_run_id(spec)?;
+        crate::rundir::check_run_id(spec)?;
     }
     candidates
         .into_iter()

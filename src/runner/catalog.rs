@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, params};
 use serde::Serialize;
-use serde_json::Value;
+use crate::rundir::Manifest;
 
 use crate::error::{Error, Result};
 
-pub const CATALOG_FILE: &str = "catalog.sqlite";
+pub use crate::rundir::CATALOG_FILE;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS runs (
@@ -71,36 +71,37 @@ pub struct RunRow {
 }
 
 impl RunRow {
-    pub fn from_manifest(m: &Value, dir: &Path) -> Self {
-        let s = |p: &str| m.pointer(p).and_then(Value::as_str).map(str::to_owned);
-        let i = |p: &str| m.pointer(p).and_then(Value::as_i64);
-        let f = |p: &str| m.pointer(p).and_then(Value::as_f64);
+    pub fn from_manifest(m: &Manifest, dir: &Path) -> Self {
+        let r = m.results.as_ref();
+        let int = |v: u64| i64::try_from(v).ok();
+        let asr = r.and_then(|r| r.attack_success_rate.as_ref());
         RunRow {
-            run_id: s("/run_id").unwrap_or_default(),
-            experiment: s("/config_snapshot/experiment/name").unwrap_or_default(),
-            status: s("/status").unwrap_or_else(|| "unknown".into()),
-            started_at: s("/timestamp").unwrap_or_default(),
-            finished_at: s("/finished_at"),
-            config_path: s("/config_source_path"),
-            config_sha256: s("/replay_hints/config_sha256"),
-            corpus_path: s("/dataset_snapshot/path"),
-            corpus_sha256: s("/dataset_snapshot/sha256"),
-            provider: s("/model_snapshot/provider"),
-            model: s("/model_snapshot/name"),
-            mitigation: s("/mitigation_snapshot/name"),
-            selected: m
-                .pointer("/dataset_snapshot/selected_case_ids")
-                .and_then(Value::as_array)
-                .map(|a| a.len() as i64),
-            rows: i("/results/rows"),
-            attack_success: i("/results/attack_success"),
-            attack_success_rate: f("/results/attack_success_rate/rate"),
-            asr_ci_low: f("/results/attack_success_rate/ci_low"),
-            asr_ci_high: f("/results/attack_success_rate/ci_high"),
-            leakage_rate: f("/results/leakage_rate/rate"),
-            over_refusal_rate: f("/results/over_refusal_rate/rate"),
-            manual_review: i("/results/manual_review"),
-            provider_errors: i("/results/provider_errors"),
+            run_id: m.run_id.clone(),
+            experiment: m.experiment_name().unwrap_or_default().to_owned(),
+            status: m.status.map_or("unknown", |s| s.as_str()).to_owned(),
+            started_at: m.timestamp.clone(),
+            finished_at: m.finished_at.clone(),
+            config_path: m.config_source_path.clone(),
+            config_sha256: Some(m.replay_hints.config_sha256.clone()),
+            corpus_path: Some(m.dataset_snapshot.path.clone()),
+            corpus_sha256: Some(m.dataset_snapshot.sha256.clone()),
+            provider: Some(m.model_snapshot.provider.clone()),
+            model: Some(m.model_snapshot.name.clone()),
+            mitigation: Some(m.mitigation_snapshot.name.clone()),
+            selected: Some(m.dataset_snapshot.selected_case_ids.len() as i64),
+            rows: r.and_then(|r| int(r.rows)),
+            attack_success: r.and_then(|r| int(r.attack_success)),
+            attack_success_rate: asr.and_then(|a| a.rate),
+            asr_ci_low: asr.and_then(|a| a.ci_low),
+            asr_ci_high: asr.and_then(|a| a.ci_high),
+            leakage_rate: r
+                .and_then(|r| r.leakage_rate.as_ref())
+                .and_then(|a| a.rate),
+            over_refusal_rate: r
+                .and_then(|r| r.over_refusal_rate.as_ref())
+                .and_then(|a| a.rate),
+            manual_review: r.and_then(|r| int(r.manual_review)),
+            provider_errors: r.and_then(|r| int(r.provider_errors)),
             run_dir: dir.display().to_string(),
         }
     }
@@ -168,7 +169,7 @@ impl Catalog {
     /// Add run folders whose manifest is not catalogued (or changed status).
     pub fn sync(&self, results: &Path) -> Result<()> {
         for dir in crate::engine::catalog::run_dirs(results) {
-            if let Ok(m) = super::read_manifest(&dir) {
+            if let Ok(m) = Manifest::read(&dir) {
                 let row = RunRow::from_manifest(&m, &dir);
                 if row.run_id.is_empty() {
                     continue;

@@ -105,3 +105,24 @@ fn dev_dependencies_do_not_change_the_features_of_the_build() {
         .collect();
     assert!(changed.is_empty(), "dev-dependencies change these features: {changed:#?}");
 }
+
+/// Benches are not built by `cargo test`; a `#[path]` into a moved test helper would only
+/// break `cargo bench`. Every `#[path]` must name an existing file.
+#[test]
+fn every_path_attribute_names_a_file() {
+    let attr = regex::Regex::new(r#"#\[path = "([^"]+)"\]"#).unwrap();
+    let mut files = Vec::new();
+    for dir in ["src", "benches", "tests"] {
+        rust_files(&root().join(dir), &mut files);
+    }
+    let mut bad = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for m in attr.captures_iter(&text) {
+            if !file.parent().unwrap().join(&m[1]).is_file() {
+                bad.push(format!("{}: {}", file.display(), &m[1]));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "#[path] to missing files: {bad:#?}");
+}

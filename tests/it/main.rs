@@ -14,6 +14,7 @@ mod judge;
 mod layout;
 mod local_model;
 mod pinning;
+mod rundir;
 mod runner;
 mod score;
 mod sql;

@@ -263,7 +263,7 @@ impl Sink {
                 &path,
                 no,
                 None,
-                crate::corpus::reader::json_error_message(&e, text),
+                crate::corpus::batch::json_error_message(&e, text),
             )
         })?;
         let mut row = Row::default();
