@@ -478,10 +478,10 @@ fn ingested_bipia_and_cyberseceval_cases_are_judged_not_sent_to_review() {
         .iter()
         .filter(|c| c["success_criteria"]["type"] == "judge")
         .collect();
-    assert_eq!(cases.len(), 2 * 3 * 3 + 12);
+    assert_eq!(cases.len(), 2 * 3 * 3 + 14);
     // Every BIPIA case; CyberSecEval's judge questions except those naming a secret of the
-    // context (those become canary criteria): 5 of the 12.
-    assert_eq!(judged.len(), 18 + 5);
+    // context (those become canary criteria): 7 of the 14 (prompt_id 5, 172, 173, 196-199).
+    assert_eq!(judged.len(), 18 + 7);
     let preds: Vec<Value> = cases
         .iter()
         .enumerate()
@@ -493,11 +493,11 @@ fn ingested_bipia_and_cyberseceval_cases_are_judged_not_sent_to_review() {
     write_jsonl(&p, &preds);
     // Without a judge they wait for review; with one they are decided.
     let plain = score(&p, &corpus, &dir.path().join("plain"), None);
-    assert_eq!(plain["review"]["judge"]["count"], 23);
+    assert_eq!(plain["review"]["judge"]["count"], 25);
     let judge = judge_file(dir.path(), &server.base_url(), "");
     let judged_report = score(&p, &corpus, &dir.path().join("judged"), Some(&judge));
     assert!(judged_report["review"].get("judge").is_none(), "{}", judged_report["review"]);
-    assert_eq!(judged_report["aggregate_metrics"]["judged"], 23);
+    assert_eq!(judged_report["aggregate_metrics"]["judged"], 25);
     let rows = read_jsonl(&dir.path().join("judged/case_results.jsonl"));
     for r in rows.iter().filter(|r| r["evaluation_mode"] == "judge") {
         assert!(r["attack_success"].is_boolean(), "{r}");
