@@ -43,18 +43,14 @@ long AS (
 ),
 rated AS (
     SELECT metric, dimension, value, n, k,
-           CASE WHEN n > 0 THEN CAST(k AS DOUBLE) / n END AS p,
-           3.8416 AS z2 -- 1.96 squared
+           CASE WHEN n > 0 THEN CAST(k AS DOUBLE) / n END AS p
     FROM long
 )
 SELECT
     metric, dimension, value, n, k,
     p AS rate,
-    -- exact at the edges (k = 0 or k = n) and clamped, so floating-point residue never
-    -- shows as 4e-17 or puts a bound outside [0, 1]
-    CASE WHEN n = 0 THEN NULL WHEN k = 0 THEN 0.0
-         ELSE greatest(0.0, (p + z2 / (2 * n) - sqrt(z2) * sqrt(p * (1 - p) / n + z2 / (4.0 * n * n))) / (1 + z2 / n)) END AS ci_low,
-    CASE WHEN n = 0 THEN NULL WHEN k = n THEN 1.0
-         ELSE least(1.0, (p + z2 / (2 * n) + sqrt(z2) * sqrt(p * (1 - p) / n + z2 / (4.0 * n * n))) / (1 + z2 / n)) END AS ci_high
+    -- the Wilson 95% interval (src/engine/wilson.rs, one implementation for every query)
+    pi_wilson_low(CAST(k AS BIGINT), CAST(n AS BIGINT)) AS ci_low,
+    pi_wilson_high(CAST(k AS BIGINT), CAST(n AS BIGINT)) AS ci_high
 FROM rated
 ORDER BY metric, dimension, value

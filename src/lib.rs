@@ -27,6 +27,7 @@
 
 pub mod atomic;
 pub mod cli;
+pub mod config_errors;
 pub mod contract;
 pub mod corpus;
 pub mod detect;

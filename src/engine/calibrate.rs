@@ -24,9 +24,9 @@ use crate::judge::{Judge, JudgeReport};
 use crate::error::{Error, Result};
 use crate::stats::{Confusion, bootstrap, wilson};
 
-pub const CALIBRATE_SQL: &str = include_str!("../../queries/judge/calibrate.sql");
-pub const METRICS_SQL: &str = include_str!("../../queries/judge/calibration_metrics.sql");
-pub const DISAGREEMENTS_SQL: &str = include_str!("../../queries/judge/disagreements.sql");
+pub const CALIBRATE_SQL: &str = super::queries::CALIBRATE.sql;
+pub const METRICS_SQL: &str = super::queries::CALIBRATION_METRICS.sql;
+pub const DISAGREEMENTS_SQL: &str = super::queries::DISAGREEMENTS.sql;
 
 /// Resamples of the bootstrap intervals, and their seed.
 const RESAMPLES: usize = 2000;

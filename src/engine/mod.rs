@@ -5,6 +5,8 @@
 //! works from any folder); Rust code registers tables and runs it, and never builds SQL
 //! from user input.
 
+pub mod queries;
+pub mod wilson;
 pub mod calibrate;
 pub mod catalog;
 pub mod score;
@@ -21,7 +23,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use crate::error::{Error, Result};
 
 /// `queries/corpus_stats.sql`.
-pub const CORPUS_STATS_SQL: &str = include_str!("../../queries/corpus_stats.sql");
+pub const CORPUS_STATS_SQL: &str = queries::CORPUS_STATS.sql;
 
 /// The session configuration pieval uses: sized for this machine, information schema on.
 pub fn session_config() -> SessionConfig {
@@ -36,6 +38,7 @@ pub fn session_with(config: SessionConfig) -> SessionContext {
     let ctx = SessionContext::new_with_config(config);
     crate::detect::register_udfs(&ctx);
     crate::judge::udf::register(&ctx, None);
+    wilson::register(&ctx);
     ctx
 }
 

@@ -26,13 +26,13 @@ use crate::corpus::ReadOptions;
 use crate::error::{Error, Result};
 
 /// `queries/score_cases.sql`.
-pub const SCORE_CASES_SQL: &str = include_str!("../../queries/score_cases.sql");
+pub const SCORE_CASES_SQL: &str = super::queries::SCORE_CASES.sql;
 /// `queries/findings.sql`.
-pub const FINDINGS_SQL: &str = include_str!("../../queries/findings.sql");
+pub const FINDINGS_SQL: &str = super::queries::FINDINGS.sql;
 /// `queries/summary.sql`.
-pub const SUMMARY_SQL: &str = include_str!("../../queries/summary.sql");
+pub const SUMMARY_SQL: &str = super::queries::SUMMARY.sql;
 /// `queries/metrics/totals.sql`.
-pub const TOTALS_SQL: &str = include_str!("../../queries/metrics/totals.sql");
+pub const TOTALS_SQL: &str = super::queries::TOTALS.sql;
 
 /// Examples kept per review reason.
 const EXAMPLES: usize = 5;

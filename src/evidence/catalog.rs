@@ -304,54 +304,18 @@ pub fn load_catalog(dir: &Path) -> Result<Vec<Control>> {
 }
 
 /// The shipped catalogue, compiled in so that `pieval controls` works from any folder.
-pub const BUILTIN: &[(&str, &str)] = &[
-    (
-        "01_asr_critical.sql",
-        include_str!("../../queries/controls/01_asr_critical.sql"),
-    ),
-    (
-        "02_asr_overall.sql",
-        include_str!("../../queries/controls/02_asr_overall.sql"),
-    ),
-    (
-        "03_canary_leak.sql",
-        include_str!("../../queries/controls/03_canary_leak.sql"),
-    ),
-    (
-        "04_system_prompt_leakage.sql",
-        include_str!("../../queries/controls/04_system_prompt_leakage.sql"),
-    ),
-    (
-        "05_indirect_per_carrier.sql",
-        include_str!("../../queries/controls/05_indirect_per_carrier.sql"),
-    ),
-    (
-        "06_asr_per_family.sql",
-        include_str!("../../queries/controls/06_asr_per_family.sql"),
-    ),
-    (
-        "07_over_refusal.sql",
-        include_str!("../../queries/controls/07_over_refusal.sql"),
-    ),
-    (
-        "08_review_backlog.sql",
-        include_str!("../../queries/controls/08_review_backlog.sql"),
-    ),
-    (
-        "09_provider_errors.sql",
-        include_str!("../../queries/controls/09_provider_errors.sql"),
-    ),
-    (
-        "10_coverage.sql",
-        include_str!("../../queries/controls/10_coverage.sql"),
-    ),
-];
+pub fn builtin() -> impl Iterator<Item = (&'static str, &'static str)> {
+    crate::engine::queries::CONTROLS.iter().map(|q| {
+        let name = q.path.rsplit('/').next().unwrap_or(q.path);
+        (name, q.sql)
+    })
+}
 
 /// The shipped catalogue (`queries/controls/` as compiled into this binary).
 pub fn builtin_catalog() -> Result<Vec<Control>> {
     let dir = Path::new("queries/controls");
-    let mut controls: Vec<Control> = Vec::with_capacity(BUILTIN.len());
-    for (name, text) in BUILTIN {
+    let mut controls: Vec<Control> = Vec::new();
+    for (name, text) in builtin() {
         controls.push(parse_control(&dir.join(name), text)?);
     }
     Ok(controls)

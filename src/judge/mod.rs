@@ -13,6 +13,7 @@
 //! answer that cannot be read gives a null verdict and the error, never "not
 //! successful".
 
+pub mod config;
 pub mod answer;
 pub mod rubric;
 pub mod store;
@@ -27,8 +28,9 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::experiment::config::{JudgeInput, JudgeSection, ProviderKind};
-use crate::mitigation::Message;
+use crate::provider::config::ProviderKind;
+pub use config::{JudgeInput, JudgeSection};
+use crate::provider::Message;
 use crate::provider::Provider;
 pub use rubric::{Inputs, Rubric};
 use store::{Key, Record, Store};

@@ -29,7 +29,7 @@ use tokenizers::pre_tokenizers::sequence::Sequence;
 
 use super::{CallError, Completion, Provider};
 use crate::error::{Error, Result};
-use crate::mitigation::Message;
+use super::Message;
 use pieval_llama::Llama;
 
 const DEFAULT_SYSTEM: &str = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";

@@ -6,6 +6,7 @@
 //!   backoff and jitter that honour `Retry-After`, and a requests-per-minute limit.
 //! - [`replay::ReplayProvider`]: the responses of a predictions file or an earlier run.
 
+pub mod config;
 pub mod local;
 pub mod openai;
 pub mod replay;
@@ -13,8 +14,7 @@ pub mod replay;
 use async_trait::async_trait;
 
 use crate::error::{Error, Result};
-use crate::experiment::config::{ModelSection, ProviderKind};
-use crate::mitigation::Message;
+use config::{ModelSection, ProviderKind};
 
 /// A model's answer.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -103,3 +103,32 @@ pub fn single_threaded_models() {
         unsafe { std::env::set_var("RAYON_NUM_THREADS", "1") };
     }
 }
+
+/// One chat message of a request.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Message {
+    pub role: &'static str,
+    pub content: String,
+}
+
+impl Message {
+    pub fn system(content: String) -> Self {
+        Self {
+            role: "system",
+            content,
+        }
+    }
+    pub fn user(content: String) -> Self {
+        Self {
+            role: "user",
+            content,
+        }
+    }
+    pub fn assistant(content: String) -> Self {
+        Self {
+            role: "assistant",
+            content,
+        }
+    }
+}
+

@@ -16,8 +16,8 @@ use tokio::sync::Mutex;
 
 use super::{CallError, Completion, Provider};
 use crate::error::{Error, Result};
-use crate::experiment::config::ModelSection;
-use crate::mitigation::Message;
+use super::config::ModelSection;
+use super::Message;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);

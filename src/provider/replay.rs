@@ -12,7 +12,7 @@ use datafusion::arrow::datatypes::Float64Type;
 use super::{CallError, Completion, Provider};
 use crate::corpus::predictions::PredictionsReader;
 use crate::error::{Error, Result};
-use crate::mitigation::Message;
+use super::Message;
 
 /// One recorded outcome.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -15,7 +15,7 @@ use crate::detect::leak::Prepared;
 use crate::detect::refusal::RefusalDetector;
 use crate::error::{Error, Result};
 use crate::experiment::config::{Config, ExecutionMode, ProviderKind};
-use crate::mitigation::{Plan, plan, probe_passes};
+use crate::mitigation::{Mitigation, Plan, plan, probe_passes};
 use crate::provider::replay::{ReplayProvider, resolve_source};
 use crate::provider::{CallError, Provider};
 use crate::rundir::{ModelSpeed, PredictionRecord};
@@ -100,6 +100,9 @@ pub(super) fn execute_all(
         let judge = crate::judge::Judge::open(j, Some(dir))?.with_notes(notes(progress));
         rt.block_on(judge.preflight())?;
     }
+    // Checked when the config was loaded; a snapshot edited since is refused here.
+    let mitigation = Mitigation::from_section(&cfg.mitigation)
+        .map_err(|m| Error::State(format!("mitigation.params: {m}")))?;
     let concurrency = cfg.model.concurrency.max(1);
     let call_start = std::time::Instant::now();
     rt.block_on(async {
@@ -110,12 +113,7 @@ pub(super) fn execute_all(
         }
         let mut stream = futures::stream::iter(pending.iter().map(|case| {
             let backend = Arc::clone(&backend);
-            let p = plan(
-                case,
-                cfg.mitigation.name,
-                &cfg.mitigation.params,
-                cfg.experiment.seed,
-            );
+            let p = plan(case, &mitigation, cfg.experiment.seed);
             execute_one(case, p, backend, cfg, run_id)
         }))
         .buffer_unordered(concurrency);

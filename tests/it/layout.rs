@@ -126,3 +126,42 @@ fn every_path_attribute_names_a_file() {
     }
     assert!(bad.is_empty(), "#[path] to missing files: {bad:#?}");
 }
+
+/// The layering of docs/architecture.md holds in the imports: a module uses only the
+/// modules below it (tests inside a module are not counted).
+#[test]
+fn modules_import_only_downward() {
+    const ORDER: &[&str] = &[
+        "main", "cli", "runner", "export", "evidence", "engine", "experiment", "judge",
+        "mitigation", "provider", "model", "ingest", "taxonomy", "detect", "corpus", "rundir",
+        "contract", "config_errors", "atomic", "stats", "text", "error",
+    ];
+    let rank = |m: &str| ORDER.iter().position(|o| *o == m);
+    let uses = regex::Regex::new(r"crate::([a-z_]+)").unwrap();
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    let mut bad = Vec::new();
+    for file in &files {
+        let rel = file.strip_prefix(root().join("src")).unwrap();
+        let first = rel.components().next().unwrap().as_os_str().to_str().unwrap();
+        let module = first.trim_end_matches(".rs");
+        if module == "lib" {
+            continue;
+        }
+        let Some(own) = rank(module) else {
+            bad.push(format!("src/{first}: not in the layering of docs/architecture.md"));
+            continue;
+        };
+        let text = std::fs::read_to_string(file).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap();
+        for m in uses.captures_iter(code) {
+            let target = &m[1];
+            if target != module && rank(target).is_some_and(|r| r <= own) {
+                bad.push(format!("{}: {module} uses crate::{target}", rel.display()));
+            }
+        }
+    }
+    bad.sort();
+    bad.dedup();
+    assert!(bad.is_empty(), "imports against the layering: {bad:#?}");
+}

@@ -157,3 +157,86 @@ fn read_only_and_clear_errors() {
     let r = run(pieval().args(["sql"]));
     assert_eq!(r.code, 2);
 }
+
+/// Every file under `queries/` is registered in `engine::queries`, and every registered
+/// query plans against empty tables of the schemas it reads (each statement of a control).
+#[test]
+fn every_query_file_is_registered_and_plans() {
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::datasource::MemTable;
+    use pieval::contract::arrow::{
+        case_results_schema, enriched_case_schema, findings_schema,
+    };
+    use pieval::engine::queries;
+    use std::sync::Arc;
+
+    fn sql_files(dir: &Path, base: &Path, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                sql_files(&path, base, out);
+            } else if path.extension().is_some_and(|e| e == "sql") {
+                out.push(path.strip_prefix(base).unwrap().to_str().unwrap().to_owned());
+            }
+        }
+    }
+    let base = repo("queries");
+    let mut files = Vec::new();
+    sql_files(&base, &base, &mut files);
+    files.sort();
+    let mut registered: Vec<String> = queries::all().iter().map(|q| q.path.to_owned()).collect();
+    registered.sort();
+    assert_eq!(files, registered, "queries/ and engine::queries differ");
+    for q in queries::all() {
+        assert_eq!(q.sql, std::fs::read_to_string(base.join(q.path)).unwrap());
+    }
+
+    let rt = pieval::engine::runtime().unwrap();
+    rt.block_on(async {
+        let ctx = pieval::engine::session();
+        let empty = |schema: Arc<Schema>| Arc::new(MemTable::try_new(schema, vec![vec![]]).unwrap());
+        ctx.register_table("attack_cases", empty(enriched_case_schema())).unwrap();
+        ctx.register_table(
+            "predictions",
+            empty(pieval::corpus::predictions::predictions_table_schema()),
+        )
+        .unwrap();
+        let params = Arc::new(Schema::new(vec![
+            Field::new("run_id", DataType::Utf8, true),
+            Field::new("mitigation", DataType::Utf8, true),
+            Field::new("leakage_threshold", DataType::Float64, true),
+            Field::new("judge_enabled", DataType::Boolean, true),
+        ]));
+        ctx.register_table("score_params", empty(params)).unwrap();
+        for name in ["case_results", "a", "b"] {
+            ctx.register_table(name, empty(case_results_schema())).unwrap();
+        }
+        ctx.register_table("findings", empty(findings_schema())).unwrap();
+        let ids = Arc::new(Schema::new(vec![Field::new("case_id", DataType::Utf8, true)]));
+        ctx.register_table("selected_cases", empty(ids)).unwrap();
+        ctx.register_table("labels", empty(pieval::engine::calibrate::labels_schema()))
+            .unwrap();
+        // `judged` is what calibrate.sql makes of the labels.
+        let judged = ctx.sql(queries::CALIBRATE.sql).await.unwrap().into_view();
+        ctx.register_table("judged", judged).unwrap();
+
+        for q in queries::all() {
+            let statements = datafusion::sql::parser::DFParser::parse_sql(q.sql)
+                .unwrap_or_else(|e| panic!("{}: {e}", q.path));
+            assert!(!statements.is_empty(), "{}: no statement", q.path);
+            // A control's second statement reads its first as `evidence`.
+            let _ = ctx.deregister_table("evidence");
+            for statement in statements {
+                let plan = ctx
+                    .state()
+                    .statement_to_plan(statement)
+                    .await
+                    .unwrap_or_else(|e| panic!("queries/{} does not plan: {e}", q.path));
+                if q.path.starts_with("controls/") && !ctx.table_exist("evidence").unwrap() {
+                    let view = datafusion::dataframe::DataFrame::new(ctx.state(), plan);
+                    ctx.register_table("evidence", view.into_view()).unwrap();
+                }
+            }
+        }
+    });
+}

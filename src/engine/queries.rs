@@ -1,0 +1,69 @@
+//! Every query the binary runs, in one registry: each is a file under `queries/`,
+//! compiled in with `include_str!`, so the binary needs no data files and a query's
+//! digest (recorded in evidence) is the file's. tests/it/sql.rs checks that every file
+//! under `queries/` is registered here and plans.
+
+/// A query file and its text.
+#[derive(Clone, Copy, Debug)]
+pub struct Query {
+    /// Relative to `queries/`.
+    pub path: &'static str,
+    pub sql: &'static str,
+}
+
+macro_rules! query {
+    ($path:literal) => {
+        Query {
+            path: $path,
+            sql: include_str!(concat!("../../queries/", $path)),
+        }
+    };
+}
+
+/// `pieval corpus stats`.
+pub const CORPUS_STATS: Query = query!("corpus_stats.sql");
+/// Scoring: one row per prediction with every detector's verdict.
+pub const SCORE_CASES: Query = query!("score_cases.sql");
+/// Scoring: the spans behind each verdict.
+pub const FINDINGS: Query = query!("findings.sql");
+/// Scoring: rates with their Wilson intervals, overall and per dimension.
+pub const SUMMARY: Query = query!("summary.sql");
+/// Scoring: the totals of `summary.json`.
+pub const TOTALS: Query = query!("metrics/totals.sql");
+/// `pieval runs diff`: the cases whose verdicts differ between two runs.
+pub const RUNS_DIFF: Query = query!("runs/diff.sql");
+/// `pieval judge calibrate`.
+pub const CALIBRATE: Query = query!("judge/calibrate.sql");
+pub const CALIBRATION_METRICS: Query = query!("judge/calibration_metrics.sql");
+pub const DISAGREEMENTS: Query = query!("judge/disagreements.sql");
+
+/// The built-in control catalogue (`pieval controls`), in id order.
+pub const CONTROLS: [Query; 10] = [
+    query!("controls/01_asr_critical.sql"),
+    query!("controls/02_asr_overall.sql"),
+    query!("controls/03_canary_leak.sql"),
+    query!("controls/04_system_prompt_leakage.sql"),
+    query!("controls/05_indirect_per_carrier.sql"),
+    query!("controls/06_asr_per_family.sql"),
+    query!("controls/07_over_refusal.sql"),
+    query!("controls/08_review_backlog.sql"),
+    query!("controls/09_provider_errors.sql"),
+    query!("controls/10_coverage.sql"),
+];
+
+/// Every registered query.
+pub fn all() -> Vec<Query> {
+    let mut all = vec![
+        CORPUS_STATS,
+        SCORE_CASES,
+        FINDINGS,
+        SUMMARY,
+        TOTALS,
+        RUNS_DIFF,
+        CALIBRATE,
+        CALIBRATION_METRICS,
+        DISAGREEMENTS,
+    ];
+    all.extend(CONTROLS);
+    all
+}

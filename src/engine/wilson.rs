@@ -1,0 +1,46 @@
+//! `pi_wilson_low(k, n)` and `pi_wilson_high(k, n)`: the bounds of the Wilson 95% score
+//! interval of k successes in n (Wilson 1927, "Probable inference, the law of succession,
+//! and statistical inference"), computed by [`crate::stats::wilson`] — the one
+//! implementation, used by `queries/summary.sql`, the controls and calibration alike.
+//! NULL when n is 0 or either argument is NULL.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, AsArray, Float64Array};
+use datafusion::arrow::datatypes::{DataType, Int64Type};
+use datafusion::logical_expr::{ColumnarValue, Volatility, create_udf};
+use datafusion::prelude::SessionContext;
+
+/// Register both bounds (arguments BIGINT; cast counts that are not).
+pub fn register(ctx: &SessionContext) {
+    for (name, high) in [("pi_wilson_low", false), ("pi_wilson_high", true)] {
+        let f = move |args: &[ColumnarValue]| -> datafusion::error::Result<ColumnarValue> {
+            let arrays = ColumnarValue::values_to_arrays(args)?;
+            let (k, n) = (
+                arrays[0].as_primitive::<Int64Type>(),
+                arrays[1].as_primitive::<Int64Type>(),
+            );
+            let out: Float64Array = k
+                .iter()
+                .zip(n.iter())
+                .map(|(k, n)| {
+                    let (k, n) = (u64::try_from(k?).ok()?, u64::try_from(n?).ok()?);
+                    crate::stats::wilson(k.min(n), n).map(|(lo, hi)| if high { hi } else { lo })
+                })
+                .collect();
+            let out: ArrayRef = Arc::new(out);
+            Ok(if args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_))) {
+                ColumnarValue::Scalar(datafusion::scalar::ScalarValue::try_from_array(&out, 0)?)
+            } else {
+                ColumnarValue::Array(out)
+            })
+        };
+        ctx.register_udf(create_udf(
+            name,
+            vec![DataType::Int64, DataType::Int64],
+            DataType::Float64,
+            Volatility::Immutable,
+            Arc::new(f),
+        ));
+    }
+}

@@ -1,0 +1,165 @@
+//! The `model` section of an experiment config: which provider, which model, how it is
+//! called; and the endpoint checks a model and a judge share.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    Local,
+    Openai,
+    Replay,
+}
+
+impl ProviderKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::Local => "local",
+            ProviderKind::Openai => "openai",
+            ProviderKind::Replay => "replay",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecutionMode {
+    #[default]
+    Live,
+    Replay,
+    DryRun,
+}
+
+impl ExecutionMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExecutionMode::Live => "live",
+            ExecutionMode::Replay => "replay",
+            ExecutionMode::DryRun => "dry_run",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    pub provider: ProviderKind,
+    pub name: String,
+    /// `openai`: the API root, e.g. `https://api.openai.com/v1` or `http://127.0.0.1:8080/v1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    /// The environment variable holding the API key (never the key itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: u32,
+    #[serde(default)]
+    pub temperature: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    #[serde(default)]
+    pub execution_mode: ExecutionMode,
+    /// Requests in flight at once.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
+    /// Requests started per minute, at most; unlimited when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_minute: Option<u32>,
+    /// Seconds before one request is abandoned (and retried).
+    #[serde(default = "default_timeout_s")]
+    pub timeout_s: f64,
+    /// Retries after the first attempt, on timeouts, connection errors, 429 and 5xx.
+    #[serde(default = "default_max_retries")]
+    pub max_retries: u32,
+    /// `local`: a GGUF file to run instead of the default model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// `replay`: a predictions file (JSONL / Parquet) or a run folder / run id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_from: Option<String>,
+}
+
+pub(crate) fn default_max_tokens() -> u32 {
+    128
+}
+pub(crate) fn default_concurrency() -> usize {
+    8
+}
+pub(crate) fn default_timeout_s() -> f64 {
+    60.0
+}
+pub(crate) fn default_max_retries() -> u32 {
+    4
+}
+
+
+/// The longest timeout accepted, in seconds (a day).
+pub const MAX_TIMEOUT_S: f64 = 86_400.0;
+
+/// The settings a model endpoint and a judge endpoint share, checked one way.
+pub(crate) struct Endpoint<'a> {
+    pub(crate) provider: ProviderKind,
+    pub(crate) name: &'a str,
+    pub(crate) base_url: Option<&'a str>,
+    pub(crate) api_key_env: Option<&'a str>,
+    pub(crate) concurrency: usize,
+    pub(crate) requests_per_minute: Option<u32>,
+    pub(crate) timeout_s: f64,
+    pub(crate) max_tokens: u32,
+}
+
+impl Endpoint<'_> {
+    pub(crate) fn check(&self) -> std::result::Result<(), (&'static str, String)> {
+        if self.name.trim().is_empty() {
+            return Err(("name", "must not be empty".into()));
+        }
+        if self.max_tokens == 0 {
+            return Err(("max_tokens", "must be at least 1".into()));
+        }
+        if self.concurrency == 0 || self.concurrency > 4096 {
+            return Err(("concurrency", "must be between 1 and 4096".into()));
+        }
+        if self.requests_per_minute == Some(0) {
+            return Err((
+                "requests_per_minute",
+                "must be at least 1 (leave it out for no limit)".into(),
+            ));
+        }
+        if !(self.timeout_s.is_finite() && self.timeout_s > 0.0) {
+            return Err(("timeout_s", "must be a positive number".into()));
+        }
+        if self.timeout_s > MAX_TIMEOUT_S {
+            return Err((
+                "timeout_s",
+                format!("{} is more than a day ({MAX_TIMEOUT_S} s)", self.timeout_s),
+            ));
+        }
+        if let Some(env) = self.api_key_env {
+            let ok = !env.is_empty()
+                && env.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                && !env.as_bytes()[0].is_ascii_digit();
+            if !ok {
+                return Err((
+                    "api_key_env",
+                    "must be the NAME of an environment variable (letters, digits, _), not a key"
+                        .into(),
+                ));
+            }
+        }
+        if self.provider == ProviderKind::Openai {
+            let Some(url) = self.base_url else {
+                return Err((
+                    "base_url",
+                    "the openai provider needs base_url (e.g. https://api.openai.com/v1)".into(),
+                ));
+            };
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(("base_url", format!("{url:?} is not an http(s) URL")));
+            }
+        }
+        Ok(())
+    }
+}
+
