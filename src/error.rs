@@ -71,7 +71,7 @@ pub enum Error {
     Query(String),
 
     /// A broken invariant or an encoding that cannot fail in practice (a bug if seen).
-    #[error("internal error: {0}")]
+    #[error("{0}")]
     Internal(String),
 
     #[error("arrow: {0}")]

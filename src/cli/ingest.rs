@@ -64,7 +64,7 @@ pub fn run(args: Args) -> Result<u8> {
     // With the cases on stdout, the report goes to stderr.
     let to_stdout = args.output.is_some();
     let text = if args.json {
-        serde_json::to_string_pretty(&report).map_err(|e| Error::Usage(e.to_string()))?
+        serde_json::to_string_pretty(&report).map_err(|e| Error::Internal(e.to_string()))?
     } else {
         let mut s = format!(
             "ingested {} case(s) from {} ({} file(s) or folder(s))",

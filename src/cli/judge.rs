@@ -36,7 +36,7 @@ impl JudgeSource {
         match (&self.judge, &self.config) {
             (Some(f), _) => JudgeSection::load(f),
             (None, Some(c)) => Config::load(c)?.config.evaluation.judge.ok_or_else(|| {
-                Error::Usage(format!("{}: no evaluation.judge section", c.display()))
+                Error::State(format!("{}: no evaluation.judge section", c.display()))
             }),
             (None, None) => Err(Error::Usage(
                 "name the judge: --judge FILE (a judge config) or --config EXPERIMENT.yaml".into(),

@@ -12,7 +12,7 @@ pub fn stdout_line(text: &str) -> Result<()> {
 
 pub fn json<T: serde::Serialize>(value: &T) -> Result<()> {
     let text = serde_json::to_string_pretty(value)
-        .map_err(|e| Error::Usage(format!("cannot encode JSON: {e}")))?;
+        .map_err(|e| Error::Internal(format!("cannot encode JSON: {e}")))?;
     stdout_line(&text)
 }
 

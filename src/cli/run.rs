@@ -230,7 +230,7 @@ pub fn run_dir(spec: &str, results: &Path) -> Result<PathBuf> {
     if is_run(&dir) {
         Ok(dir)
     } else {
-        Err(Error::Usage(format!(
+        Err(Error::NotFound(format!(
             "no run {spec:?}: neither a run folder nor a run id under {}",
             results.display()
         )))
@@ -286,7 +286,7 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
     let want_sha = manifest.dataset_snapshot.sha256.as_str();
     let corpus = runner::load_cases(&config.dataset.path)?;
     if corpus.sha256 != want_sha {
-        return Err(Error::Usage(format!(
+        return Err(Error::State(format!(
             "cannot replay {run_id}: the corpus {} changed (sha256 {} now, {} when the run was made); use --rescore to re-score the stored predictions instead",
             config.dataset.path.display(),
             &corpus.sha256[..12],
@@ -301,7 +301,7 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
     )?;
     let recorded = &manifest.dataset_snapshot.selected_case_ids;
     if &selected.selected_case_ids != recorded {
-        return Err(Error::Usage(format!(
+        return Err(Error::State(format!(
             "cannot replay {run_id}: the selection differs ({} case(s) now, {} recorded)",
             selected.selected_case_ids.len(),
             recorded.len()

@@ -89,7 +89,7 @@ pub fn run(args: Args) -> Result<u8> {
         let df = ctx
             .sql_with_options(&sql, options)
             .await
-            .map_err(|e| Error::Usage(format!("the query cannot run: {e}")))?;
+            .map_err(|e| Error::Query(format!("the query cannot run: {e}")))?;
         let schema = std::sync::Arc::new(df.schema().as_arrow().clone());
         let mut stream = df.execute_stream().await?;
         let mut sink = Sink::open(args.format, args.output.as_deref(), schema)?;

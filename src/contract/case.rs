@@ -130,7 +130,7 @@ impl AttackCase {
         };
         let json = |name: &str, row: usize| -> Result<Option<Value>> {
             get(name, row)
-                .map(|t| serde_json::from_str(&t).map_err(|e| Error::Usage(format!("{name}: {e}"))))
+                .map(|t| serde_json::from_str(&t).map_err(|e| Error::Internal(format!("{name}: {e}"))))
                 .transpose()
         };
         let confidence = schema
@@ -141,7 +141,7 @@ impl AttackCase {
         for row in 0..batch.num_rows() {
             let criteria: Value = json("success_criteria", row)?.unwrap_or(Value::Null);
             let success_criteria = SuccessCriteria::from_json(&criteria)
-                .map_err(|e| Error::Usage(format!("success_criteria: {e}")))?;
+                .map_err(|e| Error::Internal(format!("success_criteria: {e}")))?;
             out.push(AttackCase {
                 case_id: get("case_id", row).unwrap_or_default(),
                 source_name: get("source_name", row).unwrap_or_default(),

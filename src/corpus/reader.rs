@@ -126,7 +126,7 @@ impl CorpusReader {
             .flatten()
             .find(|i| **i >= CASE_FIELDS.len())
         {
-            return Err(Error::Usage(format!(
+            return Err(Error::Internal(format!(
                 "projection index {bad} is out of range: the attack-case schema has {} columns",
                 CASE_FIELDS.len()
             )));

@@ -332,7 +332,7 @@ pub async fn calibrate(judge: Arc<Judge>, labels: &Labels, out: &Path) -> Result
     let counts = crate::engine::collect(&ctx, METRICS_SQL).await?;
     let c = counts
         .first()
-        .ok_or_else(|| Error::Usage("calibration_metrics.sql returned nothing".into()))?;
+        .ok_or_else(|| Error::Internal("calibration_metrics.sql returned nothing".into()))?;
     let count = |name: &str| -> Result<u64> {
         Ok(crate::engine::typed_column::<datafusion::arrow::datatypes::Int64Type>(c, name)?
             .value(0) as u64)
@@ -354,11 +354,11 @@ pub async fn calibrate(judge: Arc<Judge>, labels: &Labels, out: &Path) -> Result
         let label = b
             .column_by_name("label")
             .and_then(|c| c.as_boolean_opt())
-            .ok_or_else(|| Error::Usage("calibrate.sql returned no label".into()))?;
+            .ok_or_else(|| Error::Internal("calibrate.sql returned no label".into()))?;
         let verdict = b
             .column_by_name("verdict")
             .and_then(|c| c.as_boolean_opt())
-            .ok_or_else(|| Error::Usage("calibrate.sql returned no verdict".into()))?;
+            .ok_or_else(|| Error::Internal("calibrate.sql returned no verdict".into()))?;
         for i in 0..b.num_rows() {
             if verdict.is_valid(i) {
                 pairs.push((label.value(i), verdict.value(i)));
@@ -396,7 +396,7 @@ fn finish(mut cal: Calibration, out: &Path) -> Result<Calibration> {
     let path = out.join("calibration.json");
     cal.files.insert("calibration".to_owned(), path.clone());
     let text = serde_json::to_string_pretty(&cal)
-        .map_err(|e| Error::Usage(format!("cannot encode the calibration: {e}")))?;
+        .map_err(|e| Error::Internal(format!("cannot encode the calibration: {e}")))?;
     crate::atomic::write_lines(&path, std::iter::once(text))?;
     Ok(cal)
 }

@@ -70,7 +70,7 @@ pub fn utf8_column(
     use datafusion::arrow::array::AsArray;
     let col = batch
         .column_by_name(name)
-        .ok_or_else(|| Error::Usage(format!("query result has no column {name:?}")))?;
+        .ok_or_else(|| Error::Query(format!("query result has no column {name:?}")))?;
     let col = datafusion::arrow::compute::cast(col, &datafusion::arrow::datatypes::DataType::Utf8)?;
     Ok(col.as_string::<i32>().clone())
 }
@@ -83,7 +83,7 @@ pub fn typed_column<T: datafusion::arrow::datatypes::ArrowPrimitiveType>(
     use datafusion::arrow::array::AsArray;
     let col = batch
         .column_by_name(name)
-        .ok_or_else(|| Error::Usage(format!("query result has no column {name:?}")))?;
+        .ok_or_else(|| Error::Query(format!("query result has no column {name:?}")))?;
     let col = datafusion::arrow::compute::cast(col, &T::DATA_TYPE)?;
     Ok(col.as_primitive::<T>().clone())
 }

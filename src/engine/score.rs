@@ -273,10 +273,10 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
     });
     if let Some(j) = &report.judge {
         summary["judge"] = serde_json::to_value(j)
-            .map_err(|e| Error::Usage(format!("cannot encode the judge report: {e}")))?;
+            .map_err(|e| Error::Internal(format!("cannot encode the judge report: {e}")))?;
     }
     let text = serde_json::to_string_pretty(&summary)
-        .map_err(|e| Error::Usage(format!("cannot encode summary: {e}")))?;
+        .map_err(|e| Error::Internal(format!("cannot encode summary: {e}")))?;
     crate::atomic::write_lines(&summary_path, std::iter::once(text))?;
     report.predictions = predictions
         .stats
@@ -299,7 +299,7 @@ fn tally(batch: &RecordBatch, report: &mut ScoreReport) -> Result<()> {
     let boolean = |name: &str| -> Result<datafusion::arrow::array::BooleanArray> {
         let col = batch
             .column_by_name(name)
-            .ok_or_else(|| Error::Usage(format!("score_cases.sql returned no {name}")))?;
+            .ok_or_else(|| Error::Internal(format!("score_cases.sql returned no {name}")))?;
         Ok(datafusion::arrow::compute::cast(col, &DataType::Boolean)?
             .as_boolean()
             .clone())
@@ -392,7 +392,7 @@ pub async fn aggregate_metrics(case_results: &Path) -> Result<serde_json::Value>
     let totals = super::collect(&ctx, TOTALS_SQL).await?;
     let t = totals
         .first()
-        .ok_or_else(|| Error::Usage("totals query returned nothing".into()))?;
+        .ok_or_else(|| Error::Internal("totals query returned nothing".into()))?;
     let count = |name: &str| -> Result<i64> {
         Ok(super::typed_column::<datafusion::arrow::datatypes::Int64Type>(t, name)?.value(0))
     };

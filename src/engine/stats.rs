@@ -62,7 +62,7 @@ pub fn corpus_stats(path: impl AsRef<Path>) -> Result<CorpusStats> {
         .unwrap_or_else(|p| p.into_inner())
         .take()
         .ok_or_else(|| {
-            Error::Usage(format!(
+            Error::Internal(format!(
                 "{}: the corpus scan did not finish",
                 path.display()
             ))

@@ -455,7 +455,7 @@ pub fn run_controls(
 ) -> Result<ControlsReport> {
     let case_results = run.join("case_results.parquet");
     if !case_results.is_file() {
-        return Err(Error::Usage(format!(
+        return Err(Error::State(format!(
             "{}: no case_results.parquet; score the run first (pieval run / pieval replay --rescore)",
             run.display()
         )));
@@ -495,14 +495,14 @@ pub fn run_controls(
                 &groups,
                 (&evidence_name, rows, &evidence_sha),
             );
-            let payload = serde_json::to_vec(&stmt).map_err(|e| Error::Usage(e.to_string()))?;
+            let payload = serde_json::to_vec(&stmt).map_err(|e| Error::Internal(e.to_string()))?;
             let envelope = Envelope::seal(PAYLOAD_TYPE, &payload, key);
             let env_path = staging
                 .0
                 .join("envelopes")
                 .join(format!("{}.json", control.id));
             let text =
-                serde_json::to_string_pretty(&envelope).map_err(|e| Error::Usage(e.to_string()))?;
+                serde_json::to_string_pretty(&envelope).map_err(|e| Error::Internal(e.to_string()))?;
             crate::atomic::write_lines(&env_path, [text])?;
             results.push(ControlResult {
                 control: control.clone(),

@@ -103,7 +103,7 @@ impl Envelope {
     /// The decoded payload.
     pub fn payload_bytes(&self) -> Result<Vec<u8>> {
         decode_base64(&self.payload)
-            .ok_or_else(|| Error::Usage("the envelope's payload is not valid base64".into()))
+            .ok_or_else(|| Error::Crypto("the envelope's payload is not valid base64".into()))
     }
 
     /// Check the signatures against `key`: valid when any one verifies over the PAE of
@@ -137,7 +137,7 @@ pub fn key_id(key: &VerifyingKey) -> String {
 pub fn generate_key() -> Result<SigningKey> {
     let mut seed = [0u8; 32];
     getrandom::fill(&mut seed)
-        .map_err(|e| Error::Usage(format!("no random source for a key: {e}")))?;
+        .map_err(|e| Error::Crypto(format!("no random source for a key: {e}")))?;
     Ok(SigningKey::from_bytes(&seed))
 }
 
@@ -154,7 +154,7 @@ pub fn write_key_pair(path: &Path, key: &SigningKey) -> Result<()> {
     let public = public_key_path(path);
     for p in [path, public.as_path()] {
         if p.exists() {
-            return Err(Error::Usage(format!(
+            return Err(Error::Crypto(format!(
                 "{}: already exists; pieval keygen never overwrites a key (choose another --output or remove it)",
                 p.display()
             )));
@@ -162,11 +162,11 @@ pub fn write_key_pair(path: &Path, key: &SigningKey) -> Result<()> {
     }
     let pem = key
         .to_pkcs8_pem(Default::default())
-        .map_err(|e| Error::Usage(format!("cannot encode the key: {e}")))?;
+        .map_err(|e| Error::Crypto(format!("cannot encode the key: {e}")))?;
     let pub_pem = key
         .verifying_key()
         .to_public_key_pem(Default::default())
-        .map_err(|e| Error::Usage(format!("cannot encode the public key: {e}")))?;
+        .map_err(|e| Error::Crypto(format!("cannot encode the public key: {e}")))?;
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true);
     #[cfg(unix)]

@@ -81,7 +81,7 @@ pub fn select(
         let known: BTreeSet<&str> = cases.iter().map(|c| c.case_id.as_str()).collect();
         let missing: Vec<&&str> = w.iter().filter(|id| !known.contains(**id)).collect();
         if !missing.is_empty() {
-            return Err(Error::Usage(format!(
+            return Err(Error::State(format!(
                 "selection.case_ids: {} id(s) are not in the corpus, e.g. {:?}",
                 missing.len(),
                 missing

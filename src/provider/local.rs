@@ -215,7 +215,7 @@ impl LocalModel {
         let prompt = self.chat_prompt(messages)?;
         let max_new = cfg.max_tokens as usize;
         if prompt.len() + max_new > self.context {
-            return Err(Error::Usage(format!(
+            return Err(Error::Model(format!(
                 "the prompt is {} tokens; with max_tokens {max_new} it exceeds the model's context of {}",
                 prompt.len(),
                 self.context
@@ -333,7 +333,7 @@ impl Provider for LocalProvider {
             guard.generate(&messages, &cfg)
         })
         .await
-        .unwrap_or_else(|e| Err(Error::Usage(format!("the model thread failed: {e}"))));
+        .unwrap_or_else(|e| Err(Error::Internal(format!("the model thread failed: {e}"))));
         let latency_ms = start.elapsed().as_secs_f64() * 1e3;
         match result {
             Ok(g) => Ok(Completion {

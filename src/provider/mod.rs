@@ -87,7 +87,7 @@ pub fn build(
                 },
             )))
         }
-        ProviderKind::Replay => Err(Error::Usage(
+        ProviderKind::Replay => Err(Error::Internal(
             "a replay provider answers from records, not calls".into(),
         )),
     }

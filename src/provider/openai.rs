@@ -56,7 +56,7 @@ impl OpenAiProvider {
             .pool_max_idle_per_host(model.concurrency)
             .user_agent(concat!("pieval/", env!("CARGO_PKG_VERSION")))
             .build()
-            .map_err(|e| Error::Usage(format!("cannot build the HTTP client: {e}")))?;
+            .map_err(|e| Error::Internal(format!("cannot build the HTTP client: {e}")))?;
         Ok(Self {
             client,
             url: format!("{}/chat/completions", base.trim_end_matches('/')),

@@ -43,7 +43,7 @@ pub fn resolve_source(spec: &str, results: &Path) -> Result<PathBuf> {
         .into_iter()
         .find(|c| c.is_file())
         .ok_or_else(|| {
-            Error::Usage(format!(
+            Error::NotFound(format!(
                 "replay source {spec:?} is neither a predictions file, a run folder nor a run id under {}",
                 results.display()
             ))

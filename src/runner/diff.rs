@@ -145,7 +145,7 @@ pub fn diff(a: (&str, &Path), b: (&str, &Path)) -> Result<RunDiff> {
 fn parquet_path(dir: &Path) -> Result<String> {
     let p: PathBuf = dir.join("case_results.parquet");
     if !p.is_file() {
-        return Err(Error::Usage(format!(
+        return Err(Error::State(format!(
             "{} is missing (was the run scored?)",
             p.display()
         )));
@@ -174,7 +174,7 @@ fn flipped(a: &Path, b: &Path) -> Result<(Vec<Flip>, u64, u64)> {
             let cast = |name: &str| -> Result<datafusion::arrow::array::BooleanArray> {
                 let col = batch
                     .column_by_name(name)
-                    .ok_or_else(|| Error::Usage(format!("diff query returned no {name}")))?;
+                    .ok_or_else(|| Error::Internal(format!("diff query returned no {name}")))?;
                 Ok(datafusion::arrow::compute::cast(
                     col,
                     &datafusion::arrow::datatypes::DataType::Boolean,

@@ -102,14 +102,14 @@ pub(super) fn check_resumable(
     dir: &Path,
 ) -> Result<()> {
     if manifest.status == Some(RunStatus::Completed) {
-        return Err(Error::Usage(format!(
+        return Err(Error::State(format!(
             "run {} is already completed: nothing to resume (use pieval replay to run it again)",
             dir.display()
         )));
     }
     let want = manifest.replay_hints.config_sha256.as_str();
     if want != loaded.sha256 {
-        return Err(Error::Usage(format!(
+        return Err(Error::State(format!(
             "{} is not the config run {} started with (sha256 {} ≠ {}): resume with the same config",
             loaded.path.display(),
             dir.display(),
@@ -119,7 +119,7 @@ pub(super) fn check_resumable(
     }
     let corpus = manifest.dataset_snapshot.sha256.as_str();
     if corpus != corpus_sha {
-        return Err(Error::Usage(format!(
+        return Err(Error::State(format!(
             "the corpus changed since run {} started (sha256 {} ≠ {}): it cannot be resumed",
             dir.display(),
             short(corpus_sha),
@@ -145,7 +145,7 @@ pub fn selection_from_ids(cases: &[AttackCase], ids: &[String], dir: &Path) -> R
         match index.get(id.as_str()) {
             Some(&i) => indexes.push(i),
             None => {
-                return Err(Error::Usage(format!(
+                return Err(Error::State(format!(
                     "run {}: selected case {:?} is no longer in the corpus",
                     dir.display(),
                     crate::text::excerpt(id, 60)
