@@ -31,6 +31,7 @@ pub mod config_errors;
 pub mod contract;
 pub mod corpus;
 pub mod detect;
+pub mod digest;
 pub mod engine;
 pub mod error;
 pub mod evidence;

@@ -84,12 +84,6 @@ fn civil(secs: u64) -> (i64, i64, i64, u64, u64, u64) {
     (year, month, day, rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
-/// Lowercase hex sha256 of bytes.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(bytes))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

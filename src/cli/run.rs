@@ -219,8 +219,10 @@ pub struct ReplayArgs {
 /// folder holds a `manifest.json` (`pieval run`) or a `case_results.parquet` (`pieval
 /// score`).
 pub fn run_dir(spec: &str, results: &Path) -> Result<PathBuf> {
-    let is_run =
-        |d: &Path| d.join("manifest.json").is_file() || d.join("case_results.parquet").is_file();
+    let is_run = |d: &Path| {
+        d.join(crate::rundir::MANIFEST_FILE).is_file()
+            || d.join(crate::rundir::CASE_RESULTS_PARQUET).is_file()
+    };
     let p = PathBuf::from(spec);
     if is_run(&p) {
         return Ok(p);
@@ -256,7 +258,9 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
         if let Some(j) = &config.evaluation.judge {
             // A snapshot is checked as strictly as a config file.
             j.check().map_err(|(key, message)| {
-                bad(format!("config_snapshot: evaluation.judge.{key}: {message}"))
+                bad(format!(
+                    "config_snapshot: evaluation.judge.{key}: {message}"
+                ))
             })?;
         }
         let notes = progress(false);

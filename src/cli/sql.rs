@@ -119,24 +119,20 @@ enum Sink {
 /// stdout, or a temporary file renamed over the output on success.
 enum Target {
     Stdout(std::io::Stdout),
-    File {
-        out: PathBuf,
-        tmp: PathBuf,
-        file: std::io::BufWriter<std::fs::File>,
-    },
+    File(crate::atomic::TempFile),
 }
 
 impl Write for Target {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         match self {
             Target::Stdout(s) => s.write(buf),
-            Target::File { file, .. } => file.write(buf),
+            Target::File(file) => file.write(buf),
         }
     }
     fn flush(&mut self) -> std::io::Result<()> {
         match self {
             Target::Stdout(s) => s.flush(),
-            Target::File { file, .. } => file.flush(),
+            Target::File(file) => file.flush(),
         }
     }
 }
@@ -145,16 +141,7 @@ impl Target {
     fn open(output: Option<&Path>) -> Result<Self> {
         Ok(match output {
             None => Target::Stdout(std::io::stdout()),
-            Some(out) => {
-                let tmp = crate::atomic::temp_path(out)?;
-                let file =
-                    std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, "cannot create", e))?;
-                Target::File {
-                    out: out.to_path_buf(),
-                    tmp,
-                    file: std::io::BufWriter::new(file),
-                }
-            }
+            Some(out) => Target::File(crate::atomic::TempFile::create(out)?),
         })
     }
 
@@ -163,19 +150,7 @@ impl Target {
             Target::Stdout(mut s) => s
                 .flush()
                 .map_err(|e| Error::io("<stdout>", "cannot write", e)),
-            Target::File { out, tmp, file } => {
-                let result = file
-                    .into_inner()
-                    .map_err(|e| Error::io(&tmp, "cannot write", e.into_error()))
-                    .and_then(|_| {
-                        std::fs::rename(&tmp, &out)
-                            .map_err(|e| Error::io(&out, "cannot replace", e))
-                    });
-                if result.is_err() {
-                    let _ = std::fs::remove_file(&tmp);
-                }
-                result
-            }
+            Target::File(file) => file.commit(),
         }
     }
 }

@@ -6,7 +6,9 @@ use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, Float64Builder, RecordBatch, RecordBatchOptions, StringBuilder};
+use datafusion::arrow::array::{
+    ArrayRef, Float64Builder, RecordBatch, RecordBatchOptions, StringBuilder,
+};
 use datafusion::arrow::datatypes::SchemaRef;
 
 use super::lines::DEFAULT_MAX_LINE_BYTES;

@@ -168,7 +168,7 @@ impl PredictionsReader {
             ..PredictionStats::default()
         };
         let source = if is_parquet {
-            stats.sha256 = crate::corpus::reader::sha256_file(path)?;
+            stats.sha256 = crate::digest::sha256_file(path)?;
             let reader = ParquetRecordBatchReaderBuilder::try_new(file)
                 .and_then(|b| b.with_batch_size(batch_size).build())
                 .map_err(|e| Error::config(path, format!("not a readable Parquet file: {e}")))?;

@@ -8,7 +8,6 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use datafusion::arrow::array::{
@@ -21,10 +20,10 @@ use datafusion::parquet::arrow::arrow_reader::{
     ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder,
 };
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 pub use super::batch::ReadOptions;
 use super::batch::{CaseBatchBuilder, IdKeys};
+use crate::digest::sha256_file;
 use super::jsonl::{BlockResult, Next, Pipeline};
 use crate::contract::fields::{CASE_FIELDS, FieldKind, case_field_index};
 use crate::contract::record::{CriteriaCache, FieldValue, RawRecord, Violation, check_record};
@@ -466,23 +465,6 @@ impl ParquetColumns {
         }
         rec
     }
-}
-
-/// sha256 of a whole file, streamed.
-pub fn sha256_file(path: &Path) -> Result<String> {
-    let mut f = File::open(path).map_err(|e| Error::io(path, "cannot open", e))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f
-            .read(&mut buf)
-            .map_err(|e| Error::io(path, "cannot read", e))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hex::encode(hasher.finalize()))
 }
 
 /// Validate a corpus without building batches.

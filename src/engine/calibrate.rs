@@ -113,7 +113,7 @@ pub struct Labels {
 /// Read a labelled file into the normalized table. A row without a question, a
 /// response or a readable label is an error naming the file, the row and the field.
 pub async fn load_labels(path: &Path, mapping: &Mapping) -> Result<Labels> {
-    let sha256 = crate::corpus::reader::sha256_file(path)?;
+    let sha256 = crate::digest::sha256_file(path)?;
     let ctx = crate::engine::session();
     crate::engine::catalog::register_file(&ctx, "raw", path).await?;
     let batches = ctx.table("raw").await?.collect().await?;

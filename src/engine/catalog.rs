@@ -27,7 +27,8 @@ pub fn run_dirs(results: &Path) -> Vec<PathBuf> {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
             p.is_dir()
-                && (p.join("case_results.parquet").exists() || p.join("summary.json").exists())
+                && (p.join(crate::rundir::CASE_RESULTS_PARQUET).exists()
+                    || p.join(crate::rundir::SUMMARY_FILE).exists())
         })
         .collect();
     dirs.sort();
@@ -84,7 +85,7 @@ fn summaries_table(runs: &[PathBuf]) -> Result<MemTable> {
     ]));
     let mut rows: Vec<(String, Option<String>, String, Value, String)> = Vec::new();
     for dir in runs {
-        let path = dir.join("summary.json");
+        let path = dir.join(crate::rundir::SUMMARY_FILE);
         let Ok(text) = std::fs::read_to_string(&path) else {
             continue;
         };
@@ -156,12 +157,12 @@ fn summaries_table(runs: &[PathBuf]) -> Result<MemTable> {
 /// One row per run folder: run_id, path, and which artifacts it holds.
 fn runs_table(runs: &[PathBuf]) -> Result<MemTable> {
     let artifacts = [
-        "manifest.json",
-        "case_results.jsonl",
-        "case_results.parquet",
-        "findings.parquet",
-        "summary.json",
-        "predictions.jsonl",
+        crate::rundir::MANIFEST_FILE,
+        crate::rundir::CASE_RESULTS_JSONL,
+        crate::rundir::CASE_RESULTS_PARQUET,
+        crate::rundir::FINDINGS_FILE,
+        crate::rundir::SUMMARY_FILE,
+        crate::rundir::PREDICTIONS_FILE,
     ];
     let mut fields = vec![
         Field::new("run_id", DataType::Utf8, false),
@@ -217,7 +218,7 @@ pub async fn register_standard_tables(
     register_runs_parquet(
         ctx,
         "case_results",
-        "case_results.parquet",
+        crate::rundir::CASE_RESULTS_PARQUET,
         &runs,
         case_results_schema(),
     )
@@ -225,7 +226,7 @@ pub async fn register_standard_tables(
     register_runs_parquet(
         ctx,
         "findings",
-        "findings.parquet",
+        crate::rundir::FINDINGS_FILE,
         &runs,
         findings_schema(),
     )

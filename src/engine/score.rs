@@ -4,8 +4,6 @@
 //! leaves no half-written artifact.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -14,15 +12,13 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::json::WriterBuilder;
 use datafusion::arrow::json::writer::LineDelimited;
 use datafusion::datasource::MemTable;
-use datafusion::parquet::arrow::ArrowWriter;
 use futures::StreamExt;
 use serde::Serialize;
 
-use crate::corpus::predictions::PredictionStats;
 use super::{corpus_table, predictions_table, runtime, session};
-use crate::atomic::{temp_path, writer_properties};
 pub use crate::atomic::{ParquetFile, write_batches, write_parquet};
 use crate::corpus::ReadOptions;
+use crate::corpus::predictions::PredictionStats;
 use crate::error::{Error, Result};
 
 /// `queries/score_cases.sql`.
@@ -91,75 +87,46 @@ pub struct ScoreReport {
     pub judge: Option<crate::judge::JudgeReport>,
 }
 
-/// Writes both result files under temporary names; `commit` renames them.
+/// Writes both result files under temporary names; `commit` renames them (dropped
+/// uncommitted, neither is left behind).
 struct ResultWriters {
-    parquet: (PathBuf, PathBuf, Option<ArrowWriter<File>>),
+    parquet: (PathBuf, crate::atomic::ParquetFile),
     jsonl: (
         PathBuf,
-        PathBuf,
-        Option<datafusion::arrow::json::Writer<BufWriter<File>, LineDelimited>>,
+        datafusion::arrow::json::Writer<crate::atomic::TempFile, LineDelimited>,
     ),
 }
 
 impl ResultWriters {
     fn create(dir: &Path, schema: Arc<Schema>) -> Result<Self> {
-        let parquet = dir.join("case_results.parquet");
-        let jsonl = dir.join("case_results.jsonl");
-        let (tp, tj) = (temp_path(&parquet)?, temp_path(&jsonl)?);
-        let props = writer_properties()?;
-        let pf = File::create(&tp).map_err(|e| Error::io(&tp, "cannot create", e))?;
-        let pw = ArrowWriter::try_new(pf, schema, Some(props))?;
-        let jf = File::create(&tj).map_err(|e| Error::io(&tj, "cannot create", e))?;
+        let parquet = dir.join(crate::rundir::CASE_RESULTS_PARQUET);
+        let jsonl = dir.join(crate::rundir::CASE_RESULTS_JSONL);
+        let pw = crate::atomic::ParquetFile::create(&parquet, schema)?;
         let jw = WriterBuilder::new()
             .with_explicit_nulls(true)
-            .build::<_, LineDelimited>(BufWriter::new(jf));
+            .build::<_, LineDelimited>(crate::atomic::TempFile::create(&jsonl)?);
         Ok(Self {
-            parquet: (parquet, tp, Some(pw)),
-            jsonl: (jsonl, tj, Some(jw)),
+            parquet: (parquet, pw),
+            jsonl: (jsonl, jw),
         })
     }
 
     fn write(&mut self, batch: &RecordBatch) -> Result<()> {
-        if let Some(w) = self.parquet.2.as_mut() {
-            w.write(batch)?;
-        }
-        if let Some(w) = self.jsonl.2.as_mut() {
-            w.write(batch)?;
-        }
+        self.parquet.1.write(batch)?;
+        self.jsonl.1.write(batch)?;
         Ok(())
     }
 
-    fn commit(mut self) -> Result<BTreeMap<String, PathBuf>> {
-        if let Some(w) = self.parquet.2.take() {
-            w.close()?;
-        }
-        if let Some(mut w) = self.jsonl.2.take() {
-            w.finish()?;
-            let inner = w.into_inner();
-            inner
-                .into_inner()
-                .map_err(|e| Error::io(&self.jsonl.1, "cannot write", e.into_error()))?;
-        }
-        let mut paths = BTreeMap::new();
-        let files = [
-            ("case_results_parquet", &self.parquet.0, &self.parquet.1),
-            ("case_results_jsonl", &self.jsonl.0, &self.jsonl.1),
-        ];
-        for (key, final_path, tmp) in files {
-            std::fs::rename(tmp, final_path)
-                .map_err(|e| Error::io(final_path, "cannot replace", e))?;
-            paths.insert(key.to_owned(), final_path.clone());
-        }
-        Ok(paths)
-    }
-}
-
-impl Drop for ResultWriters {
-    fn drop(&mut self) {
-        // Only an uncommitted writer still has its temporary files.
-        for tmp in [&self.parquet.1, &self.jsonl.1] {
-            let _ = std::fs::remove_file(tmp);
-        }
+    fn commit(self) -> Result<BTreeMap<String, PathBuf>> {
+        let (parquet, pw) = self.parquet;
+        let (jsonl, mut jw) = self.jsonl;
+        jw.finish()?;
+        pw.commit()?;
+        jw.into_inner().commit()?;
+        Ok(BTreeMap::from([
+            ("case_results_parquet".to_owned(), parquet),
+            ("case_results_jsonl".to_owned(), jsonl),
+        ]))
     }
 }
 
@@ -244,24 +211,27 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
     if let Some(judge) = &opts.judge {
         judge.persist_shared()?;
         if let Some(path) = judge.write_run_file(&opts.output)? {
-            report.result_paths.insert("judgements_parquet".into(), path);
+            report
+                .result_paths
+                .insert("judgements_parquet".into(), path);
         }
         report.judge = Some(judge.report());
     }
     report.result_paths.extend(writers.commit()?);
     if !report.result_paths.contains_key("judgements_parquet") && judgements.is_file() {
         // An earlier scoring's verdicts do not belong to these results.
-        std::fs::remove_file(&judgements).map_err(|e| Error::io(&judgements, "cannot remove", e))?;
+        std::fs::remove_file(&judgements)
+            .map_err(|e| Error::io(&judgements, "cannot remove", e))?;
     }
     let rt = runtime()?;
     let parquet = report.result_paths["case_results_parquet"].clone();
-    let findings = opts.output.join("findings.parquet");
+    let findings = opts.output.join(crate::rundir::FINDINGS_FILE);
     rt.block_on(write_findings(&parquet, &findings))?;
     report
         .result_paths
         .insert("findings_parquet".into(), findings);
     report.aggregate_metrics = rt.block_on(aggregate_metrics(&parquet))?;
-    let summary_path = opts.output.join("summary.json");
+    let summary_path = opts.output.join(crate::rundir::SUMMARY_FILE);
     report
         .result_paths
         .insert("summary_json".into(), summary_path.clone());

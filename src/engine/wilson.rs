@@ -29,11 +29,13 @@ pub fn register(ctx: &SessionContext) {
                 })
                 .collect();
             let out: ArrayRef = Arc::new(out);
-            Ok(if args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_))) {
-                ColumnarValue::Scalar(datafusion::scalar::ScalarValue::try_from_array(&out, 0)?)
-            } else {
-                ColumnarValue::Array(out)
-            })
+            Ok(
+                if args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_))) {
+                    ColumnarValue::Scalar(datafusion::scalar::ScalarValue::try_from_array(&out, 0)?)
+                } else {
+                    ColumnarValue::Array(out)
+                },
+            )
         };
         ctx.register_udf(create_udf(
             name,

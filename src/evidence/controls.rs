@@ -26,10 +26,10 @@ use serde_json::{Value, json};
 use super::catalog::{Control, Statistic};
 use super::dsse::{Envelope, PAYLOAD_TYPE, key_id};
 use crate::contract::arrow::{controls_schema, findings_schema};
-use crate::corpus::reader::sha256_file;
+use crate::digest::sha256_file;
 use crate::engine::score::{write_batches, write_parquet};
-use crate::rundir::Manifest;
 use crate::error::{Error, Result};
+use crate::rundir::Manifest;
 
 /// in-toto Statement v1.
 pub const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
@@ -168,9 +168,9 @@ impl ControlsReport {
 fn run_subjects(run: &Path) -> Result<Vec<(String, String)>> {
     let mut subjects = Vec::new();
     for name in [
-        "case_results.parquet",
-        "manifest.json",
-        "cases.jsonl",
+        crate::rundir::CASE_RESULTS_PARQUET,
+        crate::rundir::MANIFEST_FILE,
+        crate::rundir::CASES_FILE,
         crate::judge::JUDGEMENTS_FILE,
     ] {
         let path = run.join(name);
@@ -192,11 +192,11 @@ async fn control_session(run: &Path, manifest: Option<&Manifest>) -> Result<Sess
     let ctx = crate::engine::session();
     ctx.register_parquet(
         "case_results",
-        utf8(&run.join("case_results.parquet"))?,
+        utf8(&run.join(crate::rundir::CASE_RESULTS_PARQUET))?,
         ParquetReadOptions::default(),
     )
     .await?;
-    let findings = run.join("findings.parquet");
+    let findings = run.join(crate::rundir::FINDINGS_FILE);
     if findings.is_file() {
         ctx.register_parquet("findings", utf8(&findings)?, ParquetReadOptions::default())
             .await?;
@@ -431,7 +431,7 @@ fn statement(
 
 /// The judge recorded in a run's summary.json (null when none, or no summary).
 fn summary_judge(run: &Path) -> Value {
-    std::fs::read_to_string(run.join("summary.json"))
+    std::fs::read_to_string(run.join(crate::rundir::SUMMARY_FILE))
         .ok()
         .and_then(|t| serde_json::from_str::<Value>(&t).ok())
         .map(|s| s["judge"].clone())
@@ -439,21 +439,13 @@ fn summary_judge(run: &Path) -> Value {
 }
 
 /// Removes the staging folder unless committed.
-struct Staging(PathBuf);
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// Run the catalogue over the run folder `run` (which holds `case_results.parquet`).
 pub fn run_controls(
     run: &Path,
     catalog: &[Control],
     key: Option<&SigningKey>,
 ) -> Result<ControlsReport> {
-    let case_results = run.join("case_results.parquet");
+    let case_results = run.join(crate::rundir::CASE_RESULTS_PARQUET);
     if !case_results.is_file() {
         return Err(Error::State(format!(
             "{}: no case_results.parquet; score the run first (pieval run / pieval replay --rescore)",
@@ -462,10 +454,9 @@ pub fn run_controls(
     }
     // A folder made by `pieval score` has no manifest: no run metadata, no selection.
     let (manifest, run_id) = crate::rundir::manifest_and_id(run)?;
-    let staging = Staging(run.join(format!(".controls.tmp-{}", std::process::id())));
-    let _ = std::fs::remove_dir_all(&staging.0);
+    let staging = crate::atomic::TempDir::create(&run.join(crate::rundir::CONTROLS_DIR))?;
     for sub in ["evidence", "envelopes"] {
-        let d = staging.0.join(sub);
+        let d = staging.path().join(sub);
         std::fs::create_dir_all(&d).map_err(|e| Error::io(&d, "cannot create folder", e))?;
     }
     let shared = RunContext {
@@ -482,7 +473,7 @@ pub fn run_controls(
         for control in catalog {
             let evidence_name = format!("controls/evidence/{}.parquet", control.id);
             let evidence_path = staging
-                .0
+                .path()
                 .join("evidence")
                 .join(format!("{}.parquet", control.id));
             let (rows, groups) = evaluate(&ctx, control, &evidence_path).await?;
@@ -498,11 +489,11 @@ pub fn run_controls(
             let payload = serde_json::to_vec(&stmt).map_err(|e| Error::Internal(e.to_string()))?;
             let envelope = Envelope::seal(PAYLOAD_TYPE, &payload, key);
             let env_path = staging
-                .0
+                .path()
                 .join("envelopes")
                 .join(format!("{}.json", control.id));
-            let text =
-                serde_json::to_string_pretty(&envelope).map_err(|e| Error::Internal(e.to_string()))?;
+            let text = serde_json::to_string_pretty(&envelope)
+                .map_err(|e| Error::Internal(e.to_string()))?;
             crate::atomic::write_lines(&env_path, [text])?;
             results.push(ControlResult {
                 control: control.clone(),
@@ -516,23 +507,14 @@ pub fn run_controls(
         Ok::<(), Error>(())
     })?;
     write_controls_parquet(
-        &staging.0.join("controls.parquet"),
+        &staging.path().join("controls.parquet"),
         &shared.run_id,
         &results,
         key_id.as_deref(),
         &shared.evaluated_at,
     )?;
     // Commit: the old controls folder aside, the new one in, the old one gone.
-    let dir = run.join("controls");
-    let old = run.join(format!(".controls.old-{}", std::process::id()));
-    if dir.exists() {
-        std::fs::rename(&dir, &old).map_err(|e| Error::io(&dir, "cannot replace", e))?;
-    }
-    if let Err(e) = std::fs::rename(&staging.0, &dir) {
-        let _ = std::fs::rename(&old, &dir);
-        return Err(Error::io(&dir, "cannot replace", e));
-    }
-    let _ = std::fs::remove_dir_all(&old);
+    let dir = staging.commit()?;
     Ok(ControlsReport {
         run_id: shared.run_id,
         dir,

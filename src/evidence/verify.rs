@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::controls::STATEMENT_TYPE;
 use super::dsse::{Envelope, PAYLOAD_TYPE, SignatureCheck};
-use crate::corpus::reader::sha256_file;
+use crate::digest::sha256_file;
 use crate::error::{Error, Result};
 use crate::text::excerpt;
 

@@ -124,7 +124,7 @@ impl Config {
         Ok(LoadedConfig {
             config,
             path: path.to_path_buf(),
-            sha256: crate::text::sha256_hex(&bytes),
+            sha256: crate::digest::sha256_hex(&bytes),
         })
     }
 

@@ -213,7 +213,7 @@ mod tests {
         // The shuffle must not change across machines or versions: pin one key.
         assert_eq!(
             hex::encode(rank_key(7, "pi-0001")),
-            crate::text::sha256_hex(b"7:pi-0001")
+            crate::digest::sha256_hex(b"7:pi-0001")
         );
     }
 }

@@ -31,8 +31,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::corpus::{CorpusReader, ReadOptions};
-use crate::rundir::{Manifest, Rate, RunResults, check_run_id};
 use crate::error::{Error, Result};
+use crate::rundir::{Manifest, Rate, RunResults, check_run_id};
 
 /// The export formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -86,7 +86,7 @@ fn run_info(dir: &Path) -> Result<RunInfo> {
             t[..10].to_owned()
         }
         _ => {
-            let path = dir.join("case_results.parquet");
+            let path = dir.join(crate::rundir::CASE_RESULTS_PARQUET);
             let modified = std::fs::metadata(&path)
                 .and_then(|m| m.modified())
                 .map_err(|e| Error::io(&path, "cannot read", e))?;
@@ -190,14 +190,14 @@ fn run_tables(run: &RunInfo) -> Result<Vec<TableExport>> {
         source: Source::Batch(runs_batch(run)?),
     }];
     let file = |name: &str| Some(run.dir.join(name)).filter(|p| p.is_file());
-    if let Some(p) = file("case_results.parquet") {
+    if let Some(p) = file(crate::rundir::CASE_RESULTS_PARQUET) {
         out.push(TableExport {
             table: "case_results",
             partition: vec![date.clone(), ("model_name", run.model_name.clone())],
             source: Source::Parquet(p),
         });
     }
-    if let Some(p) = file("findings.parquet") {
+    if let Some(p) = file(crate::rundir::FINDINGS_FILE) {
         out.push(TableExport {
             table: "findings",
             partition: vec![date.clone()],
@@ -211,7 +211,7 @@ fn run_tables(run: &RunInfo) -> Result<Vec<TableExport>> {
             source: Source::Parquet(p),
         });
     }
-    if let Some(p) = file("cases.jsonl") {
+    if let Some(p) = file(crate::rundir::CASES_FILE) {
         out.push(TableExport {
             table: "attack_cases",
             partition: vec![("run_id", run.run_id.clone())],
@@ -260,7 +260,9 @@ fn runs_batch(run: &RunInfo) -> Result<RecordBatch> {
     let text = |v: Option<&str>| -> ArrayRef { Arc::new(StringArray::from(vec![v])) };
     let own = |v: &str| -> ArrayRef { Arc::new(StringArray::from(vec![Some(v)])) };
     let int = |v: Option<u64>| -> ArrayRef {
-        Arc::new(Int64Array::from(vec![v.and_then(|v| i64::try_from(v).ok())]))
+        Arc::new(Int64Array::from(vec![
+            v.and_then(|v| i64::try_from(v).ok()),
+        ]))
     };
     let float = |v: Option<f64>| -> ArrayRef { Arc::new(Float64Array::from(vec![v])) };
     let rate = |pick: fn(&RunResults) -> Option<&Rate>, value: fn(&Rate) -> Option<f64>| {
@@ -280,7 +282,9 @@ fn runs_batch(run: &RunInfo) -> Result<RecordBatch> {
         text(m.map(|m| m.model_snapshot.provider.as_str())),
         own(&run.model_name),
         text(m.map(|m| m.mitigation_snapshot.name.as_str())),
-        int(m.and_then(Manifest::experiment_seed).and_then(Value::as_u64)),
+        int(m
+            .and_then(Manifest::experiment_seed)
+            .and_then(Value::as_u64)),
         text(m.map(|m| m.dataset_snapshot.path.as_str())),
         text(m.map(|m| m.dataset_snapshot.sha256.as_str())),
         text(m.map(|m| m.replay_hints.config_sha256.as_str())),

@@ -344,17 +344,15 @@ fn name_pairs(sink: &mut Sink, pairs: Vec<(String, u128)>) -> Result<Vec<(String
         return Ok(Vec::new());
     }
     let mut names: HashMap<u128, String> = HashMap::new();
-    if let Sink::File {
-        tmp, w: Some(w), ..
-    } = sink
-    {
-        w.flush().map_err(|e| Error::io(&*tmp, "cannot write", e))?;
+    if let Sink::File(w) = sink {
+        let tmp = w.tmp_path().to_path_buf();
+        w.flush().map_err(|e| Error::io(&tmp, "cannot write", e))?;
         let wanted: std::collections::HashSet<u128> = pairs.iter().map(|p| p.1).collect();
-        let file = std::fs::File::open(&*tmp).map_err(|e| Error::io(&*tmp, "cannot read", e))?;
+        let file = std::fs::File::open(&tmp).map_err(|e| Error::io(&tmp, "cannot read", e))?;
         let mut reader = crate::corpus::lines::LineReader::new(file, 1 << 30);
         while let Some(line) = reader
             .next_line()
-            .map_err(|e| Error::io(&*tmp, "cannot read", e))?
+            .map_err(|e| Error::io(&tmp, "cannot read", e))?
         {
             if let crate::corpus::lines::Line::Bytes(b) = line
                 && let Ok(text) = std::str::from_utf8(b)
@@ -506,50 +504,29 @@ fn contract_error(line: &str, criteria: &mut CriteriaCache) -> Option<(Option<St
 /// Where the cases go.
 enum Sink {
     Stdout(std::io::BufWriter<std::io::Stdout>),
-    File {
-        tmp: PathBuf,
-        path: PathBuf,
-        w: Option<std::io::BufWriter<std::fs::File>>,
-    },
+    File(crate::atomic::TempFile),
 }
 
 impl Sink {
     fn write(&mut self, line: &str) -> Result<()> {
-        let (w, at): (&mut dyn Write, &Path) = match self {
-            Sink::Stdout(w) => (w, Path::new("<stdout>")),
-            Sink::File { w, tmp, .. } => (w.as_mut().expect("open"), tmp.as_path()),
+        let (w, at): (&mut dyn Write, PathBuf) = match self {
+            Sink::Stdout(w) => (w, PathBuf::from("<stdout>")),
+            Sink::File(w) => {
+                let at = w.tmp_path().to_path_buf();
+                (w, at)
+            }
         };
         w.write_all(line.as_bytes())
             .and_then(|_| w.write_all(b"\n"))
             .map_err(|e| Error::io(at, "cannot write", e))
     }
 
-    fn commit(mut self) -> Result<()> {
-        match &mut self {
-            Sink::Stdout(w) => w
+    fn commit(self) -> Result<()> {
+        match self {
+            Sink::Stdout(mut w) => w
                 .flush()
                 .map_err(|e| Error::io("<stdout>", "cannot write", e)),
-            Sink::File { tmp, path, w } => {
-                let f = w
-                    .take()
-                    .expect("open")
-                    .into_inner()
-                    .map_err(|e| Error::io(&*tmp, "cannot write", e.into_error()))?;
-                f.sync_all()
-                    .map_err(|e| Error::io(&*tmp, "cannot sync", e))?;
-                std::fs::rename(&*tmp, &*path).map_err(|e| Error::io(&*path, "cannot replace", e))
-            }
-        }
-    }
-}
-
-impl Drop for Sink {
-    fn drop(&mut self) {
-        if let Sink::File {
-            tmp, w: Some(_), ..
-        } = self
-        {
-            let _ = std::fs::remove_file(tmp);
+            Sink::File(w) => w.commit(),
         }
     }
 }
@@ -584,14 +561,9 @@ pub fn ingest(
     let mut sink = match output {
         None => Sink::Stdout(std::io::BufWriter::new(std::io::stdout())),
         Some(path) => {
-            let tmp = crate::atomic::temp_path(path)?;
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir)
-                    .map_err(|e| Error::io(dir, "cannot create folder", e))?;
-            }
-            let mut w = std::io::BufWriter::new(
-                std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, "cannot create", e))?,
-            );
+            crate::atomic::create_parent(path)?;
+            let mut w = crate::atomic::TempFile::create(path)?;
+            let tmp = w.tmp_path().to_path_buf();
             if path.exists() {
                 let mut reader = CorpusReader::open(path, ReadOptions::default())?;
                 for batch in reader.by_ref() {
@@ -620,11 +592,7 @@ pub fn ingest(
                     }
                 }
             }
-            Sink::File {
-                tmp,
-                path: path.to_path_buf(),
-                w: Some(w),
-            }
+            Sink::File(w)
         }
     };
     let mut criteria = CriteriaCache::default();

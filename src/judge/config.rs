@@ -123,14 +123,12 @@ impl JudgeSection {
                 message: explain(&inner.to_string()),
             }
         })?;
-        judge
-            .check()
-            .map_err(|(key, message)| Error::Input {
-                path: path.to_path_buf(),
-                line: line_of_key(text, key),
-                field: Some(key.to_owned()),
-                message,
-            })?;
+        judge.check().map_err(|(key, message)| Error::Input {
+            path: path.to_path_buf(),
+            line: line_of_key(text, key),
+            field: Some(key.to_owned()),
+            message,
+        })?;
         Ok(judge)
     }
 
@@ -150,8 +148,7 @@ impl JudgeSection {
         if self.provider == ProviderKind::Replay && self.replay_from.is_none() {
             return Err((
                 "replay_from",
-                "the replay judge needs replay_from (a judgements.parquet or a run folder)"
-                    .into(),
+                "the replay judge needs replay_from (a judgements.parquet or a run folder)".into(),
             ));
         }
         for needed in [JudgeInput::Question, JudgeInput::Response] {
@@ -188,4 +185,3 @@ impl JudgeSection {
         }
     }
 }
-

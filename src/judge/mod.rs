@@ -36,7 +36,7 @@ pub use rubric::{Inputs, Rubric};
 use store::{Key, Record, Store};
 
 /// The judge's file in a run folder: every judgement the scoring used.
-pub const JUDGEMENTS_FILE: &str = "judgements.parquet";
+pub const JUDGEMENTS_FILE: &str = crate::rundir::JUDGEMENTS_FILE;
 /// Characters of the judge's raw answer kept with each judgement.
 const ANSWER_CHARS: usize = 2000;
 
@@ -127,7 +127,7 @@ impl Judge {
         let calibration_sha256 = section
             .calibration
             .as_deref()
-            .map(crate::corpus::reader::sha256_file)
+            .map(crate::digest::sha256_file)
             .transpose()?;
         let mut files: Vec<PathBuf> = Vec::new();
         if let Some(dir) = run_dir {
@@ -168,7 +168,7 @@ impl Judge {
             ),
             ProviderKind::Local => {
                 let sha = match &section.path {
-                    Some(p) => crate::corpus::reader::sha256_file(p)?,
+                    Some(p) => crate::digest::sha256_file(p)?,
                     None => crate::model::spec(&section.name)?.sha256.to_owned(),
                 };
                 (
@@ -341,7 +341,7 @@ impl Judge {
             rubric_sha256: self.rubric.sha256.clone(),
             prompt_sha256: String::new(),
             question: v.question.clone(),
-            response_sha256: crate::text::sha256_hex(v.response.as_bytes()),
+            response_sha256: crate::digest::sha256_hex(v.response.as_bytes()),
             verdict: None,
             score: None,
             rationale: None,
@@ -358,7 +358,7 @@ impl Judge {
                 return Arc::new(rec);
             }
         };
-        rec.prompt_sha256 = crate::text::sha256_hex(prompt.as_bytes());
+        rec.prompt_sha256 = crate::digest::sha256_hex(prompt.as_bytes());
         let answer = match &self.backend {
             Backend::Replay(file) => Err(format!(
                 "no recorded verdict for this input in {} (key {}; a verdict is replayed only for the same inputs, rubric, max_tokens and rationale_chars)",

@@ -69,7 +69,7 @@ impl Rubric {
         env.add_template_owned(NAME, source.clone())
             .map_err(|e| template_error(origin, &e))?;
         let rubric = Rubric {
-            sha256: crate::text::sha256_hex(source.as_bytes()),
+            sha256: crate::digest::sha256_hex(source.as_bytes()),
             source,
             path,
             env,

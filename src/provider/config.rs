@@ -94,7 +94,6 @@ pub(crate) fn default_max_retries() -> u32 {
     4
 }
 
-
 /// The longest timeout accepted, in seconds (a day).
 pub const MAX_TIMEOUT_S: f64 = 86_400.0;
 
@@ -162,4 +161,3 @@ impl Endpoint<'_> {
         Ok(())
     }
 }
-

@@ -33,8 +33,8 @@ pub fn resolve_source(spec: &str, results: &Path) -> Result<PathBuf> {
     let p = PathBuf::from(spec);
     let candidates = [
         p.clone(),
-        p.join("predictions.jsonl"),
-        results.join(spec).join("predictions.jsonl"),
+        p.join(crate::rundir::PREDICTIONS_FILE),
+        results.join(spec).join(crate::rundir::PREDICTIONS_FILE),
     ];
     if !spec.contains(['/', '\\']) && !p.exists() {
         crate::rundir::check_run_id(spec)?;

@@ -91,7 +91,6 @@ pub fn read_checkpoint(path: &Path) -> Result<HashSet<String>> {
     Ok(done)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,9 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::rundir::Manifest;
 use rusqlite::{Connection, params};
 use serde::Serialize;
-use crate::rundir::Manifest;
 
 use crate::error::{Error, Result};
 
@@ -94,9 +94,7 @@ impl RunRow {
             attack_success_rate: asr.and_then(|a| a.rate),
             asr_ci_low: asr.and_then(|a| a.ci_low),
             asr_ci_high: asr.and_then(|a| a.ci_high),
-            leakage_rate: r
-                .and_then(|r| r.leakage_rate.as_ref())
-                .and_then(|a| a.rate),
+            leakage_rate: r.and_then(|r| r.leakage_rate.as_ref()).and_then(|a| a.rate),
             over_refusal_rate: r
                 .and_then(|r| r.over_refusal_rate.as_ref())
                 .and_then(|a| a.rate),

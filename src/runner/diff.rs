@@ -93,7 +93,7 @@ pub fn z_two_proportions(a: &Rate, b: &Rate) -> Option<f64> {
 }
 
 fn read_summary(dir: &Path) -> Result<Value> {
-    let path = dir.join("summary.json");
+    let path = dir.join(crate::rundir::SUMMARY_FILE);
     let text = std::fs::read_to_string(&path)
         .map_err(|e| Error::io(&path, "cannot read run summary (was the run scored?)", e))?;
     serde_json::from_str(&text)
@@ -143,7 +143,7 @@ pub fn diff(a: (&str, &Path), b: (&str, &Path)) -> Result<RunDiff> {
 }
 
 fn parquet_path(dir: &Path) -> Result<String> {
-    let p: PathBuf = dir.join("case_results.parquet");
+    let p: PathBuf = dir.join(crate::rundir::CASE_RESULTS_PARQUET);
     if !p.is_file() {
         return Err(Error::State(format!(
             "{} is missing (was the run scored?)",

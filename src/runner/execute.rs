@@ -46,17 +46,15 @@ fn backend(cfg: &Config, progress: Option<&Progress>) -> Result<Backend> {
             let source = resolve_source(spec, &cfg.experiment.output_dir)?;
             Ok(Backend::Replay(ReplayProvider::open(&source)?))
         }
-        ProviderKind::Openai | ProviderKind::Local => {
-            Ok(Backend::Call(crate::provider::build(
-                &cfg.model,
-                cfg.experiment.seed,
-                &mut |line| {
-                    if let Some(p) = progress {
-                        p(RunEvent::Note(line))
-                    }
-                },
-            )?))
-        }
+        ProviderKind::Openai | ProviderKind::Local => Ok(Backend::Call(crate::provider::build(
+            &cfg.model,
+            cfg.experiment.seed,
+            &mut |line| {
+                if let Some(p) = progress {
+                    p(RunEvent::Note(line))
+                }
+            },
+        )?)),
     }
 }
 
@@ -259,4 +257,3 @@ async fn execute_one(
     rec.completed_at = crate::text::utc_rfc3339(crate::text::unix_now());
     rec
 }
-

@@ -163,7 +163,8 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
         setup::write_selected_cases(&cfg.dataset.path, &selected, taxonomy.as_ref(), &cases_path)?;
     }
     let started_at = crate::text::utc_rfc3339(crate::text::unix_now());
-    let mut manifest = setup::build_manifest(&run_id, &loaded, &corpus, &selected, &cases, &started_at);
+    let mut manifest =
+        setup::build_manifest(&run_id, &loaded, &corpus, &selected, &cases, &started_at);
     if opts.resume.is_some() {
         // Keep the original start; record the resumption.
         let old = Manifest::read(&dir)?;
@@ -270,7 +271,10 @@ pub fn finish_manifest(manifest: &mut Manifest, report: &ScoreReport) {
     manifest.status = Some(RunStatus::Completed);
     manifest.finished_at = Some(crate::text::utc_rfc3339(crate::text::unix_now()));
     let m = &report.aggregate_metrics;
-    let rate = |name: &str| m.get(name).and_then(|v| serde_json::from_value(v.clone()).ok());
+    let rate = |name: &str| {
+        m.get(name)
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+    };
     manifest.results = Some(RunResults {
         rows: report.rows,
         attack_success: report.attack_success,
@@ -280,7 +284,10 @@ pub fn finish_manifest(manifest: &mut Manifest, report: &ScoreReport) {
         leakage_rate: rate("leakage_rate"),
         over_refusal_rate: rate("over_refusal_rate"),
         predictions_sha256: report.predictions.sha256.clone(),
-        judge: report.judge.as_ref().and_then(|j| serde_json::to_value(j).ok()),
+        judge: report
+            .judge
+            .as_ref()
+            .and_then(|j| serde_json::to_value(j).ok()),
         model_speed: None,
         extra: Default::default(),
     });

@@ -271,4 +271,3 @@ fn corpus_git_commit(path: &Path) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
         .filter(|s| s.len() == 40)
 }
-

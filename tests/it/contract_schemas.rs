@@ -253,8 +253,13 @@ evaluation: {leakage_threshold: 0.6, judge: {provider: openai, name: j, base_url
         let declared = keys(&schema_v["properties"][section]["properties"]);
         assert_eq!(keys(value), declared, "section {section}");
     }
-    let judge_declared = keys(&schema_v["properties"]["evaluation"]["properties"]["judge"]["properties"]);
-    assert_eq!(keys(&snap["evaluation"]["judge"]), judge_declared, "evaluation.judge");
+    let judge_declared =
+        keys(&schema_v["properties"]["evaluation"]["properties"]["judge"]["properties"]);
+    assert_eq!(
+        keys(&snap["evaluation"]["judge"]),
+        judge_declared,
+        "evaluation.judge"
+    );
     // Required keys: the parser rejects a config without each required section.
     for (section, required) in CONFIG_SECTIONS {
         let mut text = String::new();

@@ -70,7 +70,10 @@ fn every_document_a_comment_cites_exists() {
             }
         }
     }
-    assert!(bad.is_empty(), "cited documents that do not exist: {bad:#?}");
+    assert!(
+        bad.is_empty(),
+        "cited documents that do not exist: {bad:#?}"
+    );
 }
 
 /// `cargo run` and `cargo test` share one build only if no dev-dependency changes the
@@ -81,11 +84,23 @@ fn dev_dependencies_do_not_change_the_features_of_the_build() {
     let tree = |edges: &str| {
         let out = std::process::Command::new(env!("CARGO"))
             .current_dir(root())
-            .args(["tree", "--locked", "--offline", "-p", "pieval", "--prefix", "none"])
+            .args([
+                "tree",
+                "--locked",
+                "--offline",
+                "-p",
+                "pieval",
+                "--prefix",
+                "none",
+            ])
             .args(["-e", edges, "-f", "{p} [{f}]"])
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let mut map = std::collections::BTreeMap::new();
         for line in String::from_utf8(out.stdout).unwrap().lines() {
             let line = line.trim_end_matches(" (*)");
@@ -97,13 +112,19 @@ fn dev_dependencies_do_not_change_the_features_of_the_build() {
     };
     let normal = tree("normal,build");
     let with_dev = tree("normal,build,dev");
-    assert!(normal.len() > 100, "cargo tree printed too little: {normal:?}");
+    assert!(
+        normal.len() > 100,
+        "cargo tree printed too little: {normal:?}"
+    );
     let changed: Vec<String> = normal
         .iter()
         .filter(|(p, f)| with_dev.get(*p).is_some_and(|g| g != *f))
         .map(|(p, f)| format!("{p}: [{f} → [{}", with_dev[p]))
         .collect();
-    assert!(changed.is_empty(), "dev-dependencies change these features: {changed:#?}");
+    assert!(
+        changed.is_empty(),
+        "dev-dependencies change these features: {changed:#?}"
+    );
 }
 
 /// Benches are not built by `cargo test`; a `#[path]` into a moved test helper would only
@@ -132,9 +153,29 @@ fn every_path_attribute_names_a_file() {
 #[test]
 fn modules_import_only_downward() {
     const ORDER: &[&str] = &[
-        "main", "cli", "runner", "export", "evidence", "engine", "experiment", "judge",
-        "mitigation", "provider", "model", "ingest", "taxonomy", "detect", "corpus", "rundir",
-        "contract", "config_errors", "atomic", "stats", "text", "error",
+        "main",
+        "cli",
+        "runner",
+        "export",
+        "evidence",
+        "engine",
+        "experiment",
+        "judge",
+        "mitigation",
+        "provider",
+        "model",
+        "ingest",
+        "taxonomy",
+        "detect",
+        "corpus",
+        "rundir",
+        "contract",
+        "config_errors",
+        "atomic",
+        "digest",
+        "stats",
+        "text",
+        "error",
     ];
     let rank = |m: &str| ORDER.iter().position(|o| *o == m);
     let uses = regex::Regex::new(r"crate::([a-z_]+)").unwrap();
@@ -143,13 +184,21 @@ fn modules_import_only_downward() {
     let mut bad = Vec::new();
     for file in &files {
         let rel = file.strip_prefix(root().join("src")).unwrap();
-        let first = rel.components().next().unwrap().as_os_str().to_str().unwrap();
+        let first = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_str()
+            .unwrap();
         let module = first.trim_end_matches(".rs");
         if module == "lib" {
             continue;
         }
         let Some(own) = rank(module) else {
-            bad.push(format!("src/{first}: not in the layering of docs/architecture.md"));
+            bad.push(format!(
+                "src/{first}: not in the layering of docs/architecture.md"
+            ));
             continue;
         };
         let text = std::fs::read_to_string(file).unwrap();

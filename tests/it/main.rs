@@ -18,4 +18,3 @@ mod rundir;
 mod runner;
 mod score;
 mod sql;
-

@@ -49,7 +49,14 @@ fn the_artifacts_of_a_fixed_scoring_are_pinned() {
     write_jsonl(&p, &predictions());
     let out = dir.path().join("out");
     let r = run(pieval()
-        .args(["score", "--run-id", "pin-1", "--mitigation", "none", "--predictions"])
+        .args([
+            "score",
+            "--run-id",
+            "pin-1",
+            "--mitigation",
+            "none",
+            "--predictions",
+        ])
         .arg(&p)
         .arg("--output")
         .arg(&out));
@@ -80,7 +87,10 @@ fn the_artifacts_of_a_fixed_scoring_are_pinned() {
         .arg("--table")
         .arg(format!("c={}", out.join("case_results.parquet").display()))
         .arg("SELECT count(*) AS n FROM c"));
-    assert_eq!(parquet.stdout.trim(), format!("[{{\"n\":{}}}]", lines.len()));
+    assert_eq!(
+        parquet.stdout.trim(),
+        format!("[{{\"n\":{}}}]", lines.len())
+    );
 }
 
 /// `pieval run --dry-run` on a config: its error message (stderr), or "ok".

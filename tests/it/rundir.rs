@@ -30,8 +30,16 @@ fn committed_manifests_round_trip_byte_for_byte() {
     for dir in fixtures() {
         let (m, text, again) = round_trip(&dir);
         assert!(text == again, "{} changed:\n{again}", dir.display());
-        assert!(m.extra.is_empty(), "{}: unknown keys {:?}", dir.display(), m.extra);
-        assert_eq!(m.dataset_snapshot.selected_case_ids.len() as u64, m.replay_hints.selected);
+        assert!(
+            m.extra.is_empty(),
+            "{}: unknown keys {:?}",
+            dir.display(),
+            m.extra
+        );
+        assert_eq!(
+            m.dataset_snapshot.selected_case_ids.len() as u64,
+            m.replay_hints.selected
+        );
     }
 }
 
@@ -62,7 +70,13 @@ fn typed_fields_read_what_the_runs_recorded() {
 
     let failed = by_name("broken-model");
     assert_eq!(failed.status, Some(RunStatus::Failed));
-    assert!(failed.error.as_deref().unwrap().contains("cannot open model"));
+    assert!(
+        failed
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("cannot open model")
+    );
     assert_eq!(failed.resumed_at.as_ref().map(Vec::len), Some(1));
     assert_eq!(failed.mitigation_snapshot.name, "delimiters");
     assert_eq!(
@@ -88,7 +102,8 @@ fn keys_from_other_versions_are_kept_and_a_bad_manifest_is_located() {
     v["replay_hints"]["selected"] = serde_json::json!("many");
     let e = Manifest::parse(&v.to_string(), Path::new("m.json")).unwrap_err();
     assert!(
-        e.to_string().contains("m.json:1: replay_hints.selected: not a valid manifest"),
+        e.to_string()
+            .contains("m.json:1: replay_hints.selected: not a valid manifest"),
         "{e}"
     );
 }
@@ -100,7 +115,14 @@ fn a_fresh_run_round_trips_and_old_folders_show() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("results");
     let r = run(pieval()
-        .args(["run", "--dry-run", "--sample-size", "5", "--json", "--output-dir"])
+        .args([
+            "run",
+            "--dry-run",
+            "--sample-size",
+            "5",
+            "--json",
+            "--output-dir",
+        ])
         .arg(&out)
         .arg(repo("data/experiments/quickstart.yaml")));
     assert_eq!(r.code, 0, "{}", r.stderr);
@@ -122,7 +144,8 @@ fn a_fresh_run_round_trips_and_old_folders_show() {
         assert_eq!(r.code, 0, "{}", r.stderr);
         let status = round_trip(&fixture).0.status.unwrap();
         assert!(
-            r.stdout.contains(&format!("status         {}", status.as_str())),
+            r.stdout
+                .contains(&format!("status         {}", status.as_str())),
             "{}",
             r.stdout
         );

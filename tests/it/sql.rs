@@ -164,9 +164,7 @@ fn read_only_and_clear_errors() {
 fn every_query_file_is_registered_and_plans() {
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use datafusion::datasource::MemTable;
-    use pieval::contract::arrow::{
-        case_results_schema, enriched_case_schema, findings_schema,
-    };
+    use pieval::contract::arrow::{case_results_schema, enriched_case_schema, findings_schema};
     use pieval::engine::queries;
     use std::sync::Arc;
 
@@ -176,7 +174,13 @@ fn every_query_file_is_registered_and_plans() {
             if path.is_dir() {
                 sql_files(&path, base, out);
             } else if path.extension().is_some_and(|e| e == "sql") {
-                out.push(path.strip_prefix(base).unwrap().to_str().unwrap().to_owned());
+                out.push(
+                    path.strip_prefix(base)
+                        .unwrap()
+                        .to_str()
+                        .unwrap()
+                        .to_owned(),
+                );
             }
         }
     }
@@ -194,8 +198,10 @@ fn every_query_file_is_registered_and_plans() {
     let rt = pieval::engine::runtime().unwrap();
     rt.block_on(async {
         let ctx = pieval::engine::session();
-        let empty = |schema: Arc<Schema>| Arc::new(MemTable::try_new(schema, vec![vec![]]).unwrap());
-        ctx.register_table("attack_cases", empty(enriched_case_schema())).unwrap();
+        let empty =
+            |schema: Arc<Schema>| Arc::new(MemTable::try_new(schema, vec![vec![]]).unwrap());
+        ctx.register_table("attack_cases", empty(enriched_case_schema()))
+            .unwrap();
         ctx.register_table(
             "predictions",
             empty(pieval::corpus::predictions::predictions_table_schema()),
@@ -209,10 +215,16 @@ fn every_query_file_is_registered_and_plans() {
         ]));
         ctx.register_table("score_params", empty(params)).unwrap();
         for name in ["case_results", "a", "b"] {
-            ctx.register_table(name, empty(case_results_schema())).unwrap();
+            ctx.register_table(name, empty(case_results_schema()))
+                .unwrap();
         }
-        ctx.register_table("findings", empty(findings_schema())).unwrap();
-        let ids = Arc::new(Schema::new(vec![Field::new("case_id", DataType::Utf8, true)]));
+        ctx.register_table("findings", empty(findings_schema()))
+            .unwrap();
+        let ids = Arc::new(Schema::new(vec![Field::new(
+            "case_id",
+            DataType::Utf8,
+            true,
+        )]));
         ctx.register_table("selected_cases", empty(ids)).unwrap();
         ctx.register_table("labels", empty(pieval::engine::calibrate::labels_schema()))
             .unwrap();

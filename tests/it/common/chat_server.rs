@@ -312,6 +312,9 @@ impl ChatServer {
     /// Requests so far that were judge calls.
     pub fn judge_calls(&self) -> usize {
         let log = self.log.lock().unwrap();
-        log.bodies.iter().filter(|b| b.contains(RUBRIC_MARK)).count()
+        log.bodies
+            .iter()
+            .filter(|b| b.contains(RUBRIC_MARK))
+            .count()
     }
 }
