@@ -22,14 +22,8 @@ const METRICS: &[(&str, bool)] = &[
     ("refusal_rate", false),
 ];
 
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
-pub struct Rate {
-    pub n: u64,
-    pub k: u64,
-    pub rate: Option<f64>,
-    pub ci_low: Option<f64>,
-    pub ci_high: Option<f64>,
-}
+/// A rate with its Wilson interval, as `summary.json` and the manifest record it.
+pub use crate::rundir::Rate;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct MetricDelta {
