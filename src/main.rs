@@ -10,10 +10,11 @@ fn main() -> ExitCode {
                 // `pieval validate | head` is not an error.
                 return ExitCode::SUCCESS;
             }
-            eprintln!("error: {e}");
+            // Messages quote hostile input (attack text, names): escaped for the terminal.
+            pieval::cli::output::stderr_line(&format!("error: {e}"));
             let mut source = std::error::Error::source(&e);
             while let Some(s) = source {
-                eprintln!("  caused by: {s}");
+                pieval::cli::output::stderr_line(&format!("  caused by: {s}"));
                 source = s.source();
             }
             ExitCode::from(e.exit_code() as u8)

@@ -41,6 +41,46 @@ pub fn excerpt(s: &str, max_chars: usize) -> String {
     out
 }
 
+/// Characters that must not reach a terminal raw: C0 controls (ESC, BEL, CR …), DEL, C1
+/// controls, and the bidirectional overrides and isolates that reorder what is shown
+/// (Trojan Source, CVE-2021-42574).
+fn is_terminal_unsafe(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
+/// Text bound for a terminal, several lines allowed: every unsafe character except `\n`
+/// and `\t` shown escaped (`\u{1b}`), so hostile text can neither move the cursor,
+/// recolour, retitle nor reorder the screen. Everything else is unchanged.
+pub fn terminal(s: &str) -> std::borrow::Cow<'_, str> {
+    escape_where(s, |c| is_terminal_unsafe(c) && c != '\n' && c != '\t')
+}
+
+/// One line of text bound for a terminal (a table cell, a name): every unsafe character,
+/// line breaks and tabs included, shown escaped.
+pub fn escape_control(s: &str) -> std::borrow::Cow<'_, str> {
+    escape_where(s, is_terminal_unsafe)
+}
+
+fn escape_where(s: &str, unsafe_char: impl Fn(char) -> bool) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(&unsafe_char) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if unsafe_char(c) {
+            match c {
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                _ => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// The current UTC time as `YYYYMMDDTHHMMSSZ` (for default run ids).
 pub fn utc_compact_now() -> String {
     let secs = std::time::SystemTime::now()

@@ -45,20 +45,20 @@ pub fn run(cmd: Command) -> Result<u8> {
             let n = cases.len();
             let benign = cases.iter().filter(|c| c.is_benign()).count();
             write_lines(&out, cases.iter().map(|c| c.to_json_line()))?;
-            eprintln!(
+            crate::cli::output::stderr_line(&format!(
                 "wrote {n} cases ({benign} benign controls) to {}",
                 out.display()
-            );
+            ));
             Ok(0)
         }
         Command::Stats { path, json } => {
             let stats = corpus_stats(&path)?;
             // Invalid records are not counted; say so, and exit 1 (what was checked failed).
             let code = if stats.invalid_records > 0 {
-                eprintln!(
+                crate::cli::output::stderr_line(&format!(
                     "{}: {} invalid record(s) skipped; run `pieval validate {}` for the details",
                     stats.path, stats.invalid_records, stats.path
-                );
+                ));
                 1
             } else {
                 0

@@ -42,7 +42,7 @@ pub fn run(args: Args) -> Result<u8> {
     let report = reader.finish()?;
     if !report.is_valid() {
         // Nothing is written from an invalid corpus.
-        eprintln!("{}", validate::render(&report));
+        crate::cli::output::stderr_line(&format!("{}", validate::render(&report)));
         return report.into_result().map(|_| 1);
     }
     write_lines(&args.output, lines)?;
@@ -52,13 +52,13 @@ pub fn run(args: Args) -> Result<u8> {
             "taxonomy_version": taxonomy.version, "cases": report.valid_records, "categories": counts,
         }))?;
     } else {
-        eprintln!(
+        crate::cli::output::stderr_line(&format!(
             "enriched {} case(s) from {} with taxonomy {} into {}",
             report.valid_records,
             args.input.display(),
             taxonomy.version,
             args.output.display()
-        );
+        ));
     }
     Ok(0)
 }

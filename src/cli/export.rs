@@ -19,6 +19,11 @@ pub struct Args {
     format: Format,
     #[arg(long, default_value = "results")]
     results: PathBuf,
+    /// Verify every run's controls folder (its signed index and every envelope) with this
+    /// public key before exporting anything; a run whose evidence does not verify stops
+    /// the export (exit 1) and nothing is written.
+    #[arg(long, value_name = "KEY")]
+    public_key: Option<PathBuf>,
     #[arg(long)]
     json: bool,
 }
@@ -32,6 +37,28 @@ pub fn run(args: Args) -> Result<u8> {
             .map(|r| run_dir(r, &args.results))
             .collect::<Result<_>>()?
     };
+    if let Some(key) = &args.public_key {
+        let key = crate::evidence::dsse::read_verifying_key(key)?;
+        let mut problems = Vec::new();
+        for run in &runs {
+            for r in crate::evidence::verify::verify_controls_folder(run, &key)? {
+                if !r.ok {
+                    problems.push(format!(
+                        "{}: {}",
+                        r.envelope.display(),
+                        r.problems().join("; ")
+                    ));
+                }
+            }
+        }
+        if !problems.is_empty() {
+            for p in &problems {
+                output::stderr_line(&format!("FAIL  {p}"));
+            }
+            output::stderr_line("nothing was exported: the evidence above does not verify");
+            return Ok(1);
+        }
+    }
     let report = export(&runs, &args.to, args.format)?;
     if args.json {
         return output::json(&report).map(|_| 0);

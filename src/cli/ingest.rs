@@ -108,7 +108,7 @@ pub fn run(args: Args) -> Result<u8> {
     if to_stdout {
         output::stdout_line(&text)?;
     } else {
-        eprintln!("{text}");
+        crate::cli::output::stderr_line(&format!("{text}"));
     }
     Ok(0)
 }

@@ -10,7 +10,7 @@ mod ingest;
 mod judge;
 mod keygen;
 mod model;
-mod output;
+pub mod output;
 mod run;
 mod runs;
 mod score;

@@ -25,7 +25,7 @@ pub fn run(cmd: Command) -> Result<u8> {
     match cmd {
         Command::Pull { name, json } => {
             let spec = model::spec(&name)?;
-            let path = model::ensure(spec.name, &mut |line| eprintln!("{line}"))?;
+            let path = model::ensure(spec.name, &mut |line| crate::cli::output::stderr_line(line))?;
             model::verify(spec, &path)?;
             if json {
                 output::json(

@@ -1,5 +1,10 @@
-//! Writing command output: stdout with broken pipes mapped to an `Io` error (which
-//! `main` treats as success), JSON documents, and simple aligned tables.
+//! Writing command output — the one place text reaches a terminal: stdout with broken
+//! pipes mapped to an `Io` error (which `main` treats as success), stderr, JSON
+//! documents, and aligned tables. Every string printed here goes through
+//! [`crate::text::terminal`] / [`crate::text::escape_control`]: attack text, responses,
+//! column names, model and file names can hold ESC sequences and bidi overrides, and
+//! are shown escaped. JSON escapes control characters itself; `sql --format csv/json`
+//! and `--output` files are written byte-exact, not through here.
 
 use std::io::Write;
 
@@ -7,7 +12,13 @@ use crate::error::{Error, Result};
 
 pub fn stdout_line(text: &str) -> Result<()> {
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{text}").map_err(|e| Error::io("<stdout>", "cannot write", e))
+    writeln!(out, "{}", crate::text::terminal(text))
+        .map_err(|e| Error::io("<stdout>", "cannot write", e))
+}
+
+/// A line to stderr, escaped for the terminal.
+pub fn stderr_line(text: &str) {
+    eprintln!("{}", crate::text::terminal(text));
 }
 
 pub fn json<T: serde::Serialize>(value: &T) -> Result<()> {
@@ -18,8 +29,14 @@ pub fn json<T: serde::Serialize>(value: &T) -> Result<()> {
 
 /// A left-aligned text table: first column left, the rest right-aligned.
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let esc = |s: &str| crate::text::escape_control(s).into_owned();
+    let headers: Vec<String> = headers.iter().map(|h| esc(h)).collect();
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| esc(c)).collect())
+        .collect();
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
+    for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
@@ -40,7 +57,7 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
         out.push_str(parts.join("  ").trim_end());
         out.push('\n');
     };
-    line(&mut headers.iter().copied(), &mut out);
+    line(&mut headers.iter().map(String::as_str), &mut out);
     line(
         &mut widths
             .iter()
@@ -50,7 +67,7 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
             .map(String::as_str),
         &mut out,
     );
-    for row in rows {
+    for row in &rows {
         line(&mut row.iter().map(String::as_str), &mut out);
     }
     out
@@ -58,5 +75,42 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
 
 /// Lines about setup (a model being pulled or loaded), to stderr.
 pub fn notes() -> crate::judge::Notes {
-    std::sync::Arc::new(|line: &str| eprintln!("{line}"))
+    std::sync::Arc::new(|line: &str| stderr_line(line))
+}
+
+/// Query results as a bordered text table (the look of Arrow's pretty printer) with every
+/// column name and value escaped for the terminal ([`crate::text::escape_control`]).
+pub fn sanitized_batches(batches: &[datafusion::arrow::array::RecordBatch]) -> Result<String> {
+    use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+    let Some(first) = batches.first() else {
+        return Ok(datafusion::arrow::util::pretty::pretty_format_batches(batches)?.to_string());
+    };
+    let schema = std::sync::Arc::new(Schema::new(
+        first
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| Field::new(crate::text::escape_control(f.name()), DataType::Utf8, true))
+            .collect::<Vec<_>>(),
+    ));
+    let options = FormatOptions::default().with_display_error(true);
+    let mut text = Vec::with_capacity(batches.len());
+    for batch in batches {
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(batch.num_columns());
+        for column in batch.columns() {
+            let formatter = ArrayFormatter::try_new(column.as_ref(), &options)?;
+            let values: StringArray = (0..column.len())
+                .map(|i| {
+                    (!column.is_null(i)).then(|| {
+                        crate::text::escape_control(&formatter.value(i).to_string()).into_owned()
+                    })
+                })
+                .collect();
+            columns.push(std::sync::Arc::new(values));
+        }
+        text.push(RecordBatch::try_new(schema.clone(), columns)?);
+    }
+    Ok(datafusion::arrow::util::pretty::pretty_format_batches(&text)?.to_string())
 }

@@ -54,7 +54,7 @@ fn progress(bar: bool) -> runner::Progress {
     std::sync::Arc::new(move |event: RunEvent<'_>| {
         let mut current = current.lock().unwrap_or_else(|e| e.into_inner());
         match event {
-            RunEvent::Note(line) => eprintln!("{line}"),
+            RunEvent::Note(line) => output::stderr_line(line),
             RunEvent::Calling { pending } if bar => {
                 let pb = indicatif::ProgressBar::new(pending);
                 pb.set_style(
@@ -109,10 +109,10 @@ fn report(outcome: &RunOutcome, json: bool) -> Result<u8> {
         output::stdout_line(&summary_text(outcome))?;
     }
     if outcome.status == "interrupted" {
-        eprintln!(
+        crate::cli::output::stderr_line(&format!(
             "error: run {} was interrupted; continue it with: pieval run <CONFIG> --resume {}",
             outcome.run_id, outcome.run_id
-        );
+        ));
         return Ok(2);
     }
     Ok(0)
@@ -205,9 +205,18 @@ pub struct ReplayArgs {
     /// judgements.parquet first: verdicts already made are not asked again.
     #[arg(long)]
     rescore: bool,
-    /// With --rescore: a judge config (YAML) to use instead of the run's evaluation.judge.
-    #[arg(long, value_name = "FILE", requires = "rescore")]
+    /// A judge config (YAML) of yours to use instead of the run's evaluation.judge.
+    #[arg(long, value_name = "FILE")]
     judge: Option<PathBuf>,
+    /// An experiment config of yours whose model section replaces the run's (the run's
+    /// endpoint and key variable came with the run folder and are not trusted).
+    #[arg(long, value_name = "CONFIG")]
+    model_from: Option<PathBuf>,
+    /// Confirm that the endpoint recorded in the run (its model's or its judge's
+    /// base_url, exactly as the refusal message shows it) may be called with the key in
+    /// the environment variable the run names.
+    #[arg(long, value_name = "URL")]
+    trust_endpoint: Vec<String>,
     /// The results folder holding run ids.
     #[arg(long, default_value = "results")]
     results: PathBuf,
@@ -243,26 +252,35 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
     let dir = run_dir(&args.run, &args.results)?;
     let manifest = Manifest::read(&dir)?;
     let mpath = dir.join(crate::rundir::MANIFEST_FILE);
-    let bad = |msg: String| Error::config(&mpath, msg);
-    if manifest.config_snapshot.is_null() {
-        return Err(bad("no config_snapshot".into()));
-    }
-    let config: Config = serde_json::from_value(manifest.config_snapshot.clone())
-        .map_err(|e| bad(format!("config_snapshot: {e}")))?;
+    let mut config = Config::from_snapshot(&manifest.config_snapshot, &mpath)?;
     let run_id = manifest.run_id.clone();
+    // Endpoints and key variables from a run folder are not trusted: they are replaced
+    // by the user's own sections, or confirmed with --trust-endpoint.
+    if let Some(f) = &args.judge {
+        config.evaluation.judge = Some(crate::experiment::config::JudgeSection::load(f)?);
+    } else if let Some(j) = &config.evaluation.judge {
+        trust_endpoint(
+            "evaluation.judge",
+            j.provider,
+            j.base_url.as_deref(),
+            j.api_key_env.as_deref(),
+            &args.trust_endpoint,
+            "--judge FILE",
+        )?;
+    }
+    if let Some(f) = &args.model_from {
+        config.model = Config::load(f)?.config.model;
+    } else if !args.rescore {
+        trust_endpoint(
+            "model",
+            config.model.provider,
+            config.model.base_url.as_deref(),
+            config.model.api_key_env.as_deref(),
+            &args.trust_endpoint,
+            "--model-from CONFIG",
+        )?;
+    }
     if args.rescore {
-        let mut config = config;
-        if let Some(f) = &args.judge {
-            config.evaluation.judge = Some(crate::experiment::config::JudgeSection::load(f)?);
-        }
-        if let Some(j) = &config.evaluation.judge {
-            // A snapshot is checked as strictly as a config file.
-            j.check().map_err(|(key, message)| {
-                bad(format!(
-                    "config_snapshot: evaluation.judge.{key}: {message}"
-                ))
-            })?;
-        }
         let notes = progress(false);
         let scored = runner::score_run(&dir, &run_id, &config, Some(&notes))?;
         let mut m = manifest.clone();
@@ -324,4 +342,32 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
     opts.output_dir = dir.parent().map(Path::to_path_buf);
     let outcome = runner::run_loaded(loaded, &opts)?;
     report(&outcome, args.json)
+}
+
+/// An endpoint recorded in a received run may be called only when the user confirms it
+/// (`--trust-endpoint URL`, exactly the recorded base_url) or brings their own section.
+fn trust_endpoint(
+    section: &str,
+    provider: crate::experiment::config::ProviderKind,
+    base_url: Option<&str>,
+    api_key_env: Option<&str>,
+    trusted: &[String],
+    own: &str,
+) -> Result<()> {
+    use crate::experiment::config::ProviderKind;
+    if provider != ProviderKind::Openai {
+        return Ok(());
+    }
+    let url = base_url.unwrap_or_default();
+    if trusted.iter().any(|t| t == url) {
+        return Ok(());
+    }
+    let key = api_key_env
+        .map(|k| format!(" with the key in ${}", crate::text::escape_control(k)))
+        .unwrap_or_default();
+    Err(Error::State(format!(
+        "the run's {section} calls {}{key}, and a run folder is not trusted: give {own} (your own settings), or --trust-endpoint {} to confirm this endpoint",
+        crate::text::escape_control(url),
+        crate::text::escape_control(url)
+    )))
 }

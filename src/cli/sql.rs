@@ -10,7 +10,7 @@ use futures::StreamExt;
 
 use crate::cli::paths;
 use crate::engine::catalog::{register_file, register_standard_tables};
-use crate::engine::{runtime, session};
+use crate::engine::runtime;
 use crate::error::{Error, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -49,6 +49,17 @@ pub struct Args {
     /// verdicts go to its shared cache when it names one.
     #[arg(long, value_name = "FILE")]
     judge: Option<PathBuf>,
+    /// With --format table: show at most this many rows (a table is held in memory to
+    /// align it; csv, json and parquet stream every row).
+    #[arg(long, default_value_t = 10_000, value_name = "N")]
+    max_rows: usize,
+    /// Stop the query after this many seconds (exit 2).
+    #[arg(long, value_name = "SECONDS")]
+    timeout: Option<f64>,
+    /// Memory the query may hold for sorts, joins and aggregates, in MiB; beyond it they
+    /// fail with a clear error rather than exhaust the machine.
+    #[arg(long, default_value_t = 4096, value_name = "MIB")]
+    memory_limit: usize,
 }
 
 pub fn run(args: Args) -> Result<u8> {
@@ -70,11 +81,31 @@ pub fn run(args: Args) -> Result<u8> {
             PathBuf::from(paths::CORPUS)
         }
     });
+    let timeout = match args.timeout {
+        None => None,
+        Some(t) if t.is_finite() && t > 0.0 && t <= 86_400.0 => {
+            Some(std::time::Duration::from_secs_f64(t))
+        }
+        Some(t) => {
+            return Err(Error::Usage(format!(
+                "--timeout {t}: give a number of seconds from 0 to 86400"
+            )));
+        }
+    };
+    if args.memory_limit == 0 || args.memory_limit > (1 << 30) {
+        return Err(Error::Usage(format!(
+            "--memory-limit {}: give MiB from 1 to {}",
+            args.memory_limit,
+            1u64 << 30
+        )));
+    }
     let judge = super::judge::open_judge(args.judge.as_deref(), None)?;
-    runtime()?.block_on(async {
-        let ctx = session();
+    let query = async {
+        let ctx = crate::engine::session_with_memory_limit(args.memory_limit << 20)?;
         crate::judge::udf::register(&ctx, judge.clone());
-        register_standard_tables(&ctx, &cases, &args.results).await?;
+        for line in register_standard_tables(&ctx, &cases, &args.results).await? {
+            crate::cli::output::stderr_line(&format!("warning: {line}"));
+        }
         for spec in &args.tables {
             let (name, path) = spec
                 .split_once('=')
@@ -92,15 +123,27 @@ pub fn run(args: Args) -> Result<u8> {
             .map_err(|e| Error::Query(format!("the query cannot run: {e}")))?;
         let schema = std::sync::Arc::new(df.schema().as_arrow().clone());
         let mut stream = df.execute_stream().await?;
-        let mut sink = Sink::open(args.format, args.output.as_deref(), schema)?;
+        let mut sink = Sink::open(args.format, args.output.as_deref(), schema, args.max_rows)?;
         while let Some(batch) = stream.next().await {
             sink.write(&batch?)?;
         }
         sink.finish()
+    };
+    runtime()?.block_on(async {
+        match timeout {
+            None => query.await,
+            Some(limit) => match tokio::time::timeout(limit, query).await {
+                Ok(result) => result,
+                Err(_) => Err(Error::Query(format!(
+                    "the query did not finish within --timeout {} s; nothing was written",
+                    limit.as_secs_f64()
+                ))),
+            },
+        }
     })?;
     if let Some(j) = &judge {
         j.persist(None)?;
-        eprintln!("{}", super::judge::judge_line(&j.report()));
+        crate::cli::output::stderr_line(&format!("{}", super::judge::judge_line(&j.report())));
     }
     Ok(0)
 }
@@ -110,6 +153,10 @@ enum Sink {
     Table {
         batches: Vec<RecordBatch>,
         target: Target,
+        /// Rows kept (at most `max`) and rows seen past it.
+        kept: usize,
+        max: usize,
+        more: u64,
     },
     Csv(datafusion::arrow::csv::Writer<Target>),
     Json(datafusion::arrow::json::ArrayWriter<Target>),
@@ -160,12 +207,16 @@ impl Sink {
         format: Format,
         output: Option<&Path>,
         schema: datafusion::arrow::datatypes::SchemaRef,
+        max_rows: usize,
     ) -> Result<Self> {
         let target = Target::open(output)?;
         Ok(match format {
             Format::Table => Sink::Table {
                 batches: Vec::new(),
                 target,
+                kept: 0,
+                max: max_rows,
+                more: 0,
             },
             Format::Csv => Sink::Csv(
                 datafusion::arrow::csv::WriterBuilder::new()
@@ -179,7 +230,20 @@ impl Sink {
 
     fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         match self {
-            Sink::Table { batches, .. } => batches.push(batch.clone()),
+            Sink::Table {
+                batches,
+                kept,
+                max,
+                more,
+                ..
+            } => {
+                let take = batch.num_rows().min(*max - *kept);
+                if take > 0 {
+                    batches.push(batch.slice(0, take));
+                    *kept += take;
+                }
+                *more += (batch.num_rows() - take) as u64;
+            }
             Sink::Csv(w) => w.write(batch)?,
             Sink::Json(w) => w.write(batch)?,
             Sink::Parquet(w) => w.write(batch)?,
@@ -192,9 +256,19 @@ impl Sink {
             Sink::Table {
                 batches,
                 mut target,
+                max,
+                more,
+                ..
             } => {
-                let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches)?;
+                let text = super::output::sanitized_batches(&batches)?;
                 writeln!(target, "{text}").map_err(|e| Error::io("<output>", "cannot write", e))?;
+                if more > 0 {
+                    writeln!(
+                        target,
+                        "… {more} more row(s) not shown (--max-rows {max}; --format csv or json streams them all)"
+                    )
+                    .map_err(|e| Error::io("<output>", "cannot write", e))?;
+                }
                 target
             }
             Sink::Csv(w) => w.into_inner(),

@@ -26,7 +26,7 @@ pub fn run_dirs(results: &Path) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            p.is_dir()
+            crate::rundir::is_run_folder(p)
                 && (p.join(crate::rundir::CASE_RESULTS_PARQUET).exists()
                     || p.join(crate::rundir::SUMMARY_FILE).exists())
         })
@@ -41,20 +41,25 @@ fn utf8(path: &Path) -> Result<&str> {
 }
 
 /// A table over the same-named Parquet file of every run, or an empty table of the
-/// contract schema when no run has one.
+/// contract schema when no run has one. A run whose file is unreadable (truncated, a
+/// symbolic link) is left out and said in `skipped`, so one corrupt run does not take
+/// every query down.
 async fn register_runs_parquet(
     ctx: &SessionContext,
     name: &str,
     file: &str,
     runs: &[PathBuf],
     empty: SchemaRef,
+    skipped: &mut Vec<String>,
 ) -> Result<()> {
-    let files: Vec<String> = runs
-        .iter()
-        .map(|d| d.join(file))
-        .filter(|p| p.exists())
-        .map(|p| utf8(&p).map(str::to_owned))
-        .collect::<Result<_>>()?;
+    let mut files: Vec<String> = Vec::new();
+    for dir in runs {
+        match crate::rundir::parquet_artifact(dir, file) {
+            Ok(Some(p)) => files.push(utf8(&p)?.to_owned()),
+            Ok(None) => {}
+            Err(e) => skipped.push(format!("{name}: left out {e}")),
+        }
+    }
     if files.is_empty() {
         ctx.register_table(name, Arc::new(MemTable::try_new(empty, vec![vec![]])?))?;
         return Ok(());
@@ -67,7 +72,7 @@ async fn register_runs_parquet(
 }
 
 /// One row per run: run_id, path, and the headline figures of its summary.json.
-fn summaries_table(runs: &[PathBuf]) -> Result<MemTable> {
+fn summaries_table(runs: &[PathBuf], skipped: &mut Vec<String>) -> Result<MemTable> {
     let schema = Arc::new(Schema::new(vec![
         Field::new("run_id", DataType::Utf8, false),
         Field::new("experiment_name", DataType::Utf8, true),
@@ -85,12 +90,34 @@ fn summaries_table(runs: &[PathBuf]) -> Result<MemTable> {
     ]));
     let mut rows: Vec<(String, Option<String>, String, Value, String)> = Vec::new();
     for dir in runs {
-        let path = dir.join(crate::rundir::SUMMARY_FILE);
+        let path = match crate::rundir::artifact(dir, crate::rundir::SUMMARY_FILE) {
+            Ok(Some(p)) => p,
+            Ok(None) => continue,
+            Err(e) => {
+                skipped.push(format!("summaries: left out {e}"));
+                continue;
+            }
+        };
         let Ok(text) = std::fs::read_to_string(&path) else {
             continue;
         };
-        let doc: Value = serde_json::from_str(&text)
-            .map_err(|e| Error::config(&path, format!("not valid JSON: {e}")))?;
+        let doc: Value = match serde_json::from_str(&text) {
+            Ok(doc @ Value::Object(_)) => doc,
+            Ok(_) => {
+                skipped.push(format!(
+                    "summaries: left out {}: not a JSON object",
+                    path.display()
+                ));
+                continue;
+            }
+            Err(e) => {
+                skipped.push(format!(
+                    "summaries: left out {}: not valid JSON: {e}",
+                    path.display()
+                ));
+                continue;
+            }
+        };
         let run_id = doc["run_id"]
             .as_str()
             .map(str::to_owned)
@@ -202,12 +229,14 @@ fn runs_table(runs: &[PathBuf]) -> Result<MemTable> {
 }
 
 /// Register the standard tables. `corpus` is the attack-case file; `results` the folder
-/// of run folders.
+/// of run folders. Returns what was left out (corrupt or linked files of some run), one
+/// line each, for the caller to show.
 pub async fn register_standard_tables(
     ctx: &SessionContext,
     corpus: &Path,
     results: &Path,
-) -> Result<()> {
+) -> Result<Vec<String>> {
+    let mut skipped = Vec::new();
     if corpus.exists() {
         ctx.register_table(
             "attack_cases",
@@ -221,6 +250,7 @@ pub async fn register_standard_tables(
         crate::rundir::CASE_RESULTS_PARQUET,
         &runs,
         case_results_schema(),
+        &mut skipped,
     )
     .await?;
     register_runs_parquet(
@@ -229,6 +259,7 @@ pub async fn register_standard_tables(
         crate::rundir::FINDINGS_FILE,
         &runs,
         findings_schema(),
+        &mut skipped,
     )
     .await?;
     register_runs_parquet(
@@ -237,11 +268,12 @@ pub async fn register_standard_tables(
         "controls/controls.parquet",
         &runs,
         crate::contract::arrow::controls_schema(),
+        &mut skipped,
     )
     .await?;
-    ctx.register_table("summaries", Arc::new(summaries_table(&runs)?))?;
+    ctx.register_table("summaries", Arc::new(summaries_table(&runs, &mut skipped)?))?;
     ctx.register_table("runs", Arc::new(runs_table(&runs)?))?;
-    Ok(())
+    Ok(skipped)
 }
 
 /// Register a user file as a table, by extension: .parquet, .jsonl / .ndjson / .json,

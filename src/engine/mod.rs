@@ -36,10 +36,27 @@ pub fn session_config() -> SessionConfig {
 /// judge: [`crate::judge::udf::register`] gives it one).
 pub fn session_with(config: SessionConfig) -> SessionContext {
     let ctx = SessionContext::new_with_config(config);
-    crate::detect::register_udfs(&ctx);
-    crate::judge::udf::register(&ctx, None);
-    wilson::register(&ctx);
+    register_functions(&ctx);
     ctx
+}
+
+/// pieval's functions: the detectors, `pi_judge` (without a judge), the Wilson bounds.
+fn register_functions(ctx: &SessionContext) {
+    crate::detect::register_udfs(ctx);
+    crate::judge::udf::register(ctx, None);
+    wilson::register(ctx);
+}
+
+/// A session like [`session`] whose sorts, joins and aggregates may hold at most
+/// `bytes` of memory (DataFusion's fair spill pool): beyond it a query fails with a
+/// resources-exhausted error instead of exhausting the machine.
+pub fn session_with_memory_limit(bytes: usize) -> Result<SessionContext> {
+    let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+        .with_memory_limit(bytes, 1.0)
+        .build_arc()?;
+    let ctx = SessionContext::new_with_config_rt(session_config(), runtime);
+    register_functions(&ctx);
+    Ok(ctx)
 }
 
 /// A session sized for this machine, with the information schema on and the detector

@@ -35,6 +35,12 @@ use crate::rundir::Manifest;
 pub const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
 /// The predicate type of a pieval control result.
 pub const PREDICATE_TYPE: &str = "https://pieval.dev/attestation/control-result/v1";
+/// The predicate of `controls/index.json`: the signed list of every file of the controls
+/// folder and of the run that a consumer reads (controls.parquet included), so no file
+/// can be rewritten while `verify` says OK.
+pub const INDEX_PREDICATE_TYPE: &str = "https://pieval.dev/attestation/controls-index/v1";
+/// The signed index, in the controls folder.
+pub const INDEX_FILE: &str = "index.json";
 
 /// Where a control landed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
@@ -172,9 +178,10 @@ fn run_subjects(run: &Path) -> Result<Vec<(String, String)>> {
         crate::rundir::MANIFEST_FILE,
         crate::rundir::CASES_FILE,
         crate::judge::JUDGEMENTS_FILE,
+        crate::rundir::FINDINGS_FILE,
+        crate::rundir::SUMMARY_FILE,
     ] {
-        let path = run.join(name);
-        if path.is_file() {
+        if let Some(path) = crate::rundir::artifact(run, name)? {
             subjects.push((name.to_owned(), sha256_file(&path)?));
         }
     }
@@ -190,14 +197,16 @@ fn utf8(path: &Path) -> Result<&str> {
 /// `selected_cases` (the manifest's selected case ids) of this run.
 async fn control_session(run: &Path, manifest: Option<&Manifest>) -> Result<SessionContext> {
     let ctx = crate::engine::session();
+    let case_results =
+        crate::rundir::parquet_artifact(run, crate::rundir::CASE_RESULTS_PARQUET)?
+            .ok_or_else(|| Error::State(format!("{}: no case_results.parquet", run.display())))?;
     ctx.register_parquet(
         "case_results",
-        utf8(&run.join(crate::rundir::CASE_RESULTS_PARQUET))?,
+        utf8(&case_results)?,
         ParquetReadOptions::default(),
     )
     .await?;
-    let findings = run.join(crate::rundir::FINDINGS_FILE);
-    if findings.is_file() {
+    if let Some(findings) = crate::rundir::parquet_artifact(run, crate::rundir::FINDINGS_FILE)? {
         ctx.register_parquet("findings", utf8(&findings)?, ParquetReadOptions::default())
             .await?;
     } else {
@@ -431,8 +440,10 @@ fn statement(
 
 /// The judge recorded in a run's summary.json (null when none, or no summary).
 fn summary_judge(run: &Path) -> Value {
-    std::fs::read_to_string(run.join(crate::rundir::SUMMARY_FILE))
+    crate::rundir::artifact(run, crate::rundir::SUMMARY_FILE)
         .ok()
+        .flatten()
+        .and_then(|p| std::fs::read_to_string(p).ok())
         .and_then(|t| serde_json::from_str::<Value>(&t).ok())
         .map(|s| s["judge"].clone())
         .unwrap_or(Value::Null)
@@ -445,8 +456,7 @@ pub fn run_controls(
     catalog: &[Control],
     key: Option<&SigningKey>,
 ) -> Result<ControlsReport> {
-    let case_results = run.join(crate::rundir::CASE_RESULTS_PARQUET);
-    if !case_results.is_file() {
+    if crate::rundir::parquet_artifact(run, crate::rundir::CASE_RESULTS_PARQUET)?.is_none() {
         return Err(Error::State(format!(
             "{}: no case_results.parquet; score the run first (pieval run / pieval replay --rescore)",
             run.display()
@@ -513,6 +523,7 @@ pub fn run_controls(
         key_id.as_deref(),
         &shared.evaluated_at,
     )?;
+    write_index(staging.path(), &shared, &results, key)?;
     // Commit: the old controls folder aside, the new one in, the old one gone.
     let dir = staging.commit()?;
     Ok(ControlsReport {
@@ -522,6 +533,55 @@ pub fn run_controls(
         evaluated_at: shared.evaluated_at,
         controls: results,
     })
+}
+
+/// `controls/index.json`: a DSSE envelope (signed like the control envelopes) whose
+/// subjects are every file of the new controls folder — controls.parquet, each evidence
+/// file, each envelope — and the run files the envelopes name. Subject names are
+/// relative to the run folder.
+fn write_index(
+    staging: &Path,
+    shared: &RunContext,
+    results: &[ControlResult],
+    key: Option<&SigningKey>,
+) -> Result<()> {
+    let mut subject: Vec<Value> = shared
+        .subjects
+        .iter()
+        .map(|(name, sha)| json!({"name": name, "digest": {"sha256": sha}}))
+        .collect();
+    let mut add = |rel: String| -> Result<()> {
+        let sha = sha256_file(&staging.join(&rel))?;
+        subject.push(json!({
+            "name": format!("{}/{rel}", crate::rundir::CONTROLS_DIR),
+            "digest": {"sha256": sha}
+        }));
+        Ok(())
+    };
+    add("controls.parquet".into())?;
+    for r in results {
+        add(format!("evidence/{}.parquet", r.control.id))?;
+        add(format!("envelopes/{}.json", r.control.id))?;
+    }
+    let statement = json!({
+        "_type": STATEMENT_TYPE,
+        "subject": subject,
+        "predicateType": INDEX_PREDICATE_TYPE,
+        "predicate": {
+            "run_id": shared.run_id,
+            "evaluated_at": shared.evaluated_at,
+            "controls": results.iter().map(|r| json!({
+                "id": r.control.id,
+                "status": r.result.status.as_str(),
+                "envelope": format!("{}/envelopes/{}.json", crate::rundir::CONTROLS_DIR, r.control.id),
+            })).collect::<Vec<_>>(),
+        }
+    });
+    let payload = serde_json::to_vec(&statement).map_err(|e| Error::Internal(e.to_string()))?;
+    let envelope = Envelope::seal(PAYLOAD_TYPE, &payload, key);
+    let text =
+        serde_json::to_string_pretty(&envelope).map_err(|e| Error::Internal(e.to_string()))?;
+    crate::atomic::write_lines(&staging.join(INDEX_FILE), [text])
 }
 
 fn write_controls_parquet(

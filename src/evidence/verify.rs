@@ -7,7 +7,7 @@ use ed25519_dalek::VerifyingKey;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::controls::STATEMENT_TYPE;
+use super::controls::{INDEX_FILE, INDEX_PREDICATE_TYPE, PREDICATE_TYPE, STATEMENT_TYPE};
 use super::dsse::{Envelope, PAYLOAD_TYPE, SignatureCheck};
 use crate::digest::sha256_file;
 use crate::error::{Error, Result};
@@ -45,6 +45,15 @@ pub struct VerifyReport {
     pub status: Option<String>,
     pub signature: SignatureVerdict,
     pub subjects: Vec<SubjectCheck>,
+    /// `controls/index.json` (the signed list of the controls folder) rather than a
+    /// control's envelope.
+    pub index: bool,
+    /// An envelope in `controls/envelopes/` whose file name is not its control's id
+    /// (an envelope copied over another control's name).
+    pub misnamed: Option<String>,
+    /// An envelope the controls folder's signed index does not list (planted later).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub unlisted: bool,
     pub ok: bool,
 }
 
@@ -59,6 +68,16 @@ impl VerifyReport {
             }
             SignatureVerdict::Unsigned => out.push("the envelope is not signed".into()),
             _ => {}
+        }
+        if self.unlisted {
+            out.push("the envelope is not in the controls folder's signed index".into());
+        }
+        if let Some(stem) = &self.misnamed {
+            out.push(format!(
+                "the file is named {} but holds control {}",
+                excerpt(stem, 80),
+                excerpt(self.control_id.as_deref().unwrap_or("?"), 80)
+            ));
         }
         for s in self.subjects.iter().filter(|s| !s.ok) {
             out.push(match &s.actual_sha256 {
@@ -75,11 +94,15 @@ impl VerifyReport {
     }
 }
 
-/// The run folder of an envelope at `RUN/controls/envelopes/ID.json`.
+/// The run folder of an envelope at `RUN/controls/envelopes/ID.json`, or of the index
+/// at `RUN/controls/index.json`.
 fn default_run_dir(envelope: &Path) -> Option<PathBuf> {
-    let envelopes = envelope.parent()?;
-    let controls = envelopes.parent()?;
-    (envelopes.file_name()? == "envelopes" && controls.file_name()? == "controls")
+    let parent = envelope.parent()?;
+    if envelope.file_name()? == INDEX_FILE && parent.file_name()? == "controls" {
+        return parent.parent().map(Path::to_path_buf);
+    }
+    let controls = parent.parent()?;
+    (parent.file_name()? == "envelopes" && controls.file_name()? == "controls")
         .then(|| controls.parent().map(Path::to_path_buf))
         .flatten()
 }
@@ -146,15 +169,16 @@ pub fn verify_envelope(
         let expected = s["digest"]["sha256"]
             .as_str()
             .ok_or_else(|| bad(format!("subject {name} has no sha256 digest")))?;
-        let file = subject_path(&run, name).ok_or_else(|| {
+        subject_path(&run, name).ok_or_else(|| {
             bad(format!(
                 "subject name {name:?} is not a plain relative path inside the run folder"
             ))
         })?;
-        let actual = if file.is_file() {
-            Some(sha256_file(&file)?)
-        } else {
-            None
+        // A subject is read only as a regular file inside the run folder, never through
+        // a symbolic link (the folder may come from someone else).
+        let actual = match crate::rundir::artifact(&run, name) {
+            Ok(Some(file)) => Some(sha256_file(&file)?),
+            Ok(None) | Err(_) => None,
         };
         checks.push(SubjectCheck {
             name: name.to_owned(),
@@ -164,19 +188,85 @@ pub fn verify_envelope(
         });
     }
     let predicate = &statement["predicate"];
+    let index = statement["predicateType"] == INDEX_PREDICATE_TYPE;
+    if !index && statement["predicateType"] != PREDICATE_TYPE {
+        return Err(bad(format!(
+            "the statement's predicateType is {}, not a pieval control result or index",
+            excerpt(&statement["predicateType"].to_string(), 120)
+        )));
+    }
+    let control_id = predicate["control"]["id"].as_str().map(str::to_owned);
+    // An envelope in controls/envelopes/ must be named after the control it holds.
+    let in_envelopes = path
+        .parent()
+        .and_then(Path::file_name)
+        .is_some_and(|n| n == "envelopes");
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+    let misnamed = (!index && in_envelopes && stem.as_deref() != control_id.as_deref())
+        .then(|| stem.unwrap_or_default());
     let ok = !matches!(
         signature,
         SignatureVerdict::Invalid | SignatureVerdict::Unsigned
-    ) && checks.iter().all(|c| c.ok);
+    ) && misnamed.is_none()
+        && checks.iter().all(|c| c.ok);
     Ok(VerifyReport {
         envelope: path.to_path_buf(),
         run_dir: run,
-        control_id: predicate["control"]["id"].as_str().map(str::to_owned),
+        control_id,
         status: predicate["result"]["status"].as_str().map(str::to_owned),
         signature,
         subjects: checks,
+        index,
+        misnamed,
+        unlisted: false,
         ok,
     })
+}
+
+/// Verify a run's whole controls folder with `key`: its signed index and every envelope,
+/// and that the envelopes present are exactly those the index lists. Empty when the run
+/// has no controls folder. A problem is a report with `ok == false` (or an error for an
+/// unreadable envelope).
+pub fn verify_controls_folder(run: &Path, key: &VerifyingKey) -> Result<Vec<VerifyReport>> {
+    let controls = run.join(crate::rundir::CONTROLS_DIR);
+    if !controls.exists() {
+        return Ok(Vec::new());
+    }
+    let index_path = crate::rundir::artifact(run, &format!("{}/{INDEX_FILE}", crate::rundir::CONTROLS_DIR))?
+        .ok_or_else(|| {
+            Error::State(format!(
+                "{}: a controls folder without its signed index ({INDEX_FILE}): run pieval controls again",
+                controls.display()
+            ))
+        })?;
+    let index = verify_envelope(&index_path, Some(key), Some(run))?;
+    let listed: std::collections::BTreeSet<String> = index
+        .subjects
+        .iter()
+        .filter_map(|s| {
+            s.name
+                .strip_prefix("controls/envelopes/")
+                .map(str::to_owned)
+        })
+        .collect();
+    let mut reports = vec![index];
+    let envelopes = controls.join("envelopes");
+    let mut names: Vec<String> = std::fs::read_dir(&envelopes)
+        .map_err(|e| Error::io(&envelopes, "cannot list", e))?
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    names.sort();
+    for name in &names {
+        let path = envelopes.join(name);
+        let mut report = verify_envelope(&path, Some(key), Some(run))?;
+        if !listed.contains(name) {
+            // Planted after the index was signed.
+            report.ok = false;
+            report.unlisted = true;
+        }
+        reports.push(report);
+    }
+    Ok(reports)
 }
 
 #[cfg(test)]
@@ -203,6 +293,9 @@ mod tests {
             control_id: None,
             status: None,
             signature: SignatureVerdict::NotChecked,
+            index: false,
+            misnamed: None,
+            unlisted: false,
             subjects: vec![SubjectCheck {
                 name: "evil\u{1b}[31m.txt".into(),
                 expected_sha256: "\u{1b}]0;x\u{7}".into(),

@@ -128,6 +128,27 @@ impl Config {
         })
     }
 
+    /// A config recorded in a run's manifest (`config_snapshot`), checked exactly as a
+    /// config file is: a received run folder is untrusted input. Errors name the manifest
+    /// and the key (`config_snapshot.model.timeout_s`).
+    pub fn from_snapshot(snapshot: &serde_json::Value, manifest: &Path) -> Result<Config> {
+        if !snapshot.is_object() {
+            return Err(Error::config(manifest, "config_snapshot: not a config"));
+        }
+        let text = serde_json::to_string_pretty(snapshot)
+            .map_err(|e| Error::Internal(format!("cannot encode the config snapshot: {e}")))?;
+        Self::parse(&text, manifest).map_err(|e| match e {
+            Error::Input { field, message, .. } => Error::config(
+                manifest,
+                match field {
+                    Some(f) => format!("config_snapshot.{f}: {message}"),
+                    None => format!("config_snapshot: {message}"),
+                },
+            ),
+            other => other,
+        })
+    }
+
     /// Parse config text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &Path) -> Result<Config> {
         let de = serde_yaml_ng::Deserializer::from_str(text);

@@ -189,29 +189,29 @@ fn run_tables(run: &RunInfo) -> Result<Vec<TableExport>> {
         partition: vec![date.clone()],
         source: Source::Batch(runs_batch(run)?),
     }];
-    let file = |name: &str| Some(run.dir.join(name)).filter(|p| p.is_file());
-    if let Some(p) = file(crate::rundir::CASE_RESULTS_PARQUET) {
+    let file = |name: &str| crate::rundir::artifact(&run.dir, name);
+    if let Some(p) = file(crate::rundir::CASE_RESULTS_PARQUET)? {
         out.push(TableExport {
             table: "case_results",
             partition: vec![date.clone(), ("model_name", run.model_name.clone())],
             source: Source::Parquet(p),
         });
     }
-    if let Some(p) = file(crate::rundir::FINDINGS_FILE) {
+    if let Some(p) = file(crate::rundir::FINDINGS_FILE)? {
         out.push(TableExport {
             table: "findings",
             partition: vec![date.clone()],
             source: Source::Parquet(p),
         });
     }
-    if let Some(p) = file("controls/controls.parquet") {
+    if let Some(p) = file("controls/controls.parquet")? {
         out.push(TableExport {
             table: "controls",
             partition: vec![date.clone()],
             source: Source::Parquet(p),
         });
     }
-    if let Some(p) = file(crate::rundir::CASES_FILE) {
+    if let Some(p) = file(crate::rundir::CASES_FILE)? {
         out.push(TableExport {
             table: "attack_cases",
             partition: vec![("run_id", run.run_id.clone())],

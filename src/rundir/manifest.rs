@@ -191,7 +191,13 @@ pub struct ModelSpeed {
 impl Manifest {
     /// Read `<dir>/manifest.json`.
     pub fn read(dir: &Path) -> Result<Manifest> {
-        let path = dir.join(super::MANIFEST_FILE);
+        let path = super::artifact(dir, super::MANIFEST_FILE)?.ok_or_else(|| {
+            Error::NotFound(format!(
+                "{}: no {} (not a run folder)",
+                dir.display(),
+                super::MANIFEST_FILE
+            ))
+        })?;
         let text = std::fs::read_to_string(&path)
             .map_err(|e| Error::io(&path, "cannot read run manifest", e))?;
         Self::parse(&text, &path)

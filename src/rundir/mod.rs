@@ -37,6 +37,64 @@ pub const CONTROLS_DIR: &str = "controls";
 /// In the folder that holds the runs.
 pub const CATALOG_FILE: &str = "catalog.sqlite";
 
+/// `dir/name` when it is a regular file, `None` when it is absent. A run folder may come
+/// from someone else, so a symbolic link in it (or its name being a link, a folder, a
+/// device) is an error, never followed: a planted `manifest.json -> ~/.aws/credentials`
+/// must not be read, hashed into evidence or exported.
+pub fn artifact(dir: &Path, name: &str) -> Result<Option<std::path::PathBuf>> {
+    // Every component of `name` (`controls/controls.parquet`) is checked, not only the last.
+    let mut path = dir.to_path_buf();
+    let mut meta = None;
+    for part in Path::new(name).components() {
+        let std::path::Component::Normal(part) = part else {
+            return Err(Error::Internal(format!(
+                "{name}: not a plain relative name"
+            )));
+        };
+        path.push(part);
+        let m = match std::fs::symlink_metadata(&path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::io(&path, "cannot read", e)),
+        };
+        if m.file_type().is_symlink() {
+            return Err(Error::State(format!(
+                "{}: a symbolic link in a run folder is not followed (a run folder may come from someone else)",
+                path.display()
+            )));
+        }
+        meta = Some(m);
+    }
+    let Some(meta) = meta else {
+        return Ok(None);
+    };
+    if !meta.is_file() {
+        return Err(Error::State(format!(
+            "{}: not a regular file",
+            path.display()
+        )));
+    }
+    Ok(Some(path))
+}
+
+/// A run folder: a real folder, not a symbolic link to one.
+pub fn is_run_folder(dir: &Path) -> bool {
+    std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir())
+}
+
+/// A run's Parquet artifact, checked readable (its footer and metadata parse) before a
+/// query scans it: a truncated file is an error naming it, not a panic mid-query.
+pub fn parquet_artifact(dir: &Path, name: &str) -> Result<Option<std::path::PathBuf>> {
+    let Some(path) = artifact(dir, name)? else {
+        return Ok(None);
+    };
+    let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, "cannot open", e))?;
+    datafusion::parquet::file::metadata::ParquetMetaDataReader::new()
+        .parse_and_finish(&file)
+        .map_err(|e| Error::config(&path, format!("not a readable Parquet file: {e}")))?;
+    Ok(Some(path))
+}
+
 /// A run id usable as a folder name: no separators, no `..`, no hidden names.
 pub fn check_run_id(id: &str) -> Result<()> {
     let ok = (1..=128).contains(&id.len())
@@ -86,10 +144,9 @@ pub fn new_run_id(name: &str) -> Result<String> {
 /// A run folder's manifest, or `None` for a folder without one (made by `pieval score`),
 /// and its run id: the manifest's, else the folder name.
 pub fn manifest_and_id(dir: &Path) -> Result<(Option<Manifest>, String)> {
-    let manifest = if dir.join(MANIFEST_FILE).is_file() {
-        Some(Manifest::read(dir)?)
-    } else {
-        None
+    let manifest = match artifact(dir, MANIFEST_FILE)? {
+        Some(_) => Some(Manifest::read(dir)?),
+        None => None,
     };
     let id = match &manifest {
         Some(m) => m.run_id.clone(),

@@ -6,7 +6,7 @@
 //! worse: attack success, leakage, over-refusal of benign controls. Flipped cases come
 //! from joining the two runs' `case_results.parquet` on `case_id` in DataFusion.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use datafusion::arrow::array::{Array, AsArray};
 use serde::Serialize;
@@ -137,13 +137,13 @@ pub fn diff(a: (&str, &Path), b: (&str, &Path)) -> Result<RunDiff> {
 }
 
 fn parquet_path(dir: &Path) -> Result<String> {
-    let p: PathBuf = dir.join(crate::rundir::CASE_RESULTS_PARQUET);
-    if !p.is_file() {
+    let Some(p) = crate::rundir::parquet_artifact(dir, crate::rundir::CASE_RESULTS_PARQUET)?
+    else {
         return Err(Error::State(format!(
             "{} is missing (was the run scored?)",
-            p.display()
+            dir.join(crate::rundir::CASE_RESULTS_PARQUET).display()
         )));
-    }
+    };
     p.to_str()
         .map(str::to_owned)
         .ok_or_else(|| Error::Usage(format!("{}: not a UTF-8 path", p.display())))

@@ -333,7 +333,9 @@ fn signed_envelopes_verify_and_every_tampering_is_caught() {
             "controls/evidence/PI-ASR-OVERALL.parquet",
             "case_results.parquet",
             "manifest.json",
-            "cases.jsonl"
+            "cases.jsonl",
+            "findings.parquet",
+            "summary.json"
         ]
     );
     let digest = |p: &Path| hex::encode(Sha256::digest(std::fs::read(p).unwrap()));
@@ -370,9 +372,13 @@ fn signed_envelopes_verify_and_every_tampering_is_caught() {
         "{}",
         r.stdout
     );
+    // Without a key nothing is authenticated: a failure unless --digest-only is asked for.
     let (code, out) = verify(&env_path, None);
-    assert_eq!(code, 0);
-    assert!(out.contains("signature not checked"), "{out}");
+    assert_eq!(code, 1);
+    assert!(out.contains("not authenticated"), "{out}");
+    let r = run(pieval().arg("verify").arg(&env_path).arg("--digest-only"));
+    assert_eq!(r.code, 0, "{}", r.stdout);
+    assert!(r.stdout.contains("NOT AUTHENTICATED"), "{}", r.stdout);
 
     // Each subject file changed by one byte: verify fails and names it.
     for subject in names {
@@ -450,7 +456,9 @@ fn signed_envelopes_verify_and_every_tampering_is_caught() {
     let (code, out) = verify(&env_path, Some(&public));
     assert_eq!(code, 1);
     assert!(out.contains("not signed"), "{out}");
-    assert_eq!(verify(&env_path, None).0, 0);
+    assert_eq!(verify(&env_path, None).0, 1);
+    let r = run(pieval().arg("verify").arg(&env_path).arg("--digest-only"));
+    assert_eq!(r.code, 0, "{}", r.stdout);
 }
 
 /// sha256 over a table's rows, order-independent: each row as `case_id|attack_success|

@@ -516,6 +516,7 @@ fn a_run_mixing_judge_and_rule_criteria_is_judged_and_rescored_from_cache() {
     let r = run(pieval()
         .args(["replay", "--rescore", "--json", "--results"])
         .arg(dir.path().join("results"))
+        .args(["--trust-endpoint", &server.base_url()])
         .arg(outcome["run_id"].as_str().unwrap()));
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(
@@ -569,7 +570,7 @@ fn a_run_mixing_judge_and_rule_criteria_is_judged_and_rescored_from_cache() {
     assert!(names.contains(&"judgements.parquet"), "{names:?}");
     assert_eq!(payload["predicate"]["judge"]["model"], "scripted-judge");
     let v = run(pieval()
-        .arg("verify")
+        .args(["verify", "--digest-only"])
         .arg(run_dir.join("controls/envelopes/PI-ASR-OVERALL.json")));
     assert_eq!(v.code, 0, "{}{}", v.stdout, v.stderr);
 }

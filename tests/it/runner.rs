@@ -476,9 +476,21 @@ fn replay_runs_dry_run_and_the_catalogue() {
     assert!(out.stdout.contains("attack_success_rate"), "{}", out.stdout);
 
     // pieval replay: same selection, new run; --rescore in place.
+    // The run's endpoint came with the run folder: replay refuses it until confirmed.
+    let refused = run(pieval()
+        .args(["replay", &first_id, "--json", "--results"])
+        .arg(&results)
+        .env(KEY_ENV, SECRET));
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("--trust-endpoint") && refused.stderr.contains(KEY_ENV),
+        "{}",
+        refused.stderr
+    );
     let out = run(pieval()
         .args(["replay", &first_id, "--json", "--results"])
         .arg(&results)
+        .args(["--trust-endpoint", &server.base_url()])
         .env(KEY_ENV, SECRET));
     assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
     let replayed: Value = serde_json::from_str(&out.stdout).unwrap();

@@ -1,0 +1,579 @@
+//! Hostile inputs and received artifacts (issue 14): a run folder handed over by someone
+//! else, hostile text bound for the terminal, corrupt runs among good ones, unbounded
+//! queries. Each test names the class it closes.
+
+use std::path::{Path, PathBuf};
+
+use crate::common::{pieval, read_jsonl, repo, run, write_jsonl};
+use serde_json::{Value, json};
+
+/// A completed dry run of the quickstart (5 cases) under `dir/results`; its folder.
+fn dry_run(dir: &Path) -> PathBuf {
+    let results = dir.join("results");
+    let r = run(pieval()
+        .args([
+            "run",
+            "--dry-run",
+            "--sample-size",
+            "5",
+            "--json",
+            "--output-dir",
+        ])
+        .arg(&results)
+        .arg(repo("data/experiments/quickstart.yaml")));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: Value = serde_json::from_str(&r.stdout).unwrap();
+    results.join(v["run_id"].as_str().unwrap())
+}
+
+fn edit_manifest(run_dir: &Path, f: impl FnOnce(&mut Value)) {
+    let path = run_dir.join("manifest.json");
+    let mut m: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    f(&mut m);
+    std::fs::write(&path, serde_json::to_string_pretty(&m).unwrap()).unwrap();
+}
+
+fn run_count(results: &Path) -> usize {
+    std::fs::read_dir(results)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().is_dir())
+        .count()
+}
+
+/// Class 1: a received run folder is untrusted. An edited snapshot can neither redirect
+/// a key to another host nor crash the checks.
+#[test]
+fn replay_checks_the_snapshot_and_never_sends_a_key_to_a_recorded_endpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dry_run(dir.path());
+    let results = dir.path().join("results");
+    let id = run_dir.file_name().unwrap().to_str().unwrap().to_owned();
+    let replay = |extra: &[&str]| {
+        run(pieval()
+            .args(["replay", &id, "--results"])
+            .arg(&results)
+            .args(extra)
+            .env("GITHUB_TOKEN", "ghp_not_a_real_token_0123456789abcdef"))
+    };
+    // The model pointed at another host with another variable's key.
+    edit_manifest(&run_dir, |m| {
+        m["config_snapshot"]["model"] = json!({
+            "provider": "openai", "name": "gpt", "base_url": "http://attacker.invalid/v1",
+            "api_key_env": "GITHUB_TOKEN", "execution_mode": "live"
+        });
+    });
+    let before = run_count(&results);
+    let r = replay(&[]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("http://attacker.invalid/v1")
+            && r.stderr.contains("$GITHUB_TOKEN")
+            && r.stderr.contains("--trust-endpoint"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("ghp_"), "{}", r.stderr);
+    // Confirming another URL is no confirmation; and nothing was started.
+    let r = replay(&["--trust-endpoint", "http://attacker.invalid/v2"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert_eq!(
+        run_count(&results),
+        before,
+        "a refused replay starts no run"
+    );
+    // The user's own model section replaces the recorded one.
+    let own = dir.path().join("own.yaml");
+    std::fs::write(
+        &own,
+        format!(
+            "experiment: {{name: own}}\ndataset: {{path: \"{}\"}}\nmodel: {{provider: local, name: smollm2-135m-instruct, execution_mode: dry_run}}\nmitigation: {{name: none}}\n",
+            repo("data/normalized/attack_cases.enriched.jsonl").display()
+        ),
+    )
+    .unwrap();
+    let r = replay(&["--model-from", own.to_str().unwrap(), "--json"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let outcome: Value = serde_json::from_str(&r.stdout).unwrap();
+    let m: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            results
+                .join(outcome["run_id"].as_str().unwrap())
+                .join("manifest.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(m["model_snapshot"]["provider"], "local");
+
+    // Values a config file may not hold are refused in a snapshot too (no panic).
+    for (key, value, field) in [
+        ("timeout_s", json!(-1), "config_snapshot.model.timeout_s"),
+        ("timeout_s", json!(1e30), "config_snapshot.model.timeout_s"),
+        ("concurrency", json!(0), "config_snapshot.model.concurrency"),
+        ("temperature", json!(9), "config_snapshot.model.temperature"),
+    ] {
+        edit_manifest(&run_dir, |m| {
+            m["config_snapshot"]["model"] =
+                json!({"provider": "local", "name": "smollm2-135m-instruct", key: value});
+        });
+        for args in [&[][..], &["--rescore"][..]] {
+            let r = replay(args);
+            assert_eq!(r.code, 2, "{key}={value} {args:?}: {}", r.stderr);
+            assert!(r.stderr.contains(field), "{key}: {}", r.stderr);
+            assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+        }
+    }
+    // A judge recorded in the run is an endpoint too, even for --rescore.
+    edit_manifest(&run_dir, |m| {
+        m["config_snapshot"]["model"] =
+            json!({"provider": "local", "name": "smollm2-135m-instruct"});
+        m["config_snapshot"]["evaluation"]["judge"] = json!({
+            "provider": "openai", "name": "judge", "base_url": "http://judge.invalid/v1",
+            "api_key_env": "GITHUB_TOKEN"
+        });
+    });
+    let r = replay(&["--rescore"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("evaluation.judge calls http://judge.invalid/v1"),
+        "{}",
+        r.stderr
+    );
+    // A snapshot that is not a config at all.
+    edit_manifest(&run_dir, |m| m["config_snapshot"] = json!("rm -rf /"));
+    let r = replay(&[]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("config_snapshot"), "{}", r.stderr);
+}
+
+/// A scored run of a few predictions under `results/<id>`.
+fn scored(results: &Path, id: &str, responses: &[&str]) -> PathBuf {
+    let cases = read_jsonl(&repo("data/normalized/attack_cases.enriched.jsonl"));
+    let preds: Vec<Value> = responses
+        .iter()
+        .zip(&cases)
+        .map(|(r, c)| json!({"case_id": c["case_id"], "response_text": r, "model_name": "m"}))
+        .collect();
+    let p = results.join(format!("{id}.jsonl"));
+    std::fs::create_dir_all(results).unwrap();
+    write_jsonl(&p, &preds);
+    let out = results.join(id);
+    let r = run(pieval()
+        .args(["score", "--run-id", id, "--predictions"])
+        .arg(&p)
+        .arg("--output")
+        .arg(&out));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    std::fs::remove_file(p).unwrap();
+    out
+}
+
+/// Class 1: a symbolic link planted in a run folder is never followed: not exported, not
+/// hashed into evidence, not queried.
+#[cfg(unix)]
+#[test]
+fn symbolic_links_in_run_folders_are_not_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("credentials");
+    std::fs::write(&secret, "aws_secret_access_key = SECRETSECRETSECRET\n").unwrap();
+    let run_dir = dry_run(dir.path());
+    let results = dir.path().join("results");
+    std::fs::remove_file(run_dir.join("manifest.json")).unwrap();
+    std::os::unix::fs::symlink(&secret, run_dir.join("manifest.json")).unwrap();
+    let warehouse = dir.path().join("warehouse");
+    for format in ["parquet", "sqlite"] {
+        let r = run(pieval()
+            .args(["export", "--format", format, "--to"])
+            .arg(&warehouse)
+            .arg(&run_dir));
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        assert!(r.stderr.contains("symbolic link"), "{}", r.stderr);
+    }
+    let r = run(pieval().arg("controls").arg(&run_dir));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("symbolic link"), "{}", r.stderr);
+    // Nothing of the secret anywhere under the warehouse or the run.
+    for root in [&warehouse, &results] {
+        let mut stack = vec![root.clone()];
+        while let Some(d) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&d) else {
+                continue;
+            };
+            for e in entries {
+                let p = e.unwrap().path();
+                if p.is_symlink() {
+                    continue;
+                }
+                if p.is_dir() {
+                    stack.push(p);
+                } else {
+                    let bytes = std::fs::read(&p).unwrap();
+                    assert!(
+                        !bytes.windows(18).any(|w| w == b"SECRETSECRETSECRET"),
+                        "{} holds the secret",
+                        p.display()
+                    );
+                }
+            }
+        }
+    }
+    // sql: a linked case_results of one run is left out with a warning; the rest answer.
+    let other = scored(&results, "good", &["PWNED", "no"]);
+    assert!(other.is_dir());
+    let linked = scored(&results, "linked", &["x"]);
+    std::fs::remove_file(linked.join("case_results.parquet")).unwrap();
+    std::os::unix::fs::symlink(
+        other.join("case_results.parquet"),
+        linked.join("case_results.parquet"),
+    )
+    .unwrap();
+    let r = run(pieval()
+        .args(["sql", "--format", "csv", "--results"])
+        .arg(&results)
+        .arg("SELECT count(*) AS n FROM case_results"));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stderr.contains("symbolic link"), "{}", r.stderr);
+    // the dry run (5) and `good` (2); not the linked copy of `good`.
+    assert_eq!(r.stdout, "n\n7\n");
+}
+
+/// Class 2: nothing hostile reaches the terminal raw; csv and json stay byte-exact.
+#[test]
+fn hostile_text_is_escaped_on_the_terminal_and_exact_in_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results");
+    let hostile = "\u{1b}]0;owned\u{7}\u{1b}[2J\u{1b}[31mRED\u{202e}evil\r\nnext";
+    scored(&results, "esc", &[hostile]);
+    let sql = |format: &str, q: &str| {
+        run(pieval()
+            .args(["sql", "--format", format, "--results"])
+            .arg(&results)
+            .arg(q))
+    };
+    let q = "SELECT response_text AS \"col\u{1b}[1m\" FROM case_results";
+    let table = sql("table", q);
+    assert_eq!(table.code, 0, "{}", table.stderr);
+    assert!(!table.stdout.contains('\u{1b}'), "{:?}", table.stdout);
+    assert!(!table.stdout.contains('\u{202e}'), "{:?}", table.stdout);
+    assert!(!table.stdout.contains('\r'), "{:?}", table.stdout);
+    assert!(
+        table
+            .stdout
+            .contains("\\u{1b}[31mRED\\u{202e}evil\\r\\nnext"),
+        "{}",
+        table.stdout
+    );
+    assert!(table.stdout.contains("col\\u{1b}[1m"), "{}", table.stdout);
+    let csv = sql("csv", q);
+    assert!(
+        csv.stdout.contains(hostile),
+        "csv must be byte-exact: {:?}",
+        csv.stdout
+    );
+    let js = sql("json", q);
+    let rows: Value = serde_json::from_str(&js.stdout).unwrap();
+    assert_eq!(rows[0]["col\u{1b}[1m"], hostile);
+
+    // runs list / show: a model name from a manifest.
+    let run_dir = dry_run(dir.path());
+    edit_manifest(&run_dir, |m| {
+        m["model_snapshot"]["name"] = json!("m\u{1b}[8mhidden");
+        m["run_id"] = json!(run_dir.file_name().unwrap().to_str().unwrap());
+    });
+    for args in [
+        vec!["runs", "list", "--results"],
+        vec!["runs", "show", "--results"],
+    ] {
+        let mut cmd = pieval();
+        cmd.args(&args).arg(&results);
+        if args[1] == "show" {
+            cmd.arg(run_dir.file_name().unwrap());
+        }
+        let r = run(&mut cmd);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        assert!(!r.stdout.contains('\u{1b}'), "{args:?}: {:?}", r.stdout);
+    }
+    // validate: an unknown key and a value holding escapes, in the report and the error.
+    let corpus = dir.path().join("c.jsonl");
+    std::fs::write(
+        &corpus,
+        "{\"case_id\":\"a\u{1b}[31m\",\"x\u{1b}[2J\":1,\"prompt\":\"p\"}\n\u{1b}]0;title\u{7}\n",
+    )
+    .unwrap();
+    let r = run(pieval().arg("validate").arg(&corpus));
+    assert_ne!(r.code, 0);
+    for out in [&r.stdout, &r.stderr] {
+        assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'), "{out:?}");
+    }
+    // An error message quoting a hostile path or value.
+    let r = run(pieval().args([
+        "sql",
+        "--table",
+        "t=/nonexistent/\u{1b}[2Jx.csv",
+        "SELECT 1",
+    ]));
+    assert_eq!(r.code, 2);
+    assert!(!r.stderr.contains('\u{1b}'), "{:?}", r.stderr);
+}
+
+/// Class 5: a corrupt run among good ones is reported and left out, never a panic.
+#[test]
+fn a_corrupt_run_is_reported_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results");
+    let good = scored(&results, "good", &["PWNED", "no"]);
+    let bad = scored(&results, "bad", &["PWNED", "no", "x"]);
+    let parquet = bad.join("case_results.parquet");
+    let bytes = std::fs::read(&parquet).unwrap();
+    std::fs::write(&parquet, &bytes[..bytes.len() / 2]).unwrap();
+    std::fs::write(bad.join("summary.json"), "{not json").unwrap();
+    let r = run(pieval()
+        .args(["sql", "--format", "csv", "--results"])
+        .arg(&results)
+        .arg("SELECT (SELECT count(*) FROM case_results) AS rows, (SELECT count(*) FROM summaries) AS runs"));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.stdout, "rows,runs\n2,1\n");
+    assert!(
+        r.stderr.contains("not a readable Parquet file"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("not valid JSON"), "{}", r.stderr);
+    for args in [
+        vec!["controls".to_owned(), bad.display().to_string()],
+        vec![
+            "runs".into(),
+            "diff".into(),
+            good.display().to_string(),
+            bad.display().to_string(),
+        ],
+    ] {
+        let r = run(pieval().args(&args));
+        assert_eq!(r.code, 2, "{args:?}: {}", r.stderr);
+        assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+        // Located: the corrupt run's file is named.
+        assert!(
+            r.stderr.contains(&bad.display().to_string()),
+            "{}",
+            r.stderr
+        );
+    }
+}
+
+/// Class 4: `sql --format table` holds at most --max-rows; --timeout stops a query.
+#[test]
+fn table_output_is_capped_and_queries_can_time_out() {
+    let r = run(pieval().args([
+        "sql",
+        "--results",
+        "/nonexistent",
+        "--max-rows",
+        "3",
+        "SELECT value FROM generate_series(1, 100000) AS t(value)",
+    ]));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stdout.contains("99997 more row(s) not shown"),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(r.stdout.lines().filter(|l| l.starts_with("| ")).count(), 4);
+    let csv = run(pieval().args([
+        "sql",
+        "--results",
+        "/nonexistent",
+        "--format",
+        "csv",
+        "--max-rows",
+        "3",
+        "SELECT value FROM generate_series(1, 1000) AS t(value)",
+    ]));
+    assert_eq!(csv.stdout.lines().count(), 1001, "csv streams every row");
+    let start = std::time::Instant::now();
+    let r = run(pieval().args([
+        "sql",
+        "--results",
+        "/nonexistent",
+        "--timeout",
+        "1",
+        "SELECT count(*) FROM generate_series(1, 100000) a CROSS JOIN generate_series(1, 100000) b",
+    ]));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("--timeout"), "{}", r.stderr);
+    assert!(start.elapsed().as_secs() < 60);
+    for bad in ["0", "-1", "NaN", "1e30"] {
+        let r = run(pieval().args(["sql", "--timeout", bad, "SELECT 1"]));
+        assert_eq!(r.code, 2, "{bad}: {}", r.stderr);
+    }
+}
+
+/// Class 3: evidence that cannot be half-trusted. Every file a consumer reads is bound by
+/// a signed envelope: the control envelopes name the run's files (summary and findings
+/// included), the signed index names the whole controls folder (controls.parquet, every
+/// evidence file and envelope); an envelope under another control's name, a planted
+/// envelope and an unauthenticated check all fail; export verifies before it writes.
+#[test]
+fn every_file_a_consumer_reads_is_bound_to_a_signature() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results");
+    let responses: Vec<String> = (0..40)
+        .map(|i| {
+            if i % 2 == 0 {
+                "PWNED".into()
+            } else {
+                format!("a summary {i}")
+            }
+        })
+        .collect();
+    let refs: Vec<&str> = responses.iter().map(String::as_str).collect();
+    let runf = scored(&results, "signed", &refs);
+    let key = dir.path().join("k.key");
+    assert_eq!(
+        run(pieval().arg("keygen").arg("--output").arg(&key)).code,
+        0
+    );
+    let public = dir.path().join("k.key.pub");
+    let r = run(pieval()
+        .arg("controls")
+        .arg(&runf)
+        .arg("--sign-key")
+        .arg(&key));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let index = runf.join("controls/index.json");
+    let verify = |paths: &[PathBuf], extra: &[&str]| {
+        run(pieval()
+            .arg("verify")
+            .args(paths)
+            .args(extra)
+            .arg("--public-key")
+            .arg(&public))
+    };
+    let envelopes: Vec<PathBuf> = std::fs::read_dir(runf.join("controls/envelopes"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let mut all = envelopes.clone();
+    all.push(index.clone());
+    let r = verify(&all, &[]);
+    assert_eq!(r.code, 0, "{}", r.stdout);
+    assert!(
+        r.stdout.contains("index of the controls folder"),
+        "{}",
+        r.stdout
+    );
+    let warehouse = dir.path().join("warehouse");
+    let export = |extra: &[&str]| {
+        run(pieval()
+            .args(["export", "--to"])
+            .arg(&warehouse)
+            .arg(&runf)
+            .args(extra)
+            .arg("--public-key")
+            .arg(&public))
+    };
+    assert_eq!(export(&[]).code, 0);
+    std::fs::remove_dir_all(&warehouse).unwrap();
+
+    let copy_run = |name: &str| {
+        let copy = dir.path().join(name);
+        let out = std::process::Command::new("cp")
+            .arg("-r")
+            .arg(&runf)
+            .arg(&copy)
+            .status();
+        assert!(out.unwrap().success());
+        copy
+    };
+    let flip = |p: &Path| {
+        let mut b = std::fs::read(p).unwrap();
+        let n = b.len() - 20;
+        b[n] ^= 1;
+        std::fs::write(p, b).unwrap();
+    };
+    // controls.parquet, summary.json and findings.parquet rewritten: caught.
+    for file in [
+        "controls/controls.parquet",
+        "summary.json",
+        "findings.parquet",
+    ] {
+        let copy = copy_run(&format!("t-{}", file.replace('/', "_")));
+        flip(&copy.join(file));
+        let r = verify(&[copy.join("controls/index.json")], &[]);
+        assert_eq!(r.code, 1, "{file}: {}", r.stdout);
+        assert!(
+            r.stdout.contains(&format!("subject {file} changed")),
+            "{}",
+            r.stdout
+        );
+        // export with the key refuses the run and writes nothing.
+        let r = run(pieval()
+            .args(["export", "--to"])
+            .arg(&warehouse)
+            .arg(&copy)
+            .arg("--public-key")
+            .arg(&public));
+        assert_eq!(r.code, 1, "{file}: {}", r.stderr);
+        assert!(
+            !warehouse.exists(),
+            "{file}: a refused export wrote something"
+        );
+    }
+    // An envelope copied over another control's name.
+    let copy = copy_run("t-renamed");
+    let a = copy.join("controls/envelopes/PI-ASR-OVERALL.json");
+    let b = copy.join("controls/envelopes/PI-ASR-CRITICAL.json");
+    std::fs::copy(&a, &b).unwrap();
+    let r = verify(&[b.clone()], &[]);
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert!(
+        r.stdout
+            .contains("named PI-ASR-CRITICAL but holds control PI-ASR-OVERALL"),
+        "{}",
+        r.stdout
+    );
+    // A planted envelope, valid in itself (a copy under a new name in the folder).
+    let copy = copy_run("t-planted");
+    std::fs::copy(
+        copy.join("controls/envelopes/PI-ASR-OVERALL.json"),
+        copy.join("controls/envelopes/PI-EXTRA.json"),
+    )
+    .unwrap();
+    let r = run(pieval()
+        .args(["export", "--to"])
+        .arg(&warehouse)
+        .arg(&copy)
+        .arg("--public-key")
+        .arg(&public));
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("PI-EXTRA"), "{}", r.stderr);
+    // A forged unsigned envelope: no key means not authenticated.
+    let forged = dir.path().join("forged.json");
+    let payload = serde_json::json!({
+        "_type": "https://in-toto.io/Statement/v1",
+        "subject": [{"name": "summary.json", "digest": {"sha256": pieval::digest::sha256_hex(&std::fs::read(runf.join("summary.json")).unwrap())}}],
+        "predicateType": "https://pieval.dev/attestation/control-result/v1",
+        "predicate": {"control": {"id": "PI-ASR-OVERALL"}, "result": {"status": "pass"}}
+    });
+    use base64::Engine;
+    std::fs::write(
+        &forged,
+        serde_json::json!({
+            "payloadType": "application/vnd.in-toto+json",
+            "payload": base64::engine::general_purpose::STANDARD.encode(payload.to_string()),
+            "signatures": []
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let r = run(pieval()
+        .arg("verify")
+        .arg(&forged)
+        .arg("--run-dir")
+        .arg(&runf));
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert!(r.stdout.contains("not authenticated"), "{}", r.stdout);
+    let r = verify(&[forged.clone()], &["--run-dir", runf.to_str().unwrap()]);
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert!(r.stdout.contains("not signed"), "{}", r.stdout);
+}
