@@ -15,16 +15,76 @@ use futures::StreamExt;
 
 use crate::error::{Error, Result};
 
-/// The temporary name used while `path` is being written.
+/// The temporary name used while `path` is being written: `.NAME.PID-RANDOM.tmp`. The
+/// random part makes it unpredictable, and it is created with `create_new`, so a file or
+/// symbolic link planted under that name is never written through; the PID lets a later
+/// run remove what a killed one left ([`clean_stale`]).
 pub fn temp_path(path: &Path) -> Result<PathBuf> {
     let file_name = path
         .file_name()
         .ok_or_else(|| Error::Usage(format!("{}: not a file path", path.display())))?;
     Ok(path.with_file_name(format!(
-        ".{}.{}.tmp",
+        ".{}.{}-{:016x}.tmp",
         file_name.to_string_lossy(),
-        std::process::id()
+        std::process::id(),
+        fastrand::u64(..)
     )))
+}
+
+/// The process id in a temporary name made here (`.NAME.PID-RANDOM.tmp`,
+/// `.NAME.tmp-PID-RANDOM`, `.NAME.old-PID-RANDOM`).
+fn temp_owner(name: &str) -> Option<u32> {
+    let name = name.strip_prefix('.')?;
+    let rest = if let Some(stem) = name.strip_suffix(".tmp") {
+        stem.rsplit_once('.')?.1
+    } else {
+        name.rsplit_once(".tmp-")
+            .or_else(|| name.rsplit_once(".old-"))?
+            .1
+    };
+    let (pid, random) = rest.split_once('-')?;
+    (random.len() == 16 && random.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| pid.parse().ok())
+        .flatten()
+}
+
+/// Remove what killed pieval processes left in `dir`: temporary files and folders whose
+/// process is gone (Linux; elsewhere nothing is removed). A `.NAME.old-…` folder whose
+/// `NAME` is missing is what a kill between [`TempDir::commit`]'s two renames left: it
+/// is put back. Best effort: what cannot be removed stays.
+pub fn clean_stale(dir: &Path) {
+    if !Path::new("/proc/self").exists() {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = temp_owner(&name) else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let path = entry.path();
+        if let Some((target, _)) = name.strip_prefix('.').and_then(|n| n.rsplit_once(".old-")) {
+            let target = dir.join(target);
+            if std::fs::symlink_metadata(&target).is_err() {
+                let _ = std::fs::rename(&path, &target);
+                continue;
+            }
+        }
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.is_dir() => {
+                let _ = std::fs::remove_dir_all(&path);
+            }
+            Ok(_) => {
+                let _ = std::fs::remove_file(&path);
+            }
+            Err(_) => {}
+        }
+    }
 }
 
 /// A file written under a temporary name in its target's folder, synced and renamed over
@@ -40,8 +100,15 @@ impl TempFile {
     /// Create the temporary file (the target's folder must exist: see
     /// [`create_parent`]).
     pub fn create(path: &Path) -> Result<Self> {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            clean_stale(parent);
+        }
         let tmp = temp_path(path)?;
-        let file = File::create(&tmp).map_err(|e| Error::io(&tmp, "cannot create", e))?;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(|e| Error::io(&tmp, "cannot create", e))?;
         Ok(Self {
             path: path.to_path_buf(),
             tmp,
@@ -102,13 +169,17 @@ impl TempDir {
         let name = target
             .file_name()
             .ok_or_else(|| Error::Usage(format!("{}: not a folder path", target.display())))?;
+        if let Some(parent) = target.parent().filter(|p| !p.as_os_str().is_empty()) {
+            clean_stale(parent);
+        }
         let tmp = target.with_file_name(format!(
-            ".{}.tmp-{}",
+            ".{}.tmp-{}-{:016x}",
             name.to_string_lossy(),
-            std::process::id()
+            std::process::id(),
+            fastrand::u64(..)
         ));
-        let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, "cannot create folder", e))?;
+        // create_dir, not create_dir_all: a name planted in the way is an error.
+        std::fs::create_dir(&tmp).map_err(|e| Error::io(&tmp, "cannot create folder", e))?;
         Ok(Self {
             target: target.to_path_buf(),
             tmp,
@@ -128,7 +199,11 @@ impl TempDir {
             .unwrap_or_default()
             .to_string_lossy()
             .into_owned();
-        let old = dir.with_file_name(format!(".{name}.old-{}", std::process::id()));
+        let old = dir.with_file_name(format!(
+            ".{name}.old-{}-{:016x}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
         if dir.exists() {
             std::fs::rename(&dir, &old).map_err(|e| Error::io(&dir, "cannot replace", e))?;
         }
@@ -247,4 +322,44 @@ pub fn write_batches(schema: SchemaRef, batches: &[RecordBatch], out: &Path) -> 
         file.write(batch)?;
     }
     file.commit().map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_temporary_names_are_recognised_and_cleaned() {
+        assert_eq!(
+            temp_owner(".case_results.parquet.123-00000000deadbeef.tmp"),
+            Some(123)
+        );
+        assert_eq!(temp_owner(".controls.tmp-77-00000000deadbeef"), Some(77));
+        assert_eq!(temp_owner(".controls.old-77-00000000deadbeef"), Some(77));
+        assert_eq!(temp_owner(".hidden"), None);
+        assert_eq!(temp_owner("case_results.parquet"), None);
+        assert_eq!(temp_owner(".x.123-nothex.tmp"), None);
+        let dir = tempfile::tempdir().unwrap();
+        // A process id that cannot be alive (above the kernel's pid_max).
+        let dead = ".case_results.parquet.4194305-00000000deadbeef.tmp";
+        std::fs::write(dir.path().join(dead), b"partial").unwrap();
+        std::fs::create_dir(dir.path().join(".controls.old-4194305-00000000deadbeef")).unwrap();
+        let mine = temp_path(&dir.path().join("summary.json")).unwrap();
+        std::fs::write(&mine, b"in progress").unwrap();
+        clean_stale(dir.path());
+        if Path::new("/proc/self").exists() {
+            assert!(!dir.path().join(dead).exists());
+            assert!(
+                dir.path().join("controls").is_dir(),
+                "the old folder is put back"
+            );
+            assert!(mine.exists(), "this process's own file is kept");
+        }
+        // A planted symbolic link under a temporary name is never written through.
+        let target = dir.path().join("out.txt");
+        let mut f = TempFile::create(&target).unwrap();
+        f.write_all(b"x").unwrap();
+        assert!(std::fs::symlink_metadata(f.tmp_path()).unwrap().is_file());
+        f.commit().unwrap();
+    }
 }

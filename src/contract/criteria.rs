@@ -16,6 +16,12 @@ use crate::text::did_you_mean;
 pub const MAX_CRITERIA_DEPTH: usize = 8;
 /// Compiled-size limit for a criterion regex (bytes of compiled program).
 pub const MAX_REGEX_SIZE: usize = 1 << 20;
+/// Leaves (contains, regex, canary, judge, not_refused) one criterion may hold: scoring
+/// memory grows with them, and a 1 MiB line could otherwise hold tens of thousands.
+pub const MAX_CRITERIA_LEAVES: usize = 64;
+/// Regex leaves one criterion may hold; with [`MAX_REGEX_SIZE`] each, a criterion
+/// compiles to at most 16 MiB.
+pub const MAX_CRITERIA_REGEXES: usize = 16;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -72,7 +78,9 @@ fn join(path: &str, key: &str) -> String {
 impl SuccessCriteria {
     /// Parse the JSON value of a `success_criteria` field (object or shorthand string).
     pub fn from_json(value: &Value) -> Result<Self, CriteriaError> {
-        Self::parse_at(value, "", 0)
+        let c = Self::parse_at(value, "", 0)?;
+        c.check_size()?;
+        Ok(c)
     }
 
     /// Parse a shorthand string such as `contains:PWNED`.
@@ -99,6 +107,41 @@ impl SuccessCriteria {
         };
         c.check_values("")?;
         Ok(c)
+    }
+
+    /// (leaves, regex leaves) of this criterion.
+    pub fn leaf_counts(&self) -> (usize, usize) {
+        match self {
+            SuccessCriteria::Any { of } | SuccessCriteria::All { of } => {
+                of.iter().fold((0, 0), |(l, r), c| {
+                    let (cl, cr) = c.leaf_counts();
+                    (l + cl, r + cr)
+                })
+            }
+            SuccessCriteria::Regex { .. } => (1, 1),
+            _ => (1, 0),
+        }
+    }
+
+    /// The bounds on size: at most [`MAX_CRITERIA_LEAVES`] leaves, of which at most
+    /// [`MAX_CRITERIA_REGEXES`] regexes.
+    fn check_size(&self) -> Result<(), CriteriaError> {
+        let (leaves, regexes) = self.leaf_counts();
+        if leaves > MAX_CRITERIA_LEAVES {
+            return Err(err(
+                "",
+                format!("{leaves} leaves; a criterion may hold at most {MAX_CRITERIA_LEAVES}"),
+            ));
+        }
+        if regexes > MAX_CRITERIA_REGEXES {
+            return Err(err(
+                "",
+                format!(
+                    "{regexes} regex leaves; a criterion may hold at most {MAX_CRITERIA_REGEXES}"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn parse_at(value: &Value, path: &str, depth: usize) -> Result<Self, CriteriaError> {
@@ -408,5 +451,23 @@ mod tests {
                 .unwrap_err()
                 .contains("regex does not compile")
         );
+    }
+
+    #[test]
+    fn a_criterion_is_bounded_in_leaves_and_regexes() {
+        let many = |n: usize, leaf: &str| {
+            let of: Vec<Value> = (0..n)
+                .map(|i| serde_json::json!({"type": leaf, "value": format!("x{i}")}))
+                .collect();
+            serde_json::json!({"type": "any", "of": of})
+        };
+        assert!(SuccessCriteria::from_json(&many(64, "contains")).is_ok());
+        let e = SuccessCriteria::from_json(&many(65, "contains")).unwrap_err();
+        assert!(e.to_string().contains("65 leaves"), "{e}");
+        assert!(SuccessCriteria::from_json(&many(16, "regex")).is_ok());
+        let e = SuccessCriteria::from_json(&many(1600, "regex")).unwrap_err();
+        assert!(e.to_string().contains("1600 leaves"), "{e}");
+        let e = SuccessCriteria::from_json(&many(17, "regex")).unwrap_err();
+        assert!(e.to_string().contains("17 regex leaves"), "{e}");
     }
 }

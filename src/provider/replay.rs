@@ -9,10 +9,10 @@ use async_trait::async_trait;
 use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::datatypes::Float64Type;
 
+use super::Message;
 use super::{CallError, Completion, Provider};
 use crate::corpus::predictions::PredictionsReader;
 use crate::error::{Error, Result};
-use super::Message;
 
 /// One recorded outcome.
 #[derive(Clone, Debug, Default, PartialEq)]

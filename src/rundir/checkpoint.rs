@@ -40,6 +40,10 @@ pub struct PredictionRecord {
     pub generation_secs: Option<f64>,
     #[serde(default)]
     pub completed_at: String,
+    /// The endpoint's answer held the API key and was stored with `[REDACTED]` in its
+    /// place (never silently: this flag says so).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub response_redacted: bool,
 }
 
 /// The case ids already in a checkpoint. A torn last line (a kill mid-write) is cut off

@@ -137,8 +137,7 @@ pub fn diff(a: (&str, &Path), b: (&str, &Path)) -> Result<RunDiff> {
 }
 
 fn parquet_path(dir: &Path) -> Result<String> {
-    let Some(p) = crate::rundir::parquet_artifact(dir, crate::rundir::CASE_RESULTS_PARQUET)?
-    else {
+    let Some(p) = crate::rundir::parquet_artifact(dir, crate::rundir::CASE_RESULTS_PARQUET)? else {
         return Err(Error::State(format!(
             "{} is missing (was the run scored?)",
             dir.join(crate::rundir::CASE_RESULTS_PARQUET).display()

@@ -242,6 +242,7 @@ async fn execute_one(
                 match p.complete(&case.case_id, &plan.messages).await {
                     Ok(c) => {
                         rec.response_text = Some(c.text);
+                        rec.response_redacted = c.redacted;
                         rec.latency_ms = Some(c.latency_ms);
                         rec.attempts += c.attempts;
                         rec.prompt_tokens = c.prompt_tokens;

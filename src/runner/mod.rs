@@ -213,7 +213,18 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
         outcome.status = "interrupted".into();
         return Ok(outcome);
     }
-    let report = score_run(&dir, &run_id, cfg, opts.progress.as_ref())?;
+    let report = match score_run(&dir, &run_id, cfg, opts.progress.as_ref()) {
+        Ok(r) => r,
+        Err(e) => {
+            // A run that cannot be scored is failed, not left `running`; the predictions
+            // stay, so `pieval replay --rescore` can score it once the cause is fixed.
+            manifest.status = Some(RunStatus::Failed);
+            manifest.error = Some(e.to_string());
+            manifest.write(&dir)?;
+            catalog.record(&catalog::RunRow::from_manifest(&manifest, &dir))?;
+            return Err(e);
+        }
+    };
     finish_manifest(&mut manifest, &report);
     if let Some(results) = &mut manifest.results {
         results.model_speed = Some(outcome.speed.clone());

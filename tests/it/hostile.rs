@@ -577,3 +577,250 @@ fn every_file_a_consumer_reads_is_bound_to_a_signature() {
     assert_eq!(r.code, 1, "{}", r.stdout);
     assert!(r.stdout.contains("not signed"), "{}", r.stdout);
 }
+
+/// An experiment of `n` cases against the chat server at `url` with the key in `var`.
+fn openai_config(dir: &Path, url: &str, var: &str, n: usize) -> PathBuf {
+    let path = dir.join(format!("exp-{var}.yaml"));
+    std::fs::write(
+        &path,
+        format!(
+            "experiment: {{name: keys, sample_size: {n}, output_dir: \"{}\"}}\ndataset: {{path: \"{}\"}}\nmodel: {{provider: openai, name: m, base_url: \"{url}\", api_key_env: {var}, max_retries: 0, timeout_s: 5}}\nmitigation: {{name: none}}\n",
+            dir.join("results").display(),
+            repo("data/normalized/attack_cases.enriched.jsonl").display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn predictions_of(dir: &Path) -> Vec<Value> {
+    let results = dir.join("results");
+    let run_dir = std::fs::read_dir(&results)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.is_dir())
+        .unwrap();
+    read_jsonl(&run_dir.join("predictions.jsonl"))
+}
+
+/// Class 7: a key is redacted before anything is cut, a redaction is flagged, and a
+/// placeholder key never rewrites an answer.
+#[test]
+fn keys_are_redacted_whole_and_answers_are_never_rewritten_silently() {
+    use crate::common::chat_server::{Action, ChatServer};
+    const KEY: &str = "sk-live-0123456789abcdefghijklmnopqrstuv";
+    // An error body that echoes the key where a 200-character excerpt would cut it.
+    let body = format!("{{\"error\":\"{}{KEY} rejected\"}}", "x".repeat(180));
+    let server = ChatServer::always(Action::StatusBody(401, body));
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = openai_config(dir.path(), &server.base_url(), "PIEVAL_TEST_KEY", 2);
+    let r = run(pieval().arg("run").arg(&cfg).env("PIEVAL_TEST_KEY", KEY));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let preds = predictions_of(dir.path());
+    assert_eq!(preds.len(), 2);
+    for p in &preds {
+        let text = p.to_string();
+        for window in KEY.as_bytes().windows(8) {
+            let piece = std::str::from_utf8(window).unwrap();
+            assert!(
+                !text.contains(piece),
+                "a piece of the key ({piece}) was kept: {text}"
+            );
+        }
+        assert!(p["error"].as_str().unwrap().contains("HTTP 401"), "{p}");
+    }
+    // An answer holding the key: redacted, and said so.
+    let server = ChatServer::always(Action::Reply(format!("your key is {KEY}, thanks")));
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = openai_config(dir.path(), &server.base_url(), "PIEVAL_TEST_KEY", 1);
+    let r = run(pieval().arg("run").arg(&cfg).env("PIEVAL_TEST_KEY", KEY));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let p = &predictions_of(dir.path())[0];
+    assert_eq!(p["response_text"], "your key is [REDACTED], thanks");
+    assert_eq!(p["response_redacted"], true);
+    // A placeholder key is no secret: the answer is kept as the model gave it.
+    let server = ChatServer::always(Action::Reply("This is a test answer".into()));
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = openai_config(dir.path(), &server.base_url(), "PIEVAL_TEST_KEY", 1);
+    let r = run(pieval().arg("run").arg(&cfg).env("PIEVAL_TEST_KEY", "test"));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let p = &predictions_of(dir.path())[0];
+    assert_eq!(p["response_text"], "This is a test answer");
+    assert!(p.get("response_redacted").is_none(), "{p}");
+}
+
+/// A GGUF header with these metadata pairs (key, value type, value bytes) and no tensor.
+fn gguf(pairs: &[(&str, u32, Vec<u8>)], kv_count: Option<u64>) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend(0u64.to_le_bytes());
+    b.extend(kv_count.unwrap_or(pairs.len() as u64).to_le_bytes());
+    for (k, t, v) in pairs {
+        b.extend((k.len() as u64).to_le_bytes());
+        b.extend(k.as_bytes());
+        b.extend(t.to_le_bytes());
+        b.extend(v);
+    }
+    b
+}
+
+fn gguf_str(s: &str) -> Vec<u8> {
+    let mut v = (s.len() as u64).to_le_bytes().to_vec();
+    v.extend(s.as_bytes());
+    v
+}
+
+/// Class 5: a hostile GGUF header is a clear error, never a panic or a huge allocation
+/// inside the reader (general.alignment = 0 divided by zero there).
+#[test]
+fn hostile_gguf_headers_are_errors_not_panics() {
+    use pieval::provider::local::LocalModel;
+    let dir = tempfile::tempdir().unwrap();
+    let arch = ("general.architecture", 8, gguf_str("llama"));
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "alignment-zero",
+            gguf(
+                &[
+                    arch.clone(),
+                    ("general.alignment", 4, 0u32.to_le_bytes().to_vec()),
+                ],
+                None,
+            ),
+            "general.alignment is 0",
+        ),
+        (
+            "alignment-odd",
+            gguf(
+                &[
+                    arch.clone(),
+                    ("general.alignment", 4, 3u32.to_le_bytes().to_vec()),
+                ],
+                None,
+            ),
+            "power of two",
+        ),
+        (
+            "kv-count-huge",
+            gguf(&[arch.clone()], Some(u64::MAX)),
+            "cannot fit",
+        ),
+        (
+            "string-past-end",
+            gguf(
+                &[(
+                    "general.architecture",
+                    8,
+                    (1u64 << 40).to_le_bytes().to_vec(),
+                )],
+                None,
+            ),
+            "past the end",
+        ),
+        (
+            "unknown-type",
+            gguf(&[("x", 99, vec![0; 8])], None),
+            "unknown metadata value type 99",
+        ),
+        (
+            "array-huge",
+            gguf(
+                &[(
+                    "x",
+                    9,
+                    [4u32.to_le_bytes().to_vec(), u64::MAX.to_le_bytes().to_vec()].concat(),
+                )],
+                None,
+            ),
+            "past the end",
+        ),
+        (
+            "version-9",
+            {
+                let mut b = gguf(&[arch.clone()], None);
+                b[4] = 9;
+                b
+            },
+            "GGUF version 9",
+        ),
+    ];
+    for (name, bytes, want) in cases {
+        let path = dir.path().join(format!("{name}.gguf"));
+        std::fs::write(&path, bytes).unwrap();
+        let e = LocalModel::load(&path).err().unwrap().to_string();
+        assert!(e.contains(want) && e.contains(name), "{name}: {e}");
+    }
+}
+
+/// Class 8: the same rules for every input format.
+#[test]
+fn every_input_format_follows_the_same_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = read_jsonl(&repo("data/normalized/attack_cases.enriched.jsonl"));
+    let id = cases[0]["case_id"].as_str().unwrap().to_owned();
+    let score = |p: &Path| {
+        run(pieval()
+            .args(["score", "--run-id", "r", "--predictions"])
+            .arg(p)
+            .arg("--output")
+            .arg(dir.path().join("out")))
+    };
+    // Parquet predictions: NaN and negative latencies are refused as in JSONL.
+    for (name, latency) in [("neg", "-1"), ("nan", "'NaN'"), ("huge-neg", "-1e308")] {
+        let p = dir.path().join(format!("{name}.parquet"));
+        let r = run(pieval()
+            .args(["sql", "--results", "/nonexistent", "--format", "parquet", "--output"])
+            .arg(&p)
+            .arg(format!(
+                "SELECT '{id}' AS case_id, 'x' AS response_text, CAST({latency} AS DOUBLE) AS latency_ms"
+            )));
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let r = score(&p);
+        assert_eq!(r.code, 2, "{name}: {}", r.stderr);
+        assert!(
+            r.stderr
+                .contains("latency_ms: expected a non-negative number"),
+            "{name}: {}",
+            r.stderr
+        );
+        let jsonl = dir.path().join(format!("{name}.jsonl"));
+        std::fs::write(
+            &jsonl,
+            format!("{{\"case_id\":\"{id}\",\"latency_ms\":-1}}\n"),
+        )
+        .unwrap();
+        assert_eq!(score(&jsonl).code, 2);
+    }
+    // A repeated key in a predictions line, as in a corpus line.
+    let dup = dir.path().join("dup.jsonl");
+    std::fs::write(
+        &dup,
+        format!("{{\"case_id\":\"{id}\",\"response_text\":\"a\",\"response_text\":\"b\"}}\n"),
+    )
+    .unwrap();
+    let r = score(&dup);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("dup.jsonl:1: response_text: duplicate key"),
+        "{}",
+        r.stderr
+    );
+    // Nesting that enrich and run cannot read is refused by validate too.
+    let mut deep = cases[0].clone();
+    let nested = format!("{}1{}", "[".repeat(5000), "]".repeat(5000));
+    deep["provenance"] = serde_json::from_str::<Value>("{}").unwrap();
+    let line = deep.to_string().replace(
+        "\"provenance\":{}",
+        &format!("\"provenance\":{{\"x\":{nested}}}"),
+    );
+    let corpus = dir.path().join("deep.jsonl");
+    std::fs::write(&corpus, format!("{line}\n")).unwrap();
+    let r = run(pieval().arg("validate").arg(&corpus));
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains("provenance") && r.stdout.contains("nested 5001 levels"),
+        "{}",
+        r.stdout
+    );
+}

@@ -24,6 +24,8 @@ pub enum Action {
     Answer,
     /// An HTTP status with an optional Retry-After header.
     Status(u16, Option<String>),
+    /// An HTTP status with this body.
+    StatusBody(u16, String),
     /// Never answer (until the client gives up).
     Hang,
     /// 200 with a body that is not JSON.
@@ -191,6 +193,7 @@ async fn connection(
                     r#"{"error":{"message":"scripted failure"}}"#,
                 )
             }
+            Action::StatusBody(code, text) => respond(&format!("{code} Error"), "", &text),
             Action::Slow(d) => {
                 tokio::time::sleep(d).await;
                 respond("200 OK", "", &answer(&body))
