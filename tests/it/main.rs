@@ -9,6 +9,7 @@ mod contract_schemas;
 mod corpus;
 mod detect_udfs;
 mod evidence;
+mod fuzz;
 mod hostile;
 mod ingest;
 mod judge;
