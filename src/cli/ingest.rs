@@ -33,7 +33,7 @@ pub struct Args {
     #[arg(long)]
     skip_invalid: bool,
     /// Longest accepted line (JSONL) or record (CSV), in bytes.
-    #[arg(long, default_value_t = crate::corpus::lines::DEFAULT_MAX_LINE_BYTES)]
+    #[arg(long, default_value_t = crate::corpus::lines::DEFAULT_MAX_LINE_BYTES, value_parser = super::max_line_bytes)]
     max_line_bytes: usize,
     /// Print the report as JSON (on stderr when the cases go to stdout).
     #[arg(long)]

@@ -99,9 +99,9 @@ pub fn run(cmd: Command) -> Result<u8> {
             if !section.inputs.contains(&JudgeInput::Task) {
                 inputs.task = None;
             }
-            let text = rubric
-                .render(&inputs)
-                .map_err(|e| Error::config(section.rubric.as_deref().unwrap_or(Path::new("rubric")), e))?;
+            let text = rubric.render(&inputs).map_err(|e| {
+                Error::config(section.rubric.as_deref().unwrap_or(Path::new("rubric")), e)
+            })?;
             output::stdout_line(&text)?;
             Ok(0)
         }
@@ -136,16 +136,28 @@ fn run_calibrate(args: CalibrateArgs) -> Result<u8> {
     }
     let c = &cal.confusion;
     let rows = vec![
-        vec!["accuracy".to_owned(), pct(&cal.accuracy), "Wilson".to_owned()],
+        vec![
+            "accuracy".to_owned(),
+            pct(&cal.accuracy),
+            "Wilson".to_owned(),
+        ],
         vec![
             "accuracy, all rows".to_owned(),
             pct(&cal.accuracy_all_rows),
             "Wilson".to_owned(),
         ],
-        vec!["precision".to_owned(), pct(&cal.precision), "Wilson".to_owned()],
+        vec![
+            "precision".to_owned(),
+            pct(&cal.precision),
+            "Wilson".to_owned(),
+        ],
         vec!["recall".to_owned(), pct(&cal.recall), "Wilson".to_owned()],
         vec!["F1".to_owned(), pct(&cal.f1), "bootstrap".to_owned()],
-        vec!["Cohen's kappa".to_owned(), pct(&cal.kappa), "bootstrap".to_owned()],
+        vec![
+            "Cohen's kappa".to_owned(),
+            pct(&cal.kappa),
+            "bootstrap".to_owned(),
+        ],
     ];
     let mut text = format!(
         "judge {} ({}) on {} ({} rows, sha256 {}…)\n",
@@ -155,7 +167,10 @@ fn run_calibrate(args: CalibrateArgs) -> Result<u8> {
         cal.rows,
         &cal.labels_sha256[..12]
     );
-    text.push_str(&output::table(&["metric", "value  [95%]", "interval"], &rows));
+    text.push_str(&output::table(
+        &["metric", "value  [95%]", "interval"],
+        &rows,
+    ));
     text.push_str(&format!(
         "\nconfusion (label × verdict): tp {} fp {} tn {} fn {}; undecided {} (no verdict: errors or unreadable answers)\n",
         c.tp, c.fp, c.tn, c.fn_, cal.undecided

@@ -115,3 +115,13 @@ pub fn main() -> Result<u8> {
         Command::Judge(cmd) => judge::run(cmd),
     }
 }
+
+/// `--max-line-bytes`: from 1 byte to 1 GiB (a longer line could not be held to check it).
+fn max_line_bytes(s: &str) -> std::result::Result<usize, String> {
+    let n: usize = s.parse().map_err(|e| format!("{e}"))?;
+    if (1..=1 << 30).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!("{n} is outside 1..={}", 1u64 << 30))
+    }
+}

@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 
 use crate::cli::{output, paths};
 use crate::engine::score::{ScoreOptions, score};
-use crate::rundir::check_run_id;
 use crate::error::Result;
+use crate::rundir::check_run_id;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

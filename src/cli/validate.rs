@@ -14,7 +14,7 @@ pub struct Args {
     #[arg(default_value = super::paths::CORPUS)]
     paths: Vec<PathBuf>,
     /// Longest accepted line in bytes; longer lines are violations.
-    #[arg(long, default_value_t = DEFAULT_MAX_LINE_BYTES)]
+    #[arg(long, default_value_t = DEFAULT_MAX_LINE_BYTES, value_parser = super::max_line_bytes)]
     max_line_bytes: usize,
     /// How many violations to list per file (all are counted).
     #[arg(long, default_value_t = 100)]

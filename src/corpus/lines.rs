@@ -55,7 +55,9 @@ impl<R: Read> LineReader<R> {
     }
 
     fn with_hasher(src: R, max_line: usize, hasher: BackgroundSha256) -> Self {
-        let cap = (max_line + READ_CHUNK).max(4 * READ_CHUNK);
+        // The buffer starts small and grows (doubling) only as a long line needs it: a
+        // generous --max-line-bytes costs nothing until a line that long comes.
+        let cap = (max_line.min(16 << 20).saturating_add(READ_CHUNK)).max(4 * READ_CHUNK);
         Self {
             src,
             buf: vec![0; cap],
@@ -149,8 +151,8 @@ impl<R: Read> LineReader<R> {
             self.start = 0;
         }
         if self.end == self.buf.len() {
-            // Only reachable when max_line exceeds the buffer slack; grow once.
-            self.buf.resize(self.buf.len() * 2, 0);
+            // A line longer than the buffer and within max_line: grow (doubling).
+            self.buf.resize(self.buf.len().saturating_mul(2), 0);
         }
         let n = loop {
             match self.src.read(&mut self.buf[self.end..]) {

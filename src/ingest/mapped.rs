@@ -160,6 +160,22 @@ impl Mapper<'_> {
         if let Some(Value::Object(p)) = obj.remove("provenance") {
             provenance.as_object_mut().expect("an object").extend(p);
         }
+        // Names (`attack_family`, …) as published (`Jailbreak`, `Prompt Injection`) become
+        // snake_case (`jailbreak`, `prompt_injection`); the original is kept in
+        // provenance.original_values.
+        let mut originals = serde_json::Map::new();
+        for spec in CASE_FIELDS.iter().filter(|s| s.kind == FieldKind::Name) {
+            if let Some(Value::String(v)) = obj.get(spec.name) {
+                let normal = slug(v);
+                if &normal != v && !v.trim().is_empty() {
+                    originals.insert(spec.name.to_owned(), json!(v));
+                    obj.insert(spec.name.to_owned(), json!(normal));
+                }
+            }
+        }
+        if !originals.is_empty() {
+            provenance["original_values"] = Value::Object(originals);
+        }
         obj.insert("case_id".into(), json!(case_id));
         obj.insert("source_name".into(), json!(source_name));
         obj.insert("source_type".into(), json!(source_type));

@@ -700,17 +700,28 @@ pub fn ingest(
 /// record is not a number).
 fn split_reference(at: &str) -> (PathBuf, u64) {
     let (file, record) = at.rsplit_once('#').unwrap_or((at, ""));
-    let n = record
-        .rsplit(|c: char| !c.is_ascii_digit())
-        .next()
-        .and_then(|d| d.parse().ok())
-        .unwrap_or(0);
+    // `line=3 sample_id=123`: the line, not the record's own id.
+    let digits = match record.split_once("line=") {
+        Some((_, rest)) => rest.split(|c: char| !c.is_ascii_digit()).next(),
+        None => record.rsplit(|c: char| !c.is_ascii_digit()).next(),
+    };
+    let n = digits.and_then(|d| d.parse().ok()).unwrap_or(0);
     (PathBuf::from(file), n)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reference_locates_by_line_not_by_the_record_id() {
+        assert_eq!(
+            split_reference("d/tt.jsonl#line=3 sample_id=123"),
+            (PathBuf::from("d/tt.jsonl"), 3)
+        );
+        assert_eq!(split_reference("d/x.csv#row=7"), (PathBuf::from("d/x.csv"), 7));
+        assert_eq!(split_reference("d/x.json"), (PathBuf::from("d/x.json"), 0));
+    }
 
     #[test]
     fn slugs_and_hashes() {

@@ -109,7 +109,9 @@ pub fn ingest(path: &Path, opts: &Options, emit: &mut Emit<'_>) -> Result<()> {
                 criteria,
                 json!({"benchmark": kind, "sample_id": sample, "access_code": code, "post_prompt_in": "prompt, after the attack"}),
             );
-        case.context = Some(pre);
+        // Some published defences have no opening (or no closing): the case then holds
+        // the part there is (an empty context is left out).
+        case.context = (!pre.trim().is_empty()).then_some(pre);
         case.expected_target = Some(target);
         case.language = Some("en".into());
         emit(Item::Case(Box::new(case)))

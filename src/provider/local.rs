@@ -490,6 +490,7 @@ impl Provider for LocalProvider {
                 prompt_secs: Some(g.prompt_secs),
                 generation_secs: Some(g.generation_secs),
                 redacted: false,
+                truncated: false,
             }),
             Err(e) => Err(CallError {
                 message: e.to_string(),

@@ -31,6 +31,29 @@ pub struct Completion {
     /// The endpoint's answer held the API key, which was replaced by `[REDACTED]` before
     /// anything was kept (recorded on the prediction as `response_redacted`).
     pub redacted: bool,
+    /// The answer was longer than [`MAX_RESPONSE_BYTES`] and was cut there (recorded on
+    /// the prediction as `response_truncated`).
+    pub truncated: bool,
+}
+
+/// The longest answer kept, in bytes (UTF-8): a checkpoint line stays far below what the
+/// predictions reader accepts, so a run can always be scored.
+pub const MAX_RESPONSE_BYTES: usize = 1 << 20;
+
+/// The largest HTTP response body read from an endpoint.
+pub const MAX_BODY_BYTES: usize = 16 << 20;
+
+/// Cut `text` to [`MAX_RESPONSE_BYTES`] on a character boundary; whether it was cut.
+pub fn cap_response(text: &mut String) -> bool {
+    if text.len() <= MAX_RESPONSE_BYTES {
+        return false;
+    }
+    let mut end = MAX_RESPONSE_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    true
 }
 
 /// A call that failed for good (after retries): recorded on the case as `error`.

@@ -148,19 +148,38 @@ impl OpenAiProvider {
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(parse_retry_after);
-        let text = match resp.text().await {
-            // Redacted before anything is cut or parsed: an excerpt never holds part of
-            // the key.
-            Ok(t) => self.redact(&t),
-            Err(e) => {
-                let what = if e.is_timeout() {
-                    "timed out reading the response".to_owned()
-                } else {
-                    format!("the response body could not be read: {}", error_chain(&e))
-                };
-                return Err((what, true, retry_after));
+        // Read at most MAX_BODY_BYTES: an endpoint cannot make the run hold more.
+        let mut resp = resp;
+        let mut body: Vec<u8> = Vec::new();
+        loop {
+            match resp.chunk().await {
+                Ok(Some(chunk)) => {
+                    if body.len() + chunk.len() > super::MAX_BODY_BYTES {
+                        return Err((
+                            format!(
+                                "the response body exceeds {} MiB; it was not read",
+                                super::MAX_BODY_BYTES >> 20
+                            ),
+                            false,
+                            None,
+                        ));
+                    }
+                    body.extend_from_slice(&chunk);
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    let what = if e.is_timeout() {
+                        "timed out reading the response".to_owned()
+                    } else {
+                        format!("the response body could not be read: {}", error_chain(&e))
+                    };
+                    return Err((what, true, retry_after));
+                }
             }
-        };
+        }
+        // Redacted before anything is cut or parsed: an excerpt never holds part of the
+        // key.
+        let text = self.redact(&String::from_utf8_lossy(&body));
         if !status.is_success() {
             let retryable = status.as_u16() == 408
                 || status.as_u16() == 409
@@ -180,6 +199,7 @@ impl OpenAiProvider {
         parse_completion(&text)
             .map(|mut c| {
                 c.redacted = redacted && c.text.contains("[REDACTED]");
+                c.truncated = super::cap_response(&mut c.text);
                 c
             })
             .map_err(|m| (m, true, None))

@@ -44,6 +44,9 @@ pub struct PredictionRecord {
     /// place (never silently: this flag says so).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub response_redacted: bool,
+    /// The answer was longer than `provider::MAX_RESPONSE_BYTES` and was cut there.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub response_truncated: bool,
 }
 
 /// The case ids already in a checkpoint. A torn last line (a kill mid-write) is cut off

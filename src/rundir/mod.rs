@@ -95,6 +95,60 @@ pub fn parquet_artifact(dir: &Path, name: &str) -> Result<Option<std::path::Path
     Ok(Some(path))
 }
 
+/// `.run.lock` in a run folder while a process runs or resumes it: two `--resume` of one
+/// run would both call the model for the same cases. The lock holds the owner's process
+/// id; a lock whose process is gone (a kill) is taken over. Removed when dropped.
+pub struct RunLock(std::path::PathBuf);
+
+pub const LOCK_FILE: &str = ".run.lock";
+
+impl RunLock {
+    pub fn take(dir: &Path) -> Result<RunLock> {
+        use std::io::Write;
+        let path = dir.join(LOCK_FILE);
+        for _ in 0..2 {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+            {
+                Ok(mut f) => {
+                    let _ = writeln!(f, "{}", std::process::id());
+                    return Ok(RunLock(path));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let owner = std::fs::read_to_string(&path).unwrap_or_default();
+                    let owner = owner.trim();
+                    let alive = owner.parse::<u32>().is_ok_and(|pid| {
+                        !Path::new("/proc/self").exists()
+                            || Path::new(&format!("/proc/{pid}")).exists()
+                    });
+                    if alive {
+                        return Err(Error::State(format!(
+                            "{} is being run by process {} (its {LOCK_FILE}); wait for it, or remove the file if that process is gone",
+                            dir.display(),
+                            crate::text::excerpt(owner, 20)
+                        )));
+                    }
+                    // Left by a killed process: take it over.
+                    let _ = std::fs::remove_file(&path);
+                }
+                Err(e) => return Err(Error::io(&path, "cannot create the run lock", e)),
+            }
+        }
+        Err(Error::State(format!(
+            "{}: cannot take the run lock",
+            dir.display()
+        )))
+    }
+}
+
+impl Drop for RunLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// A run id usable as a folder name: no separators, no `..`, no hidden names.
 pub fn check_run_id(id: &str) -> Result<()> {
     let ok = (1..=128).contains(&id.len())

@@ -105,6 +105,14 @@ impl RunRow {
     }
 }
 
+/// SQLite's "this is not a database" family (a file damaged or replaced).
+fn is_corrupt(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::NotADatabase | rusqlite::ErrorCode::DatabaseCorrupt)
+    )
+}
+
 pub struct Catalog {
     conn: Connection,
     path: PathBuf,
@@ -117,11 +125,32 @@ impl Catalog {
             .map_err(|e| Error::io(results, "cannot create folder", e))?;
         let path = results.join(CATALOG_FILE);
         let err = |e: rusqlite::Error| Error::config(&path, format!("run catalogue: {e}"));
-        let conn = Connection::open(&path).map_err(err)?;
-        conn.busy_timeout(std::time::Duration::from_secs(10))
-            .map_err(err)?;
-        conn.execute_batch(SCHEMA).map_err(err)?;
-        Ok(Self { conn, path })
+        let connect = || -> std::result::Result<Connection, rusqlite::Error> {
+            let conn = Connection::open(&path)?;
+            conn.busy_timeout(std::time::Duration::from_secs(10))?;
+            conn.execute_batch(SCHEMA)?;
+            Ok(conn)
+        };
+        match connect() {
+            Ok(conn) => Ok(Self { conn, path }),
+            // The catalogue is derived data: a corrupt one is set aside and rebuilt from
+            // the run folders' manifests, so it never blocks a run.
+            Err(e) if is_corrupt(&e) => {
+                let aside = results.join(format!(
+                    "{CATALOG_FILE}.corrupt-{}",
+                    crate::text::utc_compact_now()
+                ));
+                std::fs::rename(&path, &aside)
+                    .map_err(|e| Error::io(&path, "cannot set the corrupt catalogue aside", e))?;
+                let catalog = Self {
+                    conn: connect().map_err(err)?,
+                    path: path.clone(),
+                };
+                catalog.sync(results)?;
+                Ok(catalog)
+            }
+            Err(e) => Err(err(e)),
+        }
     }
 
     fn err(&self, e: rusqlite::Error) -> Error {

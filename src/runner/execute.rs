@@ -243,6 +243,7 @@ async fn execute_one(
                     Ok(c) => {
                         rec.response_text = Some(c.text);
                         rec.response_redacted = c.redacted;
+                        rec.response_truncated = c.truncated;
                         rec.latency_ms = Some(c.latency_ms);
                         rec.attempts += c.attempts;
                         rec.prompt_tokens = c.prompt_tokens;

@@ -111,7 +111,8 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
     }
     let output_dir = cfg.experiment.output_dir.clone();
     let mut corpus = setup::load_cases_with(&cfg.dataset.path, true)?;
-    let (run_id, dir, selected, resumed_ids) = match &opts.resume {
+    // `_lock` is held until the run returns: no second process runs this folder.
+    let (run_id, dir, selected, resumed_ids, _lock) = match &opts.resume {
         None => {
             let selected = select(
                 &corpus.cases,
@@ -125,17 +126,20 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
                 .map_err(|e| Error::io(&output_dir, "cannot create folder", e))?;
             std::fs::create_dir(&dir)
                 .map_err(|e| Error::io(&dir, "cannot create run folder", e))?;
-            (run_id, dir, selected, HashSet::new())
+            let lock = crate::rundir::RunLock::take(&dir)?;
+            (run_id, dir, selected, HashSet::new(), lock)
         }
         Some(id) => {
             check_run_id(id)?;
             let dir = output_dir.join(id);
             let manifest = Manifest::read(&dir)?;
+            // Taken before the checkpoint is read: a second resume is refused.
+            let lock = crate::rundir::RunLock::take(&dir)?;
             setup::check_resumable(&manifest, &loaded, &corpus.sha256, &dir)?;
             let ids = &manifest.dataset_snapshot.selected_case_ids;
             let selected = selection_from_ids(&corpus.cases, ids, &dir)?;
             let done = read_checkpoint(&dir.join(crate::rundir::PREDICTIONS_FILE))?;
-            (id.clone(), dir, selected, done)
+            (id.clone(), dir, selected, done, lock)
         }
     };
     // The selected cases are moved out of the corpus, which is dropped: a run holds one
