@@ -329,11 +329,14 @@ pub struct CriteriaCache {
     seen: HashMap<Box<str>, Result<Box<str>, Box<str>>>,
     /// The verdict on the last text that did not fit in the bounded cache.
     overflow: Option<Result<Box<str>, Box<str>>>,
+    /// Bytes held by `seen` (text and verdict, estimated).
+    bytes: usize,
 }
 
-/// Entries kept at most: a hostile corpus where every criterion differs cannot grow
-/// the cache without bound (misses are then compiled each time, still correct).
-const CRITERIA_CACHE_LIMIT: usize = 100_000;
+/// Bytes of criteria text and verdicts kept at most: a hostile corpus where every
+/// criterion differs cannot grow the cache without bound (misses are then compiled each
+/// time, still correct). The compiled regexes themselves are not kept here.
+const CRITERIA_CACHE_BYTES: usize = 128 << 20;
 
 impl CriteriaCache {
     /// The canonical JSON of the criterion, or the reason it is rejected. Borrowed from
@@ -346,9 +349,11 @@ impl CriteriaCache {
         };
         if !self.seen.contains_key(key) {
             let verdict = Self::compile(raw);
-            if self.seen.len() >= CRITERIA_CACHE_LIMIT {
+            let weight = 64 + key.len() + as_refs(&verdict).map_or_else(str::len, str::len);
+            if self.bytes + weight > CRITERIA_CACHE_BYTES {
                 return as_refs(self.overflow.insert(verdict));
             }
+            self.bytes += weight;
             self.seen.insert(key.into(), verdict);
         }
         as_refs(&self.seen[key])

@@ -137,12 +137,7 @@ impl Compiled {
 
     /// `None`: no judge inside; `Some(v)`: the judge parts' three-valued outcome.
     fn judge_part(&self, verdicts: &[(&str, Option<bool>)]) -> Option<Option<bool>> {
-        let lookup = |q: &str| {
-            verdicts
-                .iter()
-                .find(|(v, _)| *v == q)
-                .and_then(|(_, v)| *v)
-        };
+        let lookup = |q: &str| verdicts.iter().find(|(v, _)| *v == q).and_then(|(_, v)| *v);
         match self {
             Compiled::Judge { question, .. } => Some(lookup(question)),
             Compiled::Any(of) | Compiled::All { of, .. } => {
@@ -161,6 +156,24 @@ impl Compiled {
                 })
             }
             _ => None,
+        }
+    }
+
+    /// An estimate of the memory this compiled criterion holds: a regex's compiled
+    /// program is taken as 1 KiB per pattern byte plus 8 KiB, at most its size limit
+    /// (`contract::criteria::MAX_REGEX_SIZE`); texts count their length.
+    pub fn approx_bytes(&self) -> usize {
+        match self {
+            Compiled::Contains { folded, rule } => 64 + folded.len() + rule.len(),
+            Compiled::Regex { re, rule } => {
+                (8192 + re.as_str().len() * 1024).min(MAX_REGEX_SIZE) + rule.len()
+            }
+            Compiled::Canary { rule, .. } => 1024 + rule.len() * 12,
+            Compiled::NotRefused => 64,
+            Compiled::Judge { question, rule } => 64 + question.len() + rule.len(),
+            Compiled::Any(of) | Compiled::All { of, .. } => {
+                of.iter().map(Compiled::approx_bytes).sum::<usize>() + 64
+            }
         }
     }
 
@@ -359,7 +372,8 @@ mod tests {
         let c = Compiled::from_text(criteria).unwrap();
         let mut p = Prepared::default();
         p.load(response);
-        let r = Response::new(response, &p, RefusalDetector::default_pack()).with_verdicts(verdicts);
+        let r =
+            Response::new(response, &p, RefusalDetector::default_pack()).with_verdicts(verdicts);
         c.eval(&r).0
     }
 
@@ -367,21 +381,35 @@ mod tests {
     fn judge_verdicts_fill_judge_parts_three_valued() {
         assert_eq!(judged("judge:q", "x", &[("q", Some(true))]), Some(true));
         assert_eq!(judged("judge:q", "x", &[("q", Some(false))]), Some(false));
-        assert_eq!(judged("judge:q", "x", &[("q", None)]), None, "a failed judge decides nothing");
+        assert_eq!(
+            judged("judge:q", "x", &[("q", None)]),
+            None,
+            "a failed judge decides nothing"
+        );
         assert_eq!(judged("judge:q", "x", &[("other", Some(true))]), None);
         let any = r#"{"type":"any","of":[{"type":"judge","question":"q"},{"type":"contains","value":"X1"}]}"#;
         assert_eq!(judged(any, "nothing", &[("q", Some(false))]), Some(false));
         assert_eq!(judged(any, "nothing", &[("q", Some(true))]), Some(true));
         assert_eq!(judged(any, "nothing", &[("q", None)]), None);
-        assert_eq!(judged(any, "x1", &[("q", None)]), Some(true), "a rule part still decides");
+        assert_eq!(
+            judged(any, "x1", &[("q", None)]),
+            Some(true),
+            "a rule part still decides"
+        );
         let all = r#"{"type":"all","of":[{"type":"judge","question":"q"},{"type":"contains","value":"X1"}]}"#;
         assert_eq!(judged(all, "x1", &[("q", Some(true))]), Some(true));
         assert_eq!(judged(all, "x1", &[("q", Some(false))]), Some(false));
         assert_eq!(judged(all, "x1", &[("q", None)]), None);
         assert_eq!(judged(all, "nothing", &[("q", None)]), Some(false));
         let two = r#"{"type":"all","of":[{"type":"judge","question":"a"},{"type":"any","of":[{"type":"judge","question":"b"},{"type":"judge","question":"a"}]}]}"#;
-        assert_eq!(Compiled::from_text(two).unwrap().judge_questions(), ["a", "b"]);
-        assert_eq!(judged(two, "r", &[("a", Some(true)), ("b", Some(false))]), Some(true));
+        assert_eq!(
+            Compiled::from_text(two).unwrap().judge_questions(),
+            ["a", "b"]
+        );
+        assert_eq!(
+            judged(two, "r", &[("a", Some(true)), ("b", Some(false))]),
+            Some(true)
+        );
         let c = Compiled::from_text("judge:Did it?").unwrap();
         let mut p = Prepared::default();
         p.load("r");
@@ -394,16 +422,39 @@ mod tests {
     fn the_judge_outcome_follows_the_criteria() {
         let any = r#"{"type":"any","of":[{"type":"judge","question":"a"},{"type":"judge","question":"b"},{"type":"contains","value":"X"}]}"#;
         let c = Compiled::from_text(any).unwrap();
-        assert_eq!(c.judge_outcome(&[("a", Some(true)), ("b", Some(false))]), Some(true));
-        assert_eq!(c.judge_outcome(&[("a", Some(false)), ("b", Some(false))]), Some(false));
+        assert_eq!(
+            c.judge_outcome(&[("a", Some(true)), ("b", Some(false))]),
+            Some(true)
+        );
+        assert_eq!(
+            c.judge_outcome(&[("a", Some(false)), ("b", Some(false))]),
+            Some(false)
+        );
         assert_eq!(c.judge_outcome(&[("a", None), ("b", Some(false))]), None);
-        assert_eq!(c.judge_outcome(&[("a", None), ("b", Some(true))]), Some(true));
+        assert_eq!(
+            c.judge_outcome(&[("a", None), ("b", Some(true))]),
+            Some(true)
+        );
         let all = r#"{"type":"all","of":[{"type":"judge","question":"a"},{"type":"any","of":[{"type":"judge","question":"b"},{"type":"contains","value":"X"}]}]}"#;
         let c = Compiled::from_text(all).unwrap();
-        assert_eq!(c.judge_outcome(&[("a", Some(true)), ("b", Some(true))]), Some(true));
-        assert_eq!(c.judge_outcome(&[("a", Some(true)), ("b", Some(false))]), Some(false));
-        assert_eq!(c.judge_outcome(&[("a", Some(false)), ("b", None)]), Some(false));
-        assert_eq!(Compiled::from_text("contains:X").unwrap().judge_outcome(&[]), None);
+        assert_eq!(
+            c.judge_outcome(&[("a", Some(true)), ("b", Some(true))]),
+            Some(true)
+        );
+        assert_eq!(
+            c.judge_outcome(&[("a", Some(true)), ("b", Some(false))]),
+            Some(false)
+        );
+        assert_eq!(
+            c.judge_outcome(&[("a", Some(false)), ("b", None)]),
+            Some(false)
+        );
+        assert_eq!(
+            Compiled::from_text("contains:X")
+                .unwrap()
+                .judge_outcome(&[]),
+            None
+        );
     }
 
     #[test]

@@ -37,8 +37,28 @@ use super::rules::{RulePack, Span, SpanScratch};
 
 /// Leakage at or above this score counts as leaked (`pi_leakage`).
 pub const LEAKAGE_THRESHOLD: f64 = 0.5;
-/// Distinct texts kept per cache; beyond it, texts are compiled per batch.
-const CACHE_LIMIT: usize = 100_000;
+/// Memory a cache of compiled values may hold (estimated, see [`Weigh`]); beyond it,
+/// texts are compiled per batch (correct, slower). Bounded by bytes, not entries: one
+/// criterion can weigh a thousand times another.
+const CACHE_BYTES: usize = 256 << 20;
+
+/// An estimate of the memory a compiled value holds, with the text it came from.
+trait Weigh {
+    fn weigh(&self, text: &str) -> usize;
+}
+
+impl Weigh for std::result::Result<Compiled, String> {
+    fn weigh(&self, text: &str) -> usize {
+        text.len() + self.as_ref().map_or(64, Compiled::approx_bytes)
+    }
+}
+
+impl Weigh for LeakTarget {
+    fn weigh(&self, text: &str) -> usize {
+        // Folded, compact and reversed copies, Base64 at three alignments and hex.
+        1024 + text.len() * 12
+    }
+}
 
 /// Register every detector UDF on a session.
 pub fn register_udfs(ctx: &SessionContext) {
@@ -154,7 +174,11 @@ pub(crate) fn finish(array: ArrayRef, scalar: bool) -> Result<ColumnarValue> {
 }
 
 /// String arguments only; nulls and the three string types pass through uncast.
-pub(crate) fn coerce_strings(func: &str, arg_types: &[DataType], arity: usize) -> Result<Vec<DataType>> {
+pub(crate) fn coerce_strings(
+    func: &str,
+    arg_types: &[DataType],
+    arity: usize,
+) -> Result<Vec<DataType>> {
     if arg_types.len() != arity {
         return plan_err!("{func} takes {arity} argument(s), got {}", arg_types.len());
     }
@@ -171,18 +195,19 @@ pub(crate) fn coerce_strings(func: &str, arg_types: &[DataType], arity: usize) -
 
 /// Values compiled from text, shared by all partitions of all queries of a session.
 struct TextCache<T> {
-    map: Mutex<AHashMap<String, Arc<T>>>,
+    /// The values and the bytes they are estimated to hold.
+    map: Mutex<(AHashMap<String, Arc<T>>, usize)>,
 }
 
 impl<T> Default for TextCache<T> {
     fn default() -> Self {
         Self {
-            map: Mutex::new(AHashMap::new()),
+            map: Mutex::new((AHashMap::new(), 0)),
         }
     }
 }
 
-impl<T> TextCache<T> {
+impl<T: Weigh> TextCache<T> {
     /// Resolve every distinct text of a batch with one lock.
     fn resolve<'a>(
         &self,
@@ -190,7 +215,8 @@ impl<T> TextCache<T> {
         build: impl Fn(&str) -> T,
     ) -> AHashMap<&'a str, Arc<T>> {
         let mut local: AHashMap<&'a str, Arc<T>> = AHashMap::new();
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let (map, used) = &mut *guard;
         for text in texts {
             if local.contains_key(text) {
                 continue;
@@ -199,7 +225,9 @@ impl<T> TextCache<T> {
                 Some(v) => Arc::clone(v),
                 None => {
                     let v = Arc::new(build(text));
-                    if map.len() < CACHE_LIMIT {
+                    let weight = v.weigh(text);
+                    if *used + weight <= CACHE_BYTES {
+                        *used += weight;
                         map.insert(text.to_owned(), Arc::clone(&v));
                     }
                     v
@@ -289,7 +317,10 @@ impl ScalarUDFImpl for CriteriaUdf {
         // (response, success_criteria [, judgements]): the judgements of pi_judge.
         if arg_types.len() == 3 {
             let mut out = coerce_strings(self.name(), &arg_types[..2], 2)?;
-            out.push(super::judgements::coerce_judgements(self.name(), &arg_types[2])?);
+            out.push(super::judgements::coerce_judgements(
+                self.name(),
+                &arg_types[2],
+            )?);
             return Ok(out);
         }
         coerce_strings(self.name(), arg_types, 2)
@@ -345,8 +376,8 @@ impl ScalarUDFImpl for CriteriaUdf {
                 prepared.load_folded(text);
             }
             let verdicts = judged.as_ref().map(|j| j.verdicts(i)).unwrap_or_default();
-            let (ok, decided_by) = matcher
-                .eval(&Response::new(text, &prepared, refusals).with_verdicts(&verdicts));
+            let (ok, decided_by) =
+                matcher.eval(&Response::new(text, &prepared, refusals).with_verdicts(&verdicts));
             success.append_option(ok);
             rule.append_option(decided_by);
         }
@@ -354,8 +385,8 @@ impl ScalarUDFImpl for CriteriaUdf {
             CriteriaOutput::Success => Arc::new(success.finish()),
             CriteriaOutput::Rule => Arc::new(rule.finish()),
         };
-        let scalar = inputs.iter().all(StrArg::is_scalar)
-            && judged.as_ref().is_none_or(|j| j.is_scalar());
+        let scalar =
+            inputs.iter().all(StrArg::is_scalar) && judged.as_ref().is_none_or(|j| j.is_scalar());
         finish(array, n == 1 && scalar)
     }
 

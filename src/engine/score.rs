@@ -217,6 +217,17 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
         }
         report.judge = Some(judge.report());
     }
+    // The summary and findings of an earlier scoring go before the new results come in,
+    // and the new summary is written last: a kill in between leaves results without a
+    // summary (visibly unfinished; score again), never a summary of other results.
+    for earlier in [crate::rundir::SUMMARY_FILE, crate::rundir::FINDINGS_FILE] {
+        let path = opts.output.join(earlier);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(&path, "cannot remove", e)),
+        }
+    }
     report.result_paths.extend(writers.commit()?);
     if !report.result_paths.contains_key("judgements_parquet") && judgements.is_file() {
         // An earlier scoring's verdicts do not belong to these results.

@@ -62,6 +62,9 @@ pub struct ExportReport {
     pub runs: Vec<RunExport>,
 }
 
+/// The `run_date` of a run folder without a manifest (`pieval score`).
+pub const UNDATED: &str = "undated";
+
 /// One run folder's identity for the layout.
 struct RunInfo {
     dir: PathBuf,
@@ -74,8 +77,10 @@ struct RunInfo {
 fn run_info(dir: &Path) -> Result<RunInfo> {
     let (manifest, run_id) = crate::rundir::manifest_and_id(dir)?;
     check_run_id(&run_id)?;
-    // The run's start date; a folder from `pieval score` has no manifest: its results'
-    // modification date stands in.
+    // The run's start date, from the manifest. A folder from `pieval score` has no
+    // manifest and no date in its content: it goes to `run_date=undated`, so exporting it
+    // again (after its files were touched) replaces its rows instead of adding a copy
+    // under another date.
     let run_date = match manifest.as_ref().map(|m| m.timestamp.as_str()) {
         Some(t)
             if t.len() >= 10
@@ -85,16 +90,7 @@ fn run_info(dir: &Path) -> Result<RunInfo> {
         {
             t[..10].to_owned()
         }
-        _ => {
-            let path = dir.join(crate::rundir::CASE_RESULTS_PARQUET);
-            let modified = std::fs::metadata(&path)
-                .and_then(|m| m.modified())
-                .map_err(|e| Error::io(&path, "cannot read", e))?;
-            let secs = modified
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs());
-            crate::text::utc_rfc3339(secs)[..10].to_owned()
-        }
+        _ => UNDATED.to_owned(),
     };
     let model_name = manifest
         .as_ref()

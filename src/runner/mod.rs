@@ -98,6 +98,17 @@ pub fn run(opts: &RunOptions) -> Result<RunOutcome> {
     run_loaded(loaded, opts)
 }
 
+/// A run folder made by this invocation, removed on drop unless disarmed (set to None).
+struct NewFolder(Option<PathBuf>);
+
+impl Drop for NewFolder {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.0 {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
 /// Run a config already loaded (from a file, or from a manifest by `pieval replay`).
 pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutcome> {
     apply_overrides(&mut loaded.config, opts);
@@ -111,7 +122,9 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
     }
     let output_dir = cfg.experiment.output_dir.clone();
     let mut corpus = setup::load_cases_with(&cfg.dataset.path, true)?;
-    // `_lock` is held until the run returns: no second process runs this folder.
+    // A new run folder is removed again if setup fails before its manifest is written
+    // (no empty folders); `_lock` is held until the run returns.
+    let mut new_folder = NewFolder(None);
     let (run_id, dir, selected, resumed_ids, _lock) = match &opts.resume {
         None => {
             let selected = select(
@@ -126,6 +139,7 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
                 .map_err(|e| Error::io(&output_dir, "cannot create folder", e))?;
             std::fs::create_dir(&dir)
                 .map_err(|e| Error::io(&dir, "cannot create run folder", e))?;
+            new_folder.0 = Some(dir.clone());
             let lock = crate::rundir::RunLock::take(&dir)?;
             (run_id, dir, selected, HashSet::new(), lock)
         }
@@ -178,6 +192,7 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
         manifest.resumed_at = Some(resumes);
     }
     manifest.write(&dir)?;
+    new_folder.0 = None;
     let catalog = catalog::Catalog::open(&output_dir)?;
     catalog.record(&catalog::RunRow::from_manifest(&manifest, &dir))?;
 

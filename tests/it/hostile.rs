@@ -1000,3 +1000,30 @@ fn published_corpora_are_mapped_as_they_are() {
         "Prompt Injection"
     );
 }
+
+/// Class 8: a run whose setup fails leaves no empty run folder behind.
+#[test]
+fn a_run_that_cannot_start_leaves_no_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    // The canonical corpus needs enrichment, and this folder has no data/taxonomy.
+    let cfg = dir.path().join("exp.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "experiment: {{name: nofolder, sample_size: 2, output_dir: results}}\ndataset: {{path: \"{}\"}}\nmodel: {{provider: local, name: m, execution_mode: dry_run}}\nmitigation: {{name: none}}\n",
+            repo("data/normalized/attack_cases.jsonl").display()
+        ),
+    )
+    .unwrap();
+    let r = run(pieval().current_dir(dir.path()).arg("run").arg(&cfg));
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    let results = dir.path().join("results");
+    let left: Vec<_> = std::fs::read_dir(&results)
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        left.iter()
+            .all(|n| !n.to_string_lossy().starts_with("nofolder")),
+        "{left:?}"
+    );
+}
