@@ -1027,3 +1027,22 @@ fn a_run_that_cannot_start_leaves_no_folder() {
         "{left:?}"
     );
 }
+
+/// Class 4: a generous --max-line-bytes costs nothing until a line needs it; an absurd
+/// one is a usage error, not an allocation abort.
+#[test]
+fn max_line_bytes_is_bounded_and_lazy() {
+    let corpus = repo("data/normalized/attack_cases.enriched.jsonl");
+    let r = run(pieval()
+        .args(["validate", "--max-line-bytes", "1073741824"])
+        .arg(&corpus));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    for bad in ["99999999999999999", "0", "-5"] {
+        let r = run(pieval()
+            .arg("validate")
+            .arg(format!("--max-line-bytes={bad}"))
+            .arg(&corpus));
+        assert_eq!(r.code, 2, "{bad}: {}", r.stderr);
+        assert!(r.stderr.contains("--max-line-bytes"), "{}", r.stderr);
+    }
+}
