@@ -201,16 +201,19 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
         .filter(|c| !resumed_ids.contains(&c.case_id))
         .collect();
 
+    // A run stopped by an error is recorded `failed` with it (resumable), never left
+    // `running`.
+    let fail = |manifest: &mut Manifest, e: Error| -> Result<RunOutcome> {
+        manifest.status = Some(RunStatus::Failed);
+        manifest.error = Some(e.to_string());
+        manifest.write(&dir)?;
+        catalog.record(&catalog::RunRow::from_manifest(manifest, &dir))?;
+        Err(e)
+    };
     let execution = execute::execute_all(cfg, &run_id, &pending, &dir, opts.progress.as_ref());
     let (tally, interrupted) = match execution {
         Ok(v) => v,
-        Err(e) => {
-            manifest.status = Some(RunStatus::Failed);
-            manifest.error = Some(e.to_string());
-            manifest.write(&dir)?;
-            catalog.record(&catalog::RunRow::from_manifest(&manifest, &dir))?;
-            return Err(e);
-        }
+        Err(e) => return fail(&mut manifest, e),
     };
     let mut outcome = RunOutcome {
         run_id: run_id.clone(),
@@ -234,15 +237,9 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
     }
     let report = match score_run(&dir, &run_id, cfg, opts.progress.as_ref()) {
         Ok(r) => r,
-        Err(e) => {
-            // A run that cannot be scored is failed, not left `running`; the predictions
-            // stay, so `pieval replay --rescore` can score it once the cause is fixed.
-            manifest.status = Some(RunStatus::Failed);
-            manifest.error = Some(e.to_string());
-            manifest.write(&dir)?;
-            catalog.record(&catalog::RunRow::from_manifest(&manifest, &dir))?;
-            return Err(e);
-        }
+        // The predictions stay: `pieval replay --rescore` scores them once the cause
+        // is fixed.
+        Err(e) => return fail(&mut manifest, e),
     };
     finish_manifest(&mut manifest, &report);
     if let Some(results) = &mut manifest.results {

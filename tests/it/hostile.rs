@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::common::{pieval, read_jsonl, repo, run, write_jsonl};
+use crate::common::{experiment_config, pieval, read_jsonl, repo, run, write_jsonl};
 use serde_json::{Value, json};
 
 /// A completed dry run of the quickstart (5 cases) under `dir/results`; its folder.
@@ -82,15 +82,13 @@ fn replay_checks_the_snapshot_and_never_sends_a_key_to_a_recorded_endpoint() {
         "a refused replay starts no run"
     );
     // The user's own model section replaces the recorded one.
-    let own = dir.path().join("own.yaml");
-    std::fs::write(
-        &own,
-        format!(
-            "experiment: {{name: own}}\ndataset: {{path: \"{}\"}}\nmodel: {{provider: local, name: smollm2-135m-instruct, execution_mode: dry_run}}\nmitigation: {{name: none}}\n",
-            repo("data/normalized/attack_cases.enriched.jsonl").display()
-        ),
-    )
-    .unwrap();
+    let own = experiment_config(
+        dir.path(),
+        "own",
+        "data/normalized/attack_cases.enriched.jsonl",
+        "provider: local, name: smollm2-135m-instruct, execution_mode: dry_run",
+        "",
+    );
     let r = replay(&["--model-from", own.to_str().unwrap(), "--json"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     let outcome: Value = serde_json::from_str(&r.stdout).unwrap();
@@ -1006,15 +1004,13 @@ fn published_corpora_are_mapped_as_they_are() {
 fn a_run_that_cannot_start_leaves_no_folder() {
     let dir = tempfile::tempdir().unwrap();
     // The canonical corpus needs enrichment, and this folder has no data/taxonomy.
-    let cfg = dir.path().join("exp.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "experiment: {{name: nofolder, sample_size: 2, output_dir: results}}\ndataset: {{path: \"{}\"}}\nmodel: {{provider: local, name: m, execution_mode: dry_run}}\nmitigation: {{name: none}}\n",
-            repo("data/normalized/attack_cases.jsonl").display()
-        ),
-    )
-    .unwrap();
+    let cfg = experiment_config(
+        dir.path(),
+        "nofolder",
+        "data/normalized/attack_cases.jsonl",
+        "provider: local, name: m, execution_mode: dry_run",
+        ", sample_size: 2, output_dir: results",
+    );
     let r = run(pieval().current_dir(dir.path()).arg("run").arg(&cfg));
     assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
     let results = dir.path().join("results");

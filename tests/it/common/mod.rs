@@ -54,3 +54,24 @@ pub fn scrub(text: &str, dir: &Path) -> String {
     text.replace(&dir.display().to_string(), "<tmp>")
 }
 pub mod chat_server;
+
+/// An experiment config in `dir` (name, model section, dataset under the repository,
+/// sample size); its path.
+pub fn experiment_config(
+    dir: &Path,
+    name: &str,
+    dataset: &str,
+    model: &str,
+    extra: &str,
+) -> PathBuf {
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &path,
+        format!(
+            "experiment: {{name: {name}{extra}}}\ndataset: {{path: \"{}\"}}\nmodel: {{{model}}}\nmitigation: {{name: none}}\n",
+            repo(dataset).display()
+        ),
+    )
+    .unwrap();
+    path
+}
