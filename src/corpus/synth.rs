@@ -276,7 +276,7 @@ impl<'t> Generator<'t> {
                 secret.clone(),
             ),
             _ => {
-                return Err(Error::Usage(format!(
+                return Err(Error::Internal(format!(
                     "{case_id}: goal without target or secret"
                 )));
             }
@@ -486,7 +486,7 @@ pub fn synthesize(templates_dir: impl AsRef<Path>, seed: Option<u64>) -> Result<
             case.benchmark_split = Some(split_for(&case.case_id, t.manifest.dev_share).to_owned());
         }
         if !ids.insert(case.case_id.clone()) {
-            return Err(Error::Usage(format!(
+            return Err(Error::Internal(format!(
                 "generator produced duplicate case_id {:?}",
                 case.case_id
             )));
@@ -494,11 +494,11 @@ pub fn synthesize(templates_dir: impl AsRef<Path>, seed: Option<u64>) -> Result<
         // Everything written must pass the same check `pieval validate` applies.
         let line = case.to_json_line();
         let rec =
-            RawRecord::parse(&line).map_err(|e| Error::Usage(format!("{}: {e}", case.case_id)))?;
+            RawRecord::parse(&line).map_err(|e| Error::Internal(format!("{}: {e}", case.case_id)))?;
         problems.clear();
         check_record(&rec, 0, &mut cache, &mut problems);
         if let Some(p) = problems.iter().find(|v| v.level == Level::Error) {
-            return Err(Error::Usage(format!(
+            return Err(Error::Internal(format!(
                 "generated case {} breaks the contract: {}: {}",
                 case.case_id,
                 p.field.as_deref().unwrap_or("record"),

@@ -122,7 +122,7 @@ impl Judge {
     pub fn open(section: &JudgeSection, run_dir: Option<&Path>) -> Result<Judge> {
         section
             .check()
-            .map_err(|(key, message)| Error::Usage(format!("judge {key}: {message}")))?;
+            .map_err(|(key, message)| Error::State(format!("judge {key}: {message}")))?;
         let rubric = Rubric::load(section.rubric.as_deref())?;
         let calibration_sha256 = section
             .calibration

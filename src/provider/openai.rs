@@ -43,7 +43,7 @@ impl OpenAiProvider {
             Some(var) => match std::env::var(var) {
                 Ok(k) if !k.trim().is_empty() => Some(k.trim().to_owned()),
                 _ => {
-                    return Err(Error::Usage(format!(
+                    return Err(Error::State(format!(
                         "api_key_env names {var}, but that environment variable is not set: export {var}=<your key> (the key is never written to any artifact)"
                     )));
                 }
