@@ -42,6 +42,7 @@ pub mod judge;
 pub mod mitigation;
 pub mod model;
 pub mod provider;
+pub mod report;
 pub mod rundir;
 pub mod runner;
 pub mod stats;

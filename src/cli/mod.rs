@@ -10,6 +10,7 @@ mod ingest;
 mod judge;
 mod keygen;
 mod model;
+mod report;
 pub mod output;
 mod run;
 mod runs;
@@ -79,6 +80,9 @@ enum Command {
     Verify(verify::Args),
     /// Export runs to a warehouse layout: Hive-partitioned Parquet or one SQLite file.
     Export(export::Args),
+    /// Write a run's report: one self-contained HTML file (rates with intervals, charts,
+    /// controls, successful attacks, leaks), optionally comparing runs.
+    Report(report::Args),
     /// Local models: pull (fetch and verify) and list.
     #[command(subcommand)]
     Model(model::Command),
@@ -111,6 +115,7 @@ pub fn main() -> Result<u8> {
         Command::Keygen(args) => keygen::run(args),
         Command::Verify(args) => verify::run(args),
         Command::Export(args) => export::run(args),
+        Command::Report(args) => report::run(args),
         Command::Model(cmd) => model::run(cmd),
         Command::Judge(cmd) => judge::run(cmd),
     }

@@ -98,15 +98,28 @@ pub fn run(args: Args) -> Result<u8> {
     opts.resume = args.resume;
     opts.dry_run = args.dry_run;
     let outcome = runner::run(&opts)?;
-    report(&outcome, args.json)
+    report(outcome, args.json)
 }
 
 /// The end-of-run summary (table or JSON); exit 2 when interrupted.
-fn report(outcome: &RunOutcome, json: bool) -> Result<u8> {
+fn report(mut outcome: RunOutcome, json: bool) -> Result<u8> {
+    // A scored run gets its HTML report; a report that cannot be written does not undo
+    // the run (its artifacts are there), it is said.
+    if outcome.score.is_some() {
+        let path = outcome.dir.join(crate::rundir::REPORT_FILE);
+        match crate::report::write(std::slice::from_ref(&outcome.dir), &path) {
+            Ok(p) => outcome.report = Some(p),
+            Err(e) => output::stderr_line(&format!("warning: no report written: {e}")),
+        }
+    }
+    let outcome = &outcome;
     if json {
         output::json(outcome)?;
     } else {
         output::stdout_line(&summary_text(outcome))?;
+        if let Some(p) = &outcome.report {
+            output::stdout_line(&format!("report: {}", p.display()))?;
+        }
     }
     if outcome.status == "interrupted" {
         crate::cli::output::stderr_line(&format!(
@@ -301,8 +314,9 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
             blocked: 0,
             speed: ModelSpeed::default(),
             score: Some(scored),
+            report: None,
         };
-        return report(&outcome, args.json);
+        return report(outcome, args.json);
     }
     // Same corpus, same selection, or refuse.
     let want_sha = manifest.dataset_snapshot.sha256.as_str();
@@ -341,7 +355,7 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
     let mut opts = options(loaded.path.clone(), None, args.json);
     opts.output_dir = dir.parent().map(Path::to_path_buf);
     let outcome = runner::run_loaded(loaded, &opts)?;
-    report(&outcome, args.json)
+    report(outcome, args.json)
 }
 
 /// An endpoint recorded in a received run may be called only when the user confirms it

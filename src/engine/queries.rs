@@ -37,6 +37,14 @@ pub const CALIBRATE: Query = query!("judge/calibrate.sql");
 pub const CALIBRATION_METRICS: Query = query!("judge/calibration_metrics.sql");
 pub const DISAGREEMENTS: Query = query!("judge/disagreements.sql");
 
+/// `pieval report`: the run's overview, successful attacks, leakage examples with the
+/// leaked span, the case table and the controls (the rates come from [`SUMMARY`]).
+pub const REPORT_OVERVIEW: Query = query!("report/overview.sql");
+pub const REPORT_SUCCESSES: Query = query!("report/successes.sql");
+pub const REPORT_LEAKS: Query = query!("report/leaks.sql");
+pub const REPORT_CASES: Query = query!("report/cases.sql");
+pub const REPORT_CONTROLS: Query = query!("report/controls.sql");
+
 /// The built-in control catalogue (`pieval controls`), in id order.
 pub const CONTROLS: [Query; 10] = [
     query!("controls/01_asr_critical.sql"),
@@ -63,6 +71,11 @@ pub fn all() -> Vec<Query> {
         CALIBRATE,
         CALIBRATION_METRICS,
         DISAGREEMENTS,
+        REPORT_OVERVIEW,
+        REPORT_SUCCESSES,
+        REPORT_LEAKS,
+        REPORT_CASES,
+        REPORT_CONTROLS,
     ];
     all.extend(CONTROLS);
     all

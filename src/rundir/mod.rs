@@ -34,6 +34,8 @@ pub const FINDINGS_FILE: &str = "findings.parquet";
 pub const SUMMARY_FILE: &str = "summary.json";
 pub const JUDGEMENTS_FILE: &str = "judgements.parquet";
 pub const CONTROLS_DIR: &str = "controls";
+/// The run's HTML report (`pieval report`, written by `pieval run`).
+pub const REPORT_FILE: &str = "report.html";
 /// In the folder that holds the runs.
 pub const CATALOG_FILE: &str = "catalog.sqlite";
 

@@ -90,6 +90,9 @@ pub struct RunOutcome {
     /// Tokens and tokens/s of the model calls made now; cases/minute of the call phase.
     pub speed: ModelSpeed,
     pub score: Option<ScoreReport>,
+    /// The run's HTML report, when the caller wrote one (`pieval run` does).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub report: Option<PathBuf>,
 }
 
 /// Run (or resume) an experiment.
@@ -226,6 +229,7 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
         blocked: tally.blocked,
         speed: tally.speed.clone(),
         score: None,
+        report: None,
     };
     if interrupted {
         manifest.status = Some(RunStatus::Interrupted);

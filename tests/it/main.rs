@@ -16,6 +16,7 @@ mod judge;
 mod layout;
 mod local_model;
 mod pinning;
+mod report;
 mod rundir;
 mod runner;
 mod score;

@@ -1,0 +1,13 @@
+-- The report's overview of a run: cases, decisions, errors, review, latency.
+SELECT count(*)                                              AS cases,
+       count(*) FILTER (WHERE coalesce(label, 'attack') = 'attack') AS attack_cases,
+       count(*) FILTER (WHERE label = 'benign')              AS benign_cases,
+       count(*) FILTER (WHERE attack_success)                AS successes,
+       count(*) FILTER (WHERE prompt_leakage)                AS leaks,
+       count(*) FILTER (WHERE error IS NOT NULL)             AS provider_errors,
+       count(*) FILTER (WHERE blocked_by IS NOT NULL)        AS blocked,
+       count(*) FILTER (WHERE manual_review)                 AS manual_review,
+       approx_percentile_cont(latency_ms, 0.5)               AS latency_p50_ms,
+       approx_percentile_cont(latency_ms, 0.95)              AS latency_p95_ms,
+       max(latency_ms)                                       AS latency_max_ms
+FROM case_results
