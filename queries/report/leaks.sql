@@ -10,10 +10,11 @@ WITH leaked AS (
     FROM case_results
     WHERE prompt_leakage AND response_text IS NOT NULL
 )
+-- Each part is cut at 2,000 characters (the text before the leak keeps its end).
 SELECT case_id, attack_family, attack_surface, total,
-       CASE WHEN at > 0 THEN substr(response_text, 1, at - 1) ELSE response_text END AS before,
-       CASE WHEN at > 0 THEN substr(response_text, at, character_length(expected_target)) END AS leaked,
-       CASE WHEN at > 0 THEN substr(response_text, at + character_length(expected_target)) END AS after
+       right(CASE WHEN at > 0 THEN substr(response_text, 1, at - 1) ELSE response_text END, 2000) AS before,
+       left(CASE WHEN at > 0 THEN substr(response_text, at, character_length(expected_target)) END, 2000) AS leaked,
+       left(CASE WHEN at > 0 THEN substr(response_text, at + character_length(expected_target)) END, 2000) AS after
 FROM leaked
 ORDER BY case_id
 LIMIT 100
