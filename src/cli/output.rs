@@ -114,3 +114,67 @@ pub fn sanitized_batches(batches: &[datafusion::arrow::array::RecordBatch]) -> R
     }
     Ok(datafusion::arrow::util::pretty::pretty_format_batches(&text)?.to_string())
 }
+
+/// A writer that escapes what it passes on for a terminal ([`crate::text::terminal`]),
+/// for `sql --format csv/json` when stdout is a terminal: the bytes stay exact when they
+/// go to a file or a pipe, and hostile values cannot drive the terminal when shown.
+pub struct TerminalWriter<W: Write> {
+    inner: W,
+    /// An incomplete UTF-8 sequence carried to the next write.
+    pending: Vec<u8>,
+}
+
+impl<W: Write> TerminalWriter<W> {
+    pub fn new(inner: W) -> Self {
+        Self {
+            inner,
+            pending: Vec::new(),
+        }
+    }
+}
+
+impl<W: Write> Write for TerminalWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.pending.extend_from_slice(buf);
+        let valid = match std::str::from_utf8(&self.pending) {
+            Ok(_) => self.pending.len(),
+            // A sequence cut at the end of this write: keep it for the next one.
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(_) => self.pending.len(),
+        };
+        let text = String::from_utf8_lossy(&self.pending[..valid]).into_owned();
+        self.inner
+            .write_all(crate::text::terminal(&text).as_bytes())?;
+        self.pending.drain(..valid);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if !self.pending.is_empty() {
+            let text = String::from_utf8_lossy(&self.pending).into_owned();
+            self.inner
+                .write_all(crate::text::terminal(&text).as_bytes())?;
+            self.pending.clear();
+        }
+        self.inner.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_terminal_writer_escapes_across_writes() {
+        let mut w = TerminalWriter::new(Vec::new());
+        let text = "a\u{1b}]0;x\u{7}é\u{9b}\u{202e}z\n";
+        let bytes = text.as_bytes();
+        // Cut inside the two-byte é.
+        let cut = text.find('é').unwrap() + 1;
+        w.write_all(&bytes[..cut]).unwrap();
+        w.write_all(&bytes[cut..]).unwrap();
+        w.flush().unwrap();
+        let out = String::from_utf8(w.inner).unwrap();
+        assert_eq!(out, "a\\u{1b}]0;x\\u{7}é\\u{9b}\\u{202e}z\n");
+    }
+}

@@ -241,9 +241,11 @@ pub struct ReplayArgs {
 /// folder holds a `manifest.json` (`pieval run`) or a `case_results.parquet` (`pieval
 /// score`).
 pub fn run_dir(spec: &str, results: &Path) -> Result<PathBuf> {
+    // A real folder (not a link to one) holding a manifest or results.
     let is_run = |d: &Path| {
-        d.join(crate::rundir::MANIFEST_FILE).is_file()
-            || d.join(crate::rundir::CASE_RESULTS_PARQUET).is_file()
+        crate::rundir::is_run_folder(d)
+            && (d.join(crate::rundir::MANIFEST_FILE).is_file()
+                || d.join(crate::rundir::CASE_RESULTS_PARQUET).is_file())
     };
     let p = PathBuf::from(spec);
     if is_run(&p) {

@@ -166,6 +166,8 @@ enum Sink {
 /// stdout, or a temporary file renamed over the output on success.
 enum Target {
     Stdout(std::io::Stdout),
+    /// stdout that is a terminal: escaped as it is written.
+    Terminal(super::output::TerminalWriter<std::io::Stdout>),
     File(crate::atomic::TempFile),
 }
 
@@ -173,12 +175,14 @@ impl Write for Target {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         match self {
             Target::Stdout(s) => s.write(buf),
+            Target::Terminal(t) => t.write(buf),
             Target::File(file) => file.write(buf),
         }
     }
     fn flush(&mut self) -> std::io::Result<()> {
         match self {
             Target::Stdout(s) => s.flush(),
+            Target::Terminal(t) => t.flush(),
             Target::File(file) => file.flush(),
         }
     }
@@ -187,6 +191,9 @@ impl Write for Target {
 impl Target {
     fn open(output: Option<&Path>) -> Result<Self> {
         Ok(match output {
+            None if std::io::IsTerminal::is_terminal(&std::io::stdout()) => {
+                Target::Terminal(super::output::TerminalWriter::new(std::io::stdout()))
+            }
             None => Target::Stdout(std::io::stdout()),
             Some(out) => Target::File(crate::atomic::TempFile::create(out)?),
         })
@@ -195,6 +202,9 @@ impl Target {
     fn commit(self) -> Result<()> {
         match self {
             Target::Stdout(mut s) => s
+                .flush()
+                .map_err(|e| Error::io("<stdout>", "cannot write", e)),
+            Target::Terminal(mut t) => t
                 .flush()
                 .map_err(|e| Error::io("<stdout>", "cannot write", e)),
             Target::File(file) => file.commit(),

@@ -55,7 +55,10 @@ async fn register_runs_parquet(
     let mut files: Vec<String> = Vec::new();
     for dir in runs {
         match crate::rundir::parquet_artifact(dir, file) {
-            Ok(Some(p)) => files.push(utf8(&p)?.to_owned()),
+            Ok(Some(p)) => match crate::rundir::table_path(&p) {
+                Ok(t) => files.push(t),
+                Err(e) => skipped.push(format!("{name}: left out {e}")),
+            },
             Ok(None) => {}
             Err(e) => skipped.push(format!("{name}: left out {e}")),
         }

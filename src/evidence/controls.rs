@@ -202,12 +202,12 @@ async fn control_session(run: &Path, manifest: Option<&Manifest>) -> Result<Sess
             .ok_or_else(|| Error::State(format!("{}: no case_results.parquet", run.display())))?;
     ctx.register_parquet(
         "case_results",
-        utf8(&case_results)?,
+        &crate::rundir::table_path(&case_results)?,
         ParquetReadOptions::default(),
     )
     .await?;
     if let Some(findings) = crate::rundir::parquet_artifact(run, crate::rundir::FINDINGS_FILE)? {
-        ctx.register_parquet("findings", utf8(&findings)?, ParquetReadOptions::default())
+        ctx.register_parquet("findings", &crate::rundir::table_path(&findings)?, ParquetReadOptions::default())
             .await?;
     } else {
         ctx.register_table(

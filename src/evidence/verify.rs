@@ -54,6 +54,9 @@ pub struct VerifyReport {
     /// An envelope the controls folder's signed index does not list (planted later).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub unlisted: bool,
+    /// Run files present that the signed index does not list (added after signing).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unlisted_files: Vec<String>,
     pub ok: bool,
 }
 
@@ -68,6 +71,11 @@ impl VerifyReport {
             }
             SignatureVerdict::Unsigned => out.push("the envelope is not signed".into()),
             _ => {}
+        }
+        for f in &self.unlisted_files {
+            out.push(format!(
+                "the run holds {f}, which the signed index does not list"
+            ));
         }
         if self.unlisted {
             out.push("the envelope is not in the controls folder's signed index".into());
@@ -219,6 +227,7 @@ pub fn verify_envelope(
         index,
         misnamed,
         unlisted: false,
+        unlisted_files: Vec::new(),
         ok,
     })
 }
@@ -230,7 +239,10 @@ pub fn verify_envelope(
 pub fn verify_controls_folder(run: &Path, key: &VerifyingKey) -> Result<Vec<VerifyReport>> {
     let controls = run.join(crate::rundir::CONTROLS_DIR);
     if !controls.exists() {
-        return Ok(Vec::new());
+        return Err(Error::State(format!(
+            "{}: no controls folder, so nothing in it is signed (run pieval controls --sign-key)",
+            run.display()
+        )));
     }
     let index_path = crate::rundir::artifact(run, &format!("{}/{INDEX_FILE}", crate::rundir::CONTROLS_DIR))?
         .ok_or_else(|| {
@@ -249,6 +261,28 @@ pub fn verify_controls_folder(run: &Path, key: &VerifyingKey) -> Result<Vec<Veri
                 .map(str::to_owned)
         })
         .collect();
+    // Every run file a consumer reads must be one the signed index lists: a file added
+    // after signing (a planted manifest.json in a folder scored without one) is refused.
+    let listed_run_files: std::collections::BTreeSet<&str> =
+        index.subjects.iter().map(|s| s.name.as_str()).collect();
+    let mut unlisted_files = Vec::new();
+    for name in [
+        crate::rundir::MANIFEST_FILE,
+        crate::rundir::CASES_FILE,
+        crate::rundir::CASE_RESULTS_PARQUET,
+        crate::rundir::FINDINGS_FILE,
+        crate::rundir::SUMMARY_FILE,
+        crate::rundir::JUDGEMENTS_FILE,
+    ] {
+        if run.join(name).exists() && !listed_run_files.contains(name) {
+            unlisted_files.push(name);
+        }
+    }
+    let mut index = index;
+    if !unlisted_files.is_empty() {
+        index.ok = false;
+        index.unlisted_files = unlisted_files.iter().map(|s| s.to_string()).collect();
+    }
     let mut reports = vec![index];
     let envelopes = controls.join("envelopes");
     let mut names: Vec<String> = std::fs::read_dir(&envelopes)
@@ -296,6 +330,7 @@ mod tests {
             index: false,
             misnamed: None,
             unlisted: false,
+            unlisted_files: Vec::new(),
             subjects: vec![SubjectCheck {
                 name: "evil\u{1b}[31m.txt".into(),
                 expected_sha256: "\u{1b}]0;x\u{7}".into(),

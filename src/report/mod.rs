@@ -72,11 +72,6 @@ async fn query(ctx: &SessionContext, q: Query) -> Result<Vec<Value>> {
 /// The session a run is reported from: its `case_results`, `findings` and `controls`.
 async fn run_session(dir: &Path) -> Result<SessionContext> {
     let ctx = crate::engine::session();
-    let utf8 = |p: &Path| {
-        p.to_str()
-            .map(str::to_owned)
-            .ok_or_else(|| Error::Usage(format!("{}: not a UTF-8 path", p.display())))
-    };
     let results = crate::rundir::parquet_artifact(dir, crate::rundir::CASE_RESULTS_PARQUET)?
         .ok_or_else(|| {
             Error::State(format!(
@@ -86,15 +81,19 @@ async fn run_session(dir: &Path) -> Result<SessionContext> {
         })?;
     ctx.register_parquet(
         "case_results",
-        &utf8(&results)?,
+        &crate::rundir::table_path(&results)?,
         ParquetReadOptions::default(),
     )
     .await?;
     let controls = format!("{}/controls.parquet", crate::rundir::CONTROLS_DIR);
     match crate::rundir::parquet_artifact(dir, &controls)? {
         Some(p) => {
-            ctx.register_parquet("controls", &utf8(&p)?, ParquetReadOptions::default())
-                .await?
+            ctx.register_parquet(
+                "controls",
+                &crate::rundir::table_path(&p)?,
+                ParquetReadOptions::default(),
+            )
+            .await?
         }
         None => {
             let schema = crate::contract::arrow::controls_schema();
@@ -191,18 +190,37 @@ fn flips(a: &Path, b: &Path, limit: usize) -> Result<Vec<Value>> {
     })
 }
 
-/// Links to a run's files from a report at `output`: relative when the report is in the
-/// run folder (the usual case), else the run folder's path.
+/// Links to a run's files from a report at `output`: the run folder's path relative to
+/// the report's folder (empty when the report is in the run folder), each part
+/// percent-encoded, so a link can only ever name a file below or beside the report.
 fn link_base(run: &Path, output: &Path) -> String {
     let parent = output
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let same = std::fs::canonicalize(parent).ok() == std::fs::canonicalize(run).ok();
-    if same {
+    let (Ok(from), Ok(to)) = (std::fs::canonicalize(parent), std::fs::canonicalize(run)) else {
+        return String::new();
+    };
+    let from: Vec<_> = from.components().collect();
+    let to: Vec<_> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut parts: Vec<String> = vec!["..".into(); from.len() - common];
+    for c in &to[common..] {
+        let text = c.as_os_str().to_string_lossy();
+        let mut enc = String::new();
+        for b in text.bytes() {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.') {
+                enc.push(b as char);
+            } else {
+                enc.push_str(&format!("%{b:02X}"));
+            }
+        }
+        parts.push(enc);
+    }
+    if parts.is_empty() {
         String::new()
     } else {
-        format!("{}/", run.display())
+        format!("{}/", parts.join("/"))
     }
 }
 

@@ -79,6 +79,23 @@ pub fn artifact(dir: &Path, name: &str) -> Result<Option<std::path::PathBuf>> {
     Ok(Some(path))
 }
 
+/// The path DataFusion is given to read a checked artifact: absolute (so a relative name
+/// such as `file:x` is not taken for a URL) and free of the characters it reads as a
+/// pattern or a URL part (`*?[]{}#%`), so the file read is the file checked.
+pub fn table_path(path: &Path) -> Result<String> {
+    let abs = std::fs::canonicalize(path).map_err(|e| Error::io(path, "cannot resolve", e))?;
+    let text = abs
+        .to_str()
+        .ok_or_else(|| Error::Usage(format!("{}: not a UTF-8 path", path.display())))?;
+    if text.contains(['*', '?', '[', ']', '{', '}', '#', '%']) {
+        return Err(Error::Usage(format!(
+            "{}: a folder or file name with one of * ? [ ] {{ }} # % cannot be read safely (DataFusion reads them as a pattern); rename it",
+            path.display()
+        )));
+    }
+    Ok(text.to_owned())
+}
+
 /// A run folder: a real folder, not a symbolic link to one.
 pub fn is_run_folder(dir: &Path) -> bool {
     std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir())

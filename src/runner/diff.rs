@@ -143,9 +143,7 @@ fn parquet_path(dir: &Path) -> Result<String> {
             dir.join(crate::rundir::CASE_RESULTS_PARQUET).display()
         )));
     };
-    p.to_str()
-        .map(str::to_owned)
-        .ok_or_else(|| Error::Usage(format!("{}: not a UTF-8 path", p.display())))
+    crate::rundir::table_path(&p)
 }
 
 /// Cases whose attack_success or prompt_leakage differ, and ids present in one run only.

@@ -1042,3 +1042,72 @@ fn max_line_bytes_is_bounded_and_lazy() {
         assert!(r.stderr.contains("--max-line-bytes"), "{}", r.stderr);
     }
 }
+
+/// Found in review: `export --public-key` must refuse a run whose controls folder is gone
+/// or that holds a run file added after signing; a symbolic link to a run folder is not a
+/// run folder; a folder name DataFusion would read as a pattern is refused, not misread.
+#[cfg(unix)]
+#[test]
+fn signed_exports_refuse_missing_controls_and_planted_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results");
+    let runf = scored(&results, "signed", &["PWNED", "no", "PWNED"]);
+    let key = dir.path().join("k.key");
+    assert_eq!(
+        run(pieval().arg("keygen").arg("--output").arg(&key)).code,
+        0
+    );
+    let public = dir.path().join("k.key.pub");
+    assert_eq!(
+        run(pieval()
+            .arg("controls")
+            .arg(&runf)
+            .arg("--sign-key")
+            .arg(&key))
+        .code,
+        0
+    );
+    let export = |run_dir: &Path| {
+        run(pieval()
+            .args(["export", "--to"])
+            .arg(dir.path().join("wh"))
+            .arg(run_dir)
+            .arg("--public-key")
+            .arg(&public))
+    };
+    // A manifest planted after signing (the run was scored without one).
+    std::fs::write(runf.join("manifest.json"), "{}").unwrap();
+    let r = export(&runf);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("manifest.json, which the signed index does not list"),
+        "{}",
+        r.stderr
+    );
+    std::fs::remove_file(runf.join("manifest.json")).unwrap();
+    assert_eq!(export(&runf).code, 0);
+    std::fs::remove_dir_all(dir.path().join("wh")).unwrap();
+    // The controls folder removed: nothing is signed any more.
+    std::fs::remove_dir_all(runf.join("controls")).unwrap();
+    let r = export(&runf);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("no controls folder"), "{}", r.stderr);
+    assert!(!dir.path().join("wh").exists());
+    // A link to a run folder is not a run folder.
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&runf, &link).unwrap();
+    let r = run(pieval().arg("report").arg(&link));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    // A folder name DataFusion would read as a glob.
+    let odd = results.join("odd[1]");
+    std::fs::create_dir_all(&odd).unwrap();
+    std::fs::copy(
+        scored(&results, "plain", &["x"]).join("case_results.parquet"),
+        odd.join("case_results.parquet"),
+    )
+    .unwrap();
+    let r = run(pieval().arg("report").arg(&odd));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("rename it"), "{}", r.stderr);
+}

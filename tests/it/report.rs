@@ -320,6 +320,17 @@ fn the_report_renders_at_desktop_and_phone_widths_and_says_what_sql_says() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     let page = dir.path().join("cmp.html");
     let html = std::fs::read_to_string(&page).unwrap();
+    // Nulls and booleans read as words; the report sits outside the run folder, so its
+    // links to the run's files are relative to where it is.
+    for raw in [">None<", ">True<", ">False<"] {
+        if let Some(at) = html.find(raw) {
+            panic!("raw value in the page: {}", &html[at.saturating_sub(300)..at + 20]);
+        }
+    }
+    assert!(
+        html.contains("href=\"results/a/case_results.parquet\"")
+            || !html.contains("case_results.parquet\"")
+    );
     assert!(html.contains("Mitigations compared") && html.contains("Cases that flipped"));
 
     // The numbers are the SQL's: the report's rates are summary.sql's rows, and each
