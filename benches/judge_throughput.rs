@@ -56,18 +56,24 @@ fn main() {
             } else {
                 format!("The meeting was moved to {}:00 (message {i}).", i % 24)
             };
-            writeln!(p, "{}", serde_json::json!({"case_id": format!("judged-{i:07}"), "response_text": response})).unwrap();
+            writeln!(
+                p,
+                "{}",
+                serde_json::json!({"case_id": format!("judged-{i:07}"), "response_text": response})
+            )
+            .unwrap();
         }
     }
     let script = chat_server::judge_script();
-    let server = chat_server::ChatServer::start_with_body(std::sync::Arc::new(move |body, key, attempt| {
-        match script(body, key, attempt) {
-            chat_server::Action::Reply(text) if !latency.is_zero() => {
-                chat_server::Action::SlowReply(latency, text)
+    let server =
+        chat_server::ChatServer::start_with_body(std::sync::Arc::new(move |body, key, attempt| {
+            match script(body, key, attempt) {
+                chat_server::Action::Reply(text) if !latency.is_zero() => {
+                    chat_server::Action::SlowReply(latency, text)
+                }
+                other => other,
             }
-            other => other,
-        }
-    }));
+        }));
     let judge = tmp.path().join("judge.yaml");
     std::fs::write(
         &judge,
@@ -106,7 +112,11 @@ fn main() {
     let calls = server.judge_calls();
     assert!(calls >= n, "every prediction judged: {calls} calls for {n}");
     let (again_s, again_rss) = run(&with_judge);
-    assert_eq!(server.judge_calls(), calls, "the rescore asked the judge nothing");
+    assert_eq!(
+        server.judge_calls(),
+        calls,
+        "the rescore asked the judge nothing"
+    );
     println!(
         "judged scoring: {n} predictions, judge concurrency {concurrency}, local endpoint answering in {} ms",
         latency.as_millis()

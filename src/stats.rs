@@ -160,7 +160,11 @@ mod tests {
             tp: 3,
             ..Confusion::default()
         };
-        assert_eq!(all_yes.kappa(), None, "no chance-corrected agreement without variety");
+        assert_eq!(
+            all_yes.kappa(),
+            None,
+            "no chance-corrected agreement without variety"
+        );
     }
 
     #[test]

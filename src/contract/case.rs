@@ -130,7 +130,9 @@ impl AttackCase {
         };
         let json = |name: &str, row: usize| -> Result<Option<Value>> {
             get(name, row)
-                .map(|t| serde_json::from_str(&t).map_err(|e| Error::Internal(format!("{name}: {e}"))))
+                .map(|t| {
+                    serde_json::from_str(&t).map_err(|e| Error::Internal(format!("{name}: {e}")))
+                })
                 .transpose()
         };
         let confidence = schema

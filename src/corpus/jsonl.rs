@@ -21,8 +21,8 @@ use std::thread::JoinHandle;
 
 use datafusion::arrow::array::RecordBatch;
 
-use super::lines::{Line, LineReader};
 use super::batch::{CaseBatchBuilder, IdKeys, ReadOptions, json_error_message};
+use super::lines::{Line, LineReader};
 use crate::contract::Level;
 use crate::contract::record::{CriteriaCache, FieldValue, RawRecord, Violation, check_record};
 

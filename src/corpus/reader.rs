@@ -10,9 +10,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, RecordBatch,
-};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::compute::filter_record_batch;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
@@ -23,10 +21,10 @@ use serde::Serialize;
 
 pub use super::batch::ReadOptions;
 use super::batch::{CaseBatchBuilder, IdKeys};
-use crate::digest::sha256_file;
 use super::jsonl::{BlockResult, Next, Pipeline};
 use crate::contract::fields::{CASE_FIELDS, FieldKind, case_field_index};
 use crate::contract::record::{CriteriaCache, FieldValue, RawRecord, Violation, check_record};
+use crate::digest::sha256_file;
 use crate::error::{Error, Result};
 
 /// What reading a corpus found. `violations` holds the first `max_reported`.

@@ -493,8 +493,8 @@ pub fn synthesize(templates_dir: impl AsRef<Path>, seed: Option<u64>) -> Result<
         }
         // Everything written must pass the same check `pieval validate` applies.
         let line = case.to_json_line();
-        let rec =
-            RawRecord::parse(&line).map_err(|e| Error::Internal(format!("{}: {e}", case.case_id)))?;
+        let rec = RawRecord::parse(&line)
+            .map_err(|e| Error::Internal(format!("{}: {e}", case.case_id)))?;
         problems.clear();
         check_record(&rec, 0, &mut cache, &mut problems);
         if let Some(p) = problems.iter().find(|v| v.level == Level::Error) {

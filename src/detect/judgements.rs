@@ -29,9 +29,7 @@ pub fn coerce_judgements(func: &str, t: &DataType) -> Result<DataType> {
     match t {
         DataType::Null => Ok(null_judgements()),
         DataType::Struct(f) if has_verdicts(f) => Ok(t.clone()),
-        DataType::List(item) | DataType::LargeList(item) | DataType::ListView(item)
-            if matches!(item.data_type(), DataType::Struct(f) if has_verdicts(f)) =>
-        {
+        DataType::List(item) | DataType::LargeList(item) | DataType::ListView(item) if matches!(item.data_type(), DataType::Struct(f) if has_verdicts(f)) => {
             Ok(DataType::List(Arc::clone(item)))
         }
         other => plan_err!("{func}: expected judgements (pi_judge's result), got {other}"),
@@ -118,4 +116,3 @@ impl Judgements {
         }
     }
 }
-

@@ -13,15 +13,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray,
-};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::datasource::MemTable;
 use serde::Serialize;
 
-use crate::judge::{Judge, JudgeReport};
 use crate::error::{Error, Result};
+use crate::judge::{Judge, JudgeReport};
 use crate::stats::{Confusion, bootstrap, wilson};
 
 pub const CALIBRATE_SQL: &str = super::queries::CALIBRATE.sql;
@@ -60,9 +58,9 @@ impl Mapping {
     /// Apply `FIELD=COLUMN` overrides.
     pub fn with(mut self, overrides: &[String]) -> Result<Self> {
         for spec in overrides {
-            let (field, column) = spec.split_once('=').ok_or_else(|| {
-                Error::Usage(format!("--map {spec:?}: expected FIELD=COLUMN"))
-            })?;
+            let (field, column) = spec
+                .split_once('=')
+                .ok_or_else(|| Error::Usage(format!("--map {spec:?}: expected FIELD=COLUMN")))?;
             let slot = match field {
                 "id" => &mut self.id,
                 "question" => &mut self.question,
@@ -186,14 +184,12 @@ pub async fn load_labels(path: &Path, mapping: &Mapping) -> Result<Labels> {
                     .map(|a| a.value(i).to_owned())
             };
             let need = |v: Option<String>, field: &str| {
-                v.filter(|s| !s.trim().is_empty()).ok_or_else(|| {
-                    Error::input(path, row, Some(field), "missing or empty")
-                })
+                v.filter(|s| !s.trim().is_empty())
+                    .ok_or_else(|| Error::input(path, row, Some(field), "missing or empty"))
             };
             let question = need(get(&q), "question")?;
-            let response = get(&r).ok_or_else(|| {
-                Error::input(path, row, Some("response"), "missing")
-            })?;
+            let response =
+                get(&r).ok_or_else(|| Error::input(path, row, Some("response"), "missing"))?;
             let label = match (&label_col, &label_text) {
                 (Some(c), None) if c.is_valid(i) => Some(c.as_boolean().value(i)),
                 (_, Some(t)) if t.is_valid(i) => label_value(t.value(i)),
@@ -334,8 +330,10 @@ pub async fn calibrate(judge: Arc<Judge>, labels: &Labels, out: &Path) -> Result
         .first()
         .ok_or_else(|| Error::Internal("calibration_metrics.sql returned nothing".into()))?;
     let count = |name: &str| -> Result<u64> {
-        Ok(crate::engine::typed_column::<datafusion::arrow::datatypes::Int64Type>(c, name)?
-            .value(0) as u64)
+        Ok(
+            crate::engine::typed_column::<datafusion::arrow::datatypes::Int64Type>(c, name)?
+                .value(0) as u64,
+        )
     };
     let confusion = Confusion {
         tp: count("tp")?,
@@ -407,7 +405,13 @@ mod tests {
 
     #[test]
     fn labels_read_in_their_usual_spellings() {
-        for (s, v) in [("yes", true), ("TRUE", true), ("1", true), ("no", false), ("0", false)] {
+        for (s, v) in [
+            ("yes", true),
+            ("TRUE", true),
+            ("1", true),
+            ("no", false),
+            ("0", false),
+        ] {
             assert_eq!(label_value(s), Some(v));
         }
         assert_eq!(label_value("maybe"), None);
@@ -418,7 +422,10 @@ mod tests {
         let m = Mapping::default()
             .with(&["label=success".into(), "response=output".into()])
             .unwrap();
-        assert_eq!((m.label.as_str(), m.response.as_str()), ("success", "output"));
+        assert_eq!(
+            (m.label.as_str(), m.response.as_str()),
+            ("success", "output")
+        );
         assert!(Mapping::default().with(&["verdict=x".into()]).is_err());
         assert!(Mapping::default().with(&["label".into()]).is_err());
     }

@@ -5,13 +5,13 @@
 //! works from any folder); Rust code registers tables and runs it, and never builds SQL
 //! from user input.
 
-pub mod queries;
-pub mod wilson;
 pub mod calibrate;
 pub mod catalog;
+pub mod queries;
 pub mod score;
 pub mod stats;
 mod stream_table;
+pub mod wilson;
 
 pub use stream_table::{
     CorpusTable, PredictionsTable, StreamTable, corpus_table, predictions_table,

@@ -19,8 +19,8 @@ use datafusion::physical_plan::stream::RecordBatchReceiverStream;
 use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 
-use crate::corpus::predictions::{PredictionStats, PredictionsReader, predictions_table_schema};
 use crate::contract::arrow::enriched_case_schema;
+use crate::corpus::predictions::{PredictionStats, PredictionsReader, predictions_table_schema};
 use crate::corpus::{CorpusReader, ReadOptions, ValidationReport};
 use crate::error::{Error, Result};
 

@@ -207,8 +207,12 @@ async fn control_session(run: &Path, manifest: Option<&Manifest>) -> Result<Sess
     )
     .await?;
     if let Some(findings) = crate::rundir::parquet_artifact(run, crate::rundir::FINDINGS_FILE)? {
-        ctx.register_parquet("findings", &crate::rundir::table_path(&findings)?, ParquetReadOptions::default())
-            .await?;
+        ctx.register_parquet(
+            "findings",
+            &crate::rundir::table_path(&findings)?,
+            ParquetReadOptions::default(),
+        )
+        .await?;
     } else {
         ctx.register_table(
             "findings",

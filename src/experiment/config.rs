@@ -291,7 +291,6 @@ fn check_selection_field(field: &str) -> std::result::Result<(), String> {
     ))
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -719,7 +719,10 @@ mod tests {
             split_reference("d/tt.jsonl#line=3 sample_id=123"),
             (PathBuf::from("d/tt.jsonl"), 3)
         );
-        assert_eq!(split_reference("d/x.csv#row=7"), (PathBuf::from("d/x.csv"), 7));
+        assert_eq!(
+            split_reference("d/x.csv#row=7"),
+            (PathBuf::from("d/x.csv"), 7)
+        );
         assert_eq!(split_reference("d/x.json"), (PathBuf::from("d/x.json"), 0));
     }
 

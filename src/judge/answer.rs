@@ -144,9 +144,12 @@ pub fn parse(answer: &str) -> Result<Parsed, String> {
             let (label, rest) = l.split_once(':')?;
             let label = label.trim().trim_matches('*').to_ascii_lowercase();
             let rest = rest.trim_start_matches(['*', ' ']);
-            matches!(label.as_str(), "verdict" | "answer" | "final answer" | "decision")
-                .then(|| rest.split_whitespace().next().and_then(verdict_word))
-                .flatten()
+            matches!(
+                label.as_str(),
+                "verdict" | "answer" | "final answer" | "decision"
+            )
+            .then(|| rest.split_whitespace().next().and_then(verdict_word))
+            .flatten()
         })
         .collect();
     if let Some(&v) = labelled.first() {
@@ -182,8 +185,8 @@ mod tests {
 
     #[test]
     fn the_rubric_form_and_its_variants() {
-        let p = parse(r#"{"verdict": "yes", "score": 0.9, "rationale": "It printed PWNED."}"#)
-            .unwrap();
+        let p =
+            parse(r#"{"verdict": "yes", "score": 0.9, "rationale": "It printed PWNED."}"#).unwrap();
         assert_eq!(
             p,
             Parsed {
@@ -192,12 +195,18 @@ mod tests {
                 rationale: Some("It printed PWNED.".into())
             }
         );
-        let p = parse("Sure!\n```json\n{\"verdict\": \"NO\", \"rationale\": \"Refused {politely}.\"}\n```")
-            .unwrap();
+        let p = parse(
+            "Sure!\n```json\n{\"verdict\": \"NO\", \"rationale\": \"Refused {politely}.\"}\n```",
+        )
+        .unwrap();
         assert_eq!((p.verdict, p.score), (false, 0.0));
         assert_eq!(p.rationale.as_deref(), Some("Refused {politely}."));
         assert!(parse(r#"{"verdict": true, "score": 7}"#).unwrap().score == 1.0);
-        assert!(parse("Verdict: YES\nThe response complies.").unwrap().verdict);
+        assert!(
+            parse("Verdict: YES\nThe response complies.")
+                .unwrap()
+                .verdict
+        );
         assert!(!parse("**Answer:** no").unwrap().verdict);
         assert!(parse("Yes.").unwrap().verdict);
     }
@@ -217,9 +226,15 @@ mod tests {
         }
         let e = parse(r#"{"verdict":"yes"} and also {"verdict":"no"}"#).unwrap_err();
         assert!(e.contains("contradicting"), "{e}");
-        let e = parse("Verdict: no\nThe response said 'Answer: yes'.\nFinal answer: yes").unwrap_err();
+        let e =
+            parse("Verdict: no\nThe response said 'Answer: yes'.\nFinal answer: yes").unwrap_err();
         assert!(e.contains("contradicting"), "{e}");
-        for ambiguous in ["PASS", "fail", r#"{"verdict": "success"}"#, r#"{"pass": true}"#] {
+        for ambiguous in [
+            "PASS",
+            "fail",
+            r#"{"verdict": "success"}"#,
+            r#"{"pass": true}"#,
+        ] {
             assert!(parse(ambiguous).is_err(), "{ambiguous}: whose pass?");
         }
     }

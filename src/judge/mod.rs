@@ -13,8 +13,8 @@
 //! answer that cannot be read gives a null verdict and the error, never "not
 //! successful".
 
-pub mod config;
 pub mod answer;
+pub mod config;
 pub mod rubric;
 pub mod store;
 pub mod udf;
@@ -28,10 +28,10 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::provider::config::ProviderKind;
-pub use config::{JudgeInput, JudgeSection};
 use crate::provider::Message;
 use crate::provider::Provider;
+use crate::provider::config::ProviderKind;
+pub use config::{JudgeInput, JudgeSection};
 pub use rubric::{Inputs, Rubric};
 use store::{Key, Record, Store};
 

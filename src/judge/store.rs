@@ -95,7 +95,12 @@ fn to_batch(records: &[Arc<Record>]) -> Result<RecordBatch> {
         s(&|r| r.rationale.as_deref()),
         s(&|r| r.error.as_deref()),
         s(&|r| r.answer.as_deref()),
-        Arc::new(records.iter().map(|r| r.latency_ms).collect::<Float64Array>()),
+        Arc::new(
+            records
+                .iter()
+                .map(|r| r.latency_ms)
+                .collect::<Float64Array>(),
+        ),
         s(&|r| Some(r.judged_at.as_str())),
         s(&|r| r.calibration_sha256.as_deref()),
     ];
@@ -151,7 +156,10 @@ pub fn read(path: &Path) -> Result<Vec<Record>> {
         for i in 0..batch.num_rows() {
             let mut k: Key = [0; 32];
             if key.is_null(i) || hex::decode_to_slice(key.value(i), &mut k).is_err() {
-                return Err(bad(format!("row {}: key is not 64 hex digits", out.len() + 1)));
+                return Err(bad(format!(
+                    "row {}: key is not 64 hex digits",
+                    out.len() + 1
+                )));
             }
             out.push(Record {
                 key: k,
@@ -339,7 +347,11 @@ mod tests {
         assert_eq!(back[0].key, [1; 32], "sorted by key");
         assert_eq!(back[1], *rec(2, Some(true)));
         let store = Store::load(&[p.clone(), dir.path().join("missing.parquet")]).unwrap();
-        assert_eq!(store.known_len(), 2, "the failed judgement is not a cached verdict");
+        assert_eq!(
+            store.known_len(),
+            2,
+            "the failed judgement is not a cached verdict"
+        );
         assert!(store.get(&[1; 32]).is_none());
         assert_eq!(store.get(&[3; 32]).unwrap().0.verdict, Some(false));
         assert_eq!(store.used().len(), 1, "a verdict served is a verdict used");
@@ -353,11 +365,23 @@ mod tests {
     fn the_shared_cache_grows_by_merging() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("cache/verdicts.parquet");
-        assert_eq!(merge_into(&p, &[rec(1, Some(true)), rec(2, None)]).unwrap(), 1);
-        assert_eq!(merge_into(&p, &[rec(1, Some(true)), rec(4, Some(false))]).unwrap(), 1);
+        assert_eq!(
+            merge_into(&p, &[rec(1, Some(true)), rec(2, None)]).unwrap(),
+            1
+        );
+        assert_eq!(
+            merge_into(&p, &[rec(1, Some(true)), rec(4, Some(false))]).unwrap(),
+            1
+        );
         assert_eq!(read(&p).unwrap().len(), 2);
         std::fs::write(dir.path().join("bad.parquet"), b"not parquet").unwrap();
-        let e = Store::load(&[dir.path().join("bad.parquet")]).err().unwrap().to_string();
-        assert!(e.contains("bad.parquet") && e.contains("not a judgements file"), "{e}");
+        let e = Store::load(&[dir.path().join("bad.parquet")])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("bad.parquet") && e.contains("not a judgements file"),
+            "{e}"
+        );
     }
 }

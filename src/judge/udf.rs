@@ -579,8 +579,11 @@ impl ScalarUDFImpl for OutcomeUdf {
             .transpose()?;
         let mut compiled: ahash::AHashMap<&str, Option<Compiled>> = ahash::AHashMap::new();
         let mut verdict = BooleanBuilder::with_capacity(n);
-        let (mut rationale, mut model, mut error) =
-            (StringBuilder::new(), StringBuilder::new(), StringBuilder::new());
+        let (mut rationale, mut model, mut error) = (
+            StringBuilder::new(),
+            StringBuilder::new(),
+            StringBuilder::new(),
+        );
         let mut valid = Vec::with_capacity(n);
         for i in 0..n {
             let items: Option<Vec<Parts<'_>>> = match input.data_type() {

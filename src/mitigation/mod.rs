@@ -102,17 +102,25 @@ pub fn seeded_token(seed: u64, case_id: &str, purpose: &str, len: usize) -> Stri
 pub enum Mitigation {
     None,
     /// `text`: the warning added to the system message (default [`DEFAULT_WARNING`]).
-    Instructional { text: Option<String> },
+    Instructional {
+        text: Option<String>,
+    },
     Sandwich,
     /// `length`: characters of the seeded delimiter, 4 to 64 (default 16).
-    Delimiters { length: usize },
+    Delimiters {
+        length: usize,
+    },
     XmlTagging,
     /// `marker`: the character between words (default U+02C6).
-    SpotlightDatamark { marker: Option<String> },
+    SpotlightDatamark {
+        marker: Option<String>,
+    },
     SpotlightBase64,
     KnownAnswer,
     /// `rules`: the injection rules that block (default: all of them).
-    InputFilter { rules: Option<Vec<String>> },
+    InputFilter {
+        rules: Option<Vec<String>>,
+    },
 }
 
 impl Mitigation {
@@ -414,7 +422,6 @@ pub struct MitigationSection {
     #[serde(default)]
     pub params: BTreeMap<String, serde_json::Value>,
 }
-
 
 #[cfg(test)]
 mod tests {

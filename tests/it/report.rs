@@ -324,7 +324,10 @@ fn the_report_renders_at_desktop_and_phone_widths_and_says_what_sql_says() {
     // links to the run's files are relative to where it is.
     for raw in [">None<", ">True<", ">False<"] {
         if let Some(at) = html.find(raw) {
-            panic!("raw value in the page: {}", &html[at.saturating_sub(300)..at + 20]);
+            panic!(
+                "raw value in the page: {}",
+                &html[at.saturating_sub(300)..at + 20]
+            );
         }
     }
     assert!(

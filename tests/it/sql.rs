@@ -218,8 +218,11 @@ fn every_query_file_is_registered_and_plans() {
             ctx.register_table(name, empty(case_results_schema()))
                 .unwrap();
         }
-        ctx.register_table("controls", empty(pieval::contract::arrow::controls_schema()))
-            .unwrap();
+        ctx.register_table(
+            "controls",
+            empty(pieval::contract::arrow::controls_schema()),
+        )
+        .unwrap();
         ctx.register_table("findings", empty(findings_schema()))
             .unwrap();
         let ids = Arc::new(Schema::new(vec![Field::new(
