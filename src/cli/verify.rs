@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use crate::cli::output;
 use crate::error::Result;
 use crate::evidence::dsse::read_verifying_key;
-use crate::evidence::verify::{SignatureVerdict, verify_envelope};
+use crate::evidence::verify::{Digests, SignatureVerdict, verify_envelope_with};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -35,11 +35,13 @@ pub fn run(args: Args) -> Result<u8> {
         .map(read_verifying_key)
         .transpose()?;
     let mut reports = Vec::with_capacity(args.envelopes.len());
+    let mut digests = Digests::default();
     for path in &args.envelopes {
-        reports.push(verify_envelope(
+        reports.push(verify_envelope_with(
             path,
             key.as_ref(),
             args.run_dir.as_deref(),
+            &mut digests,
         )?);
     }
     // Without a key nothing is authenticated: that passes only when asked for.

@@ -124,12 +124,38 @@ fn subject_path(run: &Path, name: &str) -> Option<PathBuf> {
     clean.then(|| run.join(rel))
 }
 
+/// The sha256 of files already read in this verification: envelopes of one run name the
+/// same run files, which are hashed once.
+#[derive(Default)]
+pub struct Digests(std::collections::HashMap<PathBuf, String>);
+
+impl Digests {
+    fn of(&mut self, file: &Path) -> Result<String> {
+        if let Some(d) = self.0.get(file) {
+            return Ok(d.clone());
+        }
+        let d = sha256_file(file)?;
+        self.0.insert(file.to_path_buf(), d.clone());
+        Ok(d)
+    }
+}
+
 /// Verify one envelope. `run_dir` overrides where subjects are looked up (default: the
 /// run folder the envelope sits in).
 pub fn verify_envelope(
     path: &Path,
     key: Option<&VerifyingKey>,
     run_dir: Option<&Path>,
+) -> Result<VerifyReport> {
+    verify_envelope_with(path, key, run_dir, &mut Digests::default())
+}
+
+/// [`verify_envelope`], sharing the digests of files already hashed.
+pub fn verify_envelope_with(
+    path: &Path,
+    key: Option<&VerifyingKey>,
+    run_dir: Option<&Path>,
+    digests: &mut Digests,
 ) -> Result<VerifyReport> {
     let envelope = Envelope::read(path)?;
     let bad = |msg: String| Error::config(path, msg);
@@ -185,7 +211,7 @@ pub fn verify_envelope(
         // A subject is read only as a regular file inside the run folder, never through
         // a symbolic link (the folder may come from someone else).
         let actual = match crate::rundir::artifact(&run, name) {
-            Ok(Some(file)) => Some(sha256_file(&file)?),
+            Ok(Some(file)) => Some(digests.of(&file)?),
             Ok(None) | Err(_) => None,
         };
         checks.push(SubjectCheck {
@@ -251,7 +277,8 @@ pub fn verify_controls_folder(run: &Path, key: &VerifyingKey) -> Result<Vec<Veri
                 controls.display()
             ))
         })?;
-    let index = verify_envelope(&index_path, Some(key), Some(run))?;
+    let mut digests = Digests::default();
+    let index = verify_envelope_with(&index_path, Some(key), Some(run), &mut digests)?;
     let listed: std::collections::BTreeSet<String> = index
         .subjects
         .iter()
@@ -292,7 +319,7 @@ pub fn verify_controls_folder(run: &Path, key: &VerifyingKey) -> Result<Vec<Veri
     names.sort();
     for name in &names {
         let path = envelopes.join(name);
-        let mut report = verify_envelope(&path, Some(key), Some(run))?;
+        let mut report = verify_envelope_with(&path, Some(key), Some(run), &mut digests)?;
         if !listed.contains(name) {
             // Planted after the index was signed.
             report.ok = false;

@@ -4,27 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::common::{experiment_config, pieval, read_jsonl, repo, run, write_jsonl};
+use crate::common::{dry_run, experiment_config, pieval, read_jsonl, repo, run, write_jsonl};
 use serde_json::{Value, json};
-
-/// A completed dry run of the quickstart (5 cases) under `dir/results`; its folder.
-fn dry_run(dir: &Path) -> PathBuf {
-    let results = dir.join("results");
-    let r = run(pieval()
-        .args([
-            "run",
-            "--dry-run",
-            "--sample-size",
-            "5",
-            "--json",
-            "--output-dir",
-        ])
-        .arg(&results)
-        .arg(repo("data/experiments/quickstart.yaml")));
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    let v: Value = serde_json::from_str(&r.stdout).unwrap();
-    results.join(v["run_id"].as_str().unwrap())
-}
 
 fn edit_manifest(run_dir: &Path, f: impl FnOnce(&mut Value)) {
     let path = run_dir.join("manifest.json");
@@ -45,7 +26,7 @@ fn run_count(results: &Path) -> usize {
 #[test]
 fn replay_checks_the_snapshot_and_never_sends_a_key_to_a_recorded_endpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let run_dir = dry_run(dir.path());
+    let run_dir = dry_run(dir.path(), 5);
     let results = dir.path().join("results");
     let id = run_dir.file_name().unwrap().to_str().unwrap().to_owned();
     let replay = |extra: &[&str]| {
@@ -175,7 +156,7 @@ fn symbolic_links_in_run_folders_are_not_followed() {
     let dir = tempfile::tempdir().unwrap();
     let secret = dir.path().join("credentials");
     std::fs::write(&secret, "aws_secret_access_key = SECRETSECRETSECRET\n").unwrap();
-    let run_dir = dry_run(dir.path());
+    let run_dir = dry_run(dir.path(), 5);
     let results = dir.path().join("results");
     std::fs::remove_file(run_dir.join("manifest.json")).unwrap();
     std::os::unix::fs::symlink(&secret, run_dir.join("manifest.json")).unwrap();
@@ -274,7 +255,7 @@ fn hostile_text_is_escaped_on_the_terminal_and_exact_in_files() {
     assert_eq!(rows[0]["col\u{1b}[1m"], hostile);
 
     // runs list / show: a model name from a manifest.
-    let run_dir = dry_run(dir.path());
+    let run_dir = dry_run(dir.path(), 5);
     edit_manifest(&run_dir, |m| {
         m["model_snapshot"]["name"] = json!("m\u{1b}[8mhidden");
         m["run_id"] = json!(run_dir.file_name().unwrap().to_str().unwrap());
@@ -591,6 +572,33 @@ fn openai_config(dir: &Path, url: &str, var: &str, n: usize) -> PathBuf {
     path
 }
 
+/// A run of `n` cases against a chat server that always does `action`, with `key` in
+/// `PIEVAL_TEST_KEY`; checked to exit 0.
+struct OpenaiRun {
+    dir: tempfile::TempDir,
+    server: crate::common::chat_server::ChatServer,
+    cfg: PathBuf,
+    stdout: String,
+}
+
+fn run_openai(action: crate::common::chat_server::Action, key: &str, n: usize) -> OpenaiRun {
+    let server = crate::common::chat_server::ChatServer::always(action);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = openai_config(dir.path(), &server.base_url(), "PIEVAL_TEST_KEY", n);
+    let r = run(pieval()
+        .arg("run")
+        .arg(&cfg)
+        .arg("--json")
+        .env("PIEVAL_TEST_KEY", key));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    OpenaiRun {
+        dir,
+        server,
+        cfg,
+        stdout: r.stdout,
+    }
+}
+
 fn predictions_of(dir: &Path) -> Vec<Value> {
     let results = dir.join("results");
     let run_dir = std::fs::read_dir(&results)
@@ -605,16 +613,12 @@ fn predictions_of(dir: &Path) -> Vec<Value> {
 /// placeholder key never rewrites an answer.
 #[test]
 fn keys_are_redacted_whole_and_answers_are_never_rewritten_silently() {
-    use crate::common::chat_server::{Action, ChatServer};
+    use crate::common::chat_server::Action;
     const KEY: &str = "sk-live-0123456789abcdefghijklmnopqrstuv";
     // An error body that echoes the key where a 200-character excerpt would cut it.
     let body = format!("{{\"error\":\"{}{KEY} rejected\"}}", "x".repeat(180));
-    let server = ChatServer::always(Action::StatusBody(401, body));
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = openai_config(dir.path(), &server.base_url(), "PIEVAL_TEST_KEY", 2);
-    let r = run(pieval().arg("run").arg(&cfg).env("PIEVAL_TEST_KEY", KEY));
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    let preds = predictions_of(dir.path());
+    let r = run_openai(Action::StatusBody(401, body), KEY, 2);
+    let preds = predictions_of(r.dir.path());
     assert_eq!(preds.len(), 2);
     for p in &preds {
         let text = p.to_string();
@@ -628,21 +632,13 @@ fn keys_are_redacted_whole_and_answers_are_never_rewritten_silently() {
         assert!(p["error"].as_str().unwrap().contains("HTTP 401"), "{p}");
     }
     // An answer holding the key: redacted, and said so.
-    let server = ChatServer::always(Action::Reply(format!("your key is {KEY}, thanks")));
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = openai_config(dir.path(), &server.base_url(), "PIEVAL_TEST_KEY", 1);
-    let r = run(pieval().arg("run").arg(&cfg).env("PIEVAL_TEST_KEY", KEY));
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    let p = &predictions_of(dir.path())[0];
+    let r = run_openai(Action::Reply(format!("your key is {KEY}, thanks")), KEY, 1);
+    let p = &predictions_of(r.dir.path())[0];
     assert_eq!(p["response_text"], "your key is [REDACTED], thanks");
     assert_eq!(p["response_redacted"], true);
     // A placeholder key is no secret: the answer is kept as the model gave it.
-    let server = ChatServer::always(Action::Reply("This is a test answer".into()));
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = openai_config(dir.path(), &server.base_url(), "PIEVAL_TEST_KEY", 1);
-    let r = run(pieval().arg("run").arg(&cfg).env("PIEVAL_TEST_KEY", "test"));
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    let p = &predictions_of(dir.path())[0];
+    let r = run_openai(Action::Reply("This is a test answer".into()), "test", 1);
+    let p = &predictions_of(r.dir.path())[0];
     assert_eq!(p["response_text"], "This is a test answer");
     assert!(p.get("response_redacted").is_none(), "{p}");
 }
@@ -828,34 +824,20 @@ fn every_input_format_follows_the_same_rules() {
 /// catalogue is rebuilt, and what a killed process left is cleaned up.
 #[test]
 fn long_answers_locks_catalogues_and_leftovers() {
-    use crate::common::chat_server::{Action, ChatServer};
-    let server = ChatServer::always(Action::Reply("A".repeat(3 << 20)));
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = openai_config(dir.path(), &server.base_url(), "PIEVAL_TEST_KEY", 2);
-    let r = run(pieval()
-        .arg("run")
-        .arg(&cfg)
-        .arg("--json")
-        .env("PIEVAL_TEST_KEY", "none"));
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    let outcome: Value = serde_json::from_str(&r.stdout).unwrap();
+    use crate::common::chat_server::Action;
+    let first = run_openai(Action::Reply("A".repeat(3 << 20)), "none", 2);
+    let outcome: Value = serde_json::from_str(&first.stdout).unwrap();
     assert_eq!(
         outcome["status"], "completed",
         "a long answer must not stop the scoring"
     );
-    for p in predictions_of(dir.path()) {
+    for p in predictions_of(first.dir.path()) {
         assert_eq!(p["response_truncated"], true, "{}", &p.to_string()[..200]);
         assert_eq!(p["response_text"].as_str().unwrap().len(), 1 << 20);
     }
-    let server = ChatServer::always(Action::Reply("B".repeat(17 << 20)));
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = openai_config(dir.path(), &server.base_url(), "PIEVAL_TEST_KEY", 1);
-    let r = run(pieval()
-        .arg("run")
-        .arg(&cfg)
-        .arg("--json")
-        .env("PIEVAL_TEST_KEY", "none"));
-    assert_eq!(r.code, 0, "{}", r.stderr);
+    let OpenaiRun {
+        dir, server, cfg, ..
+    } = run_openai(Action::Reply("B".repeat(17 << 20)), "none", 1);
     let p = &predictions_of(dir.path())[0];
     assert!(
         p["error"].as_str().unwrap().contains("exceeds 16 MiB"),

@@ -97,8 +97,8 @@ fn chromium() -> PathBuf {
     );
 }
 
-/// Chromium, headless, on `page`: the DOM after the page has loaded and run what it would.
-fn dump_dom(page: &Path, width: u32) -> String {
+/// Headless Chromium on `page` at `width` px, with `extra` arguments (what to produce).
+fn headless(page: &Path, width: u32, height: u32, extra: &[String]) -> std::process::Output {
     let profile = tempfile::tempdir().unwrap();
     let out = std::process::Command::new(chromium())
         .args([
@@ -107,9 +107,10 @@ fn dump_dom(page: &Path, width: u32) -> String {
             "--disable-gpu",
             "--no-first-run",
         ])
+        .args(["--hide-scrollbars"])
         .arg(format!("--user-data-dir={}", profile.path().display()))
-        .arg(format!("--window-size={width},2000"))
-        .args(["--virtual-time-budget=3000", "--dump-dom"])
+        .arg(format!("--window-size={width},{height}"))
+        .args(extra)
         .arg(format!("file://{}", page.display()))
         .output()
         .unwrap();
@@ -118,7 +119,16 @@ fn dump_dom(page: &Path, width: u32) -> String {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    out
+}
+
+/// The DOM after the page has loaded and run what it would.
+fn dump_dom(page: &Path, width: u32) -> String {
+    let extra = [
+        "--virtual-time-budget=3000".to_owned(),
+        "--dump-dom".to_owned(),
+    ];
+    String::from_utf8_lossy(&headless(page, width, 2000, &extra).stdout).into_owned()
 }
 
 /// A scored run under `results/<id>` from `cases` and one response per case.
@@ -406,24 +416,11 @@ fn the_report_renders_at_desktop_and_phone_widths_and_says_what_sql_says() {
             "{width}px: the page scrolls sideways"
         );
         let shot = dir.path().join(format!("shot-{width}.png"));
-        let profile = tempfile::tempdir().unwrap();
-        let out = std::process::Command::new(chromium())
-            .args([
-                "--headless=new",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--hide-scrollbars",
-            ])
-            .arg(format!("--user-data-dir={}", profile.path().display()))
-            .arg(format!("--window-size={width},1600"))
-            .arg(format!("--screenshot={}", shot.display()))
-            .arg(format!("file://{}", page.display()))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        headless(
+            &page,
+            width,
+            1600,
+            &[format!("--screenshot={}", shot.display())],
         );
         let png = std::fs::read(&shot).unwrap();
         assert!(

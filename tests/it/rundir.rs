@@ -113,24 +113,8 @@ fn keys_from_other_versions_are_kept_and_a_bad_manifest_is_located() {
 #[test]
 fn a_fresh_run_round_trips_and_old_folders_show() {
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("results");
-    let r = run(pieval()
-        .args([
-            "run",
-            "--dry-run",
-            "--sample-size",
-            "5",
-            "--json",
-            "--output-dir",
-        ])
-        .arg(&out)
-        .arg(repo("data/experiments/quickstart.yaml")));
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    let run_dir = std::fs::read_dir(&out)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.is_dir())
-        .unwrap();
+    let run_dir = crate::common::dry_run(dir.path(), 5);
+    let out = run_dir.parent().unwrap().to_path_buf();
     let (m, text, again) = round_trip(&run_dir);
     assert_eq!(text, again);
     assert_eq!(m.status, Some(RunStatus::Completed));

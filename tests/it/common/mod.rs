@@ -75,3 +75,17 @@ pub fn experiment_config(
     .unwrap();
     path
 }
+
+/// A completed dry run of the quickstart (`n` cases) under `dir/results`; its folder.
+pub fn dry_run(dir: &Path, n: usize) -> PathBuf {
+    let results = dir.join("results");
+    let r = run(pieval()
+        .args(["run", "--dry-run", "--json", "--sample-size"])
+        .arg(n.to_string())
+        .arg("--output-dir")
+        .arg(&results)
+        .arg(repo("data/experiments/quickstart.yaml")));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    results.join(v["run_id"].as_str().unwrap())
+}
