@@ -14,6 +14,8 @@
 //! - [`judge`]: the model judge for `judge` criteria (`pi_judge`, an async UDF), its
 //!   verdict cache and its calibration against human labels.
 //! - [`experiment`]: experiment configs and seeded selection.
+//! - [`attack`]: adaptive attacks: converters on the payload, multi-turn attacker
+//!   strategies (Crescendo, PAIR, TAP) and their replay.
 //! - [`mitigation`]: request assembly and prompt-injection defences (pure functions).
 //! - [`provider`]: model clients (OpenAI-compatible HTTP, replay).
 //! - [`runner`]: select → mitigate → call → checkpoint → score → artifacts; the run
@@ -26,6 +28,7 @@
 //! `engine`) → `detect` → `contract`.
 
 pub mod atomic;
+pub mod attack;
 pub mod cli;
 pub mod config_errors;
 pub mod contract;

@@ -1,12 +1,34 @@
 -- `pieval runs diff A B`: the cases whose attack_success or prompt_leakage differ
 -- between two runs' case results (tables `a` and `b`), and the case ids present in one
 -- run only. One row per difference: case_id, field, the value in a, the value in b.
-WITH j AS (
-    SELECT coalesce(a.case_id, b.case_id) AS case_id,
-           a.case_id IS NOT NULL AS in_a, b.case_id IS NOT NULL AS in_b,
-           a.attack_success AS a_s, b.attack_success AS b_s,
-           a.prompt_leakage AS a_l, b.prompt_leakage AS b_l
-    FROM a FULL OUTER JOIN b ON a.case_id = b.case_id
+--
+-- Runs compare case by case. A run with an attack section (several attempts per case:
+-- converter pipelines, best_of_n variants, strategies; src/attack/mod.rs) counts a case
+-- as successful when any attempt succeeded, false when every attempt is decided false,
+-- NULL otherwise; a static run has one row per case and keeps its values. So a static
+-- run compares with an adaptive one: which cases the adaptive attacks broke.
+WITH ca AS (
+    SELECT case_id,
+           CASE WHEN bool_or(attack_success) THEN true
+                WHEN count(attack_success) = count(*) THEN false END AS s,
+           CASE WHEN bool_or(prompt_leakage) THEN true
+                WHEN count(prompt_leakage) = count(*) THEN false END AS l
+    FROM a GROUP BY case_id
+),
+cb AS (
+    SELECT case_id,
+           CASE WHEN bool_or(attack_success) THEN true
+                WHEN count(attack_success) = count(*) THEN false END AS s,
+           CASE WHEN bool_or(prompt_leakage) THEN true
+                WHEN count(prompt_leakage) = count(*) THEN false END AS l
+    FROM b GROUP BY case_id
+),
+j AS (
+    SELECT coalesce(ca.case_id, cb.case_id) AS case_id,
+           ca.case_id IS NOT NULL AS in_a, cb.case_id IS NOT NULL AS in_b,
+           ca.s AS a_s, cb.s AS b_s,
+           ca.l AS a_l, cb.l AS b_l
+    FROM ca FULL OUTER JOIN cb ON ca.case_id = cb.case_id
 )
 SELECT case_id, 'attack_success' AS field, a_s AS va, b_s AS vb FROM j
   WHERE in_a AND in_b AND a_s IS DISTINCT FROM b_s

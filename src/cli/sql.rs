@@ -23,7 +23,7 @@ enum Format {
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The query. Tables: attack_cases, case_results, findings, summaries, runs (all runs
+    /// The query. Tables: attack_cases, case_results, findings, turns, summaries, runs (all runs
     /// under --results, rows tagged with run_id), plus any --table; the detector UDFs
     /// (pi_criteria_match, pi_refusal, pi_leakage, pi_rule_hits, …) are registered.
     query: Option<String>,

@@ -43,10 +43,10 @@ pub fn predictions_schema() -> SchemaRef {
         PREDICTION_FIELDS
             .iter()
             .map(|(name, required)| {
-                let ty = if *name == "latency_ms" {
-                    DataType::Float64
-                } else {
-                    DataType::Utf8
+                let ty = match crate::contract::fields::prediction_field_type(name) {
+                    crate::contract::fields::PredictionType::Float => DataType::Float64,
+                    crate::contract::fields::PredictionType::Count => DataType::Int64,
+                    crate::contract::fields::PredictionType::Text => DataType::Utf8,
                 };
                 // response_text may be null when the call failed (then `error` is set).
                 Field::new(*name, ty, !*required || *name == "response_text")
@@ -64,6 +64,7 @@ pub fn case_results_schema() -> SchemaRef {
                     "attack_success" | "prompt_leakage" | "refusal" | "manual_review"
                     | "judge_verdict" => DataType::Boolean,
                     "mapping_confidence" | "latency_ms" => DataType::Float64,
+                    "turns_used" | "success_turn" => DataType::Int64,
                     _ => DataType::Utf8,
                 };
                 Field::new(*name, ty, *name != "case_id")
@@ -89,6 +90,37 @@ pub fn findings_schema() -> SchemaRef {
             })
             .collect::<Vec<_>>(),
     ))
+}
+
+/// `turns.parquet`: one row per turn of a multi-turn strategy
+/// (the run folder's `TurnRecord`, tagged with its run, case, attempt and strategy); joins
+/// `case_results` on `(run_id, attempt_id)`.
+pub fn turns_schema() -> SchemaRef {
+    let text = |name: &str, nullable: bool| Field::new(name, DataType::Utf8, nullable);
+    let int = |name: &str, nullable: bool| Field::new(name, DataType::Int64, nullable);
+    let flag = |name: &str, nullable: bool| Field::new(name, DataType::Boolean, nullable);
+    Arc::new(Schema::new(vec![
+        text("run_id", false),
+        text("case_id", false),
+        text("attempt_id", false),
+        text("attack_strategy", true),
+        int("turn", false),
+        int("depth", false),
+        text("node_id", false),
+        text("parent_id", true),
+        text("attacker_response", true),
+        text("attack_prompt", false),
+        flag("on_topic", true),
+        flag("pruned", false),
+        text("target_response", true),
+        text("error", true),
+        flag("refused", true),
+        flag("success", true),
+        int("score", true),
+        flag("backtracked", false),
+        text("blocked_by", true),
+        Field::new("latency_ms", DataType::Float64, true),
+    ]))
 }
 
 /// `controls.parquet`: one row per control of a run (`pieval controls`).

@@ -114,7 +114,31 @@ pub const PREDICTION_FIELDS: &[(&str, bool)] = &[
     ("execution_mode", false),
     ("mitigation", false),
     ("blocked_by", false),
+    // Adaptive attacks (`attack` in the experiment config), additive.
+    ("attempt_id", false),
+    ("attack_pipeline", false),
+    ("attack_strategy", false),
+    ("turns_used", false),
+    ("success_turn", false),
 ];
+
+/// The numeric prediction fields (the others are strings).
+pub fn prediction_field_type(name: &str) -> PredictionType {
+    match name {
+        "latency_ms" => PredictionType::Float,
+        "turns_used" | "success_turn" => PredictionType::Count,
+        _ => PredictionType::Text,
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PredictionType {
+    Text,
+    /// A non-negative finite number.
+    Float,
+    /// A non-negative integer.
+    Count,
+}
 
 /// `case_results.jsonl`: the seed's fields, then pieval's additive ones.
 pub const CASE_RESULT_FIELDS: &[&str] = &[
@@ -151,6 +175,14 @@ pub const CASE_RESULT_FIELDS: &[&str] = &[
     "judge_rationale",
     "judge_model",
     "judge_error",
+    // Adaptive attacks, additive: the attempt, its pipeline and strategy (`none` for the
+    // other kind; all null in a run without an attack section), turns used and the turn
+    // that succeeded.
+    "attempt_id",
+    "attack_pipeline",
+    "attack_strategy",
+    "turns_used",
+    "success_turn",
 ];
 
 /// Findings: long form, one row per detector hit.
@@ -202,4 +234,6 @@ pub const CONFIG_SECTIONS: &[(&str, bool)] = &[
     ("mitigation", true),
     ("selection", false),
     ("evaluation", false),
+    // Adaptive attacks (converters, multi-turn strategies): pieval's, additive.
+    ("attack", false),
 ];

@@ -27,7 +27,7 @@ use datafusion::parquet::arrow::arrow_reader::{
 use serde::Serialize;
 
 use crate::contract::arrow::predictions_schema;
-use crate::contract::fields::PREDICTION_FIELDS;
+use crate::contract::fields::{PREDICTION_FIELDS, PredictionType, prediction_field_type};
 use crate::contract::record::{FieldValue, FlatRecord};
 use crate::corpus::lines::{DEFAULT_MAX_LINE_BYTES, Line, LineReader};
 use crate::error::{Error, Result};
@@ -91,36 +91,72 @@ struct Sink {
 }
 
 struct Builders {
-    strings: Vec<(usize, StringBuilder)>,
-    latency: Float64Builder,
+    columns: Vec<Column>,
     duplicate: BooleanBuilder,
     line: Int64Builder,
     rows: usize,
 }
 
-/// One prediction's values, borrowed from its line or row.
-#[derive(Default)]
-struct Row<'a> {
-    values: [Option<std::borrow::Cow<'a, str>>; PREDICTION_FIELDS.len()],
-    latency: Option<f64>,
+enum Column {
+    Text(StringBuilder),
+    Float(Float64Builder),
+    Count(Int64Builder),
 }
 
-fn latency_index() -> usize {
+/// One prediction's values, borrowed from its line or row: text for the text fields, a
+/// number for the numeric ones.
+struct Row<'a> {
+    values: [Option<std::borrow::Cow<'a, str>>; PREDICTION_FIELDS.len()],
+    numbers: [Option<f64>; PREDICTION_FIELDS.len()],
+}
+
+impl Default for Row<'_> {
+    fn default() -> Self {
+        Self {
+            values: std::array::from_fn(|_| None),
+            numbers: [None; PREDICTION_FIELDS.len()],
+        }
+    }
+}
+
+fn field_index(name: &str) -> usize {
     PREDICTION_FIELDS
         .iter()
-        .position(|(n, _)| *n == "latency_ms")
-        .expect("latency_ms is a prediction field")
+        .position(|(n, _)| *n == name)
+        .expect("a prediction field")
+}
+
+/// What a numeric field holds, for messages.
+fn expected(name: &str) -> &'static str {
+    if prediction_field_type(name) == PredictionType::Count {
+        "a non-negative integer"
+    } else {
+        "a non-negative number"
+    }
+}
+
+/// Check a numeric field's value: finite and non-negative, and whole for a count.
+fn check_number(name: &str, x: f64) -> std::result::Result<f64, String> {
+    let count = prediction_field_type(name) == PredictionType::Count;
+    if !(x.is_finite() && x >= 0.0) || (count && (x.fract() != 0.0 || x > f64::from(u32::MAX))) {
+        return Err(format!("expected {}, found {x}", expected(name)));
+    }
+    Ok(x)
 }
 
 impl Builders {
     fn new(capacity: usize) -> Self {
-        let latency = latency_index();
         Self {
-            strings: (0..PREDICTION_FIELDS.len())
-                .filter(|i| *i != latency)
-                .map(|i| (i, StringBuilder::with_capacity(capacity, capacity * 64)))
+            columns: PREDICTION_FIELDS
+                .iter()
+                .map(|(name, _)| match prediction_field_type(name) {
+                    PredictionType::Text => {
+                        Column::Text(StringBuilder::with_capacity(capacity, capacity * 64))
+                    }
+                    PredictionType::Float => Column::Float(Float64Builder::with_capacity(capacity)),
+                    PredictionType::Count => Column::Count(Int64Builder::with_capacity(capacity)),
+                })
                 .collect(),
-            latency: Float64Builder::with_capacity(capacity),
             duplicate: BooleanBuilder::with_capacity(capacity),
             line: Int64Builder::with_capacity(capacity),
             rows: 0,
@@ -128,26 +164,26 @@ impl Builders {
     }
 
     fn append(&mut self, row: &Row<'_>, duplicate: bool, line: u64) {
-        for (i, b) in &mut self.strings {
-            b.append_option(row.values[*i].as_deref());
+        for (i, c) in self.columns.iter_mut().enumerate() {
+            match c {
+                Column::Text(b) => b.append_option(row.values[i].as_deref()),
+                Column::Float(b) => b.append_option(row.numbers[i]),
+                Column::Count(b) => b.append_option(row.numbers[i].map(|x| x as i64)),
+            }
         }
-        self.latency.append_option(row.latency);
         self.duplicate.append_value(duplicate);
         self.line.append_value(line as i64);
         self.rows += 1;
     }
 
     fn finish(&mut self) -> Result<RecordBatch> {
-        let latency = latency_index();
         let mut columns: Vec<ArrayRef> = Vec::with_capacity(PREDICTION_FIELDS.len() + 2);
-        let mut strings = self.strings.iter_mut();
-        for i in 0..PREDICTION_FIELDS.len() {
-            if i == latency {
-                columns.push(Arc::new(self.latency.finish()));
-            } else {
-                let (_, b) = strings.next().expect("one builder per string field");
-                columns.push(Arc::new(b.finish()));
-            }
+        for c in &mut self.columns {
+            columns.push(match c {
+                Column::Text(b) => Arc::new(b.finish()),
+                Column::Float(b) => Arc::new(b.finish()),
+                Column::Count(b) => Arc::new(b.finish()),
+            });
         }
         columns.push(Arc::new(self.duplicate.finish()));
         columns.push(Arc::new(self.line.finish()));
@@ -201,7 +237,9 @@ impl Sink {
     /// Record one valid row.
     fn accept(&mut self, row: &Row<'_>, line: u64) {
         let id = row.values[0].as_deref().unwrap_or_default();
-        let h = ((self.seen.0.hash_one(id) as u128) << 64) | self.seen.1.hash_one(id) as u128;
+        // An attempt is one prediction: the key is the case and the attempt.
+        let key = (id, row.values[field_index("attempt_id")].as_deref());
+        let h = ((self.seen.0.hash_one(key) as u128) << 64) | self.seen.1.hash_one(key) as u128;
         let duplicate = self.seen.2.insert(h, ()).is_some();
         let s = &mut self.stats;
         s.rows += 1;
@@ -211,11 +249,7 @@ impl Sink {
         if row.values[1].as_deref().is_none_or(|r| r.trim().is_empty()) {
             note(&mut s.empty_responses, &mut s.first_empty_responses, id);
         }
-        let error_index = PREDICTION_FIELDS
-            .iter()
-            .position(|(n, _)| *n == "error")
-            .expect("error field");
-        if row.values[error_index]
+        if row.values[field_index("error")]
             .as_deref()
             .is_some_and(|e| !e.is_empty())
         {
@@ -280,14 +314,19 @@ impl Sink {
                     return bad(Some(name), "missing required field".into());
                 }
                 (None | Some(FieldValue::Null), _) => {}
-                (Some(FieldValue::Number(x)), "latency_ms") if x.is_finite() && *x >= 0.0 => {
-                    row.latency = Some(*x)
-                }
-                (Some(v), "latency_ms") => {
-                    return bad(
-                        Some(name),
-                        format!("expected a non-negative number, found {}", v.kind_name()),
-                    );
+                (Some(v), _) if prediction_field_type(name) != PredictionType::Text => {
+                    let checked = match v {
+                        FieldValue::Number(x) => check_number(name, *x),
+                        other => Err(format!(
+                            "expected {}, found {}",
+                            expected(name),
+                            other.kind_name()
+                        )),
+                    };
+                    match checked {
+                        Ok(x) => row.numbers[i] = Some(x),
+                        Err(m) => return bad(Some(name), m),
+                    }
                 }
                 (Some(FieldValue::Str(s)), "case_id") if s.trim().is_empty() => {
                     return bad(Some(name), "empty".into());
@@ -340,10 +379,10 @@ impl Sink {
                 columns.push(None);
                 continue;
             };
-            let target = if *name == "latency_ms" {
-                DataType::Float64
-            } else {
+            let target = if prediction_field_type(name) == PredictionType::Text {
                 DataType::Utf8
+            } else {
+                DataType::Float64
             };
             let cast_col = cast(batch.column(i), &target).map_err(|e| {
                 Error::input(
@@ -358,7 +397,6 @@ impl Sink {
             })?;
             columns.push(Some(cast_col));
         }
-        let latency = latency_index();
         for r in 0..batch.num_rows() {
             let no = first + r as u64;
             let mut row = Row::default();
@@ -367,18 +405,14 @@ impl Sink {
                 if col.is_null(r) {
                     continue;
                 }
-                if i == latency {
-                    // The same rule as a JSONL line: a finite, non-negative number.
+                let name = PREDICTION_FIELDS[i].0;
+                if prediction_field_type(name) != PredictionType::Text {
+                    // The same rule as a JSONL line.
                     let x = col.as_primitive::<Float64Type>().value(r);
-                    if !(x.is_finite() && x >= 0.0) {
-                        return Err(Error::input(
-                            &path,
-                            no,
-                            Some("latency_ms"),
-                            format!("expected a non-negative number, found {x}"),
-                        ));
-                    }
-                    row.latency = Some(x);
+                    row.numbers[i] = Some(
+                        check_number(name, x)
+                            .map_err(|m| Error::input(&path, no, Some(name), m))?,
+                    );
                 } else {
                     row.values[i] = Some(col.as_string::<i32>().value(r).into());
                 }

@@ -1,6 +1,6 @@
 //! The tables every pieval session can query: `attack_cases` (the enriched corpus when
 //! present), and, across every run under the results folder, `case_results`,
-//! `findings`, `controls`, `summaries` and `runs` — each row tagged with its `run_id`. Plus any
+//! `findings`, `turns` (multi-turn transcripts), `controls`, `summaries` and `runs` — each row tagged with its `run_id`. Plus any
 //! file the user registers (Parquet, JSONL, CSV, by extension).
 
 use std::path::{Path, PathBuf};
@@ -67,8 +67,9 @@ async fn register_runs_parquet(
         ctx.register_table(name, Arc::new(MemTable::try_new(empty, vec![vec![]])?))?;
         return Ok(());
     }
+    // Read with the current schema: columns added since a run was written read as NULL.
     let df = ctx
-        .read_parquet(files, ParquetReadOptions::default())
+        .read_parquet(files, ParquetReadOptions::default().schema(&empty))
         .await?;
     ctx.register_table(name, df.into_view())?;
     Ok(())
@@ -262,6 +263,15 @@ pub async fn register_standard_tables(
         crate::rundir::FINDINGS_FILE,
         &runs,
         findings_schema(),
+        &mut skipped,
+    )
+    .await?;
+    register_runs_parquet(
+        ctx,
+        "turns",
+        crate::rundir::TURNS_FILE,
+        &runs,
+        crate::contract::arrow::turns_schema(),
         &mut skipped,
     )
     .await?;

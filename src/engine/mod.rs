@@ -104,3 +104,21 @@ pub fn typed_column<T: datafusion::arrow::datatypes::ArrowPrimitiveType>(
     let col = datafusion::arrow::compute::cast(col, &T::DATA_TYPE)?;
     Ok(col.as_primitive::<T>().clone())
 }
+
+/// Register a run's `case_results.parquet` as `name`, read with the current
+/// case_results schema: columns added since the file was written (the adaptive-attack
+/// fields) read as NULL, so every query runs on older runs too.
+pub async fn register_case_results(
+    ctx: &datafusion::prelude::SessionContext,
+    name: &str,
+    path: &str,
+) -> Result<()> {
+    let schema = crate::contract::arrow::case_results_schema();
+    ctx.register_parquet(
+        name,
+        path,
+        datafusion::prelude::ParquetReadOptions::default().schema(&schema),
+    )
+    .await?;
+    Ok(())
+}

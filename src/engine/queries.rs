@@ -46,7 +46,7 @@ pub const REPORT_CASES: Query = query!("report/cases.sql");
 pub const REPORT_CONTROLS: Query = query!("report/controls.sql");
 
 /// The built-in control catalogue (`pieval controls`), in id order.
-pub const CONTROLS: [Query; 10] = [
+pub const CONTROLS: [Query; 11] = [
     query!("controls/01_asr_critical.sql"),
     query!("controls/02_asr_overall.sql"),
     query!("controls/03_canary_leak.sql"),
@@ -57,6 +57,7 @@ pub const CONTROLS: [Query; 10] = [
     query!("controls/08_review_backlog.sql"),
     query!("controls/09_provider_errors.sql"),
     query!("controls/10_coverage.sql"),
+    query!("controls/11_asr_per_attack.sql"),
 ];
 
 /// Every registered query.

@@ -324,12 +324,7 @@ async fn results_session(case_results: &Path) -> Result<datafusion::prelude::Ses
     let path = case_results
         .to_str()
         .ok_or_else(|| Error::Usage(format!("{}: not a UTF-8 path", case_results.display())))?;
-    ctx.register_parquet(
-        "case_results",
-        path,
-        datafusion::prelude::ParquetReadOptions::default(),
-    )
-    .await?;
+    super::register_case_results(&ctx, "case_results", path).await?;
     Ok(ctx)
 }
 

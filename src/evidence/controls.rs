@@ -180,6 +180,7 @@ fn run_subjects(run: &Path) -> Result<Vec<(String, String)>> {
         crate::judge::JUDGEMENTS_FILE,
         crate::rundir::FINDINGS_FILE,
         crate::rundir::SUMMARY_FILE,
+        crate::rundir::TURNS_FILE,
     ] {
         if let Some(path) = crate::rundir::artifact(run, name)? {
             subjects.push((name.to_owned(), sha256_file(&path)?));
@@ -200,10 +201,10 @@ async fn control_session(run: &Path, manifest: Option<&Manifest>) -> Result<Sess
     let case_results =
         crate::rundir::parquet_artifact(run, crate::rundir::CASE_RESULTS_PARQUET)?
             .ok_or_else(|| Error::State(format!("{}: no case_results.parquet", run.display())))?;
-    ctx.register_parquet(
+    crate::engine::register_case_results(
+        &ctx,
         "case_results",
         &crate::rundir::table_path(&case_results)?,
-        ParquetReadOptions::default(),
     )
     .await?;
     if let Some(findings) = crate::rundir::parquet_artifact(run, crate::rundir::FINDINGS_FILE)? {

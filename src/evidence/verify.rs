@@ -300,6 +300,7 @@ pub fn verify_controls_folder(run: &Path, key: &VerifyingKey) -> Result<Vec<Veri
         crate::rundir::FINDINGS_FILE,
         crate::rundir::SUMMARY_FILE,
         crate::rundir::JUDGEMENTS_FILE,
+        crate::rundir::TURNS_FILE,
     ] {
         if run.join(name).exists() && !listed_run_files.contains(name) {
             unlisted_files.push(name);

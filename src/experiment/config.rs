@@ -1,6 +1,6 @@
 //! The experiment config (contract: "Experiment Config Contract"): YAML with the sections
-//! `experiment`, `dataset`, `model`, `mitigation` and the optional `selection` and
-//! `evaluation`. Parsed with serde (`serde_yaml_ng`, the maintained fork of serde_yaml);
+//! `experiment`, `dataset`, `model`, `mitigation` and the optional `selection`,
+//! `evaluation` and `attack` (converters and multi-turn strategies, `crate::attack`). Parsed with serde (`serde_yaml_ng`, the maintained fork of serde_yaml);
 //! unknown keys, wrong types and missing fields are errors naming the file, the line and
 //! the key path (`model.max_tokens`), with a "did you mean" for misspelt keys and values.
 //!
@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::attack::{AttackPlan, AttackSection, StrategyName};
 use crate::config_errors::{explain, line_of_key};
 use crate::error::{Error, Result};
 pub use crate::judge::config::{JudgeInput, JudgeSection};
@@ -30,6 +31,9 @@ pub struct Config {
     pub selection: Selection,
     #[serde(default)]
     pub evaluation: Evaluation,
+    /// Adaptive attacks; absent: every case is sent as it is, once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attack: Option<AttackSection>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -201,17 +205,7 @@ impl Config {
         if m.top_p.is_some_and(|p| !(p > 0.0 && p <= 1.0)) {
             return bad("model.top_p", "must be in (0, 1]".into());
         }
-        let endpoint = Endpoint {
-            provider: m.provider,
-            name: &m.name,
-            base_url: m.base_url.as_deref(),
-            api_key_env: m.api_key_env.as_deref(),
-            concurrency: m.concurrency,
-            requests_per_minute: m.requests_per_minute,
-            timeout_s: m.timeout_s,
-            max_tokens: m.max_tokens,
-        };
-        if let Err((key, message)) = endpoint.check() {
+        if let Err((key, message)) = endpoint_of(m).check() {
             return bad(&format!("model.{key}"), message);
         }
         if m.provider == ProviderKind::Replay && m.replay_from.is_none() {
@@ -236,9 +230,34 @@ impl Config {
         {
             return bad(&format!("evaluation.judge.{key}"), message);
         }
-        crate::mitigation::Mitigation::from_section(&self.mitigation)
-            .map(|_| ())
-            .or_else(|msg| bad("mitigation.params", msg))?;
+        let mitigation = match crate::mitigation::Mitigation::from_section(&self.mitigation) {
+            Ok(m) => m,
+            Err(msg) => return bad("mitigation.params", msg),
+        };
+        if let Some(attack) = &self.attack {
+            let plan = match AttackPlan::from_section(attack) {
+                Ok(p) => p,
+                Err((key, msg)) => return bad(&format!("attack.{key}"), msg),
+            };
+            for (key, model) in [
+                ("attacker", &attack.attacker),
+                ("translator", &attack.translator),
+            ] {
+                let Some(model) = model else { continue };
+                if model.name.trim().is_empty() {
+                    return bad(&format!("attack.{key}.name"), "must not be empty".into());
+                }
+                if let Err((k, message)) = endpoint_of(model).check() {
+                    return bad(&format!("attack.{key}.{k}"), message);
+                }
+            }
+            if plan.strategy.is_some() && mitigation == crate::mitigation::Mitigation::KnownAnswer {
+                return bad(
+                    "attack.strategy",
+                    "multi-turn strategies cannot run against known_answer yet (its detection call is per request, not per turn): pick another mitigation".into(),
+                );
+            }
+        }
         for (section, map) in [
             ("selection.include", &self.selection.include),
             ("selection.exclude", &self.selection.exclude),
@@ -258,6 +277,20 @@ impl Config {
     /// named by `api_key_env`, never given).
     pub fn snapshot(&self) -> serde_json::Value {
         serde_json::to_value(self).expect("a config serializes")
+    }
+}
+
+/// The endpoint settings of a model section, for their checks.
+fn endpoint_of(m: &ModelSection) -> Endpoint<'_> {
+    Endpoint {
+        provider: m.provider,
+        name: &m.name,
+        base_url: m.base_url.as_deref(),
+        api_key_env: m.api_key_env.as_deref(),
+        concurrency: m.concurrency,
+        requests_per_minute: m.requests_per_minute,
+        timeout_s: m.timeout_s,
+        max_tokens: m.max_tokens,
     }
 }
 

@@ -1,6 +1,8 @@
 //! Replay: answer each case with the response recorded for it in a predictions file
-//! (JSONL or Parquet) or in an earlier run's `predictions.jsonl`. The first record of a
-//! case wins. A case with no record fails with an error saying so (it is not dropped).
+//! (JSONL or Parquet) or in an earlier run's `predictions.jsonl`. Records are keyed by
+//! their attempt id when they have one (adaptive attacks), else by case id; the first
+//! record of a key wins. A key with no record fails with an error saying so (it is not
+//! dropped).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -62,8 +64,9 @@ impl ReplayProvider {
                     .map(|c| c.as_string::<i32>().clone())
                     .expect("the predictions schema has every field")
             };
-            let (ids, resp, err, blocked) = (
+            let (ids, attempt_ids, resp, err, blocked) = (
                 col("case_id"),
+                col("attempt_id"),
                 col("response_text"),
                 col("error"),
                 col("blocked_by"),
@@ -77,14 +80,17 @@ impl ReplayProvider {
                 (!a.is_null(i)).then(|| a.value(i).to_owned())
             };
             for i in 0..batch.num_rows() {
-                records
-                    .entry(ids.value(i).to_owned())
-                    .or_insert_with(|| Recorded {
-                        response_text: opt(&resp, i),
-                        error: opt(&err, i),
-                        blocked_by: opt(&blocked, i),
-                        latency_ms: (!latency.is_null(i)).then(|| latency.value(i)),
-                    });
+                let key = if attempt_ids.is_null(i) {
+                    ids.value(i)
+                } else {
+                    attempt_ids.value(i)
+                };
+                records.entry(key.to_owned()).or_insert_with(|| Recorded {
+                    response_text: opt(&resp, i),
+                    error: opt(&err, i),
+                    blocked_by: opt(&blocked, i),
+                    latency_ms: (!latency.is_null(i)).then(|| latency.value(i)),
+                });
             }
         }
         Ok(Self {
@@ -93,8 +99,9 @@ impl ReplayProvider {
         })
     }
 
-    pub fn recorded(&self, case_id: &str) -> Option<&Recorded> {
-        self.records.get(case_id)
+    /// The record of an attempt id (adaptive attacks) or a case id.
+    pub fn recorded(&self, key: &str) -> Option<&Recorded> {
+        self.records.get(key)
     }
 
     pub fn len(&self) -> usize {
@@ -119,7 +126,8 @@ impl Provider for ReplayProvider {
     ) -> Result<Completion, CallError> {
         let missing = || CallError {
             message: format!(
-                "replay: no recorded response for this case in {}",
+                "replay: no recorded response for {} in {}",
+                crate::text::excerpt(case_id, 120),
                 self.source.display()
             ),
             latency_ms: 0.0,

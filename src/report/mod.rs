@@ -79,10 +79,10 @@ async fn run_session(dir: &Path) -> Result<SessionContext> {
                 dir.display()
             ))
         })?;
-    ctx.register_parquet(
+    crate::engine::register_case_results(
+        &ctx,
         "case_results",
         &crate::rundir::table_path(&results)?,
-        ParquetReadOptions::default(),
     )
     .await?;
     let controls = format!("{}/controls.parquet", crate::rundir::CONTROLS_DIR);

@@ -47,11 +47,106 @@ pub struct PredictionRecord {
     /// The answer was longer than `provider::MAX_RESPONSE_BYTES` and was cut there.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub response_truncated: bool,
+    /// Adaptive attacks (`attack` in the config): this attempt's stable id, the
+    /// converter pipeline and the strategy that made it (`none` for the unconverted or
+    /// single-turn attempt), the turns a strategy used and the one that succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attack_pipeline: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attack_strategy: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turns_used: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub success_turn: Option<u32>,
+    /// `translate`: the translator's answer (replayed by `provider: replay`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub translation: Option<String>,
+    /// Where the converters found the payload (`provenance`, `segments`, `whole`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_located: Option<String>,
+    /// A multi-turn strategy's whole transcript, one entry per target query (and per
+    /// branch pruned before one); written to `turns.parquet` when the run is scored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub turns: Vec<TurnRecord>,
+}
+
+impl PredictionRecord {
+    /// The checkpoint key: the attempt id of an adaptive attempt, else the case id.
+    pub fn key(&self) -> &str {
+        self.attempt_id.as_deref().unwrap_or(&self.case_id)
+    }
+}
+
+/// One turn of a multi-turn strategy: the attacker's answer, the prompt it yielded, the
+/// target's answer and the scorer's verdict. `turn` numbers the target queries of the
+/// attempt from 1; `node_id` names the turn's place in the strategy (`3` for the third
+/// turn of a linear strategy, `2.1.3` in a TAP tree) and `parent_id` its parent.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct TurnRecord {
+    pub turn: u32,
+    pub depth: u32,
+    pub node_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_id: Option<String>,
+    /// The attacker model's raw answer (the JSON holding the prompt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attacker_response: Option<String>,
+    /// What was sent to the target as the user's message.
+    pub attack_prompt: String,
+    /// TAP's first pruning: the evaluator judged the prompt on the objective's topic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_topic: Option<bool>,
+    /// Pruned before the target was asked (off topic).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pruned: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_response: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<bool>,
+    /// The case's success criteria on this answer (None: undecided or not asked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub success: Option<bool>,
+    /// The scorer's feedback to the attacker, 1 to 10.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub score: Option<u32>,
+    /// The application's mitigation blocked the prompt before the target saw it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocked_by: Option<String>,
+    /// Crescendo: the target refused and this exchange was taken out of its memory.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub backtracked: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_ms: Option<f64>,
 }
 
 /// The case ids already in a checkpoint. A torn last line (a kill mid-write) is cut off
 /// so appending continues on a line boundary.
 pub fn read_checkpoint(path: &Path) -> Result<HashSet<String>> {
+    read_checkpoint_with(path, |_| {})
+}
+
+/// [`read_checkpoint`], handing every record read to `each` (after the repair).
+pub fn read_checkpoint_with(
+    path: &Path,
+    each: impl FnMut(PredictionRecord),
+) -> Result<HashSet<String>> {
+    scan(path, true, each)
+}
+
+/// Every record of a checkpoint, without repairing it (a torn tail is skipped).
+pub fn scan_checkpoint(path: &Path, each: impl FnMut(PredictionRecord)) -> Result<()> {
+    scan(path, false, each).map(|_| ())
+}
+
+fn scan(
+    path: &Path,
+    repair: bool,
+    mut each: impl FnMut(PredictionRecord),
+) -> Result<HashSet<String>> {
     let mut done = HashSet::new();
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
@@ -69,7 +164,8 @@ pub fn read_checkpoint(path: &Path) -> Result<HashSet<String>> {
         let line = &bytes[start..start + nl];
         match serde_json::from_slice::<PredictionRecord>(line) {
             Ok(r) => {
-                done.insert(r.case_id);
+                done.insert(r.key().to_owned());
+                each(r);
                 good_end = start + nl + 1;
             }
             Err(e) if start + nl + 1 == bytes.len() => {
@@ -87,7 +183,7 @@ pub fn read_checkpoint(path: &Path) -> Result<HashSet<String>> {
         }
         start += nl + 1;
     }
-    if good_end < bytes.len() {
+    if repair && good_end < bytes.len() {
         let f = std::fs::OpenOptions::new()
             .write(true)
             .open(path)
@@ -132,5 +228,131 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
+    }
+}
+
+/// Write `turns.parquet` from a run's checkpoint (atomically), when any attempt has
+/// turns; otherwise remove a stale one. Returns the rows written.
+pub fn write_turns(dir: &Path) -> Result<u64> {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::{
+        ArrayRef, BooleanBuilder, Float64Builder, Int64Builder, RecordBatch, StringBuilder,
+    };
+
+    let out = dir.join(super::TURNS_FILE);
+    let schema = crate::contract::arrow::turns_schema();
+    let mut writer: Option<crate::atomic::ParquetFile> = None;
+    #[derive(Default)]
+    struct Cols {
+        text: Vec<StringBuilder>,
+        int: Vec<Int64Builder>,
+        flag: Vec<BooleanBuilder>,
+        latency: Float64Builder,
+        rows: usize,
+    }
+    let mut cols = Cols::default();
+    let flush = |cols: &mut Cols, writer: &mut Option<crate::atomic::ParquetFile>| -> Result<()> {
+        if cols.rows == 0 {
+            return Ok(());
+        }
+        let mut t = cols.text.iter_mut();
+        let mut i = cols.int.iter_mut();
+        let mut f = cols.flag.iter_mut();
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+        for field in schema.fields() {
+            columns.push(match field.data_type() {
+                datafusion::arrow::datatypes::DataType::Utf8 => {
+                    Arc::new(t.next().expect("a text column").finish())
+                }
+                datafusion::arrow::datatypes::DataType::Int64 => {
+                    Arc::new(i.next().expect("an int column").finish())
+                }
+                datafusion::arrow::datatypes::DataType::Boolean => {
+                    Arc::new(f.next().expect("a flag column").finish())
+                }
+                _ => Arc::new(cols.latency.finish()),
+            });
+        }
+        let batch = RecordBatch::try_new(Arc::clone(&schema), columns)?;
+        if writer.is_none() {
+            *writer = Some(crate::atomic::ParquetFile::create(
+                &out,
+                Arc::clone(&schema),
+            )?);
+        }
+        writer.as_mut().expect("created").write(&batch)?;
+        cols.rows = 0;
+        Ok(())
+    };
+    cols.text = (0..11).map(|_| StringBuilder::new()).collect();
+    cols.int = (0..3).map(|_| Int64Builder::new()).collect();
+    cols.flag = (0..5).map(|_| BooleanBuilder::new()).collect();
+    let mut failed = None;
+    scan_checkpoint(&dir.join(super::PREDICTIONS_FILE), |r| {
+        if failed.is_some() || r.turns.is_empty() {
+            return;
+        }
+        let attempt = r.key().to_owned();
+        for t in &r.turns {
+            // In schema order: text 0 run_id, 1 case_id, 2 attempt_id, 3 strategy, 4 node,
+            // 5 parent, 6 attacker_response, 7 prompt, 8 target_response, 9 error,
+            // 10 blocked_by; int 0 turn, 1 depth, 2 score; flag 0 on_topic, 1 pruned,
+            // 2 refused, 3 success, 4 backtracked.
+            let texts: [Option<&str>; 11] = [
+                Some(&r.run_id),
+                Some(&r.case_id),
+                Some(&attempt),
+                r.attack_strategy.as_deref(),
+                Some(&t.node_id),
+                t.parent_id.as_deref(),
+                t.attacker_response.as_deref(),
+                Some(&t.attack_prompt),
+                t.target_response.as_deref(),
+                t.error.as_deref(),
+                t.blocked_by.as_deref(),
+            ];
+            for (b, v) in cols.text.iter_mut().zip(texts) {
+                b.append_option(v);
+            }
+            for (b, v) in cols.int.iter_mut().zip([
+                Some(i64::from(t.turn)),
+                Some(i64::from(t.depth)),
+                t.score.map(i64::from),
+            ]) {
+                b.append_option(v);
+            }
+            for (b, v) in cols.flag.iter_mut().zip([
+                t.on_topic,
+                Some(t.pruned),
+                t.refused,
+                t.success,
+                Some(t.backtracked),
+            ]) {
+                b.append_option(v);
+            }
+            cols.latency.append_option(t.latency_ms);
+            cols.rows += 1;
+        }
+        if cols.rows >= 8192
+            && let Err(e) = flush(&mut cols, &mut writer)
+        {
+            failed = Some(e);
+        }
+    })?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    flush(&mut cols, &mut writer)?;
+    match writer {
+        Some(w) => w.commit(),
+        None => {
+            match std::fs::remove_file(&out) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(&out, "cannot remove a stale turns file", e)),
+            }
+            Ok(0)
+        }
     }
 }

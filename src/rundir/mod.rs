@@ -9,6 +9,8 @@
 //! - `predictions.jsonl` — the checkpoint: one line per finished case, appended with one
 //!   `write` call as each case finishes, so a killed run loses no finished case;
 //!   `--resume` repairs a torn last line ([`checkpoint::read_checkpoint`]);
+//! - `turns.parquet` — a multi-turn strategy's transcripts, one row per turn (from the
+//!   checkpoint, when the run is scored);
 //! - `case_results.{jsonl,parquet}`, `findings.parquet`, `summary.json`,
 //!   `judgements.parquet` — from the scoring engine;
 //! - `controls/` — controls and their envelopes (`pieval controls`).
@@ -20,7 +22,7 @@ pub mod manifest;
 
 use std::path::Path;
 
-pub use checkpoint::{PredictionRecord, read_checkpoint};
+pub use checkpoint::{PredictionRecord, TurnRecord, read_checkpoint, read_checkpoint_with};
 pub use manifest::{Manifest, ModelSpeed, Rate, RunResults, RunStatus};
 
 use crate::error::{Error, Result};
@@ -33,6 +35,8 @@ pub const CASE_RESULTS_PARQUET: &str = "case_results.parquet";
 pub const FINDINGS_FILE: &str = "findings.parquet";
 pub const SUMMARY_FILE: &str = "summary.json";
 pub const JUDGEMENTS_FILE: &str = "judgements.parquet";
+/// Multi-turn strategies: one row per turn.
+pub const TURNS_FILE: &str = "turns.parquet";
 pub const CONTROLS_DIR: &str = "controls";
 /// The run's HTML report (`pieval report`, written by `pieval run`).
 pub const REPORT_FILE: &str = "report.html";

@@ -5,6 +5,10 @@
 //! (5%, two-sided). A **regression** is a significant increase of a rate where higher is
 //! worse: attack success, leakage, over-refusal of benign controls. Flipped cases come
 //! from joining the two runs' `case_results.parquet` on `case_id` in DataFusion.
+//!
+//! A run with an attack section is compared case by case: its rates are the
+//! `adaptive = any_attempt` ones of its summary (a case broken by any of its attempts),
+//! so a static run and an adaptive run of the same cases compare like with like.
 
 use std::path::Path;
 
@@ -60,7 +64,11 @@ pub struct RunDiff {
 }
 
 fn rate(summary: &Value, metric: &str) -> Rate {
-    let m = summary.pointer(&format!("/aggregate_metrics/{metric}"));
+    let m = summary
+        .pointer(&format!(
+            "/aggregate_metrics/by_adaptive/any_attempt/{metric}"
+        ))
+        .or_else(|| summary.pointer(&format!("/aggregate_metrics/{metric}")));
     let g = |k: &str| m.and_then(|m| m.get(k));
     Rate {
         n: g("n").and_then(Value::as_u64).unwrap_or(0),
@@ -152,9 +160,8 @@ fn flipped(a: &Path, b: &Path) -> Result<(Vec<Flip>, u64, u64)> {
     let rt = crate::engine::runtime()?;
     rt.block_on(async {
         let ctx = crate::engine::session();
-        let opts = datafusion::prelude::ParquetReadOptions::default();
-        ctx.register_parquet("a", &pa, opts.clone()).await?;
-        ctx.register_parquet("b", &pb, opts).await?;
+        crate::engine::register_case_results(&ctx, "a", &pa).await?;
+        crate::engine::register_case_results(&ctx, "b", &pb).await?;
         let sql = crate::engine::queries::RUNS_DIFF.sql;
         let batches = crate::engine::collect(&ctx, sql).await?;
         let mut flips = Vec::new();

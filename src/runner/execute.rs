@@ -1,6 +1,10 @@
-//! The model calls: each pending case assembled by its mitigation, sent to the backend
-//! (a provider, a replayed run, or nothing in a dry run) with bounded concurrency, and
-//! appended to the checkpoint as it finishes. Progress goes to the caller's callback.
+//! The model calls: each pending attempt (a case, or with an `attack` section a case ×
+//! converter pipeline or strategy, `crate::attack`) assembled by its mitigation, sent to
+//! the backend (a provider, a replayed run, or nothing in a dry run) with bounded
+//! concurrency, and appended to the checkpoint as it finishes. A multi-turn attempt
+//! writes its whole transcript in its one checkpoint line, so a killed run resumes at
+//! the attempt without losing or repeating a turn. Progress goes to the caller's
+//! callback.
 
 use std::io::Write;
 use std::path::Path;
@@ -9,6 +13,10 @@ use std::sync::Arc;
 use futures::StreamExt;
 
 use super::{Progress, RunEvent, notes};
+use crate::attack::convert::{Ctx, translation_request};
+use crate::attack::payload::{locate, target};
+use crate::attack::transcript::{TranscriptReplay, translate_key};
+use crate::attack::{AttackPlan, AttemptSpec, attempts};
 use crate::contract::case::AttackCase;
 use crate::detect::criteria::{Compiled, Response};
 use crate::detect::leak::Prepared;
@@ -16,8 +24,9 @@ use crate::detect::refusal::RefusalDetector;
 use crate::error::{Error, Result};
 use crate::experiment::config::{Config, ExecutionMode, ProviderKind};
 use crate::mitigation::{Mitigation, Plan, plan, probe_passes};
+use crate::provider::config::ModelSection;
 use crate::provider::replay::{ReplayProvider, resolve_source};
-use crate::provider::{CallError, Provider};
+use crate::provider::{CallError, Message, Provider};
 use crate::rundir::{ModelSpeed, PredictionRecord};
 
 /// Counters shown while running.
@@ -32,8 +41,37 @@ pub(super) struct Tally {
 
 enum Backend {
     Call(Box<dyn Provider>),
-    Replay(ReplayProvider),
+    /// Single-turn answers by attempt or case; a multi-turn run's target turns.
+    Replay(ReplayProvider, Option<TranscriptReplay>),
     DryRun,
+}
+
+/// The models an attack section adds: the attacker (and TAP's evaluator), the translator.
+struct Helpers {
+    attacker: Option<Box<dyn Provider>>,
+    translator: Option<Box<dyn Provider>>,
+}
+
+/// A calling provider, or a replay of the recorded answers, for an attack's model section.
+fn helper(
+    model: &ModelSection,
+    cfg: &Config,
+    progress: Option<&Progress>,
+) -> Result<Box<dyn Provider>> {
+    match model.provider {
+        ProviderKind::Replay => {
+            let spec = model.replay_from.as_deref().unwrap_or_default();
+            let source = resolve_source(spec, &cfg.experiment.output_dir)?;
+            Ok(Box::new(TranscriptReplay::open(&source)?))
+        }
+        ProviderKind::Openai | ProviderKind::Local => {
+            crate::provider::build(model, cfg.experiment.seed, &mut |line| {
+                if let Some(p) = progress {
+                    p(RunEvent::Note(line))
+                }
+            })
+        }
+    }
 }
 
 fn backend(cfg: &Config, progress: Option<&Progress>) -> Result<Backend> {
@@ -44,7 +82,13 @@ fn backend(cfg: &Config, progress: Option<&Progress>) -> Result<Backend> {
         ProviderKind::Replay => {
             let spec = cfg.model.replay_from.as_deref().unwrap_or_default();
             let source = resolve_source(spec, &cfg.experiment.output_dir)?;
-            Ok(Backend::Replay(ReplayProvider::open(&source)?))
+            let multi_turn = cfg.attack.as_ref().is_some_and(|a| a.strategy.is_some());
+            Ok(Backend::Replay(
+                ReplayProvider::open(&source)?,
+                multi_turn
+                    .then(|| TranscriptReplay::open(&source))
+                    .transpose()?,
+            ))
         }
         ProviderKind::Openai | ProviderKind::Local => Ok(Backend::Call(crate::provider::build(
             &cfg.model,
@@ -58,15 +102,56 @@ fn backend(cfg: &Config, progress: Option<&Progress>) -> Result<Backend> {
     }
 }
 
-/// Run every pending case; returns the tally and whether the run was interrupted.
+/// Every attempt of the cases not in `done` (checkpoint keys).
+pub(super) fn pending_attempts<'c>(
+    cfg: &Config,
+    cases: &'c [AttackCase],
+    done: &std::collections::HashSet<String>,
+) -> Result<Vec<(&'c AttackCase, AttemptSpec)>> {
+    let plan = attack_plan(cfg)?;
+    Ok(cases
+        .iter()
+        .flat_map(|c| {
+            attempts(plan.as_ref(), &c.case_id)
+                .into_iter()
+                .map(move |a| (c, a))
+        })
+        .filter(|(c, a)| !done.contains(a.attempt_id.as_deref().unwrap_or(&c.case_id)))
+        .collect())
+}
+
+/// The config's attack plan (checked when the config was loaded; a snapshot edited since
+/// is refused here).
+fn attack_plan(cfg: &Config) -> Result<Option<AttackPlan>> {
+    cfg.attack
+        .as_ref()
+        .map(|a| {
+            AttackPlan::from_section(a).map_err(|(k, m)| Error::State(format!("attack.{k}: {m}")))
+        })
+        .transpose()
+}
+
+/// Run every pending attempt; returns the tally and whether the run was interrupted.
 pub(super) fn execute_all(
     cfg: &Config,
     run_id: &str,
-    pending: &[&AttackCase],
+    pending: &[(&AttackCase, AttemptSpec)],
     dir: &Path,
     progress: Option<&Progress>,
 ) -> Result<(Tally, bool)> {
     let backend = Arc::new(backend(cfg, progress)?);
+    let plan = attack_plan(cfg)?;
+    let dry = cfg.model.execution_mode == ExecutionMode::DryRun;
+    let helpers = Arc::new(Helpers {
+        attacker: match cfg.attack.as_ref().and_then(|a| a.attacker.as_ref()) {
+            Some(m) if !dry => Some(helper(m, cfg, progress)?),
+            _ => None,
+        },
+        translator: match cfg.attack.as_ref().and_then(|a| a.translator.as_ref()) {
+            Some(m) if !dry => Some(helper(m, cfg, progress)?),
+            _ => None,
+        },
+    });
     let path = dir.join(crate::rundir::PREDICTIONS_FILE);
     let mut file = std::fs::OpenOptions::new()
         .create(true)
@@ -80,8 +165,10 @@ pub(super) fn execute_all(
     }
     let refusals = RefusalDetector::default_pack();
     // For the live success count: criteria compiled once per distinct criteria.
-    let by_id: std::collections::HashMap<&str, &AttackCase> =
-        pending.iter().map(|c| (c.case_id.as_str(), *c)).collect();
+    let by_id: std::collections::HashMap<&str, &AttackCase> = pending
+        .iter()
+        .map(|(c, _)| (c.case_id.as_str(), *c))
+        .collect();
     let mut compiled: std::collections::HashMap<
         crate::contract::criteria::SuccessCriteria,
         Option<Compiled>,
@@ -109,10 +196,17 @@ pub(super) fn execute_all(
             tally.speed.backend = provider.backend();
             tally.speed.instances = tally.speed.backend.as_ref().map(|_| provider.instances());
         }
-        let mut stream = futures::stream::iter(pending.iter().map(|case| {
+        let attempt = Attempt {
+            cfg,
+            run_id,
+            plan: plan.as_ref(),
+            mitigation: &mitigation,
+        };
+        let mut stream = futures::stream::iter(pending.iter().map(|(case, spec)| {
             let backend = Arc::clone(&backend);
-            let p = plan(case, &mitigation, cfg.experiment.seed);
-            execute_one(case, p, backend, cfg, run_id)
+            let helpers = Arc::clone(&helpers);
+            let attempt = &attempt;
+            async move { attempt.run(case, spec, backend, helpers).await }
         }))
         .buffer_unordered(concurrency);
         let mut ctrl_c = std::pin::pin!(tokio::signal::ctrl_c());
@@ -179,35 +273,173 @@ pub(super) fn execute_all(
     })
 }
 
+/// What every attempt shares.
+struct Attempt<'a> {
+    cfg: &'a Config,
+    run_id: &'a str,
+    plan: Option<&'a AttackPlan>,
+    mitigation: &'a Mitigation,
+}
+
+impl Attempt<'_> {
+    async fn run(
+        &self,
+        case: &AttackCase,
+        spec: &AttemptSpec,
+        backend: Arc<Backend>,
+        helpers: Arc<Helpers>,
+    ) -> PredictionRecord {
+        let cfg = self.cfg;
+        let seed = cfg.experiment.seed;
+        let mut rec = PredictionRecord {
+            case_id: case.case_id.clone(),
+            run_id: self.run_id.to_owned(),
+            provider: cfg.model.provider.as_str().to_owned(),
+            model_name: cfg.model.name.clone(),
+            execution_mode: cfg.model.execution_mode.as_str().to_owned(),
+            mitigation: cfg.mitigation.name.as_str().to_owned(),
+            attempt_id: spec.attempt_id.clone(),
+            attack_pipeline: spec.pipeline_label.clone(),
+            attack_strategy: spec.strategy_label.clone(),
+            ..PredictionRecord::default()
+        };
+        let key = spec
+            .attempt_id
+            .clone()
+            .unwrap_or_else(|| case.case_id.clone());
+        if spec.strategy {
+            self.strategy(case, &key, &mut rec, &backend, &helpers)
+                .await;
+            rec.completed_at = crate::text::utc_rfc3339(crate::text::unix_now());
+            return rec;
+        }
+        // The case as sent: its payload converted by the attempt's pipeline.
+        let mut sent = std::borrow::Cow::Borrowed(case);
+        if let (Some(attack), Some(i)) = (self.plan, spec.pipeline) {
+            let pipeline = &attack.pipelines[i];
+            let located = locate(case);
+            rec.payload_located = Some(located.how.to_owned());
+            let ctx = Ctx {
+                seed,
+                case_id: &case.case_id,
+                variant: spec.variant,
+                target: target(case),
+            };
+            let (before, after) = pipeline.split_at_translate();
+            let mut text = before.apply(located.text(case), &ctx);
+            if let (Some(after), Some(language)) = (after, pipeline.translation()) {
+                let translated = match helpers.translator.as_deref() {
+                    // A dry run calls nothing: the text goes untranslated.
+                    None => Ok(text.clone()),
+                    Some(t) => t
+                        .complete(
+                            &translate_key(&key),
+                            &[Message::user(translation_request(
+                                &text, language, ctx.target,
+                            ))],
+                        )
+                        .await
+                        .map(|c| {
+                            rec.translation = Some(c.text.clone());
+                            c.text.trim().to_owned()
+                        }),
+                };
+                match translated {
+                    Ok(t) => text = after.apply(&t, &ctx),
+                    Err(e) => {
+                        let p = plan(case, self.mitigation, seed);
+                        rec.request_prompt = Some(p.request_prompt);
+                        rec.error = Some(format!("translator: {}", e.message));
+                        rec.attempts += e.attempts;
+                        rec.completed_at = crate::text::utc_rfc3339(crate::text::unix_now());
+                        return rec;
+                    }
+                }
+            }
+            sent = std::borrow::Cow::Owned(located.replace(case, &text));
+        }
+        let p = plan(&sent, self.mitigation, seed);
+        execute_one(&key, p, &backend, rec).await
+    }
+
+    /// A multi-turn attempt (`crate::attack::strategy`).
+    async fn strategy(
+        &self,
+        case: &AttackCase,
+        key: &str,
+        rec: &mut PredictionRecord,
+        backend: &Backend,
+        helpers: &Helpers,
+    ) {
+        let Some(spec) = self.plan.and_then(|p| p.strategy.as_ref()) else {
+            return;
+        };
+        let target: &dyn Provider = match backend {
+            Backend::DryRun => {
+                let p = plan(case, self.mitigation, self.cfg.experiment.seed);
+                rec.request_prompt = Some(p.request_prompt);
+                rec.request_context = p.request_context;
+                rec.request_task_input = p.request_task_input;
+                return;
+            }
+            Backend::Call(p) => p.as_ref(),
+            Backend::Replay(_, Some(t)) => t,
+            Backend::Replay(_, None) => {
+                rec.error = Some("replay: the recorded run holds no transcripts".into());
+                return;
+            }
+        };
+        let Some(attacker) = helpers.attacker.as_deref() else {
+            rec.error = Some("attacker: no attacker model".into());
+            return;
+        };
+        let out = crate::attack::strategy::Attack {
+            case,
+            attempt_id: key,
+            spec,
+            mitigation: self.mitigation,
+            seed: self.cfg.experiment.seed,
+            attacker,
+            target,
+        }
+        .run()
+        .await;
+        if let Some(p) = out.plan {
+            rec.request_prompt = Some(p.request_prompt);
+            rec.request_context = p.request_context;
+            rec.request_task_input = p.request_task_input;
+            rec.blocked_by = p.blocked_by;
+        }
+        rec.response_text = out.response;
+        rec.latency_ms = out.latency_ms;
+        rec.error = out.error;
+        rec.attempts = out.calls;
+        rec.turns_used = Some(out.turns_used);
+        rec.success_turn = out.success_turn;
+        rec.turns = out.turns;
+    }
+}
+
+/// A single-turn attempt: the request `plan` sent to the backend, the answer recorded.
 async fn execute_one(
-    case: &AttackCase,
+    key: &str,
     plan: Plan,
-    backend: Arc<Backend>,
-    cfg: &Config,
-    run_id: &str,
+    backend: &Backend,
+    mut rec: PredictionRecord,
 ) -> PredictionRecord {
-    let mut rec = PredictionRecord {
-        case_id: case.case_id.clone(),
-        run_id: run_id.to_owned(),
-        provider: cfg.model.provider.as_str().to_owned(),
-        model_name: cfg.model.name.clone(),
-        request_prompt: Some(plan.request_prompt.clone()),
-        request_context: plan.request_context.clone(),
-        request_task_input: plan.request_task_input.clone(),
-        execution_mode: cfg.model.execution_mode.as_str().to_owned(),
-        mitigation: cfg.mitigation.name.as_str().to_owned(),
-        blocked_by: plan.blocked_by.clone(),
-        ..PredictionRecord::default()
-    };
+    rec.request_prompt = Some(plan.request_prompt.clone());
+    rec.request_context = plan.request_context.clone();
+    rec.request_task_input = plan.request_task_input.clone();
+    rec.blocked_by = plan.blocked_by.clone();
     let fail = |rec: &mut PredictionRecord, e: CallError, what: &str| {
         rec.error = Some(format!("{what}{}", e.message));
         rec.latency_ms = Some(e.latency_ms);
         rec.attempts += e.attempts;
     };
-    match backend.as_ref() {
+    match backend {
         _ if plan.blocked_by.is_some() => {}
         Backend::DryRun => {}
-        Backend::Replay(r) => match r.recorded(&case.case_id) {
+        Backend::Replay(r, _) => match r.recorded(key) {
             Some(recorded) => {
                 rec.response_text = recorded.response_text.clone();
                 rec.error = recorded.error.clone();
@@ -215,18 +447,18 @@ async fn execute_one(
                 rec.latency_ms = recorded.latency_ms;
                 rec.attempts = 1;
             }
-            None => match r.complete(&case.case_id, &plan.messages).await {
+            None => match r.complete(key, &plan.messages).await {
                 Ok(_) => {}
                 Err(e) => fail(&mut rec, e, ""),
             },
         },
         Backend::Call(p) => {
             let mut go = true;
-            if let Some((probe, key)) = &plan.probe {
-                match p.complete(&case.case_id, probe).await {
+            if let Some((probe, probe_key)) = &plan.probe {
+                match p.complete(key, probe).await {
                     Ok(answer) => {
                         rec.attempts += answer.attempts;
-                        if !probe_passes(&answer.text, key) {
+                        if !probe_passes(&answer.text, probe_key) {
                             rec.blocked_by = Some("known_answer".into());
                             go = false;
                         }
@@ -239,7 +471,7 @@ async fn execute_one(
                 }
             }
             if go {
-                match p.complete(&case.case_id, &plan.messages).await {
+                match p.complete(key, &plan.messages).await {
                     Ok(c) => {
                         rec.response_text = Some(c.text);
                         rec.response_redacted = c.redacted;

@@ -199,10 +199,16 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
     let catalog = catalog::Catalog::open(&output_dir)?;
     catalog.record(&catalog::RunRow::from_manifest(&manifest, &dir))?;
 
-    let pending: Vec<&AttackCase> = cases
-        .iter()
-        .filter(|c| !resumed_ids.contains(&c.case_id))
-        .collect();
+    let pending = match execute::pending_attempts(cfg, &cases, &resumed_ids) {
+        Ok(p) => p,
+        Err(e) => {
+            let mut manifest = manifest;
+            manifest.status = Some(RunStatus::Failed);
+            manifest.error = Some(e.to_string());
+            manifest.write(&dir)?;
+            return Err(e);
+        }
+    };
 
     // A run stopped by an error is recorded `failed` with it (resumable), never left
     // `running`.
@@ -294,7 +300,9 @@ pub fn score_run(
                 .map(|judge| Arc::new(judge.with_notes(notes(progress))))
         })
         .transpose()?;
-    score(&opts)
+    let report = score(&opts)?;
+    crate::rundir::checkpoint::write_turns(dir)?;
+    Ok(report)
 }
 
 /// Headline results into the manifest.

@@ -253,6 +253,37 @@ evaluation: {leakage_threshold: 0.6, judge: {provider: openai, name: j, base_url
         let declared = keys(&schema_v["properties"][section]["properties"]);
         assert_eq!(keys(value), declared, "section {section}");
     }
+    // The attack section: no one valid config sets every key (a strategy excludes
+    // converters, max_backtracks is Crescendo's, branching TAP's), so two together do.
+    let base = "experiment: {name: x}\ndataset: {path: a.jsonl}\nmodel: {provider: local, name: m}\nmitigation: {name: none}\n";
+    let model = "{provider: openai, name: a, base_url: 'http://h/v1'}";
+    let mut attack_keys = std::collections::BTreeSet::new();
+    for attack in [
+        format!(
+            "attack: {{original: false, converters: [base64, [rot13, {{translate: {{language: French}}}}], {{best_of_n: {{n: 2}}}}], translator: {model}}}\n"
+        ),
+        format!(
+            "attack: {{strategy: tap, attacker: {model}, max_turns: 9, branching: 2, width: 2, depth: 3}}\n"
+        ),
+        format!(
+            "attack: {{strategy: crescendo, attacker: {model}, max_turns: 4, max_backtracks: 2}}\n"
+        ),
+    ] {
+        let snap = Config::parse(&format!("{base}{attack}"), std::path::Path::new("a.yaml"))
+            .unwrap()
+            .snapshot();
+        let errors: Vec<String> = validator
+            .iter_errors(&snap)
+            .map(|e| e.to_string())
+            .collect();
+        assert!(errors.is_empty(), "{attack}: {errors:?}");
+        attack_keys.extend(keys(&snap["attack"]));
+    }
+    assert_eq!(
+        attack_keys,
+        keys(&schema_v["properties"]["attack"]["properties"]),
+        "attack"
+    );
     let judge_declared =
         keys(&schema_v["properties"]["evaluation"]["properties"]["judge"]["properties"]);
     assert_eq!(

@@ -290,7 +290,7 @@ fn signed_envelopes_verify_and_every_tampering_is_caught() {
     );
 
     let (_, report) = controls_json(&runf, &["--sign-key", key.to_str().unwrap()]);
-    assert_eq!(report["controls"].as_array().unwrap().len(), 10);
+    assert_eq!(report["controls"].as_array().unwrap().len(), 11);
     assert_eq!(status_of(&report, "PI-COVERAGE"), "pass");
     let envelopes = runf.join("controls/envelopes");
     let env_path = envelopes.join("PI-ASR-OVERALL.json");
@@ -368,7 +368,7 @@ fn signed_envelopes_verify_and_every_tampering_is_caught() {
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
     assert_eq!(
         r.stdout.matches("signature valid").count(),
-        10,
+        11,
         "{}",
         r.stdout
     );
@@ -609,7 +609,7 @@ print(json.dumps({"counts": counts, "digest": hashlib.sha256("\n".join(lines).en
         assert_eq!(v["counts"]["case_results"], 40);
         assert_eq!(v["counts"]["attack_cases"], 40);
         assert_eq!(v["counts"]["runs"], 1);
-        assert_eq!(v["counts"]["controls"], 10);
+        assert_eq!(v["counts"]["controls"], 11);
         assert_eq!(v["digest"], rows_digest(source.clone()));
         assert_eq!(v["partitions"], json!([[date, "echo-model"]]));
     }
@@ -646,7 +646,7 @@ print(json.dumps({"counts": counts, "digest": hashlib.sha256("\n".join(lines).en
         let out = sqlite3_query(
             "SELECT (SELECT count(*) FROM case_results) || ',' || (SELECT count(*) FROM attack_cases) || ',' || (SELECT count(*) FROM controls) || ',' || (SELECT count(*) FROM runs) || ',' || (SELECT count(*) FROM sqlite_master WHERE type = 'index');",
         );
-        assert_eq!(out.trim(), "40,40,10,1,9");
+        assert_eq!(out.trim(), "40,40,11,1,9");
         // The rows, sorted byte-wise and joined, as one value: the same digest.
         let text = sqlite3_query(
             "SELECT group_concat(r, char(10)) FROM (SELECT case_id || '|' || CASE WHEN attack_success IS NULL THEN 'NULL' WHEN attack_success THEN 'true' ELSE 'false' END || '|' || coalesce(response_text, 'NULL') AS r FROM case_results ORDER BY r);",

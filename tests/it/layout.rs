@@ -166,6 +166,7 @@ fn modules_import_only_downward() {
         "evidence",
         "engine",
         "experiment",
+        "attack",
         "judge",
         "mitigation",
         "provider",

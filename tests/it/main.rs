@@ -4,6 +4,7 @@
 
 mod common;
 
+mod attack;
 mod cli_validate;
 mod contract_schemas;
 mod corpus;

@@ -1,0 +1,86 @@
+//! Multi-turn strategy throughput: `pieval run` with `attack.strategy` against a
+//! zero-latency OpenAI-compatible endpoint on 127.0.0.1 that plays both the attacker and
+//! the target (the scripted attacker of tests/it/common/chat_server.rs, which never lets
+//! the target yield here, so every attempt spends its whole budget). Prints turns per
+//! second end to end (load, select, every attacker and target call, scoring each answer,
+//! checkpoint with the transcripts, scoring, turns.parquet) and the run's peak RSS.
+//! Each turn is two HTTP requests (attacker, then target).
+//!
+//! Usage: cargo bench --bench strategy_throughput [-- --cases 1000 --turns 10 --concurrency 64 --strategy pair]
+//! The goal (issue 16): ≥ 1,000 turns/s for 10 turns over 1,000 cases at concurrency 64.
+
+#[path = "../tests/it/common/chat_server.rs"]
+mod chat_server;
+
+use std::io::Write;
+use std::path::Path;
+
+#[path = "support/args.rs"]
+mod args;
+#[path = "support/child.rs"]
+mod child;
+use args::arg;
+
+fn main() {
+    let (n, turns, concurrency) = (
+        arg("--cases", 1_000),
+        arg("--turns", 10),
+        arg("--concurrency", 64),
+    );
+    let strategy = std::env::args()
+        .skip_while(|a| a != "--strategy")
+        .nth(1)
+        .unwrap_or_else(|| "pair".into());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus = tmp.path().join("cases.jsonl");
+    {
+        let source =
+            std::fs::read_to_string(root.join("data/normalized/attack_cases.enriched.jsonl"))
+                .unwrap();
+        // Attacks whose goal is a target string: the gullible target never sees it, as
+        // the scripted attacker never yields (its yield step is past the budget).
+        let lines: Vec<serde_json::Value> = source
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|c| c["success_criteria"]["type"] == "contains")
+            .collect();
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&corpus).unwrap());
+        for i in 0..n {
+            let mut case = lines[i % lines.len()].clone();
+            let id = format!("{}-r{}", case["case_id"].as_str().unwrap(), i / lines.len());
+            case["case_id"] = id.into();
+            writeln!(out, "{case}").unwrap();
+        }
+    }
+    let server = chat_server::ChatServer::start_with_body(chat_server::attacker_script(usize::MAX));
+    let model = format!(
+        "{{provider: openai, name: echo, base_url: \"{}\", concurrency: {concurrency}, timeout_s: 30, max_retries: 2}}",
+        server.base_url()
+    );
+    let cfg = tmp.path().join("bench.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "experiment: {{name: bench, seed: 1, output_dir: \"{}\"}}\ndataset: {{path: \"{}\"}}\n\
+             model: {model}\nmitigation: {{name: none}}\n\
+             attack: {{original: false, strategy: {strategy}, attacker: {model}, max_turns: {turns}}}\n",
+            tmp.path().join("results").display(),
+            corpus.display(),
+        ),
+    )
+    .unwrap();
+    let (wall, rss) = child::pieval(root, &["run", cfg.to_str().unwrap(), "--json"]);
+    let requests = server.log.lock().unwrap().requests;
+    let total_turns = n * turns;
+    assert_eq!(
+        requests as usize,
+        2 * total_turns,
+        "an attacker and a target call per turn"
+    );
+    println!(
+        "pieval run, strategy {strategy}: {n} cases × {turns} turns at concurrency {concurrency} against a zero-latency local endpoint: {wall:.2} s, {:.0} turns/s end to end ({:.0} HTTP requests/s), peak RSS {rss:.0} MiB",
+        total_turns as f64 / wall,
+        requests as f64 / wall
+    );
+}

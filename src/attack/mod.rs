@@ -1,0 +1,144 @@
+//! Attacks that adapt: converters applied to a case's payload at run time, and
+//! multi-turn attacker strategies (Crescendo, PAIR, TAP).
+//!
+//! - [`config`]: the `attack` section and its typed [`AttackPlan`];
+//! - [`convert`]: the converters, pure seeded functions, and pipelines of them;
+//! - [`payload`]: where a case's injected payload is (converters change it only);
+//! - [`strategy`]: the multi-turn loop with an attacker model;
+//! - [`transcript`]: recorded attacker, target and translator answers, for replay.
+//!
+//! **Attempts.** Without an `attack` section a run makes one request per case, as it
+//! always did (no attempt id). With one, every case makes one attempt per pipeline
+//! (`best_of_n` makes `n`), one per strategy, and, with `original: true`, one as it is.
+//! An attempt's id is stable: `<case_id>#<pipeline label>` (`#<k>` appended for the
+//! k-th best-of-n variant), `<case_id>#<strategy>`, `<case_id>#none`. It keys the
+//! checkpoint, `--resume` and replay, and is recorded in predictions and case_results
+//! with `attack_pipeline` and `attack_strategy` (`none` for the other kind).
+
+pub mod config;
+pub mod convert;
+pub mod payload;
+pub mod strategy;
+pub mod transcript;
+
+pub use config::{AttackPlan, AttackSection, StrategyName, StrategySpec};
+
+/// One attempt of a case, before it runs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttemptSpec {
+    /// `None` without an attack section.
+    pub attempt_id: Option<String>,
+    /// An index into [`AttackPlan::pipelines`].
+    pub pipeline: Option<usize>,
+    /// The best-of-n variant.
+    pub variant: u64,
+    pub strategy: bool,
+    /// Recorded as `attack_pipeline` / `attack_strategy` (`None` without a section).
+    pub pipeline_label: Option<String>,
+    pub strategy_label: Option<String>,
+}
+
+/// The attempts of one case, in a fixed order: the original, each pipeline (its
+/// variants in order), the strategy.
+pub fn attempts(plan: Option<&AttackPlan>, case_id: &str) -> Vec<AttemptSpec> {
+    let Some(plan) = plan else {
+        return vec![AttemptSpec {
+            attempt_id: None,
+            pipeline: None,
+            variant: 0,
+            strategy: false,
+            pipeline_label: None,
+            strategy_label: None,
+        }];
+    };
+    let none = || Some("none".to_owned());
+    let mut out = Vec::new();
+    if plan.original {
+        out.push(AttemptSpec {
+            attempt_id: Some(format!("{case_id}#none")),
+            pipeline: None,
+            variant: 0,
+            strategy: false,
+            pipeline_label: none(),
+            strategy_label: none(),
+        });
+    }
+    for (i, p) in plan.pipelines.iter().enumerate() {
+        let label = p.label();
+        let n = p.variants();
+        for k in 0..n {
+            out.push(AttemptSpec {
+                attempt_id: Some(if n > 1 {
+                    format!("{case_id}#{label}#{k}")
+                } else {
+                    format!("{case_id}#{label}")
+                }),
+                pipeline: Some(i),
+                variant: k as u64,
+                strategy: false,
+                pipeline_label: Some(label.clone()),
+                strategy_label: none(),
+            });
+        }
+    }
+    if let Some(s) = &plan.strategy {
+        out.push(AttemptSpec {
+            attempt_id: Some(format!("{case_id}#{}", s.name.as_str())),
+            pipeline: None,
+            variant: 0,
+            strategy: true,
+            pipeline_label: none(),
+            strategy_label: Some(s.name.as_str().to_owned()),
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attempt_ids_are_stable_and_cover_every_variant() {
+        let section: AttackSection = serde_yaml_ng::from_str(
+            "converters: [base64, [leetspeak, zero_width], {best_of_n: {n: 2}}]",
+        )
+        .unwrap();
+        let plan = AttackPlan::from_section(&section).unwrap();
+        let ids: Vec<String> = attempts(Some(&plan), "c1")
+            .into_iter()
+            .map(|a| a.attempt_id.unwrap())
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                "c1#none",
+                "c1#base64",
+                "c1#leetspeak+zero_width",
+                "c1#best_of_n(n=2)#0",
+                "c1#best_of_n(n=2)#1"
+            ]
+        );
+        assert_eq!(attempts(None, "c1")[0].attempt_id, None);
+    }
+
+    #[test]
+    fn bad_sections_name_the_key() {
+        let err = |yaml: &str| {
+            let s: AttackSection = serde_yaml_ng::from_str(yaml).unwrap();
+            AttackPlan::from_section(&s).unwrap_err()
+        };
+        assert_eq!(err("converters: [rot31]").0, "converters[0]");
+        assert_eq!(err("strategy: pair").0, "attacker");
+        assert_eq!(
+            err("converters: [{translate: {language: fr}}]").0,
+            "translator"
+        );
+        assert_eq!(err("converters: [base64, base64]").0, "converters[1]");
+        assert_eq!(err("original: true").0, "converters");
+        assert_eq!(
+            err("strategy: pair\nattacker: {provider: local, name: m}\nwidth: 3").0,
+            "width"
+        );
+    }
+}

@@ -1,0 +1,149 @@
+//! Replaying an adaptive run: the attacker's, the evaluator's, the target's and the
+//! translator's recorded answers, looked up by the key each call is made with
+//! ([`key`]): `<attempt_id>#<node_id>#attacker`, `…#on_topic`, `…#target`,
+//! `<attempt_id>#translate`. With `provider: replay` for the target and the attacker,
+//! the same config and seed rebuild every prompt from those answers, so the transcript
+//! and the results come out byte for byte as recorded.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use async_trait::async_trait;
+
+use crate::error::{Error, Result};
+use crate::provider::{CallError, Completion, Message, Provider};
+use crate::rundir::{PredictionRecord, read_checkpoint_with};
+
+/// How a turn's `error` names the side that failed.
+pub const ATTACKER_ERROR: &str = "attacker: ";
+pub const TARGET_ERROR: &str = "target: ";
+
+/// The key of one call of an attempt.
+pub fn key(attempt_id: &str, node_id: &str, role: &str) -> String {
+    format!("{attempt_id}#{node_id}#{role}")
+}
+
+/// The key of an attempt's translation.
+pub fn translate_key(attempt_id: &str) -> String {
+    format!("{attempt_id}#translate")
+}
+
+#[derive(Clone, Debug)]
+struct Answer {
+    text: Option<String>,
+    error: Option<String>,
+    latency_ms: f64,
+}
+
+/// Answers recorded in a run's checkpoint.
+pub struct TranscriptReplay {
+    source: PathBuf,
+    answers: HashMap<String, Answer>,
+}
+
+impl TranscriptReplay {
+    /// `source`: a run's `predictions.jsonl` (found by
+    /// `crate::provider::replay::resolve_source`).
+    pub fn open(source: &Path) -> Result<TranscriptReplay> {
+        if source
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("parquet"))
+        {
+            return Err(Error::config(
+                source,
+                "replaying attackers and translators needs a run's predictions.jsonl (the transcripts are not in a Parquet predictions file)",
+            ));
+        }
+        let mut answers = HashMap::new();
+        let mut put = |k: String, text: Option<String>, error: Option<String>, latency: f64| {
+            answers.entry(k).or_insert(Answer {
+                text,
+                error,
+                latency_ms: latency,
+            });
+        };
+        read_checkpoint_with(source, |r: PredictionRecord| {
+            let id = r.key().to_owned();
+            if let Some(t) = r.translation {
+                put(translate_key(&id), Some(t), None, 0.0);
+            }
+            for t in r.turns {
+                let err = t.error.as_deref().unwrap_or_default();
+                if let Some(a) = t.attacker_response {
+                    put(key(&id, &t.node_id, "attacker"), Some(a), None, 0.0);
+                } else if let Some(e) = err.strip_prefix(ATTACKER_ERROR) {
+                    put(
+                        key(&id, &t.node_id, "attacker"),
+                        None,
+                        Some(e.to_owned()),
+                        0.0,
+                    );
+                }
+                if let Some(on) = t.on_topic {
+                    let yes = if on { "yes" } else { "no" };
+                    put(
+                        key(&id, &t.node_id, "on_topic"),
+                        Some(yes.into()),
+                        None,
+                        0.0,
+                    );
+                }
+                let target_error = err.strip_prefix(TARGET_ERROR).map(str::to_owned);
+                if !t.pruned && (t.target_response.is_some() || target_error.is_some()) {
+                    put(
+                        key(&id, &t.node_id, "target"),
+                        t.target_response,
+                        target_error,
+                        t.latency_ms.unwrap_or(0.0),
+                    );
+                }
+            }
+        })?;
+        Ok(TranscriptReplay {
+            source: source.to_path_buf(),
+            answers,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.answers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.answers.is_empty()
+    }
+}
+
+#[async_trait]
+impl Provider for TranscriptReplay {
+    fn name(&self) -> &str {
+        "replay"
+    }
+
+    async fn complete(&self, key: &str, _messages: &[Message]) -> Result<Completion, CallError> {
+        let fail = |message: String, latency_ms: f64| CallError {
+            message,
+            latency_ms,
+            attempts: 1,
+        };
+        let a = self.answers.get(key).ok_or_else(|| {
+            fail(
+                format!(
+                    "replay: no recorded answer for {} in {}",
+                    crate::text::excerpt(key, 120),
+                    self.source.display()
+                ),
+                0.0,
+            )
+        })?;
+        if let Some(e) = a.error.as_deref().filter(|e| !e.is_empty()) {
+            return Err(fail(e.to_owned(), a.latency_ms));
+        }
+        Ok(Completion {
+            text: a.text.clone().unwrap_or_default(),
+            latency_ms: a.latency_ms,
+            attempts: 1,
+            ..Completion::default()
+        })
+    }
+}
