@@ -152,6 +152,18 @@ impl AttackPlan {
             }
             pipelines.push(p);
         }
+        let total: usize = pipelines
+            .iter()
+            .map(Pipeline::variants)
+            .fold(0usize, |a, b| a.saturating_add(b));
+        if total > MAX_ATTEMPTS_PER_CASE {
+            return Err((
+                "converters".into(),
+                format!(
+                    "{total} attempts per case in all, over the limit of {MAX_ATTEMPTS_PER_CASE}"
+                ),
+            ));
+        }
         let strategy = match s.strategy {
             None => {
                 for (key, set) in [
@@ -210,7 +222,12 @@ impl AttackPlan {
                     bound("width", s.width, 4, 64)?,
                     bound("depth", s.depth, 5, 32)?,
                 );
-                let default_turns = if tap { branching * width * depth } else { 5 };
+                // TAP's default budget is its whole tree, within the same bound.
+                let default_turns = if tap {
+                    (branching * width * depth).min(1000)
+                } else {
+                    5
+                };
                 Some(StrategySpec {
                     name,
                     max_turns: bound("max_turns", s.max_turns, default_turns, 1000)?,

@@ -13,7 +13,9 @@
 //! An attempt's id is stable: `<case_id>#<pipeline label>` (`#<k>` appended for the
 //! k-th best-of-n variant), `<case_id>#<strategy>`, `<case_id>#none`. It keys the
 //! checkpoint, `--resume` and replay, and is recorded in predictions and case_results
-//! with `attack_pipeline` and `attack_strategy` (`none` for the other kind).
+//! with `attack_pipeline` (a converter attempt's) or `attack_strategy` (a strategy
+//! attempt's); the original attempt has both `none`. Benign controls are sent as they
+//! are, once (`#none`).
 
 pub mod config;
 pub mod convert;
@@ -39,8 +41,10 @@ pub struct AttemptSpec {
 }
 
 /// The attempts of one case, in a fixed order: the original, each pipeline (its
-/// variants in order), the strategy.
-pub fn attempts(plan: Option<&AttackPlan>, case_id: &str) -> Vec<AttemptSpec> {
+/// variants in order), the strategy. A benign control (`benign`) is not attacked: it
+/// makes the original attempt only (whatever `original` says), so over-refusal is
+/// measured on the request as users send it.
+pub fn attempts(plan: Option<&AttackPlan>, case_id: &str, benign: bool) -> Vec<AttemptSpec> {
     let Some(plan) = plan else {
         return vec![AttemptSpec {
             attempt_id: None,
@@ -53,7 +57,7 @@ pub fn attempts(plan: Option<&AttackPlan>, case_id: &str) -> Vec<AttemptSpec> {
     };
     let none = || Some("none".to_owned());
     let mut out = Vec::new();
-    if plan.original {
+    if plan.original || benign {
         out.push(AttemptSpec {
             attempt_id: Some(format!("{case_id}#none")),
             pipeline: None,
@@ -62,6 +66,9 @@ pub fn attempts(plan: Option<&AttackPlan>, case_id: &str) -> Vec<AttemptSpec> {
             pipeline_label: none(),
             strategy_label: none(),
         });
+    }
+    if benign {
+        return out;
     }
     for (i, p) in plan.pipelines.iter().enumerate() {
         let label = p.label();
@@ -77,7 +84,7 @@ pub fn attempts(plan: Option<&AttackPlan>, case_id: &str) -> Vec<AttemptSpec> {
                 variant: k as u64,
                 strategy: false,
                 pipeline_label: Some(label.clone()),
-                strategy_label: none(),
+                strategy_label: None,
             });
         }
     }
@@ -87,7 +94,7 @@ pub fn attempts(plan: Option<&AttackPlan>, case_id: &str) -> Vec<AttemptSpec> {
             pipeline: None,
             variant: 0,
             strategy: true,
-            pipeline_label: none(),
+            pipeline_label: None,
             strategy_label: Some(s.name.as_str().to_owned()),
         });
     }
@@ -105,7 +112,7 @@ mod tests {
         )
         .unwrap();
         let plan = AttackPlan::from_section(&section).unwrap();
-        let ids: Vec<String> = attempts(Some(&plan), "c1")
+        let ids: Vec<String> = attempts(Some(&plan), "c1", false)
             .into_iter()
             .map(|a| a.attempt_id.unwrap())
             .collect();
@@ -119,7 +126,10 @@ mod tests {
                 "c1#best_of_n(n=2)#1"
             ]
         );
-        assert_eq!(attempts(None, "c1")[0].attempt_id, None);
+        assert_eq!(attempts(None, "c1", false)[0].attempt_id, None);
+        let benign = attempts(Some(&plan), "b1", true);
+        assert_eq!(benign.len(), 1);
+        assert_eq!(benign[0].attempt_id.as_deref(), Some("b1#none"));
     }
 
     #[test]

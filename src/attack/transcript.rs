@@ -12,11 +12,14 @@ use async_trait::async_trait;
 
 use crate::error::{Error, Result};
 use crate::provider::{CallError, Completion, Message, Provider};
-use crate::rundir::{PredictionRecord, read_checkpoint_with};
+use crate::rundir::PredictionRecord;
+use crate::rundir::checkpoint::scan_checkpoint;
 
 /// How a turn's `error` names the side that failed.
 pub const ATTACKER_ERROR: &str = "attacker: ";
 pub const TARGET_ERROR: &str = "target: ";
+/// How an attempt's `error` names a failed translation.
+pub const TRANSLATOR_ERROR: &str = "translator: ";
 
 /// The key of one call of an attempt.
 pub fn key(attempt_id: &str, node_id: &str, role: &str) -> String {
@@ -62,10 +65,17 @@ impl TranscriptReplay {
                 latency_ms: latency,
             });
         };
-        read_checkpoint_with(source, |r: PredictionRecord| {
+        // Read only: a replay source is never repaired (it may be another run's checkpoint).
+        scan_checkpoint(source, |r: PredictionRecord| {
             let id = r.key().to_owned();
             if let Some(t) = r.translation {
                 put(translate_key(&id), Some(t), None, 0.0);
+            } else if let Some(e) = r
+                .error
+                .as_deref()
+                .and_then(|e| e.strip_prefix(TRANSLATOR_ERROR))
+            {
+                put(translate_key(&id), None, Some(e.to_owned()), 0.0);
             }
             for t in r.turns {
                 let err = t.error.as_deref().unwrap_or_default();
@@ -88,6 +98,11 @@ impl TranscriptReplay {
                         0.0,
                     );
                 }
+                if let Some(v) = t.judge_verdict {
+                    let score = t.judge_score.map(|s| format!(" {s}")).unwrap_or_default();
+                    let text = format!("{}{score}", if v { "yes" } else { "no" });
+                    put(key(&id, &t.node_id, "judge"), Some(text), None, 0.0);
+                }
                 let target_error = err.strip_prefix(TARGET_ERROR).map(str::to_owned);
                 if !t.pruned && (t.target_response.is_some() || target_error.is_some()) {
                     put(
@@ -103,6 +118,18 @@ impl TranscriptReplay {
             source: source.to_path_buf(),
             answers,
         })
+    }
+
+    /// A turn's recorded judge verdict and score (`None`: none recorded).
+    pub fn judged(&self, attempt_id: &str, node_id: &str) -> Option<(bool, Option<f64>)> {
+        let text = self
+            .answers
+            .get(&key(attempt_id, node_id, "judge"))?
+            .text
+            .as_deref()?;
+        let mut parts = text.split(' ');
+        let verdict = parts.next()? == "yes";
+        Some((verdict, parts.next().and_then(|s| s.parse().ok())))
     }
 
     pub fn len(&self) -> usize {

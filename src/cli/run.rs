@@ -225,9 +225,9 @@ pub struct ReplayArgs {
     /// endpoint and key variable came with the run folder and are not trusted).
     #[arg(long, value_name = "CONFIG")]
     model_from: Option<PathBuf>,
-    /// Confirm that the endpoint recorded in the run (its model's or its judge's
-    /// base_url, exactly as the refusal message shows it) may be called with the key in
-    /// the environment variable the run names.
+    /// Confirm that the endpoint recorded in the run (its model's, its judge's, its
+    /// attacker's or translator's base_url, exactly as the refusal message shows it) may
+    /// be called with the key in the environment variable the run names.
     #[arg(long, value_name = "URL")]
     trust_endpoint: Vec<String>,
     /// The results folder holding run ids.
@@ -283,8 +283,9 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
             "--judge FILE",
         )?;
     }
-    if let Some(f) = &args.model_from {
-        config.model = Config::load(f)?.config.model;
+    let own = args.model_from.as_deref().map(Config::load).transpose()?;
+    if let Some(own) = &own {
+        config.model = own.config.model.clone();
     } else if !args.rescore {
         trust_endpoint(
             "model",
@@ -294,6 +295,38 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
             &args.trust_endpoint,
             "--model-from CONFIG",
         )?;
+    }
+    // The attack's attacker and translator models: the user's own (from the
+    // --model-from config's attack section), or confirmed like the model's endpoint.
+    if let Some(attack) = &mut config.attack
+        && !args.rescore
+    {
+        let theirs = own.as_ref().and_then(|o| o.config.attack.as_ref());
+        for (name, section, mine) in [
+            (
+                "attack.attacker",
+                &mut attack.attacker,
+                theirs.and_then(|a| a.attacker.clone()),
+            ),
+            (
+                "attack.translator",
+                &mut attack.translator,
+                theirs.and_then(|a| a.translator.clone()),
+            ),
+        ] {
+            if let Some(m) = mine {
+                *section = Some(m);
+            } else if let Some(m) = section {
+                trust_endpoint(
+                    name,
+                    m.provider,
+                    m.base_url.as_deref(),
+                    m.api_key_env.as_deref(),
+                    &args.trust_endpoint,
+                    "--model-from CONFIG (with its attack section)",
+                )?;
+            }
+        }
     }
     if args.rescore {
         let notes = progress(false);

@@ -117,6 +117,8 @@ pub fn turns_schema() -> SchemaRef {
         flag("refused", true),
         flag("success", true),
         int("score", true),
+        flag("judge_verdict", true),
+        Field::new("judge_score", DataType::Float64, true),
         flag("backtracked", false),
         text("blocked_by", true),
         Field::new("latency_ms", DataType::Float64, true),

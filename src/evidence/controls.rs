@@ -195,7 +195,8 @@ fn utf8(path: &Path) -> Result<&str> {
 }
 
 /// The session a control catalogue runs in: `case_results`, `findings` and
-/// `selected_cases` (the manifest's selected case ids) of this run.
+/// `selected_cases` (the manifest's selected case ids, one row per attempt with the
+/// attempt id an adaptive run gives it) of this run.
 async fn control_session(run: &Path, manifest: Option<&Manifest>) -> Result<SessionContext> {
     let ctx = crate::engine::session();
     let case_results =
@@ -220,29 +221,70 @@ async fn control_session(run: &Path, manifest: Option<&Manifest>) -> Result<Sess
             Arc::new(MemTable::try_new(findings_schema(), vec![vec![]])?),
         )?;
     }
-    let ids: Vec<Option<&str>> = manifest
-        .map(|m| {
-            m.dataset_snapshot
-                .selected_case_ids
-                .iter()
-                .map(|id| Some(id.as_str()))
-                .collect()
-        })
-        .unwrap_or_default();
-    let schema = Arc::new(Schema::new(vec![Field::new(
-        "case_id",
-        DataType::Utf8,
-        true,
-    )]));
+    // One row per attempt the run was to make: per case, or per case × attack pipeline
+    // and strategy when its config has an attack section (`crate::attack::attempts`).
+    let plan = manifest
+        .and_then(|m| m.config_snapshot.get("attack"))
+        .filter(|a| !a.is_null())
+        .and_then(|a| serde_json::from_value::<crate::attack::AttackSection>(a.clone()).ok())
+        .and_then(|a| crate::attack::AttackPlan::from_section(&a).ok());
+    // Benign controls make one attempt; their labels are in the run's cases.jsonl.
+    let benign = match &plan {
+        Some(_) => benign_ids(run)?,
+        None => std::collections::HashSet::new(),
+    };
+    let (mut cases, mut attempts): (Vec<String>, Vec<Option<String>>) = (Vec::new(), Vec::new());
+    for id in manifest
+        .map(|m| m.dataset_snapshot.selected_case_ids.as_slice())
+        .unwrap_or_default()
+    {
+        for a in crate::attack::attempts(plan.as_ref(), id, benign.contains(id.as_str())) {
+            cases.push(id.clone());
+            attempts.push(a.attempt_id);
+        }
+    }
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("case_id", DataType::Utf8, true),
+        Field::new("attempt_id", DataType::Utf8, true),
+    ]));
     let batch = RecordBatch::try_new(
         Arc::clone(&schema),
-        vec![Arc::new(StringArray::from(ids)) as ArrayRef],
+        vec![
+            Arc::new(StringArray::from(cases)) as ArrayRef,
+            Arc::new(StringArray::from(attempts)) as ArrayRef,
+        ],
     )?;
     ctx.register_table(
         "selected_cases",
         Arc::new(MemTable::try_new(schema, vec![vec![batch]])?),
     )?;
     Ok(ctx)
+}
+
+/// The ids of the benign controls among a run's cases (`cases.jsonl`; none when absent).
+fn benign_ids(run: &Path) -> Result<std::collections::HashSet<String>> {
+    let mut out = std::collections::HashSet::new();
+    let Some(path) = crate::rundir::artifact(run, crate::rundir::CASES_FILE)? else {
+        return Ok(out);
+    };
+    use crate::corpus::lines::{DEFAULT_MAX_LINE_BYTES, Line, LineReader};
+    let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, "cannot open", e))?;
+    let mut lines = LineReader::new(file, DEFAULT_MAX_LINE_BYTES);
+    while let Some(line) = lines
+        .next_line()
+        .map_err(|e| Error::io(&path, "cannot read", e))?
+    {
+        // A line that is not a case (or is over the limit) names no benign control:
+        // coverage then expects its attempts, and a mismatch shows in the control.
+        let Line::Bytes(line) = line else { continue };
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(line)
+            && v.get("label").and_then(|l| l.as_str()) == Some("benign")
+            && let Some(id) = v.get("case_id").and_then(|i| i.as_str())
+        {
+            out.insert(id.to_owned());
+        }
+    }
+    Ok(out)
 }
 
 /// Plan one of a control's statements, read-only.

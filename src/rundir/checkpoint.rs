@@ -110,6 +110,12 @@ pub struct TurnRecord {
     /// The case's success criteria on this answer (None: undecided or not asked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub success: Option<bool>,
+    /// The judge's verdict on this answer, when the criteria needed one (`judge` parts)
+    /// and a judge is configured; its score in [0, 1].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub judge_verdict: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub judge_score: Option<f64>,
     /// The scorer's feedback to the attacker, 1 to 10.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub score: Option<u32>,
@@ -248,7 +254,7 @@ pub fn write_turns(dir: &Path) -> Result<u64> {
         text: Vec<StringBuilder>,
         int: Vec<Int64Builder>,
         flag: Vec<BooleanBuilder>,
-        latency: Float64Builder,
+        float: Vec<Float64Builder>,
         rows: usize,
     }
     let mut cols = Cols::default();
@@ -259,6 +265,7 @@ pub fn write_turns(dir: &Path) -> Result<u64> {
         let mut t = cols.text.iter_mut();
         let mut i = cols.int.iter_mut();
         let mut f = cols.flag.iter_mut();
+        let mut x = cols.float.iter_mut();
         let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
         for field in schema.fields() {
             columns.push(match field.data_type() {
@@ -271,7 +278,7 @@ pub fn write_turns(dir: &Path) -> Result<u64> {
                 datafusion::arrow::datatypes::DataType::Boolean => {
                     Arc::new(f.next().expect("a flag column").finish())
                 }
-                _ => Arc::new(cols.latency.finish()),
+                _ => Arc::new(x.next().expect("a float column").finish()),
             });
         }
         let batch = RecordBatch::try_new(Arc::clone(&schema), columns)?;
@@ -287,7 +294,8 @@ pub fn write_turns(dir: &Path) -> Result<u64> {
     };
     cols.text = (0..11).map(|_| StringBuilder::new()).collect();
     cols.int = (0..3).map(|_| Int64Builder::new()).collect();
-    cols.flag = (0..5).map(|_| BooleanBuilder::new()).collect();
+    cols.flag = (0..6).map(|_| BooleanBuilder::new()).collect();
+    cols.float = (0..2).map(|_| Float64Builder::new()).collect();
     let mut failed = None;
     scan_checkpoint(&dir.join(super::PREDICTIONS_FILE), |r| {
         if failed.is_some() || r.turns.is_empty() {
@@ -298,7 +306,8 @@ pub fn write_turns(dir: &Path) -> Result<u64> {
             // In schema order: text 0 run_id, 1 case_id, 2 attempt_id, 3 strategy, 4 node,
             // 5 parent, 6 attacker_response, 7 prompt, 8 target_response, 9 error,
             // 10 blocked_by; int 0 turn, 1 depth, 2 score; flag 0 on_topic, 1 pruned,
-            // 2 refused, 3 success, 4 backtracked.
+            // 2 refused, 3 success, 4 judge_verdict, 5 backtracked; float 0 judge_score,
+            // 1 latency_ms.
             let texts: [Option<&str>; 11] = [
                 Some(&r.run_id),
                 Some(&r.case_id),
@@ -327,11 +336,14 @@ pub fn write_turns(dir: &Path) -> Result<u64> {
                 Some(t.pruned),
                 t.refused,
                 t.success,
+                t.judge_verdict,
                 Some(t.backtracked),
             ]) {
                 b.append_option(v);
             }
-            cols.latency.append_option(t.latency_ms);
+            for (b, v) in cols.float.iter_mut().zip([t.judge_score, t.latency_ms]) {
+                b.append_option(v);
+            }
             cols.rows += 1;
         }
         if cols.rows >= 8192

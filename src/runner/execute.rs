@@ -112,9 +112,13 @@ pub(super) fn pending_attempts<'c>(
     Ok(cases
         .iter()
         .flat_map(|c| {
-            attempts(plan.as_ref(), &c.case_id)
-                .into_iter()
-                .map(move |a| (c, a))
+            attempts(
+                plan.as_ref(),
+                &c.case_id,
+                c.label.as_deref() == Some("benign"),
+            )
+            .into_iter()
+            .map(move |a| (c, a))
         })
         .filter(|(c, a)| !done.contains(a.attempt_id.as_deref().unwrap_or(&c.case_id)))
         .collect())
@@ -177,14 +181,20 @@ pub(super) fn execute_all(
         .enable_all()
         .build()
         .map_err(|e| Error::Internal(format!("cannot start the async runtime: {e}")))?;
-    if let Some(j) = &cfg.evaluation.judge
-        && cfg.model.execution_mode != ExecutionMode::DryRun
-    {
-        // A judge that cannot work (no key, no model) fails the run before the model is
-        // paid for.
-        let judge = crate::judge::Judge::open(j, Some(dir))?.with_notes(notes(progress));
-        rt.block_on(judge.preflight())?;
-    }
+    let judge = match &cfg.evaluation.judge {
+        Some(j) if cfg.model.execution_mode != ExecutionMode::DryRun => {
+            // A judge that cannot work (no key, no model) fails the run before the model
+            // is paid for.
+            let judge = crate::judge::Judge::open(j, Some(dir))?.with_notes(notes(progress));
+            rt.block_on(judge.preflight())?;
+            Some(judge)
+        }
+        _ => None,
+    };
+    // Multi-turn strategies put undecided criteria to the judge turn by turn.
+    let strategy_judge = judge
+        .as_ref()
+        .filter(|_| plan.as_ref().is_some_and(|p| p.strategy.is_some()));
     // Checked when the config was loaded; a snapshot edited since is refused here.
     let mitigation = Mitigation::from_section(&cfg.mitigation)
         .map_err(|m| Error::State(format!("mitigation.params: {m}")))?;
@@ -201,6 +211,7 @@ pub(super) fn execute_all(
             run_id,
             plan: plan.as_ref(),
             mitigation: &mitigation,
+            judge: strategy_judge,
         };
         let mut stream = futures::stream::iter(pending.iter().map(|(case, spec)| {
             let backend = Arc::clone(&backend);
@@ -215,6 +226,10 @@ pub(super) fn execute_all(
             let next = tokio::select! {
                 r = stream.next() => r,
                 _ = &mut ctrl_c => {
+                    // The strategies' verdicts so far: a resume scores without asking again.
+                    if let Some(j) = strategy_judge {
+                        j.persist(Some(dir))?;
+                    }
                     if let Some(p) = progress { p(RunEvent::Interrupted); }
                     return Ok((tally, true));
                 }
@@ -261,6 +276,10 @@ pub(super) fn execute_all(
         }
         file.sync_data()
             .map_err(|e| Error::io(&path, "cannot flush checkpoint", e))?;
+        // The strategies' verdicts: scoring finds the final answers' among them.
+        if let Some(j) = strategy_judge {
+            j.persist(Some(dir))?;
+        }
         if let Some(p) = progress {
             p(RunEvent::CallsDone);
         }
@@ -279,6 +298,7 @@ struct Attempt<'a> {
     run_id: &'a str,
     plan: Option<&'a AttackPlan>,
     mitigation: &'a Mitigation,
+    judge: Option<&'a crate::judge::Judge>,
 }
 
 impl Attempt<'_> {
@@ -349,7 +369,11 @@ impl Attempt<'_> {
                     Err(e) => {
                         let p = plan(case, self.mitigation, seed);
                         rec.request_prompt = Some(p.request_prompt);
-                        rec.error = Some(format!("translator: {}", e.message));
+                        rec.error = Some(format!(
+                            "{}{}",
+                            crate::attack::transcript::TRANSLATOR_ERROR,
+                            e.message
+                        ));
                         rec.attempts += e.attempts;
                         rec.completed_at = crate::text::utc_rfc3339(crate::text::unix_now());
                         return rec;
@@ -401,6 +425,12 @@ impl Attempt<'_> {
             seed: self.cfg.experiment.seed,
             attacker,
             target,
+            judge: self.judge,
+            // The verdicts recorded with the target's answers, when they are replayed.
+            recorded: match backend {
+                Backend::Replay(_, Some(t)) => Some(t),
+                _ => None,
+            },
         }
         .run()
         .await;

@@ -225,11 +225,10 @@ fn every_query_file_is_registered_and_plans() {
         .unwrap();
         ctx.register_table("findings", empty(findings_schema()))
             .unwrap();
-        let ids = Arc::new(Schema::new(vec![Field::new(
-            "case_id",
-            DataType::Utf8,
-            true,
-        )]));
+        let ids = Arc::new(Schema::new(vec![
+            Field::new("case_id", DataType::Utf8, true),
+            Field::new("attempt_id", DataType::Utf8, true),
+        ]));
         ctx.register_table("selected_cases", empty(ids)).unwrap();
         ctx.register_table("labels", empty(pieval::engine::calibrate::labels_schema()))
             .unwrap();
