@@ -83,6 +83,35 @@ fn bench(c: &mut Criterion) {
         });
     }
     group.finish();
+    // best_of_n by script: ASCII words edit in place, others go through characters.
+    let english: Vec<&String> = texts.iter().step_by(2).collect();
+    let french: Vec<&String> = texts.iter().skip(1).step_by(2).collect();
+    let best = Pipeline {
+        steps: vec![step("best_of_n", null.clone())],
+    };
+    let mut group = c.benchmark_group("best_of_n_by_language");
+    group.sample_size(20);
+    for (name, set) in [("english", &english), ("french", &french)] {
+        group.throughput(Throughput::Bytes(
+            set.iter().map(|t| t.len()).sum::<usize>() as u64,
+        ));
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let mut out = 0usize;
+                for (i, t) in set.iter().enumerate() {
+                    let ctx = Ctx {
+                        seed: 7,
+                        case_id: &targets[i],
+                        variant: 1,
+                        target: Some(&targets[i]),
+                    };
+                    out += best.apply(t, &ctx).len();
+                }
+                out
+            })
+        });
+    }
+    group.finish();
 }
 
 criterion_group!(benches, bench);

@@ -9,6 +9,8 @@
 //! Usage: cargo bench --bench strategy_throughput [-- --cases 1000 --turns 10 --concurrency 64 --strategy pair]
 //! The goal (issue 16): ≥ 1,000 turns/s for 10 turns over 1,000 cases at concurrency 64.
 
+// The test server: this bench uses part of it.
+#[allow(dead_code)]
 #[path = "../tests/it/common/chat_server.rs"]
 mod chat_server;
 
@@ -72,15 +74,39 @@ fn main() {
     .unwrap();
     let (wall, rss) = child::pieval(root, &["run", cfg.to_str().unwrap(), "--json"]);
     let requests = server.log.lock().unwrap().requests;
-    let total_turns = n * turns;
-    assert_eq!(
-        requests as usize,
-        2 * total_turns,
-        "an attacker and a target call per turn"
-    );
+    // PAIR and Crescendo: an attacker and a target call per turn. TAP also asks the
+    // evaluator, and prunes (its second branch of each node is off topic): its turns are
+    // the target queries it made.
+    let total_turns = if strategy == "tap" {
+        count_target_turns(&tmp.path().join("results"))
+    } else {
+        assert_eq!(
+            requests as usize,
+            2 * n * turns,
+            "an attacker and a target call per turn"
+        );
+        n * turns
+    };
     println!(
         "pieval run, strategy {strategy}: {n} cases × {turns} turns at concurrency {concurrency} against a zero-latency local endpoint: {wall:.2} s, {:.0} turns/s end to end ({:.0} HTTP requests/s), peak RSS {rss:.0} MiB",
         total_turns as f64 / wall,
         requests as f64 / wall
     );
+}
+
+/// The target queries of a run (the turns not pruned), from its checkpoint.
+fn count_target_turns(results: &Path) -> usize {
+    let dir = std::fs::read_dir(results)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.is_dir())
+        .unwrap();
+    std::fs::read_to_string(dir.join("predictions.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["turns_used"].as_u64().unwrap_or(0) as usize
+        })
+        .sum()
 }
