@@ -233,11 +233,20 @@ async fn control_session(run: &Path, manifest: Option<&Manifest>) -> Result<Sess
         Some(_) => benign_ids(run)?,
         None => std::collections::HashSet::new(),
     };
-    let (mut cases, mut attempts): (Vec<String>, Vec<Option<String>>) = (Vec::new(), Vec::new());
-    for id in manifest
+    let ids = manifest
         .map(|m| m.dataset_snapshot.selected_case_ids.as_slice())
-        .unwrap_or_default()
-    {
+        .unwrap_or_default();
+    // A received manifest is untrusted: the expected rows are bounded before they are built.
+    let per_case = crate::attack::attempts(plan.as_ref(), "", false).len();
+    if ids.len().saturating_mul(per_case) > MAX_EXPECTED_ATTEMPTS {
+        return Err(Error::State(format!(
+            "{}: {} cases × {per_case} attempts each is over {MAX_EXPECTED_ATTEMPTS} rows to check",
+            run.display(),
+            ids.len()
+        )));
+    }
+    let (mut cases, mut attempts): (Vec<String>, Vec<Option<String>>) = (Vec::new(), Vec::new());
+    for id in ids {
         for a in crate::attack::attempts(plan.as_ref(), id, benign.contains(id.as_str())) {
             cases.push(id.clone());
             attempts.push(a.attempt_id);
@@ -260,6 +269,9 @@ async fn control_session(run: &Path, manifest: Option<&Manifest>) -> Result<Sess
     )?;
     Ok(ctx)
 }
+
+/// The most attempts a run's coverage control expects (cases × attempts per case).
+const MAX_EXPECTED_ATTEMPTS: usize = 50_000_000;
 
 /// The ids of the benign controls among a run's cases (`cases.jsonl`; none when absent).
 fn benign_ids(run: &Path) -> Result<std::collections::HashSet<String>> {
