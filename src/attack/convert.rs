@@ -556,18 +556,29 @@ fn augment(s: &str, rng: &mut Rng, out: &mut String) {
             edit(last, rng.next_u64() as u32);
         }
     } else {
-        let (mut draw, mut half) = (0u64, 0u32);
-        for b in bytes.iter_mut() {
-            if *b & 0xC0 == 0x80 {
-                continue; // inside a character already drawn for
+        // The same draws, character by character; a pair of ASCII bytes at a draw
+        // boundary (most of the text) takes the fast step.
+        let n = bytes.len();
+        let mut i = 0usize;
+        while i < n {
+            if i + 1 < n && bytes[i] < 0x80 && bytes[i + 1] < 0x80 {
+                let draw = rng.next_u64();
+                edit(&mut bytes[i], draw as u32);
+                edit(&mut bytes[i + 1], (draw >> 32) as u32);
+                i += 2;
+                continue;
             }
-            if half == 0 {
-                draw = rng.next_u64();
-            }
-            let r = (draw >> half) as u32;
-            half ^= 32;
-            if b.is_ascii() {
-                edit(b, r);
+            // One character (ASCII or not) and the next, sharing a draw.
+            let draw = rng.next_u64();
+            for half in [0u32, 32] {
+                if i >= n {
+                    break;
+                }
+                let len = utf8_len(bytes[i]);
+                if len == 1 {
+                    edit(&mut bytes[i], (draw >> half) as u32);
+                }
+                i += len;
             }
         }
     }
@@ -591,22 +602,22 @@ fn augment(s: &str, rng: &mut Rng, out: &mut String) {
                     shuffle_middle(word, rng);
                 }
             } else {
-                // Cut at ASCII white space, a word is whole characters (on the stack
-                // when it is short, as most are).
-                let text = std::str::from_utf8(word).expect("a word of valid UTF-8");
-                let mut stack = ['\0'; 32];
-                let mut heap = Vec::new();
-                let count = text.chars().count();
-                let chars: &mut [char] = if count <= stack.len() {
-                    for (slot, c) in stack.iter_mut().zip(text.chars()) {
-                        *slot = c;
-                    }
-                    &mut stack[..count]
-                } else {
-                    heap.extend(text.chars());
-                    &mut heap
-                };
+                // Cut at ASCII white space, a word is whole characters: counted on the
+                // bytes, decoded only when it is shuffled (on the stack when short).
+                let count = word.iter().filter(|b| **b & 0xC0 != 0x80).count();
                 if count > 3 && (rng.next_u64() & 0xFFFF) < SCRAMBLE {
+                    let text = std::str::from_utf8(word).expect("a word of valid UTF-8");
+                    let mut stack = ['\0'; 32];
+                    let mut heap = Vec::new();
+                    let chars: &mut [char] = if count <= stack.len() {
+                        for (slot, c) in stack.iter_mut().zip(text.chars()) {
+                            *slot = c;
+                        }
+                        &mut stack[..count]
+                    } else {
+                        heap.extend(text.chars());
+                        &mut heap
+                    };
                     shuffle_middle(chars, rng);
                     let mut pos = 0;
                     for c in chars.iter() {
@@ -618,6 +629,16 @@ fn augment(s: &str, rng: &mut Rng, out: &mut String) {
         start = end;
     }
     out.push_str(std::str::from_utf8(&bytes).expect("only ASCII bytes and whole characters moved"));
+}
+
+/// The length of the UTF-8 character a lead byte starts (1 for a stray byte).
+fn utf8_len(lead: u8) -> usize {
+    match lead {
+        0xF0..=0xFF => 4,
+        0xE0..=0xEF => 3,
+        0xC0..=0xDF => 2,
+        _ => 1,
+    }
 }
 
 /// Fisher–Yates over every element but the first and the last.
