@@ -285,3 +285,89 @@ fn the_readme_example_holds() {
         Some(vec!["override.ignore_previous".to_owned()])
     );
 }
+
+/// The fused `pi_detect` gives, field by field, what each single UDF gives: on every
+/// case of the committed corpus with responses that comply, refuse, leak the system
+/// prompt, leak the canary or ramble, and on seeded random text (look-alikes, zero-width
+/// and tag characters, mixed scripts, nulls).
+#[test]
+fn pi_detect_agrees_with_every_single_udf() {
+    let corpus: Vec<serde_json::Value> = crate::common::read_jsonl(&crate::common::repo(
+        "data/normalized/attack_cases.enriched.jsonl",
+    ));
+    let mut rng = fastrand::Rng::with_seed(16);
+    let alphabet: Vec<char> =
+        "abcPWNED-ＷｅＤ\u{200B}\u{E0050} CANARY7f3 ignore инструкции 的 I'm sorry, can't"
+            .chars()
+            .collect();
+    let (mut responses, mut criteria, mut contexts, mut canaries) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (i, case) in corpus.iter().enumerate() {
+        let target = case["expected_target"].as_str().unwrap_or("x").to_owned();
+        let context = case["context"].as_str().map(str::to_owned);
+        let random: String = (0..rng.usize(0..200))
+            .map(|_| alphabet[rng.usize(..alphabet.len())])
+            .collect();
+        let response = match i % 6 {
+            0 => Some(format!("Sure: {target}.")),
+            1 => Some("I'm sorry, but I can't help with that.".to_owned()),
+            2 => context.clone(),
+            3 => Some(format!("the code is {}", target.to_lowercase())),
+            4 => None,
+            _ => Some(random),
+        };
+        responses.push(response);
+        criteria.push(Some(case["success_criteria"].to_string()));
+        contexts.push(if i % 7 == 0 { None } else { context });
+        canaries.push((i % 2 == 0).then_some(target));
+    }
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("r", DataType::Utf8, true),
+        Field::new("c", DataType::Utf8, true),
+        Field::new("p", DataType::Utf8, true),
+        Field::new("k", DataType::Utf8, true),
+    ]));
+    let batch = RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![
+            Arc::new(StringArray::from(responses)) as ArrayRef,
+            Arc::new(StringArray::from(criteria)),
+            Arc::new(StringArray::from(contexts)),
+            Arc::new(StringArray::from(canaries)),
+        ],
+    )
+    .unwrap();
+    let n = batch.num_rows();
+    let rt = runtime().unwrap();
+    let disagreements = rt.block_on(async {
+        let ctx = session();
+        ctx.register_table(
+            "t",
+            Arc::new(MemTable::try_new(schema, vec![vec![batch]]).unwrap()),
+        )
+        .unwrap();
+        let sql = "WITH d AS (SELECT *, pi_detect(r, c, p, k) AS f FROM t)
+            SELECT count(*) FILTER (WHERE (f['success'] IS DISTINCT FROM pi_criteria_match(r, c))
+                OR (f['matched_rule'] IS DISTINCT FROM pi_matched_rule(r, c))
+                OR (f['leakage_score'] IS DISTINCT FROM pi_leakage_score(r, p))
+                OR (f['canary_leaked'] IS DISTINCT FROM pi_leakage(r, k))
+                OR (f['refusal'] IS DISTINCT FROM pi_refusal(r))) AS bad,
+                count(*) AS n,
+                count(*) FILTER (WHERE f['success']) AS successes,
+                count(*) FILTER (WHERE f['canary_leaked']) AS leaks
+            FROM d";
+        collect(&ctx, sql).await.unwrap()
+    });
+    let b = &disagreements[0];
+    let col = |i: usize| {
+        b.column(i)
+            .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+            .value(0)
+    };
+    assert_eq!(col(1) as usize, n);
+    assert_eq!(col(0), 0, "rows where pi_detect and a single UDF disagree");
+    assert!(
+        col(2) > 100 && col(3) > 100,
+        "the sample exercises the detectors"
+    );
+}

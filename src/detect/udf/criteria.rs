@@ -1,0 +1,154 @@
+//! `pi_criteria_match(response, success_criteria [, judgements])` and
+//! `pi_matched_rule(…)`: a case's success criteria on its response, and the rule that
+//! decided. Each distinct criterion is compiled once per process ([`TextCache`]).
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, BooleanBuilder, StringBuilder};
+use datafusion::arrow::datatypes::DataType;
+use datafusion::common::{Result, exec_err};
+use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs};
+
+use super::{Kernel, StrArg, TextCache, coerce_strings, finish, string_args};
+use crate::detect::criteria::{Compiled, Response};
+use crate::detect::judgements::{Judgements, coerce_judgements};
+use crate::detect::leak::Prepared;
+use crate::detect::refusal::RefusalDetector;
+
+type Criteria = Arc<TextCache<std::result::Result<Compiled, String>>>;
+
+pub(crate) struct CriteriaMatch(pub(crate) Criteria);
+pub(crate) struct MatchedRule(pub(crate) Criteria);
+
+/// (response, success_criteria [, judgements]): the judgements of pi_judge.
+fn coerce(name: &str, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+    if arg_types.len() == 3 {
+        let mut out = coerce_strings(name, &arg_types[..2], 2)?;
+        out.push(coerce_judgements(name, &arg_types[2])?);
+        return Ok(out);
+    }
+    coerce_strings(name, arg_types, 2)
+}
+
+/// Evaluate every row; `emit` appends the row's verdict (or its null) to the output.
+fn eval(
+    name: &str,
+    cache: &Criteria,
+    args: &ScalarFunctionArgs,
+    mut emit: impl FnMut(Option<(Option<bool>, Option<&str>)>),
+) -> Result<(usize, bool)> {
+    let judged = match args.args.len() {
+        3 => Some(Judgements::new(name, &args.args[2])?),
+        _ => None,
+    };
+    let mut two = args.clone();
+    two.args.truncate(2);
+    let (inputs, n) = string_args::<2>(name, &two)?;
+    let n = if judged.as_ref().is_some_and(|j| !j.is_scalar()) {
+        args.number_rows
+    } else {
+        n
+    };
+    let [response, criteria] = &inputs;
+    let compiled = cache.resolve((0..n).filter_map(|i| criteria.get(i)), Compiled::from_text);
+    let refusals = RefusalDetector::default_pack();
+    let mut prepared = Prepared::default();
+    for i in 0..n {
+        let (Some(text), Some(c)) = (response.get(i), criteria.get(i)) else {
+            emit(None);
+            continue;
+        };
+        let matcher = match compiled[c].as_ref() {
+            Ok(m) => m,
+            Err(e) => {
+                return exec_err!(
+                    "{name}: row {i}: success_criteria {:?} does not compile: {e}",
+                    crate::text::excerpt(c, 80)
+                );
+            }
+        };
+        if matcher.needs_compact() {
+            prepared.load(text);
+        } else {
+            prepared.load_folded(text);
+        }
+        let verdicts = judged.as_ref().map(|j| j.verdicts(i)).unwrap_or_default();
+        emit(Some(matcher.eval(
+            &Response::new(text, &prepared, refusals).with_verdicts(&verdicts),
+        )));
+    }
+    let scalar =
+        inputs.iter().all(StrArg::is_scalar) && judged.as_ref().is_none_or(|j| j.is_scalar());
+    Ok((n, n == 1 && scalar))
+}
+
+const ARGS: [(&str, &str); 3] = [
+    ("response", "The model's response text."),
+    (
+        "success_criteria",
+        "The case's success_criteria as canonical JSON or shorthand (contains:X).",
+    ),
+    (
+        "judgements",
+        "Optional: pi_judge's judgements of the response; their verdicts decide the judge criteria (a null verdict leaves them undecided).",
+    ),
+];
+
+impl Kernel for CriteriaMatch {
+    fn name(&self) -> &'static str {
+        "pi_criteria_match"
+    }
+    fn arity(&self) -> usize {
+        2
+    }
+    fn coerce(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        coerce(self.name(), arg_types)
+    }
+    fn return_type(&self) -> DataType {
+        DataType::Boolean
+    }
+    fn invoke(&self, args: &ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let mut out = BooleanBuilder::with_capacity(args.number_rows);
+        let (_, scalar) = eval(self.name(), &self.0, args, |v| {
+            out.append_option(v.and_then(|v| v.0))
+        })?;
+        finish(Arc::new(out.finish()) as ArrayRef, scalar)
+    }
+    fn doc(&self) -> (&'static str, String, Vec<(&'static str, &'static str)>) {
+        (
+            "Whether the case's success_criteria hold for the response; null when undecidable automatically (a judge criterion).",
+            format!("{}(response, success_criteria [, judgements])", self.name()),
+            ARGS.to_vec(),
+        )
+    }
+}
+
+impl Kernel for MatchedRule {
+    fn name(&self) -> &'static str {
+        "pi_matched_rule"
+    }
+    fn arity(&self) -> usize {
+        2
+    }
+    fn coerce(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        coerce(self.name(), arg_types)
+    }
+    fn return_type(&self) -> DataType {
+        DataType::Utf8
+    }
+    fn invoke(&self, args: &ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let n = args.number_rows;
+        let mut out = StringBuilder::with_capacity(n, n * 16);
+        let (_, scalar) = eval(self.name(), &self.0, args, |v| {
+            out.append_option(v.and_then(|v| v.1))
+        })?;
+        finish(Arc::new(out.finish()) as ArrayRef, scalar)
+    }
+    fn doc(&self) -> (&'static str, String, Vec<(&'static str, &'static str)>) {
+        (
+            "The success-criteria rule that decided the case (e.g. contains:PWNED); null when none matched.",
+            format!("{}(response, success_criteria [, judgements])", self.name()),
+            ARGS.to_vec(),
+        )
+    }
+}
