@@ -269,6 +269,23 @@ impl LeakTarget {
     pub fn len(&self) -> usize {
         self.compact_chars
     }
+
+    /// The memory it holds, estimated from its parts: the k-gram filter (4 KiB, most of a
+    /// short target), the k-gram map and every finder with its needle. A cache bounded
+    /// by this holds what it says (`crate::detect::udf`).
+    pub fn approx_bytes(&self) -> usize {
+        let finders: usize = [&self.folded, &self.compact, &self.reversed, &self.hex]
+            .into_iter()
+            .flatten()
+            .chain(self.base64.iter())
+            .map(|f| 256 + f.needle().len())
+            .sum();
+        std::mem::size_of::<Self>()
+            + FILTER_WORDS * 8
+            // key, value and control byte per slot, with the map's spare capacity
+            + self.kgrams.capacity() * 24
+            + finders
+    }
 }
 
 /// A response prepared once for every detector that reads it; the buffers are reused
@@ -377,5 +394,17 @@ mod tests {
             score("日本語の秘密", "答えは日本語の秘密です").1,
             Some(LeakForm::Verbatim)
         );
+    }
+
+    #[test]
+    fn the_memory_estimate_counts_the_filter_and_grows_with_the_text() {
+        let short = LeakTarget::new("CANARY-7f3a9c21");
+        let long = LeakTarget::new(&"You are a helpful assistant of the help desk. ".repeat(40));
+        assert!(
+            short.approx_bytes() > FILTER_WORDS * 8,
+            "{}",
+            short.approx_bytes()
+        );
+        assert!(long.approx_bytes() > short.approx_bytes() + 1800 * 8);
     }
 }

@@ -71,8 +71,7 @@ impl Weigh for std::result::Result<Compiled, String> {
 
 impl Weigh for LeakTarget {
     fn weigh(&self, text: &str) -> usize {
-        // Folded, compact and reversed copies, Base64 at three alignments and hex.
-        1024 + text.len() * 12
+        text.len() + self.approx_bytes()
     }
 }
 
