@@ -11,6 +11,8 @@
 //!        cargo bench --bench judge_throughput -- --serve   (only serve; prints the URL)
 //! `--latency-ms N` makes every judge answer take N ms, as a hosted model's would.
 
+// The test server: this bench uses part of it.
+#[allow(dead_code)]
 #[path = "../tests/it/common/chat_server.rs"]
 mod chat_server;
 

@@ -10,10 +10,9 @@
 //! Reference on this 2-core machine (docs/performance.md, "Embedded local model"): llama.cpp ≈ 457 tok/s prompt,
 //! ≈ 190 tok/s generation.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
-use pieval::experiment::config::MitigationName;
+use pieval::mitigation::Mitigation;
 use pieval::provider::local::{GenerationConfig, LocalModel};
 
 #[path = "support/args.rs"]
@@ -57,9 +56,7 @@ fn main() {
     let plans: Vec<_> = selected
         .indexes
         .iter()
-        .map(|&i| {
-            pieval::mitigation::plan(&corpus.cases[i], MitigationName::None, &BTreeMap::new(), 7)
-        })
+        .map(|&i| pieval::mitigation::plan(&corpus.cases[i], &Mitigation::None, 7))
         .collect();
     let wall = std::time::Instant::now();
     let results: Vec<(usize, f64, usize, f64)> = std::thread::scope(|s| {

@@ -8,6 +8,8 @@
 //!        cargo bench --bench runner_throughput -- --serve   (only serve; prints the URL)
 //! The endpoint shares the machine's cores with pieval, as a local server would.
 
+// The test server: this bench uses part of it.
+#[allow(dead_code)]
 #[path = "../tests/it/common/chat_server.rs"]
 mod chat_server;
 
@@ -18,6 +20,8 @@ use std::path::Path;
 mod args;
 #[path = "support/child.rs"]
 mod child;
+#[path = "support/corpus.rs"]
+mod corpus;
 use args::arg;
 
 fn main() {
@@ -34,22 +38,7 @@ fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let tmp = tempfile::tempdir().unwrap();
     let corpus = tmp.path().join("cases.jsonl");
-    {
-        let source =
-            std::fs::read_to_string(root.join("data/normalized/attack_cases.enriched.jsonl"))
-                .unwrap();
-        let lines: Vec<serde_json::Value> = source
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        let mut out = std::io::BufWriter::new(std::fs::File::create(&corpus).unwrap());
-        for i in 0..n {
-            let mut case = lines[i % lines.len()].clone();
-            let id = format!("{}-r{}", case["case_id"].as_str().unwrap(), i / lines.len());
-            case["case_id"] = id.into();
-            writeln!(out, "{case}").unwrap();
-        }
-    }
+    corpus::repeated(root, &corpus, n, |_| true);
     let server = chat_server::ChatServer::always(chat_server::Action::Answer);
     let cfg = tmp.path().join("bench.yaml");
     std::fs::write(

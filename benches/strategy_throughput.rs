@@ -14,13 +14,14 @@
 #[path = "../tests/it/common/chat_server.rs"]
 mod chat_server;
 
-use std::io::Write;
 use std::path::Path;
 
 #[path = "support/args.rs"]
 mod args;
 #[path = "support/child.rs"]
 mod child;
+#[path = "support/corpus.rs"]
+mod corpus;
 use args::arg;
 
 fn main() {
@@ -36,25 +37,11 @@ fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let tmp = tempfile::tempdir().unwrap();
     let corpus = tmp.path().join("cases.jsonl");
-    {
-        let source =
-            std::fs::read_to_string(root.join("data/normalized/attack_cases.enriched.jsonl"))
-                .unwrap();
-        // Attacks whose goal is a target string: the gullible target never sees it, as
-        // the scripted attacker never yields (its yield step is past the budget).
-        let lines: Vec<serde_json::Value> = source
-            .lines()
-            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-            .filter(|c| c["success_criteria"]["type"] == "contains")
-            .collect();
-        let mut out = std::io::BufWriter::new(std::fs::File::create(&corpus).unwrap());
-        for i in 0..n {
-            let mut case = lines[i % lines.len()].clone();
-            let id = format!("{}-r{}", case["case_id"].as_str().unwrap(), i / lines.len());
-            case["case_id"] = id.into();
-            writeln!(out, "{case}").unwrap();
-        }
-    }
+    // Attacks whose goal is a target string: the gullible target never sees it, as the
+    // scripted attacker never yields (its yield step is past the budget).
+    corpus::repeated(root, &corpus, n, |c| {
+        c["success_criteria"]["type"] == "contains"
+    });
     let server = chat_server::ChatServer::start_with_body(chat_server::attacker_script(usize::MAX));
     let model = format!(
         "{{provider: openai, name: echo, base_url: \"{}\", concurrency: {concurrency}, timeout_s: 30, max_retries: 2}}",

@@ -7,28 +7,24 @@
 -- as successful when any attempt succeeded, false when every attempt is decided false,
 -- NULL otherwise; a static run has one row per case and keeps its values. So a static
 -- run compares with an adaptive one: which cases the adaptive attacks broke.
-WITH ca AS (
-    SELECT case_id,
+WITH per_case AS (
+    SELECT side, case_id,
            CASE WHEN bool_or(attack_success) THEN true
                 WHEN count(attack_success) = count(*) THEN false END AS s,
            CASE WHEN bool_or(prompt_leakage) THEN true
                 WHEN count(prompt_leakage) = count(*) THEN false END AS l
-    FROM a GROUP BY case_id
-),
-cb AS (
-    SELECT case_id,
-           CASE WHEN bool_or(attack_success) THEN true
-                WHEN count(attack_success) = count(*) THEN false END AS s,
-           CASE WHEN bool_or(prompt_leakage) THEN true
-                WHEN count(prompt_leakage) = count(*) THEN false END AS l
-    FROM b GROUP BY case_id
+    FROM (SELECT 'a' AS side, case_id, attack_success, prompt_leakage FROM a
+          UNION ALL
+          SELECT 'b', case_id, attack_success, prompt_leakage FROM b)
+    GROUP BY side, case_id
 ),
 j AS (
     SELECT coalesce(ca.case_id, cb.case_id) AS case_id,
            ca.case_id IS NOT NULL AS in_a, cb.case_id IS NOT NULL AS in_b,
            ca.s AS a_s, cb.s AS b_s,
            ca.l AS a_l, cb.l AS b_l
-    FROM ca FULL OUTER JOIN cb ON ca.case_id = cb.case_id
+    FROM (SELECT * FROM per_case WHERE side = 'a') ca
+    FULL OUTER JOIN (SELECT * FROM per_case WHERE side = 'b') cb ON ca.case_id = cb.case_id
 )
 SELECT case_id, 'attack_success' AS field, a_s AS va, b_s AS vb FROM j
   WHERE in_a AND in_b AND a_s IS DISTINCT FROM b_s

@@ -9,7 +9,7 @@
 //! | `unicode_tags` | every ASCII character as its invisible Unicode tag (U+E0000 + c): "ASCII smuggling" | no |
 //! | `payload_split` | the payload split into `parts` (default 3, at most 25) quoted variables the model must join (Kang et al. 2023, "Exploiting Programmatic Behavior of LLMs") | no |
 //! | `leetspeak` | a→4 e→3 i→1 o→0 s→5 t→7 (either case) | yes |
-//! | `homoglyph` | Latin letters replaced by Cyrillic look-alikes | yes |
+//! | `homoglyph` | Latin letters replaced by Cyrillic look-alikes (the generator's map) | yes |
 //! | `zero_width` | U+200B between the characters of every word | yes |
 //! | `char_spacing` | a space between the characters of every word | yes |
 //! | `many_shot` | `shots` (default 8) fabricated dialogue turns in which an assistant obeys injected instructions, then the payload (Anil et al. 2024, "Many-shot Jailbreaking") | yes |
@@ -29,6 +29,9 @@ use std::fmt::Write as _;
 
 use base64::Engine;
 use sha2::Digest;
+
+// The same letter maps as the corpus generator's obfuscation families.
+use crate::corpus::obfuscate::{homoglyph_char, leet_char};
 
 /// One step of a pipeline, parameters checked.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -425,52 +428,18 @@ fn payload_split(text: &str, parts: usize) -> String {
     out
 }
 
-fn leet(c: char) -> char {
-    match c {
-        'a' | 'A' => '4',
-        'e' | 'E' => '3',
-        'i' | 'I' => '1',
-        'o' | 'O' => '0',
-        's' | 'S' => '5',
-        't' | 'T' => '7',
-        c => c,
-    }
-}
-
 fn leetspeak(s: &str, out: &mut String) {
     if s.is_ascii() {
         // Byte by byte: ASCII maps to ASCII.
-        let bytes: Vec<u8> = s.bytes().map(|b| leet(b as char) as u8).collect();
+        let bytes: Vec<u8> = s.bytes().map(|b| leet_char(b as char) as u8).collect();
         out.push_str(std::str::from_utf8(&bytes).expect("ASCII in, ASCII out"));
     } else {
-        out.extend(s.chars().map(leet));
+        out.extend(s.chars().map(leet_char));
     }
 }
 
 fn homoglyph(s: &str, out: &mut String) {
-    for c in s.chars() {
-        out.push(match c {
-            'a' => 'а',
-            'c' => 'с',
-            'e' => 'е',
-            'o' => 'о',
-            'p' => 'р',
-            'x' => 'х',
-            'y' => 'у',
-            'A' => 'А',
-            'B' => 'В',
-            'C' => 'С',
-            'E' => 'Е',
-            'H' => 'Н',
-            'K' => 'К',
-            'M' => 'М',
-            'O' => 'О',
-            'P' => 'Р',
-            'T' => 'Т',
-            'X' => 'Х',
-            c => c,
-        });
-    }
+    out.extend(s.chars().map(homoglyph_char));
 }
 
 /// `sep` between consecutive non-space characters (word boundaries stay as they are).

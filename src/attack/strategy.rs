@@ -380,8 +380,19 @@ impl Attack<'_> {
         }
     }
 
-    /// The attempt ended on a failed target call: its request, no answer.
-    fn failed(out: &mut Outcome, p: Plan, e: String, latency: f64) {
+    /// The attempt ends on a failed attacker call: the turn is kept with the error.
+    fn attacker_failed(out: &mut Outcome, mut t: TurnRecord, e: String) {
+        t.error = Some(e.clone());
+        out.turns.push(t);
+        out.error = Some(e);
+    }
+
+    /// The attempt ends on a failed target call: the turn is kept with the error, and the
+    /// attempt reports that request with no answer.
+    fn failed(out: &mut Outcome, mut t: TurnRecord, p: Plan, e: String, latency: f64) {
+        t.error = Some(e.clone());
+        t.latency_ms = Some(latency);
+        out.turns.push(t);
         out.plan = Some(p);
         out.response = None;
         out.latency_ms = Some(latency);
@@ -416,12 +427,7 @@ impl Attack<'_> {
                 .await
             {
                 Ok(v) => v,
-                Err(e) => {
-                    t.error = Some(e.clone());
-                    out.turns.push(t);
-                    out.error = Some(e);
-                    return;
-                }
+                Err(e) => return Self::attacker_failed(out, t, e),
             };
             t.attacker_response = Some(raw.clone());
             t.attack_prompt = prompt.clone();
@@ -430,13 +436,7 @@ impl Attack<'_> {
             out.turns_used += u32::from(p.blocked_by.is_none());
             let answer = match self.query(p, messages, &node, &mut out.calls).await {
                 Ok(a) => a,
-                Err((p, e, latency)) => {
-                    t.error = Some(e.clone());
-                    t.latency_ms = Some(latency);
-                    out.turns.push(t);
-                    Self::failed(out, p, e, latency);
-                    return;
-                }
+                Err((p, e, latency)) => return Self::failed(out, t, p, e, latency),
             };
             let score = Self::judge(scorer, &answer, &mut t).await;
             let success = t.success == Some(true);
@@ -487,12 +487,7 @@ impl Attack<'_> {
                 .await
             {
                 Ok(v) => v,
-                Err(e) => {
-                    t.error = Some(e.clone());
-                    out.turns.push(t);
-                    out.error = Some(e);
-                    return;
-                }
+                Err(e) => return Self::attacker_failed(out, t, e),
             };
             t.attacker_response = Some(raw.clone());
             t.attack_prompt = question.clone();
@@ -521,13 +516,7 @@ impl Attack<'_> {
             out.turns_used += u32::from(p.blocked_by.is_none());
             let answer = match self.query(p, messages, &node, &mut out.calls).await {
                 Ok(a) => a,
-                Err((p, e, latency)) => {
-                    t.error = Some(e.clone());
-                    t.latency_ms = Some(latency);
-                    out.turns.push(t);
-                    Self::failed(out, p, e, latency);
-                    return;
-                }
+                Err((p, e, latency)) => return Self::failed(out, t, p, e, latency),
             };
             let score = Self::judge(scorer, &answer, &mut t).await;
             let success = t.success == Some(true);

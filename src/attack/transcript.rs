@@ -174,3 +174,45 @@ impl Provider for TranscriptReplay {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn received_sources_are_read_never_repaired_and_bad_ones_are_clear() {
+        let dir = tempfile::tempdir().unwrap();
+        // A corrupt line in the middle: an error naming the file and the line.
+        let p = dir.path().join("predictions.jsonl");
+        let good = r#"{"case_id":"a","run_id":"r","provider":"p","model_name":"m","execution_mode":"live","mitigation":"none","attempt_id":"a#pair","turns":[{"turn":1,"depth":1,"node_id":"1","attacker_response":"{}","attack_prompt":"hi","target_response":"yo","latency_ms":3.0}]}"#;
+        std::fs::write(&p, format!("{good}\nnot json\n{good}\n")).unwrap();
+        let e = TranscriptReplay::open(&p).err().unwrap().to_string();
+        assert!(e.contains("predictions.jsonl:2"), "{e}");
+        // A torn tail is skipped and the file is left as it was.
+        let torn = format!("{good}\n{{\"case_id\":\"b");
+        std::fs::write(&p, &torn).unwrap();
+        let r = TranscriptReplay::open(&p).unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), torn, "never repaired");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let answer = rt
+            .block_on(r.complete(&key("a#pair", "1", "target"), &[]))
+            .unwrap();
+        assert_eq!((answer.text.as_str(), answer.latency_ms), ("yo", 3.0));
+        let missing = rt
+            .block_on(r.complete(&key("a#pair", "2", "target"), &[]))
+            .unwrap_err();
+        assert!(
+            missing.message.contains("no recorded answer"),
+            "{}",
+            missing.message
+        );
+        // A Parquet predictions file holds no transcripts.
+        let e = TranscriptReplay::open(&dir.path().join("p.parquet"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("predictions.jsonl"), "{e}");
+    }
+}

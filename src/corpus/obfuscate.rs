@@ -24,46 +24,52 @@ pub fn transform_except(text: &str, protected: &[&str], f: impl Fn(&str) -> Stri
 }
 
 pub fn leetspeak(s: &str) -> String {
-    s.chars()
-        .map(|c| match c {
-            'a' | 'A' => '4',
-            'e' | 'E' => '3',
-            'i' | 'I' => '1',
-            'o' | 'O' => '0',
-            's' | 'S' => '5',
-            't' | 'T' => '7',
-            other => other,
-        })
-        .collect()
+    s.chars().map(leet_char).collect()
+}
+
+/// One character in leetspeak: a→4 e→3 i→1 o→0 s→5 t→7, either case.
+pub fn leet_char(c: char) -> char {
+    match c {
+        'a' | 'A' => '4',
+        'e' | 'E' => '3',
+        'i' | 'I' => '1',
+        'o' | 'O' => '0',
+        's' | 'S' => '5',
+        't' | 'T' => '7',
+        other => other,
+    }
 }
 
 /// Latin letters replaced by their Cyrillic look-alikes.
 pub fn homoglyph(s: &str) -> String {
-    s.chars()
-        .map(|c| match c {
-            'a' => 'а',
-            'c' => 'с',
-            'e' => 'е',
-            'i' => 'і',
-            'o' => 'о',
-            'p' => 'р',
-            'x' => 'х',
-            'y' => 'у',
-            'A' => 'А',
-            'B' => 'В',
-            'C' => 'С',
-            'E' => 'Е',
-            'H' => 'Н',
-            'I' => 'І',
-            'K' => 'К',
-            'M' => 'М',
-            'O' => 'О',
-            'P' => 'Р',
-            'T' => 'Т',
-            'X' => 'Х',
-            other => other,
-        })
-        .collect()
+    s.chars().map(homoglyph_char).collect()
+}
+
+/// One Latin letter's Cyrillic look-alike (other characters unchanged).
+pub fn homoglyph_char(c: char) -> char {
+    match c {
+        'a' => 'а',
+        'c' => 'с',
+        'e' => 'е',
+        'i' => 'і',
+        'o' => 'о',
+        'p' => 'р',
+        'x' => 'х',
+        'y' => 'у',
+        'A' => 'А',
+        'B' => 'В',
+        'C' => 'С',
+        'E' => 'Е',
+        'H' => 'Н',
+        'I' => 'І',
+        'K' => 'К',
+        'M' => 'М',
+        'O' => 'О',
+        'P' => 'Р',
+        'T' => 'Т',
+        'X' => 'Х',
+        other => other,
+    }
 }
 
 /// A zero-width character after every letter (alternating ZWSP and WORD JOINER).

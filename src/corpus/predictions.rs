@@ -526,6 +526,23 @@ mod tests {
             err("{\"case_id\":\"a\",\"latency_ms\":\"fast\"}\n"),
             ":1: latency_ms: expected a non-negative number, found a string"
         );
+        // The attempt counts of adaptive attacks: non-negative integers.
+        assert_eq!(
+            err("{\"case_id\":\"a\",\"turns_used\":\"three\"}\n"),
+            ":1: turns_used: expected a non-negative integer, found a string"
+        );
+        assert_eq!(
+            err("{\"case_id\":\"a\",\"success_turn\":1.5}\n"),
+            ":1: success_turn: expected a non-negative integer, found 1.5"
+        );
+        assert_eq!(
+            err("{\"case_id\":\"a\",\"turns_used\":-2}\n"),
+            ":1: turns_used: expected a non-negative integer, found -2"
+        );
+        assert_eq!(
+            err("{\"case_id\":\"a\",\"attempt_id\":[1]}\n"),
+            ":1: attempt_id: expected a string, found an array"
+        );
         assert_eq!(
             err("{\"case_id\":7}\n"),
             ":1: case_id: expected a string, found a number"

@@ -392,6 +392,33 @@ evaluation: {leakage_threshold: 0.5}
     }
 
     #[test]
+    fn attack_sections_are_located() {
+        let base = "experiment: {name: x}\ndataset: {path: a.jsonl}\nmitigation: {name: none}\nmodel: {provider: local, name: m}\n";
+        let e = err(&format!("{base}attack:\n  converters: [base46]\n"));
+        assert!(e.starts_with("exp.yaml:5: attack.converters[0]"), "{e}");
+        assert!(e.contains("did you mean \"base64\""), "{e}");
+        let e = err(&format!("{base}attack: {{strategy: pear}}\n"));
+        assert!(e.contains("attack.strategy"), "{e}");
+        assert!(e.contains("did you mean `pair`"), "{e}");
+        let e = err(&format!(
+            "{base}attack: {{strategy: pair, attacker: {{provider: openai, name: a}}}}\n"
+        ));
+        assert!(e.contains("attack.attacker.base_url"), "{e}");
+        let e = err(&format!(
+            "{base}attack: {{converters: [{{best_of_n: {{n: many}}}}]}}\n"
+        ));
+        assert!(e.contains("best_of_n.n must be an integer"), "{e}");
+        let e = err(&format!(
+            "{}attack: {{strategy: crescendo, attacker: {{provider: local, name: a}}}}\n",
+            base.replace("{name: none}", "{name: known_answer}")
+        ));
+        assert!(
+            e.contains("attack.strategy") && e.contains("known_answer"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn semantic_checks() {
         let base = "experiment: {name: x}\ndataset: {path: a.jsonl}\nmitigation: {name: none}\n";
         let e = err(&format!("{base}model: {{provider: openai, name: m}}\n"));

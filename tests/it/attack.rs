@@ -534,23 +534,7 @@ fn a_killed_multi_turn_run_resumes_without_losing_or_repeating_a_turn() {
         .spawn()
         .unwrap();
     let results = tmp.path().join("results");
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let dir = loop {
-        assert!(std::time::Instant::now() < deadline, "never checkpointed");
-        std::thread::sleep(Duration::from_millis(20));
-        let Some(d) = std::fs::read_dir(&results)
-            .ok()
-            .and_then(|mut e| e.find_map(|e| e.ok().map(|e| e.path()).filter(|p| p.is_dir())))
-        else {
-            continue;
-        };
-        let n = std::fs::read_to_string(d.join("predictions.jsonl"))
-            .map(|t| t.lines().count())
-            .unwrap_or(0);
-        if n >= 2 {
-            break d;
-        }
-    };
+    let dir = common::wait_for_checkpoint(&results, 2);
     child.kill().unwrap();
     child.wait().unwrap();
     let before = read_jsonl(&dir.join("predictions.jsonl")).len();

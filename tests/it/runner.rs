@@ -227,28 +227,7 @@ fn a_killed_run_resumes_without_loss_or_duplicates() {
         .spawn()
         .unwrap();
     let results = tmp.path().join("results");
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let dir = loop {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the run never checkpointed"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-        let Ok(entries) = std::fs::read_dir(&results) else {
-            continue;
-        };
-        let found = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .find(|p| p.is_dir());
-        if let Some(d) = found {
-            let n = std::fs::read_to_string(d.join("predictions.jsonl"))
-                .map(|t| t.lines().count())
-                .unwrap_or(0);
-            if n >= 6 {
-                break d;
-            }
-        }
-    };
+    let dir = common::wait_for_checkpoint(&results, 6);
     child.kill().unwrap();
     child.wait().unwrap();
     let before = jsonl(&dir.join("predictions.jsonl")).len();

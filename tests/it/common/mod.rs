@@ -89,3 +89,28 @@ pub fn dry_run(dir: &Path, n: usize) -> PathBuf {
     let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     results.join(v["run_id"].as_str().unwrap())
 }
+
+/// The run folder under `results` once its checkpoint holds `lines` lines (a run started
+/// as a child process, to be killed mid-way); fails after a minute.
+pub fn wait_for_checkpoint(results: &Path, lines: usize) -> PathBuf {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run never checkpointed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let Some(d) = std::fs::read_dir(results)
+            .ok()
+            .and_then(|mut e| e.find_map(|e| e.ok().map(|e| e.path()).filter(|p| p.is_dir())))
+        else {
+            continue;
+        };
+        let n = std::fs::read_to_string(d.join("predictions.jsonl"))
+            .map(|t| t.lines().count())
+            .unwrap_or(0);
+        if n >= lines {
+            return d;
+        }
+    }
+}
