@@ -265,10 +265,15 @@ pub fn write_with(
 /// memory follow the input; 64 Ki rows keeps it bounded.
 const ROW_GROUP_ROWS: usize = 64 * 1024;
 
+/// zstd level 1: scoring writes every response again (case_results), and level 3's
+/// compressor took 8% of scoring's CPU on distinct responses for files about 10%
+/// smaller (docs/performance.md).
+const ZSTD_LEVEL: i32 = 1;
+
 pub fn writer_properties() -> Result<WriterProperties> {
     Ok(WriterProperties::builder()
         .set_compression(Compression::ZSTD(
-            ZstdLevel::try_new(3).map_err(Error::from)?,
+            ZstdLevel::try_new(ZSTD_LEVEL).map_err(Error::from)?,
         ))
         .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
         .build())

@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanBuilder, Float64Builder, Int64Builder, RecordBatch,
-    StringBuilder,
+    Array, ArrayRef, AsArray, BooleanBuilder, Float64Builder, Int64Array, Int64Builder,
+    RecordBatch, StringArray, StringBuilder, new_null_array,
 };
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema, SchemaRef};
@@ -219,7 +219,8 @@ impl PredictionsReader {
             source,
             batch_size: batch_size.max(1),
             sink: Sink {
-                builders: Builders::new(batch_size),
+                // Parquet batches come out as their columns: only JSONL lines need builders.
+                builders: Builders::new(if is_parquet { 0 } else { batch_size }),
                 seen: (RandomState::new(), RandomState::new(), HashMap::new()),
                 stats,
             },
@@ -236,9 +237,26 @@ impl PredictionsReader {
 impl Sink {
     /// Record one valid row.
     fn accept(&mut self, row: &Row<'_>, line: u64) {
-        let id = row.values[0].as_deref().unwrap_or_default();
+        let text = |name: &str| row.values[field_index(name)].as_deref();
+        let duplicate = self.note_row(
+            text("case_id").unwrap_or_default(),
+            text("attempt_id"),
+            text("response_text"),
+            text("error"),
+        );
+        self.builders.append(row, duplicate, line);
+    }
+
+    /// Count one row in the stats; `true` when its case and attempt were seen before.
+    fn note_row(
+        &mut self,
+        id: &str,
+        attempt: Option<&str>,
+        response: Option<&str>,
+        error: Option<&str>,
+    ) -> bool {
         // An attempt is one prediction: the key is the case and the attempt.
-        let key = (id, row.values[field_index("attempt_id")].as_deref());
+        let key = (id, attempt);
         let h = ((self.seen.0.hash_one(key) as u128) << 64) | self.seen.1.hash_one(key) as u128;
         let duplicate = self.seen.2.insert(h, ()).is_some();
         let s = &mut self.stats;
@@ -246,16 +264,13 @@ impl Sink {
         if duplicate {
             note(&mut s.duplicates, &mut s.first_duplicates, id);
         }
-        if row.values[1].as_deref().is_none_or(|r| r.trim().is_empty()) {
+        if response.is_none_or(|r| r.trim().is_empty()) {
             note(&mut s.empty_responses, &mut s.first_empty_responses, id);
         }
-        if row.values[field_index("error")]
-            .as_deref()
-            .is_some_and(|e| !e.is_empty())
-        {
+        if error.is_some_and(|e| !e.is_empty()) {
             note(&mut s.provider_errors, &mut s.first_provider_errors, id);
         }
-        self.builders.append(row, duplicate, line);
+        duplicate
     }
 
     /// Read one JSONL line; `false` at the end.
@@ -344,14 +359,15 @@ impl Sink {
         Ok(true)
     }
 
-    /// Read one Parquet batch; `false` at the end.
+    /// Read one Parquet batch straight into the table's columns (the input's arrays,
+    /// cast where their type differs; no row-by-row copy); `None` at the end.
     fn read_parquet(
         &mut self,
         reader: &mut ParquetRecordBatchReader,
         next_row: &mut u64,
-    ) -> Result<bool> {
+    ) -> Result<Option<RecordBatch>> {
         let Some(batch) = reader.next() else {
-            return Ok(false);
+            return Ok(None);
         };
         let first = *next_row;
         let path = self.stats.path.clone();
@@ -363,10 +379,12 @@ impl Sink {
                 format!("cannot decode Parquet rows: {e}"),
             )
         })?;
-        *next_row += batch.num_rows() as u64;
+        let n = batch.num_rows();
+        *next_row += n as u64;
         let schema = batch.schema();
-        let mut columns: Vec<Option<ArrayRef>> = Vec::with_capacity(PREDICTION_FIELDS.len());
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(PREDICTION_FIELDS.len() + 2);
         for (name, required) in PREDICTION_FIELDS {
+            let kind = prediction_field_type(name);
             let Ok(i) = schema.index_of(name) else {
                 if *required && *name == "case_id" {
                     return Err(Error::input(
@@ -376,53 +394,81 @@ impl Sink {
                         "the Parquet file has no case_id column",
                     ));
                 }
-                columns.push(None);
+                columns.push(new_null_array(&column_type(kind), n));
                 continue;
             };
-            let target = if prediction_field_type(name) == PredictionType::Text {
+            let read_as = if kind == PredictionType::Text {
                 DataType::Utf8
             } else {
                 DataType::Float64
             };
-            let cast_col = cast(batch.column(i), &target).map_err(|e| {
+            let col = cast(batch.column(i), &read_as).map_err(|e| {
                 Error::input(
                     &path,
                     0,
                     Some(name),
                     format!(
-                        "column of type {} cannot be read as {target}: {e}",
+                        "column of type {} cannot be read as {read_as}: {e}",
                         batch.column(i).data_type()
                     ),
                 )
             })?;
-            columns.push(Some(cast_col));
+            if kind == PredictionType::Text {
+                columns.push(col);
+                continue;
+            }
+            // The same rule as a JSONL line, on the column's values.
+            for (r, x) in col.as_primitive::<Float64Type>().iter().enumerate() {
+                if let Some(x) = x {
+                    check_number(name, x)
+                        .map_err(|m| Error::input(&path, first + r as u64, Some(name), m))?;
+                }
+            }
+            columns.push(if kind == PredictionType::Count {
+                // Checked whole and within u32 above: the cast is exact.
+                cast(&col, &DataType::Int64)?
+            } else {
+                col
+            });
         }
-        for r in 0..batch.num_rows() {
+        let text = |name: &str| columns[field_index(name)].as_string::<i32>().clone();
+        let (ids, responses) = (text("case_id"), text("response_text"));
+        let (attempts, errors) = (text("attempt_id"), text("error"));
+        let mut duplicate = BooleanBuilder::with_capacity(n);
+        for r in 0..n {
             let no = first + r as u64;
-            let mut row = Row::default();
-            for (i, col) in columns.iter().enumerate() {
-                let Some(col) = col else { continue };
-                if col.is_null(r) {
-                    continue;
-                }
-                let name = PREDICTION_FIELDS[i].0;
-                if prediction_field_type(name) != PredictionType::Text {
-                    // The same rule as a JSONL line.
-                    let x = col.as_primitive::<Float64Type>().value(r);
-                    row.numbers[i] = Some(
-                        check_number(name, x)
-                            .map_err(|m| Error::input(&path, no, Some(name), m))?,
-                    );
-                } else {
-                    row.values[i] = Some(col.as_string::<i32>().value(r).into());
-                }
-            }
-            if row.values[0].as_deref().is_none_or(|s| s.trim().is_empty()) {
+            let Some(id) = value(&ids, r).filter(|s| !s.trim().is_empty()) else {
                 return Err(Error::input(&path, no, Some("case_id"), "missing or empty"));
-            }
-            self.accept(&row, no);
+            };
+            duplicate.append_value(self.note_row(
+                id,
+                value(&attempts, r),
+                value(&responses, r),
+                value(&errors, r),
+            ));
         }
-        Ok(true)
+        columns.push(Arc::new(duplicate.finish()));
+        columns.push(Arc::new(Int64Array::from_iter_values(
+            (first..first + n as u64).map(|x| x as i64),
+        )));
+        Ok(Some(RecordBatch::try_new(
+            predictions_table_schema(),
+            columns,
+        )?))
+    }
+}
+
+/// Row `r` of a text column.
+fn value(a: &StringArray, r: usize) -> Option<&str> {
+    a.is_valid(r).then(|| a.value(r))
+}
+
+/// The table's type for a prediction field.
+fn column_type(kind: PredictionType) -> DataType {
+    match kind {
+        PredictionType::Text => DataType::Utf8,
+        PredictionType::Float => DataType::Float64,
+        PredictionType::Count => DataType::Int64,
     }
 }
 
@@ -433,16 +479,20 @@ impl Iterator for PredictionsReader {
         if self.done {
             return None;
         }
+        let lines = match &mut self.source {
+            Source::Jsonl(lines) => lines,
+            Source::Parquet { reader, next_row } => {
+                let batch = self.sink.read_parquet(reader, next_row).transpose();
+                self.done = !matches!(batch, Some(Ok(_)));
+                return batch;
+            }
+        };
         loop {
             let sink = &mut self.sink;
             if sink.builders.rows >= self.batch_size {
                 return Some(sink.builders.finish());
             }
-            let more = match &mut self.source {
-                Source::Jsonl(lines) => sink.read_line(lines),
-                Source::Parquet { reader, next_row } => sink.read_parquet(reader, next_row),
-            };
-            match more {
+            match sink.read_line(lines) {
                 Ok(true) => {}
                 Ok(false) => {
                     self.done = true;
@@ -504,6 +554,127 @@ mod tests {
                 .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
                 .value(0),
             3
+        );
+    }
+
+    /// Write `batch` as Parquet and read it back through the reader.
+    fn read_parquet(
+        batch: RecordBatch,
+        size: usize,
+    ) -> Result<(Vec<RecordBatch>, PredictionStats)> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.parquet");
+        let mut w = datafusion::parquet::arrow::ArrowWriter::try_new(
+            File::create(&path).unwrap(),
+            batch.schema(),
+            None,
+        )
+        .unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let mut r = PredictionsReader::open(&path, size)?;
+        let batches = r.by_ref().collect::<Result<Vec<_>>>()?;
+        Ok((batches, r.stats().clone()))
+    }
+
+    #[test]
+    fn parquet_columns_come_out_as_the_same_rows_as_jsonl() {
+        use datafusion::arrow::array::{Float64Array, Int32Array};
+        let ids = ["a", "b", "a", "c", "a"];
+        let responses = [Some("hi"), None, Some(" "), Some("x"), Some("y")];
+        let attempts = [None, None, None, Some("c#rot13"), Some("a#rot13")];
+        let latency = [Some(12.5), None, Some(3.0), Some(0.0), None];
+        let turns = [None, Some(2), None, Some(0), Some(7)];
+        let errors = [None, Some("timeout"), None, Some(""), None];
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("case_id", DataType::Utf8, true),
+            Field::new("response_text", DataType::Utf8, true),
+            Field::new("attempt_id", DataType::Utf8, true),
+            Field::new("latency_ms", DataType::Float64, true),
+            // an integer column: read as the contract's count
+            Field::new("turns_used", DataType::Int32, true),
+            Field::new("error", DataType::Utf8, true),
+            Field::new("unrelated", DataType::Utf8, true),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(StringArray::from(ids.to_vec())),
+                Arc::new(StringArray::from(responses.to_vec())),
+                Arc::new(StringArray::from(attempts.to_vec())),
+                Arc::new(Float64Array::from(latency.to_vec())),
+                Arc::new(Int32Array::from(turns.to_vec())),
+                Arc::new(StringArray::from(errors.to_vec())),
+                Arc::new(StringArray::from(vec![Some("z"); 5])),
+            ],
+        )
+        .unwrap();
+        let lines: String = (0..5)
+            .map(|i| {
+                let mut o = serde_json::json!({"case_id": ids[i], "response_text": responses[i],
+                    "attempt_id": attempts[i], "latency_ms": latency[i], "turns_used": turns[i],
+                    "error": errors[i], "unrelated": "z"});
+                o.as_object_mut().unwrap().retain(|_, v| !v.is_null());
+                format!("{o}\n")
+            })
+            .collect();
+        let (jsonl, jsonl_stats) = read(&lines).unwrap();
+        let (parquet, parquet_stats) = read_parquet(batch, 2).unwrap();
+        let all = |b: &[RecordBatch]| {
+            datafusion::arrow::compute::concat_batches(&predictions_table_schema(), b).unwrap()
+        };
+        assert_eq!(all(&parquet), all(&jsonl));
+        assert_eq!(
+            parquet
+                .iter()
+                .map(RecordBatch::num_rows)
+                .collect::<Vec<_>>(),
+            [2, 2, 1]
+        );
+        let counts = |s: &PredictionStats| {
+            (
+                s.rows,
+                s.duplicates,
+                s.first_duplicates.clone(),
+                s.empty_responses,
+                s.provider_errors,
+            )
+        };
+        assert_eq!(counts(&parquet_stats), counts(&jsonl_stats));
+        assert_eq!(counts(&parquet_stats), (5, 1, vec!["a".to_owned()], 2, 1));
+    }
+
+    #[test]
+    fn bad_parquet_values_name_the_row_and_field() {
+        use datafusion::arrow::array::Float64Array;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("case_id", DataType::Utf8, true),
+            Field::new("success_turn", DataType::Float64, true),
+        ]));
+        let batch = |turns: Vec<Option<f64>>, ids: Vec<Option<&str>>| {
+            RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![
+                    Arc::new(StringArray::from(ids)) as ArrayRef,
+                    Arc::new(Float64Array::from(turns)),
+                ],
+            )
+            .unwrap()
+        };
+        let err = |b| {
+            let e = read_parquet(b, 2).unwrap_err().to_string();
+            e.rsplit_once("p.parquet").unwrap().1.to_owned()
+        };
+        assert_eq!(
+            err(batch(vec![Some(1.0), None, Some(1.5)], vec![Some("a"); 3])),
+            ":3: success_turn: expected a non-negative integer, found 1.5"
+        );
+        assert_eq!(
+            err(batch(
+                vec![None, None, None],
+                vec![Some("a"), Some(" "), Some("b")]
+            )),
+            ":2: case_id: missing or empty"
         );
     }
 

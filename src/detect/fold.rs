@@ -29,15 +29,27 @@ pub fn fold_into(s: &str, out: &mut String) {
 
 fn push_folded(chars: impl Iterator<Item = char>, out: &mut String) {
     for c in chars {
-        if c.is_ascii() {
-            out.push(c.to_ascii_lowercase());
-        } else if let Some(mapped) = fold_char(c) {
-            if mapped.is_ascii() {
-                out.push(mapped.to_ascii_lowercase());
-            } else {
-                out.extend(mapped.to_lowercase());
-            }
+        push_folded_char(c, out);
+    }
+}
+
+/// Fold one character (dropped, mapped, lowercased) onto `out`.
+#[inline]
+fn push_folded_char(c: char, out: &mut String) {
+    if c.is_ascii() {
+        out.push(c.to_ascii_lowercase());
+        return;
+    }
+    let Some(mapped) = fold_char(c) else { return };
+    match mapped {
+        m if m.is_ascii() => out.push(m.to_ascii_lowercase()),
+        // Latin-1 letters (the accents of most European text) without the case
+        // tables: capitals are 0x20 below their small letters, the rest is lowercase.
+        'À'..='Ö' | 'Ø'..='Þ' => {
+            out.push(char::from_u32(mapped as u32 + 0x20).unwrap_or(mapped))
         }
+        '\u{DF}'..='\u{FF}' => out.push(mapped),
+        m => out.extend(m.to_lowercase()),
     }
 }
 
@@ -56,7 +68,7 @@ fn push_folded_str(s: &str, out: &mut String) {
         rest = &rest[run..];
         let mut chars = rest.chars();
         if let Some(c) = chars.next() {
-            push_folded(std::iter::once(c), out);
+            push_folded_char(c, out);
             rest = chars.as_str();
         }
     }
@@ -82,15 +94,43 @@ pub fn fold_with_offsets(s: &str, out: &mut String, offsets: &mut Vec<usize>) {
         offsets.extend(0..=s.len());
         return;
     }
+    if unicode_normalization::is_nfkc_quick(s.chars()) != unicode_normalization::IsNormalized::Yes {
+        fold_with_offsets_per_char(s, out, offsets);
+        return;
+    }
+    // Text already in NFKC (most text): each character is its own NFKC, so runs of
+    // ASCII are copied in bulk and only the other characters are mapped one by one;
+    // the result is what the per-character path gives (tested), and equals fold_into.
+    let bytes = s.as_bytes();
+    let mut i = 0;
+    while i < s.len() {
+        let run = bytes[i..]
+            .iter()
+            .position(|b| !b.is_ascii())
+            .unwrap_or(s.len() - i);
+        let start = out.len();
+        out.push_str(&s[i..i + run]);
+        out.as_mut_str()[start..].make_ascii_lowercase();
+        offsets.extend(i..i + run);
+        i += run;
+        if let Some(c) = s[i..].chars().next() {
+            let before = out.len();
+            push_folded_char(c, out);
+            offsets.extend(std::iter::repeat_n(i, out.len() - before));
+            i += c.len_utf8();
+        }
+    }
+    offsets.push(s.len());
+}
+
+/// [`fold_with_offsets`] one character's NFKC at a time.
+fn fold_with_offsets_per_char(s: &str, out: &mut String, offsets: &mut Vec<usize>) {
     let mut buf = [0u8; 4];
     for (i, c) in s.char_indices() {
         for n in c.encode_utf8(&mut buf).nfkc() {
-            if let Some(mapped) = fold_char(n) {
-                for l in mapped.to_lowercase() {
-                    out.push(l);
-                    offsets.extend(std::iter::repeat_n(i, l.len_utf8()));
-                }
-            }
+            let before = out.len();
+            push_folded_char(n, out);
+            offsets.extend(std::iter::repeat_n(i, out.len() - before));
         }
     }
     offsets.push(s.len());
@@ -183,6 +223,50 @@ mod tests {
         fold_with_offsets(s, &mut out, &mut offsets);
         assert_eq!(out, "abé");
         assert_eq!(offsets, [0, 4, 7, 7, s.len()]);
+    }
+
+    #[test]
+    fn the_nfkc_fast_path_gives_what_each_character_gives() {
+        // Characters already in NFKC, and some that are not (compatibility forms, a
+        // combining accent).
+        let nfkc: Vec<char> = "aZ ÀÉéÖØÞßÿ\u{D7}ĀΣσςЖжРе的\u{200B}\u{E0041}\u{2019}İ\u{1E9E}"
+            .chars()
+            .collect();
+        let all: Vec<char> = nfkc.iter().copied().chain("ǅŉﬁＷ\u{301}".chars()).collect();
+        let mut rng = fastrand::Rng::with_seed(17);
+        let (mut fast, mut offsets) = (String::new(), Vec::new());
+        let (mut slow, mut slow_offsets) = (String::new(), Vec::new());
+        let mut nfkc_texts = 0;
+        for _ in 0..5_000 {
+            let alphabet = if rng.bool() { &nfkc } else { &all };
+            let s: String = (0..rng.usize(0..40))
+                .map(|_| alphabet[rng.usize(..alphabet.len())])
+                .collect();
+            fold_with_offsets(&s, &mut fast, &mut offsets);
+            slow.clear();
+            slow_offsets.clear();
+            fold_with_offsets_per_char(&s, &mut slow, &mut slow_offsets);
+            assert_eq!((&fast, &offsets), (&slow, &slow_offsets), "{s:?}");
+            if unicode_normalization::is_nfkc_quick(s.chars())
+                == unicode_normalization::IsNormalized::Yes
+            {
+                nfkc_texts += 1;
+                assert_eq!(fast, fold(&s), "{s:?}");
+            }
+        }
+        assert!(nfkc_texts > 2_000, "{nfkc_texts}");
+    }
+
+    #[test]
+    fn latin1_letters_lowercase_as_the_case_tables_say() {
+        for c in '\u{80}'..='\u{FF}' {
+            let mut out = String::new();
+            push_folded_char(c, &mut out);
+            let expected: String = fold_char(c)
+                .map(|m| m.to_lowercase().collect())
+                .unwrap_or_default();
+            assert_eq!(out, expected, "{c:?}");
+        }
     }
 
     #[test]

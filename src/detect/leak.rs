@@ -85,7 +85,30 @@ fn compact_into(folded: &str, out: &mut String) {
         bytes.truncate(n);
         *out = String::from_utf8(bytes).expect("ASCII bytes are UTF-8");
     } else {
-        out.extend(folded.chars().filter(|c| c.is_alphanumeric()));
+        // The same over mixed text: ASCII bytes as above, other characters kept whole
+        // when alphanumeric (the result equals filtering the chars; tested).
+        let src = folded.as_bytes();
+        let mut bytes = std::mem::take(out).into_bytes();
+        bytes.resize(src.len(), 0);
+        let (mut n, mut i) = (0, 0);
+        while i < src.len() {
+            let b = src[i];
+            if b.is_ascii() {
+                bytes[n] = b;
+                n += usize::from(b.is_ascii_alphanumeric());
+                i += 1;
+            } else {
+                let c = folded[i..].chars().next().expect("a char starts here");
+                let len = c.len_utf8();
+                if c.is_alphanumeric() {
+                    bytes[n..n + len].copy_from_slice(&src[i..i + len]);
+                    n += len;
+                }
+                i += len;
+            }
+        }
+        bytes.truncate(n);
+        *out = String::from_utf8(bytes).expect("whole characters of a str");
     }
 }
 
@@ -323,6 +346,21 @@ mod tests {
         let mut p = Prepared::default();
         p.load(response);
         t.score(response, &mut p)
+    }
+
+    #[test]
+    fn compaction_keeps_the_letters_and_digits_of_any_text() {
+        let alphabet: Vec<char> = "aZ09 -_.é中ß\u{200B}٣Ж!\u{1F600}".chars().collect();
+        let mut rng = fastrand::Rng::with_seed(18);
+        let mut out = String::new();
+        for _ in 0..2_000 {
+            let s: String = (0..rng.usize(0..30))
+                .map(|_| alphabet[rng.usize(..alphabet.len())])
+                .collect();
+            compact_into(&s, &mut out);
+            let expected: String = s.chars().filter(|c| c.is_alphanumeric()).collect();
+            assert_eq!(out, expected, "{s:?}");
+        }
     }
 
     #[test]

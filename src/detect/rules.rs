@@ -144,14 +144,29 @@ impl RulePack {
     /// Every match of every firing rule, as byte spans of `raw`, in order of position.
     /// `scratch` is reused from call to call (no allocation per text once warm).
     pub fn spans(&self, raw: &str, scratch: &mut SpanScratch, out: &mut Vec<Span>) {
+        let mut plain = std::mem::take(&mut scratch.plain);
+        fold_into(raw, &mut plain);
+        self.spans_folded(raw, &plain, scratch, out);
+        scratch.plain = plain;
+    }
+
+    /// [`RulePack::spans`] of a text already folded (`plain` is `raw` folded): a caller
+    /// that folded the text for other detectors does not fold it again. The text is
+    /// folded a second time, with offsets, only when a rule fires.
+    pub fn spans_folded(
+        &self,
+        raw: &str,
+        plain: &str,
+        scratch: &mut SpanScratch,
+        out: &mut Vec<Span>,
+    ) {
         out.clear();
         let SpanScratch {
             folded,
             offsets,
-            plain,
             hits,
+            ..
         } = scratch;
-        fold_into(raw, plain);
         self.hits(raw, plain, hits);
         if hits.is_empty() {
             return;

@@ -185,17 +185,29 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
     };
     let scored = runtime()?.block_on(async {
         let df = ctx.sql(SCORE_CASES_SQL).await?;
-        let schema = Arc::new(df.schema().as_arrow().clone());
+        let scored_schema = Arc::new(df.schema().as_arrow().clone());
+        // Everything but the last column (rule_spans, for findings only) is case_results.
+        let results_columns: Vec<usize> = (0..scored_schema.fields().len())
+            .filter(|&i| scored_schema.field(i).name() != RULE_SPANS)
+            .collect();
+        let schema = Arc::new(scored_schema.project(&results_columns)?);
         let mut writers = ResultWriters::create(&opts.output, schema)?;
+        let mut findings = FindingsWriter::create(
+            &opts.output.join(crate::rundir::FINDINGS_FILE),
+            Arc::clone(&scored_schema),
+        )
+        .await?;
         let mut stream = df.execute_stream().await?;
         while let Some(batch) = stream.next().await {
             let batch = batch?;
+            findings.write(&batch).await?;
+            let batch = batch.project(&results_columns)?;
             tally(&batch, &mut report)?;
             writers.write(&batch)?;
         }
-        Ok::<_, Error>(writers)
+        Ok::<_, Error>((writers, findings))
     });
-    let writers = match scored {
+    let (writers, findings) = match scored {
         Ok(w) => w,
         Err(e) => {
             // Verdicts already paid for are kept for the next attempt (shared cache).
@@ -229,6 +241,9 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
         }
     }
     report.result_paths.extend(writers.commit()?);
+    report
+        .result_paths
+        .insert("findings_parquet".into(), findings.commit()?);
     if !report.result_paths.contains_key("judgements_parquet") && judgements.is_file() {
         // An earlier scoring's verdicts do not belong to these results.
         std::fs::remove_file(&judgements)
@@ -236,11 +251,6 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
     }
     let rt = runtime()?;
     let parquet = report.result_paths["case_results_parquet"].clone();
-    let findings = opts.output.join(crate::rundir::FINDINGS_FILE);
-    rt.block_on(write_findings(&parquet, &findings))?;
-    report
-        .result_paths
-        .insert("findings_parquet".into(), findings);
     report.aggregate_metrics = rt.block_on(aggregate_metrics(&parquet))?;
     let summary_path = opts.output.join(crate::rundir::SUMMARY_FILE);
     report
@@ -328,11 +338,64 @@ async fn results_session(case_results: &Path) -> Result<datafusion::prelude::Ses
     Ok(ctx)
 }
 
-/// `queries/findings.sql` → `findings.parquet` (atomically).
-pub async fn write_findings(case_results: &Path, out: &Path) -> Result<()> {
-    let ctx = results_session(case_results).await?;
-    let df = ctx.sql(FINDINGS_SQL).await?;
-    write_parquet(df, out).await.map(|_| ())
+/// The column of the scored stream that holds each response's injection-rule spans
+/// (`queries/score_cases.sql`); findings read it, case_results does not hold it.
+const RULE_SPANS: &str = "rule_spans";
+
+/// The scored stream's schema, the table `queries/findings.sql` reads as `scored`:
+/// case_results' fields and `rule_spans` (a list of `pi_rule_spans` elements).
+pub fn scored_schema() -> Arc<Schema> {
+    let mut fields: Vec<Field> = crate::contract::arrow::case_results_schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(Field::new(
+        RULE_SPANS,
+        DataType::List(Arc::new(Field::new_list_field(
+            DataType::Struct(crate::detect::udf::span_fields()),
+            true,
+        ))),
+        true,
+    ));
+    Arc::new(Schema::new(fields))
+}
+
+/// `queries/findings.sql` over each batch of the scored stream, into `findings.parquet`
+/// under a temporary name: findings come from the same pass as the results. The query
+/// has no aggregate (a filter and an unnest per branch), so running it batch by batch
+/// gives the rows it gives over the whole table.
+struct FindingsWriter {
+    ctx: datafusion::prelude::SessionContext,
+    file: crate::atomic::ParquetFile,
+    path: PathBuf,
+}
+
+impl FindingsWriter {
+    async fn create(path: &Path, scored: Arc<Schema>) -> Result<Self> {
+        let ctx = session();
+        ctx.register_batch("scored", RecordBatch::new_empty(scored))?;
+        let schema = Arc::new(ctx.sql(FINDINGS_SQL).await?.schema().as_arrow().clone());
+        Ok(Self {
+            ctx,
+            file: crate::atomic::ParquetFile::create(path, schema)?,
+            path: path.to_path_buf(),
+        })
+    }
+
+    async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        self.ctx.deregister_table("scored")?;
+        self.ctx.register_batch("scored", batch.clone())?;
+        for found in self.ctx.sql(FINDINGS_SQL).await?.collect().await? {
+            self.file.write(&found)?;
+        }
+        Ok(())
+    }
+
+    fn commit(self) -> Result<PathBuf> {
+        self.file.commit()?;
+        Ok(self.path)
+    }
 }
 
 /// `queries/summary.sql` and `queries/metrics/totals.sql` → summary.json's

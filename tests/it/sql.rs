@@ -225,6 +225,9 @@ fn every_query_file_is_registered_and_plans() {
         .unwrap();
         ctx.register_table("findings", empty(findings_schema()))
             .unwrap();
+        // findings.sql reads each batch of the scored stream
+        ctx.register_table("scored", empty(pieval::engine::score::scored_schema()))
+            .unwrap();
         let ids = Arc::new(Schema::new(vec![
             Field::new("case_id", DataType::Utf8, true),
             Field::new("attempt_id", DataType::Utf8, true),
@@ -254,5 +257,18 @@ fn every_query_file_is_registered_and_plans() {
                 }
             }
         }
+        // Scoring folds each response once: the physical plan calls pi_detect once (a
+        // second reference to its struct can make the optimizer inline the call).
+        let plan = ctx
+            .sql(queries::SCORE_CASES.sql)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let text = datafusion::physical_plan::displayable(plan.as_ref())
+            .indent(true)
+            .to_string();
+        assert_eq!(text.matches("pi_detect(").count(), 1, "{text}");
     });
 }

@@ -8,6 +8,7 @@
 //! | `leakage_score` | `pi_leakage_score(response, protected_text)` |
 //! | `canary_leaked` | `pi_leakage(response, canary)` |
 //! | `refusal` | `pi_refusal(response)` |
+//! | `rule_spans` | `pi_rule_spans(response)` (the findings of the injection rules) |
 //!
 //! Each field is what the single function gives on the same arguments (tested on the
 //! corpus and on random input); a null argument makes its fields null. The response is
@@ -23,10 +24,12 @@ use datafusion::arrow::datatypes::{DataType, Field, Fields};
 use datafusion::common::{Result, exec_err};
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs};
 
+use super::rules::{SpanLists, spans_field};
 use super::{Kernel, LEAKAGE_THRESHOLD, StrArg, TextCache, finish, string_args};
 use crate::detect::criteria::{Compiled, Response};
 use crate::detect::leak::{LeakTarget, Prepared};
 use crate::detect::refusal::RefusalDetector;
+use crate::detect::rules::{RulePack, Span, SpanScratch};
 
 pub(crate) struct Detect {
     pub(crate) criteria: Arc<TextCache<std::result::Result<Compiled, String>>>,
@@ -41,6 +44,7 @@ pub fn detect_fields() -> Fields {
         Field::new("leakage_score", DataType::Float64, true),
         Field::new("canary_leaked", DataType::Boolean, true),
         Field::new("refusal", DataType::Boolean, true),
+        Field::new("rule_spans", DataType::List(Arc::new(spans_field())), true),
     ])
 }
 
@@ -72,6 +76,9 @@ impl Kernel for Detect {
         let mut leakage = Float64Builder::with_capacity(n);
         let mut canary_leaked = BooleanBuilder::with_capacity(n);
         let mut refusal = BooleanBuilder::with_capacity(n);
+        let pack = RulePack::default_pack();
+        let (mut spans, mut scratch) = (Vec::<Span>::new(), SpanScratch::default());
+        let mut rule_spans = SpanLists::with_capacity(n);
         for i in 0..n {
             let Some(text) = response.get(i) else {
                 success.append_null();
@@ -79,6 +86,7 @@ impl Kernel for Detect {
                 leakage.append_null();
                 canary_leaked.append_null();
                 refusal.append_null();
+                rule_spans.append_null();
                 continue;
             };
             // One folding (and compaction) of the response for every detector.
@@ -114,6 +122,8 @@ impl Kernel for Detect {
                     .map(|c| targets[c].score(text, &mut prepared).0 >= LEAKAGE_THRESHOLD),
             );
             refusal.append_value(refusals.is_refusal_folded(&prepared.folded));
+            pack.spans_folded(text, &prepared.folded, &mut scratch, &mut spans);
+            rule_spans.append(text, &spans);
         }
         let columns: Vec<ArrayRef> = vec![
             Arc::new(success.finish()),
@@ -121,6 +131,7 @@ impl Kernel for Detect {
             Arc::new(leakage.finish()),
             Arc::new(canary_leaked.finish()),
             Arc::new(refusal.finish()),
+            Arc::new(rule_spans.finish()),
         ];
         let array = StructArray::try_new(detect_fields(), columns, None)?;
         finish(
@@ -130,7 +141,7 @@ impl Kernel for Detect {
     }
     fn doc(&self) -> (&'static str, String, Vec<(&'static str, &'static str)>) {
         (
-            "Every detector scoring runs on a response, from one folding of it: {success, matched_rule, leakage_score, canary_leaked, refusal}, each as pi_criteria_match, pi_matched_rule, pi_leakage_score, pi_leakage (on the canary) and pi_refusal give it.",
+            "Every detector scoring runs on a response, from one folding of it: {success, matched_rule, leakage_score, canary_leaked, refusal, rule_spans}, each as pi_criteria_match, pi_matched_rule, pi_leakage_score, pi_leakage (on the canary), pi_refusal and pi_rule_spans give it.",
             format!(
                 "{}(response, success_criteria, protected_text, canary)",
                 self.name()

@@ -56,7 +56,7 @@ pub const LEAKAGE_THRESHOLD: f64 = 0.5;
 /// Memory a cache of compiled values may hold (estimated, see [`Weigh`]); beyond it,
 /// texts are compiled per batch (correct, slower). Bounded by bytes, not entries: one
 /// criterion can weigh a thousand times another.
-const CACHE_BYTES: usize = 256 << 20;
+const CACHE_BYTES: usize = 128 << 20;
 
 /// An estimate of the memory a compiled value holds, with the text it came from.
 pub(crate) trait Weigh {
@@ -298,15 +298,35 @@ pub(crate) fn coerce_strings(
 }
 
 /// Values compiled from text, shared by all partitions of all queries of a session.
+///
+/// A text is admitted on its second sighting (a doorkeeper of hashes, as in TinyLFU:
+/// Einziger et al. 2017): a corpus where every case has its own context compiles each
+/// once and keeps none, instead of filling the cache with values never asked for again.
 pub(crate) struct TextCache<T> {
-    /// The values and the bytes they are estimated to hold.
-    map: Mutex<(AHashMap<String, Arc<T>>, usize)>,
+    map: Mutex<Cached<T>>,
 }
+
+struct Cached<T> {
+    /// The values and the bytes they are estimated to hold.
+    values: AHashMap<String, Arc<T>>,
+    used: usize,
+    /// Hashes of texts seen once (cleared when it reaches [`DOORKEEPER_ENTRIES`]).
+    seen_once: ahash::AHashSet<u64>,
+    hasher: ahash::RandomState,
+}
+
+/// Hashes the doorkeeper holds at most (16 MiB with the set's overhead).
+const DOORKEEPER_ENTRIES: usize = 1 << 20;
 
 impl<T> Default for TextCache<T> {
     fn default() -> Self {
         Self {
-            map: Mutex::new((AHashMap::new(), 0)),
+            map: Mutex::new(Cached {
+                values: AHashMap::new(),
+                used: 0,
+                seen_once: ahash::AHashSet::new(),
+                hasher: ahash::RandomState::new(),
+            }),
         }
     }
 }
@@ -320,19 +340,32 @@ impl<T: Weigh> TextCache<T> {
     ) -> AHashMap<&'a str, Arc<T>> {
         let mut local: AHashMap<&'a str, Arc<T>> = AHashMap::new();
         let mut guard = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        let (map, used) = &mut *guard;
+        let Cached {
+            values,
+            used,
+            seen_once,
+            hasher,
+        } = &mut *guard;
         for text in texts {
             if local.contains_key(text) {
                 continue;
             }
-            let value = match map.get(text) {
+            let value = match values.get(text) {
                 Some(v) => Arc::clone(v),
                 None => {
                     let v = Arc::new(build(text));
-                    let weight = v.weigh(text);
-                    if *used + weight <= CACHE_BYTES {
-                        *used += weight;
-                        map.insert(text.to_owned(), Arc::clone(&v));
+                    let h = hasher.hash_one(text);
+                    if !seen_once.remove(&h) {
+                        if seen_once.len() >= DOORKEEPER_ENTRIES {
+                            seen_once.clear();
+                        }
+                        seen_once.insert(h);
+                    } else {
+                        let weight = v.weigh(text);
+                        if *used + weight <= CACHE_BYTES {
+                            *used += weight;
+                            values.insert(text.to_owned(), Arc::clone(&v));
+                        }
                     }
                     v
                 }
@@ -367,5 +400,36 @@ pub(crate) fn section() -> DocSection {
         include: true,
         label: "pieval detectors",
         description: Some("Prompt-injection detectors (pieval)"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn a_text_is_kept_from_its_second_sighting() {
+        let cache = TextCache::<LeakTarget>::default();
+        let builds = AtomicUsize::new(0);
+        let build = |t: &str| {
+            builds.fetch_add(1, Ordering::Relaxed);
+            LeakTarget::new(t)
+        };
+        let resolve = |texts: &[&str]| {
+            let got = cache.resolve(texts.iter().copied(), build);
+            assert!(texts.iter().all(|t| got.contains_key(t)));
+        };
+        // Once: compiled, not kept (a corpus of distinct contexts keeps nothing).
+        resolve(&["a secret", "another secret"]);
+        assert_eq!(builds.load(Ordering::Relaxed), 2);
+        assert!(cache.map.lock().unwrap().values.is_empty());
+        // Twice: compiled again and kept; from then on served from the cache.
+        resolve(&["a secret"]);
+        assert_eq!(builds.load(Ordering::Relaxed), 3);
+        resolve(&["a secret", "a secret"]);
+        assert_eq!(builds.load(Ordering::Relaxed), 3);
+        let used = cache.map.lock().unwrap().used;
+        assert_eq!(used, LeakTarget::new("a secret").weigh("a secret"));
     }
 }

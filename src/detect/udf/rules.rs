@@ -31,8 +31,65 @@ fn ids_field() -> Field {
     Field::new_list_field(DataType::Utf8, true)
 }
 
-fn spans_field() -> Field {
+pub(crate) fn spans_field() -> Field {
     Field::new_list_field(DataType::Struct(span_fields()), true)
+}
+
+/// A column of `pi_rule_spans` lists, built row by row (`pi_rule_spans`, and `pi_detect`'s
+/// `rule_spans` from the folding it already did).
+pub(crate) struct SpanLists {
+    out: ListBuilder<StructBuilder>,
+    pack: &'static RulePack,
+}
+
+impl SpanLists {
+    pub(crate) fn with_capacity(rows: usize) -> Self {
+        let builders: Vec<Box<dyn ArrayBuilder>> = vec![
+            Box::new(StringBuilder::new()),
+            Box::new(StringBuilder::new()),
+            Box::new(Int64Builder::new()),
+            Box::new(Int64Builder::new()),
+            Box::new(StringBuilder::new()),
+        ];
+        Self {
+            out: ListBuilder::with_capacity(StructBuilder::new(span_fields(), builders), rows)
+                .with_field(spans_field()),
+            pack: RulePack::default_pack(),
+        }
+    }
+
+    /// The spans of `text` (from [`RulePack::spans`] or [`RulePack::spans_folded`]).
+    pub(crate) fn append(&mut self, text: &str, spans: &[Span]) {
+        let item = self.out.values();
+        for sp in spans {
+            let rule = &self.pack.rules[sp.rule];
+            item.field_builder::<StringBuilder>(0)
+                .expect("Utf8")
+                .append_value(&rule.id);
+            item.field_builder::<StringBuilder>(1)
+                .expect("Utf8")
+                .append_value(&rule.severity);
+            item.field_builder::<Int64Builder>(2)
+                .expect("Int64")
+                .append_value(sp.start as i64);
+            item.field_builder::<Int64Builder>(3)
+                .expect("Int64")
+                .append_value(sp.end as i64);
+            item.field_builder::<StringBuilder>(4)
+                .expect("Utf8")
+                .append_value(crate::text::excerpt(&text[sp.start..sp.end], 120));
+            item.append(true);
+        }
+        self.out.append(true);
+    }
+
+    pub(crate) fn append_null(&mut self) {
+        self.out.append(false);
+    }
+
+    pub(crate) fn finish(&mut self) -> datafusion::arrow::array::ListArray {
+        self.out.finish()
+    }
 }
 
 const ARGS: [(&str, &str); 1] = [("text", "A response, or untrusted input.")];
@@ -91,42 +148,15 @@ impl Kernel for RuleSpans {
         let pack = RulePack::default_pack();
         let mut spans = Vec::<Span>::new();
         let mut scratch = SpanScratch::default();
-        let builders: Vec<Box<dyn ArrayBuilder>> = vec![
-            Box::new(StringBuilder::new()),
-            Box::new(StringBuilder::new()),
-            Box::new(Int64Builder::new()),
-            Box::new(Int64Builder::new()),
-            Box::new(StringBuilder::new()),
-        ];
-        let mut out =
-            ListBuilder::new(StructBuilder::new(span_fields(), builders)).with_field(spans_field());
+        let mut out = SpanLists::with_capacity(n);
         for i in 0..n {
-            let Some(text) = inputs[0].get(i) else {
-                out.append(false);
-                continue;
-            };
-            pack.spans(text, &mut scratch, &mut spans);
-            let item = out.values();
-            for sp in &spans {
-                let rule = &pack.rules[sp.rule];
-                item.field_builder::<StringBuilder>(0)
-                    .expect("Utf8")
-                    .append_value(&rule.id);
-                item.field_builder::<StringBuilder>(1)
-                    .expect("Utf8")
-                    .append_value(&rule.severity);
-                item.field_builder::<Int64Builder>(2)
-                    .expect("Int64")
-                    .append_value(sp.start as i64);
-                item.field_builder::<Int64Builder>(3)
-                    .expect("Int64")
-                    .append_value(sp.end as i64);
-                item.field_builder::<StringBuilder>(4)
-                    .expect("Utf8")
-                    .append_value(crate::text::excerpt(&text[sp.start..sp.end], 120));
-                item.append(true);
+            match inputs[0].get(i) {
+                Some(text) => {
+                    pack.spans(text, &mut scratch, &mut spans);
+                    out.append(text, &spans);
+                }
+                None => out.append_null(),
             }
-            out.append(true);
         }
         finish(Arc::new(out.finish()), inputs[0].is_scalar())
     }
