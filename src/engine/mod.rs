@@ -26,10 +26,18 @@ use crate::error::{Error, Result};
 pub const CORPUS_STATS_SQL: &str = queries::CORPUS_STATS.sql;
 
 /// The session configuration pieval uses: sized for this machine, information schema on.
+/// DataFusion's own `DATAFUSION_*` environment variables (for example
+/// `DATAFUSION_EXECUTION_TARGET_PARTITIONS`) override it (docs/performance.md); one that
+/// does not parse is ignored.
 pub fn session_config() -> SessionConfig {
-    SessionConfig::new()
-        .with_information_schema(true)
-        .with_target_partitions(std::thread::available_parallelism().map_or(2, |n| n.get()))
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let base = SessionConfig::new().with_target_partitions(cores);
+    let config = if std::env::vars().any(|(k, _)| k.starts_with("DATAFUSION_")) {
+        SessionConfig::from_env().unwrap_or(base)
+    } else {
+        base
+    };
+    config.with_information_schema(true)
 }
 
 /// A session with the detector UDFs registered, and the judge's (`pi_judge` without a

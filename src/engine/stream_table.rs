@@ -3,6 +3,11 @@
 //! its batches to the query, so inputs larger than memory are queried in bounded memory.
 //! What the source learns while streaming (validation report, prediction counts) is
 //! kept in a shared slot for the caller once the scan finishes.
+//!
+//! A table may offer several partitions over its one source (predictions do: one per
+//! core): they share the source's bounded channel and each takes the next batch, so a
+//! query runs its detectors on every core without a repartitioning step, whose queues
+//! DataFusion does not bound (docs/performance.md: memory that grew with the input).
 
 use std::fmt;
 use std::path::Path;
@@ -15,7 +20,7 @@ use datafusion::datasource::{TableProvider, TableType};
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::Expr;
 use datafusion::physical_expr::LexOrdering;
-use datafusion::physical_plan::stream::RecordBatchReceiverStream;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 
@@ -32,6 +37,8 @@ pub struct StreamTable {
     name: String,
     schema: SchemaRef,
     open: Open,
+    /// Partitions per scan: 1, or the session's target partitions (`None`).
+    partitions: Option<usize>,
 }
 
 impl fmt::Debug for StreamTable {
@@ -54,7 +61,7 @@ impl TableProvider for StreamTable {
 
     async fn scan(
         &self,
-        _state: &dyn Session,
+        state: &dyn Session,
         projection: Option<&Vec<usize>>,
         _filters: &[Expr],
         limit: Option<usize>,
@@ -63,15 +70,27 @@ impl TableProvider for StreamTable {
             Some(p) => Arc::new(self.schema.project(p)?),
             None => Arc::clone(&self.schema),
         };
-        let partition = Arc::new(StreamPartition {
+        let source = Arc::new(SharedSource {
             name: self.name.clone(),
-            schema: Arc::clone(&schema),
             open: Arc::clone(&self.open),
             projection: projection.cloned(),
+            rx: tokio::sync::Mutex::new(None),
         });
+        let n = self
+            .partitions
+            .unwrap_or_else(|| state.config().target_partitions())
+            .max(1);
+        let partitions: Vec<Arc<dyn PartitionStream>> = (0..n)
+            .map(|_| {
+                Arc::new(StreamPartition {
+                    schema: Arc::clone(&schema),
+                    source: Arc::clone(&source),
+                }) as Arc<dyn PartitionStream>
+            })
+            .collect();
         Ok(Arc::new(StreamingTableExec::try_new(
             schema,
-            vec![partition],
+            partitions,
             None,
             Vec::<LexOrdering>::new(),
             false,
@@ -80,17 +99,61 @@ impl TableProvider for StreamTable {
     }
 }
 
-struct StreamPartition {
+/// One scan's source: opened by the first partition that runs, on a blocking thread,
+/// feeding a channel of two batches that every partition of the scan reads from.
+struct SharedSource {
     name: String,
-    schema: SchemaRef,
     open: Open,
     projection: Option<Vec<usize>>,
+    rx: tokio::sync::Mutex<Option<Receiver>>,
+}
+
+type Receiver = tokio::sync::mpsc::Receiver<datafusion::error::Result<RecordBatch>>;
+
+impl SharedSource {
+    /// The next batch of the source (`None` at its end), starting it on first use.
+    async fn next(&self) -> Option<datafusion::error::Result<RecordBatch>> {
+        let mut rx = self.rx.lock().await;
+        if rx.is_none() {
+            let (tx, new_rx) = tokio::sync::mpsc::channel(2);
+            let (open, projection) = (Arc::clone(&self.open), self.projection.clone());
+            let name = self.name.clone();
+            tokio::task::spawn_blocking(move || {
+                // A panic in the reader must not look like the end of the input.
+                let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    for batch in open(projection)? {
+                        if tx.blocking_send(batch.map_err(Into::into)).is_err() {
+                            break; // the query was cancelled
+                        }
+                    }
+                    Ok::<_, Error>(())
+                }));
+                let failed = match read {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some(e.into()),
+                    Err(_) => Some(datafusion::error::DataFusionError::Execution(format!(
+                        "reading {name} failed (the reader panicked)"
+                    ))),
+                };
+                if let Some(e) = failed {
+                    let _ = tx.blocking_send(Err(e));
+                }
+            });
+            *rx = Some(new_rx);
+        }
+        rx.as_mut()?.recv().await
+    }
+}
+
+struct StreamPartition {
+    schema: SchemaRef,
+    source: Arc<SharedSource>,
 }
 
 impl fmt::Debug for StreamPartition {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StreamPartition")
-            .field("name", &self.name)
+            .field("name", &self.source.name)
             .finish()
     }
 }
@@ -101,18 +164,14 @@ impl PartitionStream for StreamPartition {
     }
 
     fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
-        let mut builder = RecordBatchReceiverStream::builder(Arc::clone(&self.schema), 2);
-        let tx = builder.tx();
-        let (open, projection) = (Arc::clone(&self.open), self.projection.clone());
-        builder.spawn_blocking(move || {
-            for batch in open(projection)? {
-                if tx.blocking_send(batch.map_err(Into::into)).is_err() {
-                    break; // the query was cancelled
-                }
-            }
-            Ok(())
+        let batches = futures::stream::unfold(Arc::clone(&self.source), |source| async move {
+            let next = source.next().await?;
+            Some((next, source))
         });
-        builder.build()
+        Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&self.schema),
+            batches,
+        ))
     }
 }
 
@@ -179,6 +238,8 @@ pub fn corpus_table(path: impl AsRef<Path>, opts: ReadOptions) -> Result<CorpusT
         name: "attack_cases".into(),
         schema: enriched_case_schema(),
         open,
+        // a join's build side is collected whole: one reader is enough
+        partitions: Some(1),
     });
     Ok(CorpusTable { table, report })
 }
@@ -211,6 +272,8 @@ pub fn predictions_table(path: impl AsRef<Path>, batch_size: usize) -> Result<Pr
         name: "predictions".into(),
         schema: predictions_table_schema(),
         open,
+        // the probe side: one partition per core, sharing the reader
+        partitions: None,
     });
     Ok(PredictionsTable { table, stats })
 }

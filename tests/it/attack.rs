@@ -505,7 +505,7 @@ fn a_recorded_adaptive_run_replays_byte_for_byte() {
 
 #[test]
 fn a_killed_multi_turn_run_resumes_without_losing_or_repeating_a_turn() {
-    let script: common::chat_server::BodyScript = Arc::new(|body, _, attempt| {
+    let script: common::chat_server::BodyScript = Arc::new(|body, _, _attempt| {
         if is_attacker_call(body) {
             attacker_action(body, 3)
         } else {

@@ -340,3 +340,83 @@ fn malformed_parquet_predictions_fail_cleanly() {
         );
     }
 }
+
+/// The scoring plan as `pieval score` runs it: one pi_detect call (each response folded
+/// once: a second reference to its struct can make the optimizer inline the call), and
+/// no repartitioning (its queues are unbounded: memory grew with the input), yet one
+/// partition per core, every one reading the same predictions once.
+#[test]
+fn the_scoring_plan_folds_once_and_queues_nothing() {
+    use datafusion::arrow::array::{BooleanArray, Float64Array, RecordBatch, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::datasource::MemTable;
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let predictions = dir.path().join("p.jsonl");
+    let lines: String = (0..2_000)
+        .map(|i| {
+            format!(
+                "{{\"case_id\":\"c{}\",\"response_text\":\"ok {i}\"}}\n",
+                i % 700
+            )
+        })
+        .collect();
+    std::fs::write(&predictions, lines).unwrap();
+    let rt = pieval::engine::runtime().unwrap();
+    rt.block_on(async {
+        let ctx = pieval::engine::score::scoring_session();
+        let corpus = pieval::engine::corpus_table(
+            crate::common::repo("data/normalized/attack_cases.jsonl"),
+            Default::default(),
+        )
+        .unwrap();
+        ctx.register_table("attack_cases", corpus.table).unwrap();
+        let table = pieval::engine::predictions_table(&predictions, 100).unwrap();
+        ctx.register_table("predictions", table.table).unwrap();
+        let params = Arc::new(Schema::new(vec![
+            Field::new("run_id", DataType::Utf8, true),
+            Field::new("mitigation", DataType::Utf8, true),
+            Field::new("leakage_threshold", DataType::Float64, false),
+            Field::new("judge_enabled", DataType::Boolean, false),
+        ]));
+        let row = RecordBatch::try_new(
+            Arc::clone(&params),
+            vec![
+                Arc::new(StringArray::from(vec![Some("r")])),
+                Arc::new(StringArray::from(vec![None::<&str>])),
+                Arc::new(Float64Array::from(vec![0.5])),
+                Arc::new(BooleanArray::from(vec![false])),
+            ],
+        )
+        .unwrap();
+        ctx.register_table(
+            "score_params",
+            Arc::new(MemTable::try_new(params, vec![vec![row]]).unwrap()),
+        )
+        .unwrap();
+        let df = ctx
+            .sql(pieval::engine::score::SCORE_CASES_SQL)
+            .await
+            .unwrap();
+        let plan = df.clone().create_physical_plan().await.unwrap();
+        let text = datafusion::physical_plan::displayable(plan.as_ref())
+            .indent(true)
+            .to_string();
+        assert_eq!(text.matches("pi_detect(").count(), 1, "{text}");
+        assert!(!text.contains("RepartitionExec"), "{text}");
+        assert_eq!(
+            plan.properties().output_partitioning().partition_count(),
+            ctx.state().config().target_partitions(),
+            "{text}"
+        );
+        // Every prediction comes out once, whichever partition took it.
+        let rows: usize = df
+            .collect()
+            .await
+            .unwrap()
+            .iter()
+            .map(RecordBatch::num_rows)
+            .sum();
+        assert_eq!(rows, 2_000);
+    });
+}
