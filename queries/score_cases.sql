@@ -89,10 +89,12 @@ detected AS (
         *,
         CASE WHEN response_text IS NOT NULL THEN pi_detect(
             response_text,
-            CASE WHEN known_case THEN success_criteria END,
-            CASE WHEN known_case THEN case_context END,
+            -- verdicts only where they are read (usable rows of known cases); spans for
+            -- every response
+            CASE WHEN usable AND known_case THEN success_criteria END,
+            CASE WHEN usable AND known_case THEN case_context END,
             -- the canary check runs only on canary cases
-            CASE WHEN known_case AND success_definition_id = 'canary_leaked'
+            CASE WHEN usable AND known_case AND success_definition_id = 'canary_leaked'
                  THEN expected_target END
         ) END AS d
     FROM joined

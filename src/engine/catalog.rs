@@ -1,6 +1,8 @@
 //! The tables every pieval session can query: `attack_cases` (the enriched corpus when
 //! present), and, across every run under the results folder, `case_results`,
-//! `findings`, `turns` (multi-turn transcripts), `controls`, `summaries` and `runs` — each row tagged with its `run_id`. Plus any
+//! `findings`, `turns` (multi-turn transcripts), `controls`, `summaries` and `runs` — each row tagged with its `run_id`;
+//! `scored` is case_results with each response's `rule_spans` (what `queries/findings.sql`
+//! reads). Plus any
 //! file the user registers (Parquet, JSONL, CSV, by extension).
 
 use std::path::{Path, PathBuf};
@@ -257,6 +259,12 @@ pub async fn register_standard_tables(
         &mut skipped,
     )
     .await?;
+    // What queries/findings.sql reads while scoring (the scored stream: case_results and
+    // each response's rule spans), so the file runs as it is over finished runs.
+    let scored = ctx
+        .sql("SELECT *, pi_rule_spans(response_text) AS rule_spans FROM case_results")
+        .await?;
+    ctx.register_table("scored", scored.into_view())?;
     register_runs_parquet(
         ctx,
         "findings",

@@ -27,13 +27,21 @@ pub const CORPUS_STATS_SQL: &str = queries::CORPUS_STATS.sql;
 
 /// The session configuration pieval uses: sized for this machine, information schema on.
 /// DataFusion's own `DATAFUSION_*` environment variables (for example
-/// `DATAFUSION_EXECUTION_TARGET_PARTITIONS`) override it (docs/performance.md); one that
-/// does not parse is ignored.
+/// `DATAFUSION_EXECUTION_TARGET_PARTITIONS`) override it (docs/cli.md); when one does not
+/// parse, none is applied and a warning on stderr says why.
 pub fn session_config() -> SessionConfig {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let base = SessionConfig::new().with_target_partitions(cores);
-    let config = if std::env::vars().any(|(k, _)| k.starts_with("DATAFUSION_")) {
-        SessionConfig::from_env().unwrap_or(base)
+    let tuned = std::env::vars_os().any(|(k, _)| k.as_encoded_bytes().starts_with(b"DATAFUSION_"));
+    let config = if tuned {
+        SessionConfig::from_env().unwrap_or_else(|e| {
+            // Debug formatting escapes whatever the environment held.
+            eprintln!(
+                "warning: DATAFUSION_* settings ignored: {:?}",
+                crate::text::excerpt(&e.to_string(), 300)
+            );
+            base
+        })
     } else {
         base
     };

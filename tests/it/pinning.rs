@@ -80,6 +80,26 @@ fn the_artifacts_of_a_fixed_scoring_are_pinned() {
         .arg("SELECT * FROM f ORDER BY case_id, detector, rule_id, span_start, span_end, excerpt"));
     assert_eq!(findings.code, 0, "{}", findings.stderr);
     insta::assert_snapshot!("findings_csv", findings.stdout);
+    // queries/findings.sql runs as it is over the finished run (`scored`): the same rows.
+    let count = |sql: String| {
+        let r = run(pieval()
+            .args(["sql", "--format", "csv", "--results"])
+            .arg(dir.path())
+            .arg("--table")
+            .arg(format!("f={}", out.join("findings.parquet").display()))
+            .arg(sql));
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        r.stdout
+    };
+    let query = std::fs::read_to_string(crate::common::repo("queries/findings.sql")).unwrap();
+    let written = count("SELECT count(*) AS n FROM f".into());
+    assert_ne!(written.trim(), "n\n0", "the pinned run has findings");
+    assert_eq!(
+        count(format!(
+            "SELECT count(*) AS n FROM ({query}) AS q WHERE run_id = 'pin-1'"
+        )),
+        written
+    );
     // The Parquet copy holds the same rows as the JSONL.
     let parquet = run(pieval()
         .args(["sql", "--format", "json", "--results"])

@@ -1,6 +1,6 @@
 //! `pi_criteria_match(response, success_criteria [, judgements])` and
 //! `pi_matched_rule(…)`: a case's success criteria on its response, and the rule that
-//! decided. Each distinct criterion is compiled once per process ([`TextCache`]).
+//! decided. Each distinct criterion is compiled at most twice per process ([`TextCache`]).
 
 use std::sync::Arc;
 

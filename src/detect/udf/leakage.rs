@@ -1,6 +1,6 @@
 //! `pi_leakage(response, protected_text)` and `pi_leakage_score(…)`: how much of a
 //! protected text (a secret, a canary, a system prompt) leaked into the response. Each
-//! distinct protected text is prepared once per process ([`TextCache`]).
+//! distinct protected text is prepared at most twice per process ([`TextCache`]).
 
 use std::sync::Arc;
 

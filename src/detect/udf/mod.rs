@@ -13,8 +13,9 @@
 //!
 //! Each accepts Utf8, LargeUtf8 and Utf8View arrays and scalars, returns null for a
 //! null input, walks a batch once, reuses one folding buffer for every row, and
-//! compiles each distinct criterion (or protected text) once per process: the shared
-//! cache is locked once per batch, not per row.
+//! compiles each distinct criterion (or protected text) at most twice per process (the
+//! shared cache admits a text on its second sighting): the cache is locked once per
+//! batch, not per row.
 //!
 //! The layout follows DataFusion's own functions: one generic [`DetectorUdf`] holds what
 //! every function shares (its name, signature, argument coercion, equality and hashing
@@ -315,7 +316,8 @@ struct Cached<T> {
     hasher: ahash::RandomState,
 }
 
-/// Hashes the doorkeeper holds at most (16 MiB with the set's overhead).
+/// Hashes the doorkeeper holds at most (about 18 MiB with the set's overhead, outside
+/// the cache's byte bound).
 const DOORKEEPER_ENTRIES: usize = 1 << 20;
 
 impl<T> Default for TextCache<T> {
