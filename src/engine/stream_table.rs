@@ -100,7 +100,9 @@ impl TableProvider for StreamTable {
 }
 
 /// One scan's source: opened by the first partition that runs, on a blocking thread,
-/// feeding a channel of two batches that every partition of the scan reads from.
+/// feeding a channel of two batches that every partition of the scan reads from. A scan
+/// reads its source once (each query plans its own scans); each partition stream must be
+/// polled to its end or dropped, as DataFusion's operators do.
 struct SharedSource {
     name: String,
     open: Open,
@@ -131,9 +133,17 @@ impl SharedSource {
                 let failed = match read {
                     Ok(Ok(())) => None,
                     Ok(Err(e)) => Some(e.into()),
-                    Err(_) => Some(datafusion::error::DataFusionError::Execution(format!(
-                        "reading {name} failed (the reader panicked)"
-                    ))),
+                    Err(panic) => {
+                        let why = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_default();
+                        Some(datafusion::error::DataFusionError::Execution(format!(
+                            "reading {name} failed (the reader panicked: {})",
+                            crate::text::excerpt(&why, 200)
+                        )))
+                    }
                 };
                 if let Some(e) = failed {
                     let _ = tx.blocking_send(Err(e));
