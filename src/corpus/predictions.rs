@@ -383,6 +383,8 @@ impl Sink {
         *next_row += n as u64;
         let schema = batch.schema();
         let mut columns: Vec<ArrayRef> = Vec::with_capacity(PREDICTION_FIELDS.len() + 2);
+        // (row, field, message) of the first bad value
+        let mut first_bad: Option<(usize, usize, String)> = None;
         for (name, required) in PREDICTION_FIELDS {
             let kind = prediction_field_type(name);
             let Ok(i) = schema.index_of(name) else {
@@ -417,11 +419,20 @@ impl Sink {
                 columns.push(col);
                 continue;
             }
-            // The same rule as a JSONL line, on the column's values.
-            for (r, x) in col.as_primitive::<Float64Type>().iter().enumerate() {
-                if let Some(x) = x {
-                    check_number(name, x)
-                        .map_err(|m| Error::input(&path, first + r as u64, Some(name), m))?;
+            // The same rule as a JSONL line, on the column's values; the first bad value
+            // in row order (then field order, as a line is read) is the one reported.
+            let bad = col
+                .as_primitive::<Float64Type>()
+                .iter()
+                .enumerate()
+                .find_map(|(r, x)| Some((r, check_number(name, x?).err()?)));
+            if let Some((r, msg)) = bad {
+                let at = (r, field_index(name));
+                if first_bad
+                    .as_ref()
+                    .is_none_or(|(row, field, _)| at < (*row, *field))
+                {
+                    first_bad = Some((r, at.1, msg));
                 }
             }
             columns.push(if kind == PredictionType::Count {
@@ -434,12 +445,20 @@ impl Sink {
         let text = |name: &str| columns[field_index(name)].as_string::<i32>().clone();
         let (ids, responses) = (text("case_id"), text("response_text"));
         let (attempts, errors) = (text("attempt_id"), text("error"));
+        let missing_id = (0..n).find(|&r| value(&ids, r).is_none_or(|s| s.trim().is_empty()));
+        if let Some(r) = missing_id {
+            // case_id is the first field: at the same row it is reported first.
+            if first_bad.as_ref().is_none_or(|(row, _, _)| r <= *row) {
+                first_bad = Some((r, 0, "missing or empty".into()));
+            }
+        }
+        if let Some((r, field, msg)) = first_bad {
+            let name = PREDICTION_FIELDS[field].0;
+            return Err(Error::input(&path, first + r as u64, Some(name), msg));
+        }
         let mut duplicate = BooleanBuilder::with_capacity(n);
         for r in 0..n {
-            let no = first + r as u64;
-            let Some(id) = value(&ids, r).filter(|s| !s.trim().is_empty()) else {
-                return Err(Error::input(&path, no, Some("case_id"), "missing or empty"));
-            };
+            let id = value(&ids, r).unwrap_or_default();
             duplicate.append_value(self.note_row(
                 id,
                 value(&attempts, r),
@@ -675,6 +694,22 @@ mod tests {
                 vec![Some("a"), Some(" "), Some("b")]
             )),
             ":2: case_id: missing or empty"
+        );
+        // The first bad row is reported, whichever column it is in (as a JSONL file's
+        // first bad line is).
+        assert_eq!(
+            err(batch(
+                vec![None, None, Some(-1.0)],
+                vec![Some("a"), None, Some("b")]
+            )),
+            ":2: case_id: missing or empty"
+        );
+        assert_eq!(
+            err(batch(
+                vec![None, Some(2.5), None],
+                vec![Some("a"), Some("b"), None]
+            )),
+            ":2: success_turn: expected a non-negative integer, found 2.5"
         );
     }
 
