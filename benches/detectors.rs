@@ -92,6 +92,12 @@ fn bench(c: &mut Criterion) {
             "pi_rule_spans",
             "SELECT sum(cardinality(pi_rule_spans(r))) FROM t",
         ),
+        (
+            // every detector scoring runs, from one folding (one reference to the
+            // struct: a second one can make the optimizer run the call twice)
+            "pi_detect",
+            "SELECT sum(cardinality(pi_detect(r, c, p, p)['rule_spans'])) FROM t",
+        ),
     ] {
         g.bench_function(name, |b| {
             b.iter(|| rt.block_on(collect(&ctx, sql)).unwrap())
