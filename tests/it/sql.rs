@@ -116,6 +116,34 @@ fn tables_span_runs_and_user_files() {
 }
 
 #[test]
+fn datafusion_settings_come_from_the_environment_and_a_bad_one_is_named() {
+    let partitions = |value: &str| {
+        let r = run(pieval()
+            .env("DATAFUSION_EXECUTION_TARGET_PARTITIONS", value)
+            .args([
+                "sql",
+                "--format",
+                "csv",
+                "SELECT value FROM information_schema.df_settings \
+                 WHERE name = 'datafusion.execution.target_partitions'",
+            ]));
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        (r.stdout, r.stderr)
+    };
+    let (out, err) = partitions("3");
+    assert_eq!(out.trim(), "value\n3");
+    assert!(err.is_empty(), "{err}");
+    // Not a number: nothing from the environment applies, and stderr says why (escaped).
+    let (out, err) = partitions("three\u{1b}[2J");
+    assert_ne!(out.trim(), "value\nthree");
+    assert!(
+        err.starts_with("warning: DATAFUSION_* settings ignored:"),
+        "{err}"
+    );
+    assert!(!err.contains('\u{1b}'), "{err:?}");
+}
+
+#[test]
 fn read_only_and_clear_errors() {
     for statement in [
         "DROP TABLE attack_cases",

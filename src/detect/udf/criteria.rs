@@ -21,6 +21,22 @@ pub(crate) struct CriteriaMatch(pub(crate) Criteria);
 pub(crate) struct MatchedRule(pub(crate) Criteria);
 
 /// (response, success_criteria [, judgements]): the judgements of pi_judge.
+/// Row `i`'s compiled criterion `c`, or the error naming the function, row and criterion.
+pub(super) fn compiled_criterion<'a>(
+    name: &str,
+    i: usize,
+    c: &str,
+    compiled: &'a std::result::Result<Compiled, String>,
+) -> Result<&'a Compiled> {
+    match compiled {
+        Ok(m) => Ok(m),
+        Err(e) => exec_err!(
+            "{name}: row {i}: success_criteria {:?} does not compile: {e}",
+            crate::text::excerpt(c, 80)
+        ),
+    }
+}
+
 fn coerce(name: &str, arg_types: &[DataType]) -> Result<Vec<DataType>> {
     if arg_types.len() == 3 {
         let mut out = coerce_strings(name, &arg_types[..2], 2)?;
@@ -58,15 +74,7 @@ fn eval(
             emit(None);
             continue;
         };
-        let matcher = match compiled[c].as_ref() {
-            Ok(m) => m,
-            Err(e) => {
-                return exec_err!(
-                    "{name}: row {i}: success_criteria {:?} does not compile: {e}",
-                    crate::text::excerpt(c, 80)
-                );
-            }
-        };
+        let matcher = compiled_criterion(name, i, c, &compiled[c])?;
         if matcher.needs_compact() {
             prepared.load(text);
         } else {

@@ -21,7 +21,7 @@ use datafusion::arrow::array::{
     ArrayRef, BooleanBuilder, Float64Builder, StringBuilder, StructArray,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Fields};
-use datafusion::common::{Result, exec_err};
+use datafusion::common::Result;
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs};
 
 use super::rules::{SpanLists, spans_field};
@@ -97,15 +97,7 @@ impl Kernel for Detect {
                     rule.append_null();
                 }
                 Some(c) => {
-                    let matcher = match compiled[c].as_ref() {
-                        Ok(m) => m,
-                        Err(e) => {
-                            return exec_err!(
-                                "{name}: row {i}: success_criteria {:?} does not compile: {e}",
-                                crate::text::excerpt(c, 80)
-                            );
-                        }
-                    };
+                    let matcher = super::criteria::compiled_criterion(name, i, c, &compiled[c])?;
                     let (ok, decided_by) = matcher.eval(&Response::new(text, &prepared, refusals));
                     success.append_option(ok);
                     rule.append_option(decided_by);
