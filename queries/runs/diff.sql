@@ -1,4 +1,5 @@
--- `pieval runs diff A B`: the cases whose attack_success or prompt_leakage differ
+-- `pieval runs diff A B`: the cases whose attack_success, prompt_leakage or (benign
+-- controls) over_refused differ
 -- between two runs' case results (tables `a` and `b`), and the case ids present in one
 -- run only. One row per difference: case_id, field, the value in a, the value in b.
 --
@@ -12,17 +13,20 @@ WITH per_case AS (
            CASE WHEN bool_or(attack_success) THEN true
                 WHEN count(attack_success) = count(*) THEN false END AS s,
            CASE WHEN bool_or(prompt_leakage) THEN true
-                WHEN count(prompt_leakage) = count(*) THEN false END AS l
-    FROM (SELECT 'a' AS side, case_id, attack_success, prompt_leakage FROM a
+                WHEN count(prompt_leakage) = count(*) THEN false END AS l,
+           -- a control counts as over-refused when every attempt was
+           CASE WHEN count(over_refused) = count(*) THEN bool_and(over_refused) END AS o
+    FROM (SELECT 'a' AS side, case_id, attack_success, prompt_leakage, over_refused FROM a
           UNION ALL
-          SELECT 'b', case_id, attack_success, prompt_leakage FROM b)
+          SELECT 'b', case_id, attack_success, prompt_leakage, over_refused FROM b)
     GROUP BY side, case_id
 ),
 j AS (
     SELECT coalesce(ca.case_id, cb.case_id) AS case_id,
            ca.case_id IS NOT NULL AS in_a, cb.case_id IS NOT NULL AS in_b,
            ca.s AS a_s, cb.s AS b_s,
-           ca.l AS a_l, cb.l AS b_l
+           ca.l AS a_l, cb.l AS b_l,
+           ca.o AS a_o, cb.o AS b_o
     FROM (SELECT * FROM per_case WHERE side = 'a') ca
     FULL OUTER JOIN (SELECT * FROM per_case WHERE side = 'b') cb ON ca.case_id = cb.case_id
 )
@@ -31,6 +35,9 @@ SELECT case_id, 'attack_success' AS field, a_s AS va, b_s AS vb FROM j
 UNION ALL
 SELECT case_id, 'prompt_leakage', a_l, b_l FROM j
   WHERE in_a AND in_b AND a_l IS DISTINCT FROM b_l
+UNION ALL
+SELECT case_id, 'over_refused', a_o, b_o FROM j
+  WHERE in_a AND in_b AND a_o IS DISTINCT FROM b_o
 UNION ALL
 SELECT case_id, CASE WHEN in_a THEN 'only_in_a' ELSE 'only_in_b' END, NULL, NULL FROM j
   WHERE NOT (in_a AND in_b)

@@ -32,7 +32,7 @@ pub struct JudgeSource {
 }
 
 impl JudgeSource {
-    fn section(&self) -> Result<JudgeSection> {
+    pub(crate) fn section(&self) -> Result<JudgeSection> {
         match (&self.judge, &self.config) {
             (Some(f), _) => JudgeSection::load(f),
             (None, Some(c)) => Config::load(c)?.config.evaluation.judge.ok_or_else(|| {
@@ -108,7 +108,7 @@ pub fn run(cmd: Command) -> Result<u8> {
     }
 }
 
-fn pct(e: &Estimate) -> String {
+pub(crate) fn pct(e: &Estimate) -> String {
     match (e.value, e.ci_low, e.ci_high) {
         (Some(v), Some(lo), Some(hi)) => format!("{v:.3}  [{lo:.3}–{hi:.3}]"),
         (Some(v), _, _) => format!("{v:.3}"),

@@ -4,6 +4,7 @@
 
 mod controls;
 mod corpus;
+mod detectors;
 mod enrich;
 mod export;
 mod ingest;
@@ -89,6 +90,9 @@ enum Command {
     /// The model judge: calibrate it against labelled responses, show its prompt.
     #[command(subcommand)]
     Judge(judge::Command),
+    /// Detectors: measure one against labelled responses (`detectors eval`).
+    #[command(subcommand)]
+    Detectors(detectors::Command),
 }
 
 /// Parse the command line and run; `Ok` carries the exit code.
@@ -118,6 +122,7 @@ pub fn main() -> Result<u8> {
         Command::Report(args) => report::run(args),
         Command::Model(cmd) => model::run(cmd),
         Command::Judge(cmd) => judge::run(cmd),
+        Command::Detectors(cmd) => detectors::run(cmd),
     }
 }
 

@@ -66,11 +66,12 @@ pub fn run(args: Args) -> Result<u8> {
         return Ok(0);
     }
     let mut text = format!(
-        "scored {} prediction(s) against {} (run {})\n  attack_success: {}   manual_review: {}\n",
+        "scored {} prediction(s) against {} (run {})\n  attack_success: {}   over_refused: {}   manual_review: {}\n",
         report.rows,
         cases.display(),
         report.run_id,
         report.attack_success,
+        report.over_refused,
         report.manual_review
     );
     if !report.review.is_empty() {

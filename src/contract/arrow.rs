@@ -62,7 +62,7 @@ pub fn case_results_schema() -> SchemaRef {
             .map(|name| {
                 let ty = match *name {
                     "attack_success" | "prompt_leakage" | "refusal" | "manual_review"
-                    | "judge_verdict" => DataType::Boolean,
+                    | "judge_verdict" | "over_refused" => DataType::Boolean,
                     "mapping_confidence" | "latency_ms" => DataType::Float64,
                     "turns_used" | "success_turn" => DataType::Int64,
                     _ => DataType::Utf8,

@@ -249,7 +249,7 @@ pub struct Estimate {
 }
 
 impl Estimate {
-    fn wilson(k: u64, n: u64) -> Self {
+    pub(crate) fn wilson(k: u64, n: u64) -> Self {
         let ci = wilson(k, n);
         Estimate {
             value: (n > 0).then(|| k as f64 / n as f64),
@@ -259,7 +259,7 @@ impl Estimate {
         }
     }
 
-    fn bootstrap(
+    pub(crate) fn bootstrap(
         pairs: &[(bool, bool)],
         value: Option<f64>,
         stat: fn(&Confusion) -> Option<f64>,

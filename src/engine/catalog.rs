@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::dataframe::DataFrame;
 use datafusion::datasource::MemTable;
 use datafusion::prelude::{CsvReadOptions, JsonReadOptions, ParquetReadOptions, SessionContext};
 use serde_json::Value;
@@ -53,6 +54,7 @@ async fn register_runs_parquet(
     runs: &[PathBuf],
     empty: SchemaRef,
     skipped: &mut Vec<String>,
+    as_read: fn(DataFrame) -> Result<DataFrame>,
 ) -> Result<()> {
     let mut files: Vec<String> = Vec::new();
     for dir in runs {
@@ -65,15 +67,15 @@ async fn register_runs_parquet(
             Err(e) => skipped.push(format!("{name}: left out {e}")),
         }
     }
-    if files.is_empty() {
-        ctx.register_table(name, Arc::new(MemTable::try_new(empty, vec![vec![]])?))?;
-        return Ok(());
-    }
-    // Read with the current schema: columns added since a run was written read as NULL.
-    let df = ctx
-        .read_parquet(files, ParquetReadOptions::default().schema(&empty))
-        .await?;
-    ctx.register_table(name, df.into_view())?;
+    let df = if files.is_empty() {
+        ctx.read_table(Arc::new(MemTable::try_new(empty, vec![vec![]])?))?
+    } else {
+        // Read with the current schema: columns added since a run was written read as
+        // NULL.
+        ctx.read_parquet(files, ParquetReadOptions::default().schema(&empty))
+            .await?
+    };
+    ctx.register_table(name, as_read(df)?.into_view())?;
     Ok(())
 }
 
@@ -257,6 +259,7 @@ pub async fn register_standard_tables(
         &runs,
         case_results_schema(),
         &mut skipped,
+        crate::engine::case_results_as_read,
     )
     .await?;
     // What queries/findings.sql reads while scoring (the scored stream: case_results and
@@ -272,6 +275,7 @@ pub async fn register_standard_tables(
         &runs,
         findings_schema(),
         &mut skipped,
+        Ok,
     )
     .await?;
     register_runs_parquet(
@@ -281,6 +285,7 @@ pub async fn register_standard_tables(
         &runs,
         crate::contract::arrow::turns_schema(),
         &mut skipped,
+        Ok,
     )
     .await?;
     register_runs_parquet(
@@ -290,6 +295,7 @@ pub async fn register_standard_tables(
         &runs,
         crate::contract::arrow::controls_schema(),
         &mut skipped,
+        Ok,
     )
     .await?;
     ctx.register_table("summaries", Arc::new(summaries_table(&runs, &mut skipped)?))?;

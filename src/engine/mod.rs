@@ -7,6 +7,7 @@
 
 pub mod calibrate;
 pub mod catalog;
+pub mod detector_eval;
 pub mod queries;
 pub mod score;
 pub mod stats;
@@ -123,18 +124,51 @@ pub fn typed_column<T: datafusion::arrow::datatypes::ArrowPrimitiveType>(
 
 /// Register a run's `case_results.parquet` as `name`, read with the current
 /// case_results schema: columns added since the file was written (the adaptive-attack
-/// fields) read as NULL, so every query runs on older runs too.
+/// fields, over_refused, response_class) read as NULL, and older runs' benign controls
+/// are read with today's meaning ([`case_results_as_read`]), so every query runs on
+/// older runs too.
 pub async fn register_case_results(
     ctx: &datafusion::prelude::SessionContext,
     name: &str,
     path: &str,
 ) -> Result<()> {
     let schema = crate::contract::arrow::case_results_schema();
-    ctx.register_parquet(
-        name,
-        path,
-        datafusion::prelude::ParquetReadOptions::default().schema(&schema),
-    )
-    .await?;
+    let df = ctx
+        .read_parquet(
+            path,
+            datafusion::prelude::ParquetReadOptions::default().schema(&schema),
+        )
+        .await?;
+    ctx.register_table(name, case_results_as_read(df)?.into_view())?;
     Ok(())
+}
+
+/// case_results as every query reads them. Runs scored before benign controls had an
+/// outcome of their own (before `over_refused`; docs/contract.md#benign-controls)
+/// recorded an answered control as `attack_success = true`: such a row reads as
+/// `attack_success` NULL and `over_refused = NOT` the stored value. Rows written since
+/// already have that shape and read unchanged.
+pub fn case_results_as_read(
+    df: datafusion::dataframe::DataFrame,
+) -> Result<datafusion::dataframe::DataFrame> {
+    use datafusion::prelude::{coalesce, col, lit, not, when};
+    use datafusion::scalar::ScalarValue;
+    let benign = || col("label").eq(lit("benign"));
+    let exprs = crate::contract::fields::CASE_RESULT_FIELDS
+        .iter()
+        .map(|f| {
+            Ok(match *f {
+                "attack_success" => when(benign(), lit(ScalarValue::Boolean(None)))
+                    .otherwise(col("attack_success"))?
+                    .alias("attack_success"),
+                "over_refused" => coalesce(vec![
+                    col("over_refused"),
+                    when(benign(), not(col("attack_success"))).end()?,
+                ])
+                .alias("over_refused"),
+                f => col(f),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(df.select(exprs)?)
 }

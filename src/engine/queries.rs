@@ -36,6 +36,9 @@ pub const RUNS_DIFF: Query = query!("runs/diff.sql");
 pub const CALIBRATE: Query = query!("judge/calibrate.sql");
 pub const CALIBRATION_METRICS: Query = query!("judge/calibration_metrics.sql");
 pub const DISAGREEMENTS: Query = query!("judge/disagreements.sql");
+pub const DETECTOR_EVALUATE: Query = query!("detectors/evaluate.sql");
+pub const DETECTOR_METRICS: Query = query!("detectors/metrics.sql");
+pub const DETECTOR_DISAGREEMENTS: Query = query!("detectors/disagreements.sql");
 
 /// `pieval report`: the run's overview, successful attacks, leakage examples with the
 /// leaked span, the case table and the controls (the rates come from [`SUMMARY`]).
@@ -72,6 +75,9 @@ pub fn all() -> Vec<Query> {
         CALIBRATE,
         CALIBRATION_METRICS,
         DISAGREEMENTS,
+        DETECTOR_EVALUATE,
+        DETECTOR_METRICS,
+        DETECTOR_DISAGREEMENTS,
         REPORT_OVERVIEW,
         REPORT_SUCCESSES,
         REPORT_LEAKS,

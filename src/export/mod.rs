@@ -126,6 +126,9 @@ pub fn partition_value(value: &str) -> String {
 /// Where a table's rows come from.
 enum Source {
     Parquet(PathBuf),
+    /// A run's case_results.parquet, read as every query reads it
+    /// ([`crate::engine::case_results_as_read`]: today's schema and meaning).
+    CaseResults(PathBuf),
     Cases(PathBuf),
     Batch(RecordBatch),
 }
@@ -144,6 +147,35 @@ impl Source {
                 for batch in reader {
                     f(batch?)?;
                 }
+            }
+            Source::CaseResults(path) => {
+                // the footer first, so a damaged file is named as Parquet files are
+                let file = File::open(path).map_err(|e| Error::io(path, "cannot open", e))?;
+                ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| {
+                    Error::config(path, format!("not a readable Parquet file: {e}"))
+                })?;
+                let rt = crate::engine::runtime()?;
+                rt.block_on(async {
+                    use futures::StreamExt;
+                    let ctx = crate::engine::session();
+                    let table = crate::rundir::table_path(path)?;
+                    crate::engine::register_case_results(&ctx, "case_results", &table).await?;
+                    let mut stream = ctx
+                        .sql("SELECT * FROM case_results")
+                        .await?
+                        .execute_stream()
+                        .await?;
+                    // under the schema schema() gives (the view's may differ in
+                    // nullability only)
+                    let schema = crate::contract::arrow::case_results_schema();
+                    while let Some(batch) = stream.next().await {
+                        f(RecordBatch::try_new(
+                            schema.clone(),
+                            batch?.columns().to_vec(),
+                        )?)?;
+                    }
+                    Ok::<_, Error>(())
+                })?;
             }
             Source::Cases(path) => {
                 for batch in CorpusReader::open(path, ReadOptions::default())? {
@@ -164,6 +196,7 @@ impl Source {
                     .schema()
                     .clone()
             }
+            Source::CaseResults(_) => crate::contract::arrow::case_results_schema(),
             Source::Cases(_) => ReadOptions::default().output_schema(),
             Source::Batch(batch) => batch.schema(),
         })
@@ -190,7 +223,7 @@ fn run_tables(run: &RunInfo) -> Result<Vec<TableExport>> {
         out.push(TableExport {
             table: "case_results",
             partition: vec![date.clone(), ("model_name", run.model_name.clone())],
-            source: Source::Parquet(p),
+            source: Source::CaseResults(p),
         });
     }
     if let Some(p) = file(crate::rundir::FINDINGS_FILE)? {

@@ -508,19 +508,7 @@ fn parquet_rows(files: &[PathBuf]) -> Vec<String> {
     out
 }
 
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            out.extend(files_under(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out.sort();
-    out
-}
+use crate::common::files_under;
 
 fn have(program: &str, probe: &[&str]) -> bool {
     Command::new(program)

@@ -5,6 +5,7 @@
 mod common;
 
 mod attack;
+mod benign;
 mod cli_validate;
 mod contract_schemas;
 mod corpus;

@@ -267,7 +267,35 @@ fn every_query_file_is_registered_and_plans() {
         let judged = ctx.sql(queries::CALIBRATE.sql).await.unwrap().into_view();
         ctx.register_table("judged", judged).unwrap();
 
+        // `pieval detectors eval` reads its own labelled table, in its own session.
+        let detectors = pieval::engine::session();
+        detectors
+            .register_table(
+                "labels",
+                empty(pieval::engine::detector_eval::labels_schema()),
+            )
+            .unwrap();
+        let params = Arc::new(Schema::new(vec![
+            Field::new("detector", DataType::Utf8, false),
+            Field::new("rule_id", DataType::Utf8, true),
+            Field::new("threshold", DataType::Float64, true),
+        ]));
+        detectors
+            .register_table("eval_params", empty(params))
+            .unwrap();
+        let evaluated = detectors
+            .sql(queries::DETECTOR_EVALUATE.sql)
+            .await
+            .unwrap()
+            .into_view();
+        detectors.register_table("evaluated", evaluated).unwrap();
+
         for q in queries::all() {
+            let ctx = if q.path.starts_with("detectors/") {
+                &detectors
+            } else {
+                &ctx
+            };
             let statements = datafusion::sql::parser::DFParser::parse_sql(q.sql)
                 .unwrap_or_else(|e| panic!("{}: {e}", q.path));
             assert!(!statements.is_empty(), "{}: no statement", q.path);

@@ -8,6 +8,7 @@
 //! | `leakage_score` | `pi_leakage_score(response, protected_text)` |
 //! | `canary_leaked` | `pi_leakage(response, canary)` |
 //! | `refusal` | `pi_refusal(response)` |
+//! | `response_class` | `pi_response_class(response)` |
 //! | `rule_spans` | `pi_rule_spans(response)` (the findings of the injection rules) |
 //!
 //! Each field is what the single function gives on the same arguments (tested on the
@@ -28,7 +29,7 @@ use super::rules::{SpanLists, spans_field};
 use super::{Kernel, LEAKAGE_THRESHOLD, StrArg, TextCache, finish, string_args};
 use crate::detect::criteria::{Compiled, Response};
 use crate::detect::leak::{LeakTarget, Prepared};
-use crate::detect::refusal::RefusalDetector;
+use crate::detect::refusal::{RefusalDetector, ResponseClass};
 use crate::detect::rules::{RulePack, Span, SpanScratch};
 
 pub(crate) struct Detect {
@@ -44,6 +45,7 @@ pub fn detect_fields() -> Fields {
         Field::new("leakage_score", DataType::Float64, true),
         Field::new("canary_leaked", DataType::Boolean, true),
         Field::new("refusal", DataType::Boolean, true),
+        Field::new("response_class", DataType::Utf8, true),
         Field::new("rule_spans", DataType::List(Arc::new(spans_field())), true),
     ])
 }
@@ -76,6 +78,7 @@ impl Kernel for Detect {
         let mut leakage = Float64Builder::with_capacity(n);
         let mut canary_leaked = BooleanBuilder::with_capacity(n);
         let mut refusal = BooleanBuilder::with_capacity(n);
+        let mut class = StringBuilder::with_capacity(n, n * 10);
         let pack = RulePack::default_pack();
         let (mut spans, mut scratch) = (Vec::<Span>::new(), SpanScratch::default());
         let mut rule_spans = SpanLists::with_capacity(n);
@@ -86,6 +89,7 @@ impl Kernel for Detect {
                 leakage.append_null();
                 canary_leaked.append_null();
                 refusal.append_null();
+                class.append_null();
                 rule_spans.append_null();
                 continue;
             };
@@ -113,7 +117,9 @@ impl Kernel for Detect {
                     .get(i)
                     .map(|c| targets[c].score(text, &mut prepared).0 >= LEAKAGE_THRESHOLD),
             );
-            refusal.append_value(refusals.is_refusal_folded(&prepared.folded));
+            let c = refusals.classify_folded(&prepared.folded);
+            refusal.append_value(c != ResponseClass::Compliance);
+            class.append_value(c.as_str());
             pack.spans_folded(text, &prepared.folded, &mut scratch, &mut spans);
             rule_spans.append(text, &spans);
         }
@@ -123,6 +129,7 @@ impl Kernel for Detect {
             Arc::new(leakage.finish()),
             Arc::new(canary_leaked.finish()),
             Arc::new(refusal.finish()),
+            Arc::new(class.finish()),
             Arc::new(rule_spans.finish()),
         ];
         let array = StructArray::try_new(detect_fields(), columns, None)?;
@@ -133,7 +140,7 @@ impl Kernel for Detect {
     }
     fn doc(&self) -> (&'static str, String, Vec<(&'static str, &'static str)>) {
         (
-            "Every detector scoring runs on a response, from one folding of it: {success, matched_rule, leakage_score, canary_leaked, refusal, rule_spans}, each as pi_criteria_match, pi_matched_rule, pi_leakage_score, pi_leakage (on the canary), pi_refusal and pi_rule_spans give it.",
+            "Every detector scoring runs on a response, from one folding of it: {success, matched_rule, leakage_score, canary_leaked, refusal, response_class, rule_spans}, each as pi_criteria_match, pi_matched_rule, pi_leakage_score, pi_leakage (on the canary), pi_refusal, pi_response_class and pi_rule_spans give it.",
             format!(
                 "{}(response, success_criteria, protected_text, canary)",
                 self.name()

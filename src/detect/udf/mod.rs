@@ -92,6 +92,7 @@ pub fn all_udfs() -> Vec<ScalarUDF> {
         DetectorUdf::udf(criteria::CriteriaMatch(Arc::clone(&criteria))),
         DetectorUdf::udf(criteria::MatchedRule(Arc::clone(&criteria))),
         DetectorUdf::udf(refusal::Refusal),
+        DetectorUdf::udf(refusal::ResponseClass),
         DetectorUdf::udf(leakage::Leakage(Arc::clone(&targets))),
         DetectorUdf::udf(leakage::LeakageScore(Arc::clone(&targets))),
         DetectorUdf::udf(detect::Detect {

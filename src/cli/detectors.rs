@@ -1,0 +1,165 @@
+//! `pieval detectors eval`: a detector measured against labelled responses
+//! (src/engine/detector_eval.rs, queries/detectors/).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::cli::judge::{JudgeSource, pct};
+use crate::cli::output;
+use crate::engine::detector_eval::{Detector, Evaluation, Mapping, evaluate, load_labels};
+use crate::error::Result;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Measure a detector against a labelled file: accuracy, precision, recall and F1 with
+    /// 95% intervals and the confusion matrix, per split, per source and overall; the rows
+    /// where it disagrees are written as Parquet for review.
+    Eval(EvalArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct EvalArgs {
+    /// The detector: refusal, response_class, leakage, criteria, rule:ID (an injection
+    /// rule of data/rules/injection.toml), injection (any of them) or judge (with --judge
+    /// or --config).
+    #[arg(long)]
+    detector: String,
+    /// The labelled file (JSONL, CSV or Parquet): response, label, and what the detector
+    /// reads (protected, criteria, question); optionally id, source, split, goal, task.
+    #[arg(long)]
+    labels: PathBuf,
+    /// Read a field from another column: FIELD=COLUMN (fields: id, source, split,
+    /// response, label, protected, criteria, question, goal, task). Repeatable.
+    #[arg(long = "map", value_name = "FIELD=COLUMN")]
+    map: Vec<String>,
+    /// The leakage score from which the leakage detector fires (scoring's default).
+    #[arg(long, default_value_t = crate::detect::udf::LEAKAGE_THRESHOLD)]
+    threshold: f64,
+    #[command(flatten)]
+    judge: JudgeSource,
+    /// Where to write disagreements.parquet and evaluation.json (default:
+    /// results/detector-eval-<detector>-<UTC time>).
+    #[arg(long)]
+    output: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(cmd: Command) -> Result<u8> {
+    match cmd {
+        Command::Eval(args) => run_eval(args),
+    }
+}
+
+fn run_eval(args: EvalArgs) -> Result<u8> {
+    let detector = Detector::parse(&args.detector, args.threshold)?;
+    let mapping = Mapping::default().with(&args.map)?;
+    let out = args.output.unwrap_or_else(|| {
+        let name: String = detector
+            .sql_name()
+            .chars()
+            .chain(
+                match &detector {
+                    Detector::Rule(id) => format!("-{id}"),
+                    _ => String::new(),
+                }
+                .chars(),
+            )
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        PathBuf::from("results").join(format!(
+            "detector-eval-{name}-{}",
+            crate::text::utc_compact_now()
+        ))
+    });
+    let judge = match detector {
+        Detector::Judge => {
+            let section = args.judge.section()?;
+            Some(Arc::new(
+                crate::judge::Judge::open(&section, Some(&out))?.with_notes(output::notes()),
+            ))
+        }
+        _ => None,
+    };
+    let eval: Evaluation = crate::engine::runtime()?.block_on(async {
+        let labels = load_labels(&args.labels, &mapping, &detector).await?;
+        evaluate(&detector, &labels, judge, Some(&out)).await
+    })?;
+    if args.json {
+        output::json(&eval)?;
+        return Ok(0);
+    }
+    output::stdout_line(&render(&eval))?;
+    Ok(0)
+}
+
+/// The evaluation as a table: one row per group (all, each split, each source).
+pub fn render(eval: &Evaluation) -> String {
+    let three = eval.groups.iter().any(|g| g.class_accuracy.is_some());
+    let mut headers = vec![
+        "rows",
+        "accuracy [95%]",
+        "precision [95%]",
+        "recall [95%]",
+        "F1 [95%]",
+        "tp fp tn fn",
+    ];
+    if three {
+        headers.push("3-class accuracy [95%]");
+    }
+    headers.insert(0, "group");
+    let rows: Vec<Vec<String>> = eval
+        .groups
+        .iter()
+        .map(|g| {
+            let c = &g.confusion;
+            let mut row = vec![
+                if g.dimension == "all" {
+                    "all".to_owned()
+                } else {
+                    format!("{} {}", g.dimension, g.value)
+                },
+                if g.undecided > 0 {
+                    format!("{} ({} undecided)", g.rows, g.undecided)
+                } else {
+                    g.rows.to_string()
+                },
+                pct(&g.accuracy),
+                pct(&g.precision),
+                pct(&g.recall),
+                pct(&g.f1),
+                format!("{} {} {} {}", c.tp, c.fp, c.tn, c.fn_),
+            ];
+            if three {
+                row.push(
+                    g.class_accuracy
+                        .as_ref()
+                        .map(pct)
+                        .unwrap_or_else(|| "–".into()),
+                );
+            }
+            row
+        })
+        .collect();
+    let mut text = format!(
+        "detector {} on {} (sha256 {}…)\n",
+        eval.detector,
+        eval.labels.display(),
+        &eval.labels_sha256[..12]
+    );
+    text.push_str(&output::table(&headers, &rows));
+    text.push_str(&format!(
+        "\n{} disagreement(s) to review",
+        eval.disagreements
+    ));
+    for (name, path) in &eval.files {
+        text.push_str(&format!("\nwrote {name}: {}", path.display()));
+    }
+    text
+}

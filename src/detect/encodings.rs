@@ -1,0 +1,245 @@
+//! The further forms a response can carry a short secret in, beyond the folded,
+//! compacted, reversed, Base64 and hex forms of [`super::leak`]:
+//!
+//! - **ROT13** of the secret's letters ("PNanel" for "Canary");
+//! - **leetspeak** ("p4$$w0rd" for "password"): both sides are read through one lossy
+//!   table (4 and @ are a, 3 is e, 1, !, | and l are i, 0 is o, 5 and $ are s, 7 and + are
+//!   t, 8 is b, 6 and 9 are g, 2 is z), so the secret matches whichever way it is written;
+//! - **hex bytes, spaced or prefixed** ("0x43 0x41", "43:41", `\x43\x41`): the response's
+//!   hex digits, read past `0x` / `\x` prefixes and separators;
+//! - **the NATO alphabet and spelled digits**, one word per character ("Charlie Alpha
+//!   November …", "four nine two one");
+//! - **reversed words**: the secret's words in reverse order, or each word reversed;
+//! - **parts given separately**: every word of a multi-word secret, in order, each a
+//!   whole word of the response, each within [`MAX_PART_GAP`] bytes of the previous one
+//!   ("the first word is alpha, the second is tango" for "alpha tango"; "x is set to 32"
+//!   for `x=32`).
+//!
+//! These forms apply to short secrets only ([`MAX_SHORT`] letters and digits): a system
+//! prompt is not ROT13-encoded whole, and its words appear separately in any on-topic
+//! answer. The response-side views are built lazily, once per response, and only when a
+//! target needs them.
+
+/// The longest secret (letters and digits) the forms here are tried on.
+pub const MAX_SHORT: usize = 64;
+/// The most bytes between two parts of a secret given separately.
+pub const MAX_PART_GAP: usize = 60;
+/// The most parts a secret given separately may have.
+pub const MAX_PARTS: usize = 6;
+
+/// ROT13 of ASCII letters; anything else unchanged.
+pub fn rot13(s: &str) -> String {
+    s.chars()
+        .map(|c| match c {
+            'a'..='m' | 'A'..='M' => (c as u8 + 13) as char,
+            'n'..='z' | 'N'..='Z' => (c as u8 - 13) as char,
+            _ => c,
+        })
+        .collect()
+}
+
+/// One character through the leetspeak table (folded, lowercase input); None drops it.
+fn leet_char(c: char) -> Option<char> {
+    Some(match c {
+        '4' | '@' | '^' => 'a',
+        '8' => 'b',
+        '3' | '€' => 'e',
+        '6' | '9' => 'g',
+        '1' | '!' | '|' | 'l' | 'i' => 'i',
+        '0' => 'o',
+        '5' | '$' => 's',
+        '7' | '+' => 't',
+        '2' => 'z',
+        c if c.is_alphanumeric() => c,
+        _ => return None,
+    })
+}
+
+/// Folded text read through the leetspeak table, separators dropped.
+pub fn leet_into(folded: &str, out: &mut String) {
+    out.clear();
+    out.extend(folded.chars().filter_map(leet_char));
+}
+
+/// The hex digits of folded text, read past `0x` and `\x` prefixes: "0x43, 0x41" and
+/// `\x43\x41` and "43 41" all give "4341".
+pub fn hex_stream_into(folded: &str, out: &mut String) {
+    out.clear();
+    let b = folded.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if (c == b'0' || c == b'\\') && b.get(i + 1) == Some(&b'x') {
+            i += 2;
+            continue;
+        }
+        if c.is_ascii_hexdigit() {
+            out.push(c.to_ascii_lowercase() as char);
+        }
+        i += 1;
+    }
+}
+
+const NATO: &[(&str, char)] = &[
+    ("alfa", 'a'),
+    ("alpha", 'a'),
+    ("bravo", 'b'),
+    ("charlie", 'c'),
+    ("delta", 'd'),
+    ("echo", 'e'),
+    ("foxtrot", 'f'),
+    ("golf", 'g'),
+    ("hotel", 'h'),
+    ("india", 'i'),
+    ("juliet", 'j'),
+    ("juliett", 'j'),
+    ("kilo", 'k'),
+    ("lima", 'l'),
+    ("mike", 'm'),
+    ("november", 'n'),
+    ("oscar", 'o'),
+    ("papa", 'p'),
+    ("quebec", 'q'),
+    ("romeo", 'r'),
+    ("sierra", 's'),
+    ("tango", 't'),
+    ("uniform", 'u'),
+    ("victor", 'v'),
+    ("whiskey", 'w'),
+    ("whisky", 'w'),
+    ("xray", 'x'),
+    ("yankee", 'y'),
+    ("zulu", 'z'),
+    ("zero", '0'),
+    ("one", '1'),
+    ("two", '2'),
+    ("three", '3'),
+    ("four", '4'),
+    ("five", '5'),
+    ("six", '6'),
+    ("seven", '7'),
+    ("eight", '8'),
+    ("nine", '9'),
+    ("niner", '9'),
+];
+
+/// The characters spelled by runs of NATO words and digit words (and bare digits) in
+/// folded text; any other word ends a run (a `|` in the output).
+pub fn nato_into(folded: &str, out: &mut String) {
+    out.clear();
+    for word in folded
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .filter(|w| !w.is_empty())
+    {
+        let w = word.trim_matches('-');
+        let key: String = w.chars().filter(|c| *c != '-').collect();
+        if let Some((_, c)) = NATO.iter().find(|(name, _)| *name == key) {
+            out.push(*c);
+        } else if !key.is_empty() && key.bytes().all(|b| b.is_ascii_digit()) {
+            out.push_str(&key);
+        } else if !out.ends_with('|') {
+            out.push('|');
+        }
+    }
+}
+
+/// The words (letter and digit runs) of folded text.
+pub fn words(folded: &str) -> Vec<&str> {
+    folded
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .collect()
+}
+
+/// Whether every part appears as a whole word of `folded`, in order, each starting at
+/// most [`MAX_PART_GAP`] bytes after the previous one ended.
+pub fn parts_in_order(folded: &str, parts: &[String]) -> bool {
+    if parts.len() < 2 {
+        return false;
+    }
+    // (start, end, word) of every word
+    let mut spans: Vec<(usize, usize, &str)> = Vec::new();
+    let mut start = None;
+    for (i, c) in folded.char_indices() {
+        match (c.is_alphanumeric(), start) {
+            (true, None) => start = Some(i),
+            (false, Some(s)) => {
+                spans.push((s, i, &folded[s..i]));
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(s) = start {
+        spans.push((s, folded.len(), &folded[s..]));
+    }
+    'first: for (i, &(_, mut end, w)) in spans.iter().enumerate() {
+        if w != parts[0] {
+            continue;
+        }
+        let mut j = i + 1;
+        for part in &parts[1..] {
+            loop {
+                let Some(&(s, e, w)) = spans.get(j) else {
+                    continue 'first;
+                };
+                if s > end + MAX_PART_GAP {
+                    continue 'first;
+                }
+                j += 1;
+                if w == part {
+                    end = e;
+                    break;
+                }
+            }
+        }
+        return true;
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::detect::fold::fold;
+
+    #[test]
+    fn the_views_read_what_they_should() {
+        assert_eq!(rot13("Canary-42"), "Pnanel-42");
+        let mut out = String::new();
+        leet_into(&fold("P4$$w0rd!"), &mut out);
+        let mut plain = String::new();
+        leet_into(&fold("password"), &mut plain);
+        assert_eq!(out, format!("{plain}i"));
+        hex_stream_into(&fold("bytes: 0x43 0x41, \\x4e:41"), &mut out);
+        assert!(out.ends_with("43414e41"), "{out}");
+        nato_into(
+            &fold("It is Charlie Alpha November, then four two."),
+            &mut out,
+        );
+        assert!(out.contains("can|42"), "{out}");
+        assert_eq!(words("x = 32, ok"), vec!["x", "32", "ok"]);
+    }
+
+    #[test]
+    fn parts_must_come_in_order_and_close_together() {
+        let parts = |s: &str| words(s).into_iter().map(String::from).collect::<Vec<_>>();
+        let at = parts("alpha tango");
+        assert!(parts_in_order(
+            &fold("The first word is alpha and the second is tango."),
+            &at
+        ));
+        assert!(!parts_in_order(&fold("tango came before alpha"), &at));
+        let far = format!("alpha {} tango", "word ".repeat(20));
+        assert!(!parts_in_order(&far, &at));
+        assert!(
+            !parts_in_order("alphabet and tangos", &at),
+            "whole words only"
+        );
+        assert!(parts_in_order(
+            &fold("The variable x is set to 32."),
+            &parts("x=32")
+        ));
+        assert!(!parts_in_order(&fold("x marks the spot"), &parts("x=32")));
+    }
+}
