@@ -70,8 +70,11 @@ def source_of(case_id):
 refusal, leakage = [], []
 c = cases()
 for run, lab in (("label-gen-smollm2", "labels_gen1.txt"), ("label-gen2-smollm2", "labels_gen2.txt")):
+    labelled = labels(lab)
+    if not labelled:
+        continue
     preds = predictions(run)
-    for case_id, (cls, leaked) in labels(lab).items():
+    for case_id, (cls, leaked) in labelled.items():
         p, case = preds[case_id], c[case_id]
         source, split, lic = source_of(case_id)
         response = p.get("response_text") or ""

@@ -10,6 +10,7 @@ mod cli_validate;
 mod contract_schemas;
 mod corpus;
 mod detect_udfs;
+mod detector_quality;
 mod evidence;
 mod fuzz;
 mod hostile;
