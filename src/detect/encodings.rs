@@ -132,11 +132,22 @@ pub fn nato_into(folded: &str, out: &mut String) {
         .filter(|w| !w.is_empty())
     {
         let w = word.trim_matches('-');
-        let key: String = w.chars().filter(|c| *c != '-').collect();
-        if let Some((_, c)) = NATO.iter().find(|(name, _)| *name == key) {
+        // "x-ray" is xray; other words carry no hyphen (no allocation for them)
+        let joined;
+        let key = if w.contains('-') {
+            joined = w.replace('-', "");
+            joined.as_str()
+        } else {
+            w
+        };
+        if let Some((_, c)) = (3..=8)
+            .contains(&key.len())
+            .then(|| NATO.iter().find(|(name, _)| *name == key))
+            .flatten()
+        {
             out.push(*c);
         } else if !key.is_empty() && key.bytes().all(|b| b.is_ascii_digit()) {
-            out.push_str(&key);
+            out.push_str(key);
         } else if !out.ends_with('|') {
             out.push('|');
         }

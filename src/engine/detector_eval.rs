@@ -217,10 +217,19 @@ pub struct Labels {
 pub async fn load_labels(path: &Path, mapping: &Mapping, detector: &Detector) -> Result<Labels> {
     let sha256 = crate::digest::sha256_file(path)?;
     let ctx = crate::engine::session();
-    crate::engine::catalog::register_file(&ctx, "raw", path).await?;
-    let df = ctx.table("raw").await?;
+    // a file the reader cannot parse is named, with the reader's own location
+    let unreadable = |e: datafusion::error::DataFusionError| {
+        Error::input(path, 0, None, format!("not a readable table: {e}"))
+    };
+    crate::engine::catalog::register_file(&ctx, "raw", path)
+        .await
+        .map_err(|e| match e {
+            Error::DataFusion(e) => unreadable(*e),
+            e => e,
+        })?;
+    let df = ctx.table("raw").await.map_err(unreadable)?;
     let schema = df.schema().as_arrow().clone();
-    let batches = df.collect().await?;
+    let batches = df.collect().await.map_err(unreadable)?;
     let required: Vec<&str> = ["response", "label"]
         .into_iter()
         .chain(detector.needs().iter().copied())
