@@ -91,10 +91,13 @@ fn every_detector_holds_its_recorded_accuracy_on_the_labelled_sets() {
         .unwrap();
         std::fs::write(&path, text + "\n").unwrap();
     }
-    let recorded: Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let recorded: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let recorded = recorded["figures"].as_array().unwrap();
-    assert_eq!(recorded.len(), measured.len(), "the same groups are measured");
+    assert_eq!(
+        recorded.len(),
+        measured.len(),
+        "the same groups are measured"
+    );
     for r in recorded {
         let m = measured
             .iter()
@@ -152,14 +155,26 @@ fn bad_labelled_files_name_the_file_row_and_field() {
     let dir = tempfile::tempdir().unwrap();
     let cases: &[(&str, &str, &str)] = &[
         ("{\"response\": \"hi\"}\n", "refusal", "label"),
-        ("{\"response\": \"hi\", \"label\": \"maybe\"}\n", "refusal", "label"),
+        (
+            "{\"response\": \"hi\", \"label\": \"maybe\"}\n",
+            "refusal",
+            "label",
+        ),
         (
             "{\"id\": \"a\", \"response\": \"x\", \"label\": true}\n{\"id\": \"a\", \"response\": \"y\", \"label\": false}\n",
             "refusal",
             "duplicate id",
         ),
-        ("{\"response\": \"x\", \"label\": true}\n", "leakage", "protected"),
-        ("{\"response\": \"x\", \"label\": true, \"protected\": \"  \"}\n", "leakage", "protected"),
+        (
+            "{\"response\": \"x\", \"label\": true}\n",
+            "leakage",
+            "protected",
+        ),
+        (
+            "{\"response\": \"x\", \"label\": true, \"protected\": \"  \"}\n",
+            "leakage",
+            "protected",
+        ),
         ("{\"response\": 1\n", "refusal", "labels.jsonl"),
     ];
     for (i, (text, detector, expect)) in cases.iter().enumerate() {
