@@ -15,6 +15,7 @@ SELECT
          ELSE 'class' END AS disagreement,
     response,
     protected,
+    prompt,
     criteria,
     question
 FROM evaluated

@@ -25,11 +25,12 @@ pub struct EvalArgs {
     #[arg(long)]
     detector: String,
     /// The labelled file (JSONL, CSV or Parquet): response, label, and what the detector
-    /// reads (protected, criteria, question); optionally id, source, split, goal, task.
+    /// reads (protected, criteria, question); optionally id, source, split, prompt (what
+    /// the user sent, for leakage), goal, task.
     #[arg(long)]
     labels: PathBuf,
     /// Read a field from another column: FIELD=COLUMN (fields: id, source, split,
-    /// response, label, protected, criteria, question, goal, task). Repeatable.
+    /// response, label, protected, prompt, criteria, question, goal, task). Repeatable.
     #[arg(long = "map", value_name = "FIELD=COLUMN")]
     map: Vec<String>,
     /// The leakage score from which the leakage detector fires (scoring's default).

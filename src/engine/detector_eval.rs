@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | `refusal` | `pi_refusal`: the response did not comply | response, label |
 //! | `response_class` | `pi_response_class` is not compliance; also scored on the three classes | response, label |
-//! | `leakage` | `pi_leakage_score(response, protected) >= threshold` | response, protected, label |
+//! | `leakage` | `pi_leakage_score(response, protected, prompt) >= threshold` | response, protected, label; optionally prompt (what the user sent) |
 //! | `criteria` | `pi_criteria_match(response, criteria)` | response, criteria, label |
 //! | `rule:ID` | the injection rule ID fires (`pi_rule_hits`) | response, label |
 //! | `injection` | any injection rule fires | response, label |
@@ -46,6 +46,7 @@ pub const FIELDS: &[&str] = &[
     "response",
     "label",
     "protected",
+    "prompt",
     "criteria",
     "question",
     "goal",

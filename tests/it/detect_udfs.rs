@@ -353,7 +353,9 @@ fn pi_detect_agrees_with_every_single_udf() {
                 OR (f['canary_leaked'] IS DISTINCT FROM pi_leakage(r, k))
                 OR (f['refusal'] IS DISTINCT FROM pi_refusal(r))
                 OR (f['response_class'] IS DISTINCT FROM pi_response_class(r))
-                OR (f['rule_spans'] IS DISTINCT FROM pi_rule_spans(r))) AS bad,
+                OR (f['rule_spans'] IS DISTINCT FROM pi_rule_spans(r))
+                OR (pi_detect(r, c, p, k, k)['leakage_score']
+                    IS DISTINCT FROM pi_leakage_score(r, p, k))) AS bad,
                 count(*) AS n,
                 count(*) FILTER (WHERE f['success']) AS successes,
                 count(*) FILTER (WHERE f['canary_leaked']) AS leaks,
