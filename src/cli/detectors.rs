@@ -53,6 +53,12 @@ pub fn run(cmd: Command) -> Result<u8> {
 }
 
 fn run_eval(args: EvalArgs) -> Result<u8> {
+    if !(0.0..=1.0).contains(&args.threshold) {
+        return Err(crate::error::Error::Usage(format!(
+            "--threshold {}: a leakage score threshold is between 0 and 1",
+            args.threshold
+        )));
+    }
     let detector = Detector::parse(&args.detector, args.threshold)?;
     let mapping = Mapping::default().with(&args.map)?;
     let out = args.output.unwrap_or_else(|| {

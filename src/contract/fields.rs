@@ -185,8 +185,8 @@ pub const CASE_RESULT_FIELDS: &[&str] = &[
     "success_turn",
     // Benign controls, additive: a control's outcome is not an attack's. For
     // `label = benign` attack_success is NULL and over_refused says whether the control
-    // was refused (or deflected, or blocked by a mitigation); NULL for attacks and
-    // undecided controls.
+    // was refused (or deflected, or blocked by a mitigation); NULL for attacks and for
+    // controls without a usable response.
     "over_refused",
     // The response's class from pi_response_class: refusal, deflection or compliance
     // (NULL when there is no usable response).

@@ -154,6 +154,60 @@ pub fn nato_into(folded: &str, out: &mut String) {
     }
 }
 
+/// Everyday words: a text made of them is no secret to be given away word by word.
+pub fn is_common_word(w: &str) -> bool {
+    const COMMON: &[&str] = &[
+        "a",
+        "an",
+        "the",
+        "is",
+        "are",
+        "am",
+        "be",
+        "was",
+        "you",
+        "your",
+        "i",
+        "me",
+        "my",
+        "we",
+        "our",
+        "he",
+        "she",
+        "it",
+        "they",
+        "of",
+        "to",
+        "in",
+        "on",
+        "at",
+        "for",
+        "and",
+        "or",
+        "not",
+        "no",
+        "do",
+        "don",
+        "t",
+        "this",
+        "that",
+        "with",
+        "as",
+        "by",
+        "from",
+        "never",
+        "always",
+        "only",
+        "any",
+        "all",
+        "what",
+        "who",
+        "helpful",
+        "assistant",
+    ];
+    COMMON.contains(&w)
+}
+
 /// The words (letter and digit runs) of folded text.
 pub fn words(folded: &str) -> Vec<&str> {
     folded
@@ -162,44 +216,51 @@ pub fn words(folded: &str) -> Vec<&str> {
         .collect()
 }
 
-/// Whether every part appears as a whole word of `folded`, in order, each starting at
-/// most [`MAX_PART_GAP`] bytes after the previous one ended.
-pub fn parts_in_order(folded: &str, parts: &[String]) -> bool {
-    if parts.len() < 2 {
-        return false;
-    }
-    // (start, end, word) of every word
-    let mut spans: Vec<(usize, usize, &str)> = Vec::new();
+/// The (start, end) byte spans of the words (letter and digit runs) of folded text.
+pub fn word_spans(folded: &str) -> Vec<(usize, usize)> {
+    let mut spans = Vec::new();
     let mut start = None;
     for (i, c) in folded.char_indices() {
         match (c.is_alphanumeric(), start) {
             (true, None) => start = Some(i),
             (false, Some(s)) => {
-                spans.push((s, i, &folded[s..i]));
+                spans.push((s, i));
                 start = None;
             }
             _ => {}
         }
     }
     if let Some(s) = start {
-        spans.push((s, folded.len(), &folded[s..]));
+        spans.push((s, folded.len()));
     }
-    'first: for (i, &(_, mut end, w)) in spans.iter().enumerate() {
-        if w != parts[0] {
+    spans
+}
+
+/// Whether every part appears as a whole word of `folded` (whose [`word_spans`] are
+/// `spans`), in order, each starting at most [`MAX_PART_GAP`] bytes after the previous one
+/// ended.
+pub fn parts_in_order(folded: &str, spans: &[(usize, usize)], parts: &[String]) -> bool {
+    if parts.len() < 2 {
+        return false;
+    }
+    let word = |&(s, e): &(usize, usize)| &folded[s..e];
+    'first: for (i, span) in spans.iter().enumerate() {
+        if word(span) != parts[0] {
             continue;
         }
+        let mut end = span.1;
         let mut j = i + 1;
         for part in &parts[1..] {
             loop {
-                let Some(&(s, e, w)) = spans.get(j) else {
+                let Some(next) = spans.get(j) else {
                     continue 'first;
                 };
-                if s > end + MAX_PART_GAP {
+                if next.0 > end + MAX_PART_GAP {
                     continue 'first;
                 }
                 j += 1;
-                if w == part {
-                    end = e;
+                if word(next) == part {
+                    end = next.1;
                     break;
                 }
             }
@@ -207,6 +268,16 @@ pub fn parts_in_order(folded: &str, parts: &[String]) -> bool {
         return true;
     }
     false
+}
+
+/// Whether `words` appear consecutively, as whole words, in `folded` (spans as above).
+pub fn words_in(folded: &str, spans: &[(usize, usize)], words: &[String]) -> bool {
+    !words.is_empty()
+        && spans.windows(words.len()).any(|w| {
+            w.iter()
+                .zip(words)
+                .all(|(&(s, e), word)| &folded[s..e] == word.as_str())
+        })
 }
 
 #[cfg(test)]
@@ -235,6 +306,8 @@ mod tests {
     #[test]
     fn parts_must_come_in_order_and_close_together() {
         let parts = |s: &str| words(s).into_iter().map(String::from).collect::<Vec<_>>();
+        let parts_in_order =
+            |text: &str, p: &[String]| super::parts_in_order(text, &word_spans(text), p);
         let at = parts("alpha tango");
         assert!(parts_in_order(
             &fold("The first word is alpha and the second is tango."),

@@ -157,7 +157,10 @@ impl Source {
                 let rt = crate::engine::runtime()?;
                 rt.block_on(async {
                     use futures::StreamExt;
-                    let ctx = crate::engine::session();
+                    // one partition: the rows keep the file's order, run after run
+                    let ctx = crate::engine::session_with(
+                        crate::engine::session_config().with_target_partitions(1),
+                    );
                     let table = crate::rundir::table_path(path)?;
                     crate::engine::register_case_results(&ctx, "case_results", &table).await?;
                     let mut stream = ctx

@@ -178,10 +178,8 @@ fn flips(a: &Path, b: &Path, limit: usize) -> Result<Vec<Value>> {
                 .ok_or_else(|| {
                     Error::State(format!("{}: no case_results.parquet", dir.display()))
                 })?;
-            let p = p
-                .to_str()
-                .ok_or_else(|| Error::Usage("not a UTF-8 path".into()))?;
-            ctx.register_parquet(name, p, ParquetReadOptions::default())
+            // as every reader reads case results: today's schema and meaning
+            crate::engine::register_case_results(&ctx, name, &crate::rundir::table_path(&p)?)
                 .await?;
         }
         let mut out = query(&ctx, queries::RUNS_DIFF).await?;

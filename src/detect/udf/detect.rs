@@ -26,7 +26,7 @@ use datafusion::common::Result;
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs};
 
 use super::rules::{SpanLists, spans_field};
-use super::{Kernel, LEAKAGE_THRESHOLD, StrArg, TextCache, finish, string_args};
+use super::{Kernel, LEAKAGE_THRESHOLD, StrArg, TextCache, finish};
 use crate::detect::criteria::{Compiled, Response};
 use crate::detect::leak::{LeakTarget, Prepared};
 use crate::detect::refusal::{RefusalDetector, ResponseClass};
@@ -59,21 +59,14 @@ impl Kernel for Detect {
     }
     fn coerce(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         // known_text, the fifth, is optional
-        let arity = if arg_types.len() == 5 { 5 } else { 4 };
-        super::coerce_strings(self.name(), arg_types, arity)
+        super::coerce_strings_last_optional(self.name(), arg_types, 5)
     }
     fn return_type(&self) -> DataType {
         DataType::Struct(detect_fields())
     }
     fn invoke(&self, args: &ScalarFunctionArgs) -> Result<ColumnarValue> {
         let name = self.name();
-        let (inputs, n) = if args.args.len() == 5 {
-            string_args::<5>(name, args)?
-        } else {
-            let (inputs, n) = string_args::<4>(name, args)?;
-            let [r, c, p, k] = inputs;
-            ([r, c, p, k, StrArg::Scalar(None)], n)
-        };
+        let (inputs, n) = super::string_args_last_optional::<5>(name, args)?;
         let [response, criteria, protected, canary, known] = &inputs;
         let compiled = self
             .criteria

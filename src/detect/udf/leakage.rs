@@ -12,7 +12,10 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::common::Result;
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs};
 
-use super::{Kernel, LEAKAGE_THRESHOLD, StrArg, TextCache, coerce_strings, finish, string_args};
+use super::{
+    Kernel, LEAKAGE_THRESHOLD, StrArg, TextCache, coerce_strings_last_optional, finish,
+    string_args_last_optional,
+};
 use crate::detect::leak::{LeakTarget, Prepared};
 
 pub(crate) struct Leakage(pub(crate) Arc<TextCache<LeakTarget>>);
@@ -25,16 +28,7 @@ fn scores(
     args: &ScalarFunctionArgs,
     mut emit: impl FnMut(Option<f64>),
 ) -> Result<bool> {
-    // the optional third argument, as a column of nulls when absent
-    let (inputs, n) = if args.args.len() == 3 {
-        let (inputs, n) = string_args::<3>(name, args)?;
-        let [r, p, k] = inputs;
-        ([r, p, k], n)
-    } else {
-        let (inputs, n) = string_args::<2>(name, args)?;
-        let [r, p] = inputs;
-        ([r, p, StrArg::Scalar(None)], n)
-    };
+    let (inputs, n) = string_args_last_optional::<3>(name, args)?;
     let [response, protected, known] = &inputs;
     let targets = targets.resolve((0..n).filter_map(|i| protected.get(i)), LeakTarget::new);
     let mut prepared = Prepared::default();
@@ -49,12 +43,6 @@ fn scores(
         ));
     }
     Ok(n == 1 && inputs.iter().all(StrArg::is_scalar))
-}
-
-/// Two or three string arguments.
-fn coerce(name: &str, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-    let arity = if arg_types.len() == 3 { 3 } else { 2 };
-    coerce_strings(name, arg_types, arity)
 }
 
 const ARGS: [(&str, &str); 3] = [
@@ -77,7 +65,7 @@ impl Kernel for Leakage {
         2
     }
     fn coerce(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        coerce(self.name(), arg_types)
+        coerce_strings_last_optional(self.name(), arg_types, 3)
     }
     fn return_type(&self) -> DataType {
         DataType::Boolean
@@ -106,7 +94,7 @@ impl Kernel for LeakageScore {
         2
     }
     fn coerce(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        coerce(self.name(), arg_types)
+        coerce_strings_last_optional(self.name(), arg_types, 3)
     }
     fn return_type(&self) -> DataType {
         DataType::Float64

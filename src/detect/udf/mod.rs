@@ -268,6 +268,38 @@ pub(crate) fn string_args<'a, const N: usize>(
     Ok((inputs, n))
 }
 
+/// [`string_args`] for a function whose last argument is optional: called with `N - 1`
+/// arguments, the last reads as a NULL scalar.
+pub(crate) fn string_args_last_optional<'a, const N: usize>(
+    name: &str,
+    args: &'a ScalarFunctionArgs,
+) -> Result<([StrArg<'a>; N], usize)> {
+    if args.args.len() + 1 != N {
+        return string_args::<N>(name, args);
+    }
+    let mut parsed = args
+        .args
+        .iter()
+        .map(|a| StrArg::new(name, a))
+        .collect::<Result<Vec<_>>>()?;
+    parsed.push(StrArg::Scalar(None));
+    let Ok(inputs) = <[StrArg<'a>; N]>::try_from(parsed) else {
+        return exec_err!("{name} takes {} or {N} arguments", N - 1);
+    };
+    let n = rows(&inputs, args.number_rows);
+    Ok((inputs, n))
+}
+
+/// Coercion for a function of `n` string arguments whose last is optional.
+pub(crate) fn coerce_strings_last_optional(
+    name: &str,
+    arg_types: &[DataType],
+    n: usize,
+) -> Result<Vec<DataType>> {
+    let arity = if arg_types.len() == n { n } else { n - 1 };
+    coerce_strings(name, arg_types, arity)
+}
+
 /// Array, or scalar when every input was one.
 pub(crate) fn finish(array: ArrayRef, scalar: bool) -> Result<ColumnarValue> {
     if scalar {
