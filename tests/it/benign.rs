@@ -262,6 +262,25 @@ fn runs_scored_before_the_change_read_with_todays_meaning() {
         }
     }
 
+    // A report comparing the old run with a new one reads both as today's.
+    score(
+        &results,
+        "new",
+        &[
+            (&benign[0], "I can't help with that."),
+            (&benign[1], "I can't help with that."),
+            (&attack, &sure),
+        ],
+    );
+    let html = dir.path().join("compare.html");
+    let r = run(pieval()
+        .args(["report", "old", "--compare", "new", "--results"])
+        .arg(&results)
+        .arg("--output")
+        .arg(&html));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(std::fs::read_to_string(&html).unwrap().contains("over_refused"));
+
     // The export writes the view: the warehouse sees today's meaning.
     let wh = dir.path().join("wh");
     let r = run(pieval()
