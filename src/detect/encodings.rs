@@ -123,6 +123,15 @@ const NATO: &[(&str, char)] = &[
     ("niner", '9'),
 ];
 
+/// The character a NATO or digit word spells (by its first letter, then the table).
+fn nato_letter(word: &str) -> Option<char> {
+    let first = *word.as_bytes().first()?;
+    NATO.iter()
+        .filter(|(name, _)| name.as_bytes()[0] == first)
+        .find(|(name, _)| *name == word)
+        .map(|(_, c)| *c)
+}
+
 /// The characters spelled by runs of NATO words and digit words (and bare digits) in
 /// folded text; any other word ends a run (a `|` in the output).
 pub fn nato_into(folded: &str, out: &mut String) {
@@ -140,12 +149,8 @@ pub fn nato_into(folded: &str, out: &mut String) {
         } else {
             w
         };
-        if let Some((_, c)) = (3..=8)
-            .contains(&key.len())
-            .then(|| NATO.iter().find(|(name, _)| *name == key))
-            .flatten()
-        {
-            out.push(*c);
+        if let Some(c) = (3..=8).contains(&key.len()).then(|| nato_letter(key)).flatten() {
+            out.push(c);
         } else if !key.is_empty() && key.bytes().all(|b| b.is_ascii_digit()) {
             out.push_str(key);
         } else if !out.ends_with('|') {

@@ -411,7 +411,11 @@ impl LeakTarget {
         let short = |s: &ShortForms| s.approx_bytes();
         std::mem::size_of::<Self>()
             + self.short.as_deref().map_or(0, short)
-            + self.secrets.iter().map(|s| short(&s.forms) + 64).sum::<usize>()
+            + self
+                .secrets
+                .iter()
+                .map(|s| s.forms.as_ref().map_or(0, short) + 512)
+                .sum::<usize>()
             + self.clauses.iter().map(|f| 256 + f.needle().len()).sum::<usize>()
             + FILTER_WORDS * 8
             // key, value and control byte per slot, with the map's spare capacity
@@ -573,8 +577,13 @@ struct Secret {
     /// leetspeak letters, standing as a whole ("c-o-u-n-t-e-r", "c0unt3r"; not
     /// "for everyone" for "forever", nor "counterargument" for "counter").
     spelled: Option<regex::Regex>,
+    /// The spelled form's letters read through the leetspeak table: the regex runs only
+    /// where the response's leetspeak view holds them.
+    spelled_gate: Option<Finder<'static>>,
     reversed: Option<Finder<'static>>,
-    forms: ShortForms,
+    /// The encodings of a credential (Base64, hex, ROT13, NATO, reversed words, parts);
+    /// a personal value is looked for as words, spelled out and reversed only.
+    forms: Option<ShortForms>,
 }
 
 /// The characters a letter or digit may be written as in leetspeak (the table of
@@ -619,12 +628,15 @@ impl Secret {
             ))
             .ok()
         });
+        let mut leet = String::new();
+        encodings::leet_into(&compact, &mut leet);
         Some(Secret {
             words,
             personal,
             spelled: spelled.flatten(),
+            spelled_gate: finder(&leet, 1),
             reversed: finder(&reversed, 6),
-            forms: ShortForms::new(value.trim(), &folded, &compact),
+            forms: (!personal).then(|| ShortForms::new(value.trim(), &folded, &compact)),
         })
     }
 
@@ -632,7 +644,13 @@ impl Secret {
         if encodings::words_in(&prepared.folded, prepared.spans(), &self.words) {
             return Some(LeakForm::StatedSecret);
         }
-        if let Some(m) = self.spelled.as_ref().and_then(|r| r.find(&prepared.folded)) {
+        let gate_open = found(&self.spelled_gate, prepared.leet());
+        if let Some(m) = self
+            .spelled
+            .as_ref()
+            .filter(|_| gate_open)
+            .and_then(|r| r.find(&prepared.folded))
+        {
             let leet = m.as_str().chars().any(|c| c.is_ascii_digit())
                 != self.words.concat().chars().any(|c| c.is_ascii_digit());
             return Some(if leet {
@@ -649,7 +667,9 @@ impl Secret {
             return Some(LeakForm::Reversed);
         }
         // leetspeak is `spelled`'s
-        self.forms.find(original, prepared, true)
+        self.forms
+            .as_ref()
+            .and_then(|f| f.find(original, prepared, true))
     }
 }
 
