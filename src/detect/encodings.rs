@@ -149,7 +149,11 @@ pub fn nato_into(folded: &str, out: &mut String) {
         } else {
             w
         };
-        if let Some(c) = (3..=8).contains(&key.len()).then(|| nato_letter(key)).flatten() {
+        if let Some(c) = (3..=8)
+            .contains(&key.len())
+            .then(|| nato_letter(key))
+            .flatten()
+        {
             out.push(c);
         } else if !key.is_empty() && key.bytes().all(|b| b.is_ascii_digit()) {
             out.push_str(key);

@@ -279,7 +279,11 @@ fn runs_scored_before_the_change_read_with_todays_meaning() {
         .arg("--output")
         .arg(&html));
     assert_eq!(r.code, 0, "{}", r.stderr);
-    assert!(std::fs::read_to_string(&html).unwrap().contains("over_refused"));
+    assert!(
+        std::fs::read_to_string(&html)
+            .unwrap()
+            .contains("over_refused")
+    );
 
     // The export writes the view: the warehouse sees today's meaning.
     let wh = dir.path().join("wh");
