@@ -18,7 +18,9 @@
 //! These forms apply to short secrets only ([`MAX_SHORT`] letters and digits): a system
 //! prompt is not ROT13-encoded whole, and its words appear separately in any on-topic
 //! answer. The response-side views are built lazily, once per response, and only when a
-//! target needs them.
+//! target needs them (and a cheap gate does not rule them out).
+
+use std::sync::OnceLock;
 
 /// The longest secret (letters and digits) the forms here are tried on.
 pub const MAX_SHORT: usize = 64;
@@ -58,7 +60,44 @@ fn leet_char(c: char) -> Option<char> {
 /// Folded text read through the leetspeak table, separators dropped.
 pub fn leet_into(folded: &str, out: &mut String) {
     out.clear();
-    out.extend(folded.chars().filter_map(leet_char));
+    if folded.is_ascii() {
+        // a byte table: the same mapping as `leet_char` on ASCII (tested)
+        static TABLE: OnceLock<[u8; 128]> = OnceLock::new();
+        let table = TABLE.get_or_init(|| {
+            let mut t = [0u8; 128];
+            for b in 0..128u8 {
+                t[b as usize] = leet_char(b as char).map_or(0, |c| c as u8);
+            }
+            t
+        });
+        let mut bytes = std::mem::take(out).into_bytes();
+        bytes.extend(
+            folded
+                .bytes()
+                .map(|b| table[b as usize])
+                .filter(|&b| b != 0),
+        );
+        *out = String::from_utf8(bytes).expect("ASCII");
+    } else {
+        out.extend(folded.chars().filter_map(leet_char));
+    }
+}
+
+/// Whether folded text could hold a secret in hex: hex of text has a digit in most
+/// bytes, so fewer than six ASCII digits rule it out (a cheap gate before the hex view).
+pub fn may_hold_hex(folded: &str) -> bool {
+    folded.bytes().filter(u8::is_ascii_digit).nth(5).is_some()
+}
+
+/// Whether folded text could spell something in NATO or digit words: at least `n` of
+/// them occur (as substrings; a gate before the NATO view).
+pub fn may_hold_nato(folded: &str, n: usize) -> bool {
+    static WORDS: OnceLock<aho_corasick::AhoCorasick> = OnceLock::new();
+    let ac = WORDS.get_or_init(|| {
+        aho_corasick::AhoCorasick::new(NATO.iter().map(|(w, _)| *w))
+            .expect("the NATO words build an automaton")
+    });
+    n == 0 || ac.find_iter(folded).nth(n - 1).is_some()
 }
 
 /// The hex digits of folded text, read past `0x` and `\x` prefixes: "0x43, 0x41" and
@@ -310,6 +349,21 @@ mod tests {
         );
         assert!(out.contains("can|42"), "{out}");
         assert_eq!(words("x = 32, ok"), vec!["x", "32", "ok"]);
+    }
+
+    #[test]
+    fn the_leetspeak_table_equals_the_per_character_mapping() {
+        let mut fast = String::new();
+        for b in 0..128u8 {
+            let text = format!("a{}b", b as char);
+            leet_into(&text, &mut fast);
+            let slow: String = text.chars().filter_map(leet_char).collect();
+            assert_eq!(fast, slow, "{b}");
+        }
+        assert!(may_hold_hex("43 41 4e 41 52 59"));
+        assert!(!may_hold_hex("no digits here at all"));
+        assert!(may_hold_nato("charlie alpha tango", 3));
+        assert!(!may_hold_nato("the cat sat", 3));
     }
 
     #[test]

@@ -520,6 +520,7 @@ impl ShortForms {
             return Some(LeakForm::Base64);
         }
         if !self.hex.is_empty()
+            && prepared.may_hold_hex()
             && self
                 .hex
                 .iter()
@@ -540,8 +541,14 @@ impl ShortForms {
         if !no_leet && self.leet.is_some() && found(&self.leet, prepared.leet()) {
             return Some(LeakForm::Leetspeak);
         }
-        if self.nato.is_some() && found(&self.nato, prepared.nato()) {
-            return Some(LeakForm::Nato);
+        if let Some(needle) = &self.nato {
+            // a secret of n characters needs n NATO or digit words (3 at the least)
+            let words = needle.needle().len().clamp(1, 3);
+            if encodings::may_hold_nato(&prepared.folded, words)
+                && found(&self.nato, prepared.nato())
+            {
+                return Some(LeakForm::Nato);
+            }
         }
         if !self.parts.is_empty()
             && encodings::parts_in_order(&prepared.folded, prepared.spans(), &self.parts)
@@ -576,7 +583,9 @@ struct Secret {
     /// The secret spelled out with separators between its characters, in plain or
     /// leetspeak letters, standing as a whole ("c-o-u-n-t-e-r", "c0unt3r"; not
     /// "for everyone" for "forever", nor "counterargument" for "counter").
-    spelled: Option<regex::Regex>,
+    /// Its pattern, compiled the first time the gate opens (most secrets never need it).
+    spelled_pattern: Option<String>,
+    spelled: OnceLock<Option<regex::Regex>>,
     /// The spelled form's letters read through the leetspeak table: the regex runs only
     /// where the response's leetspeak view holds them.
     spelled_gate: Option<Finder<'static>>,
@@ -619,21 +628,22 @@ impl Secret {
             .map(String::from)
             .collect();
         let reversed: String = compact.chars().rev().collect();
-        // only where a chance match is unlikely
-        let spelled = (n >= 4).then(|| {
+        // only where a chance match is unlikely, and for ASCII secrets (the separators
+        // and boundaries are ASCII, which keeps the automaton small)
+        let spelled_pattern = (n >= 4 && compact.is_ascii()).then(|| {
             let body: Vec<String> = compact.chars().map(leet_class).collect();
-            regex::Regex::new(&format!(
-                r"(?:^|[^\p{{L}}\p{{N}}]){}(?:$|[^\p{{L}}\p{{N}}])",
-                body.join(r"[^\p{L}\p{N}]{0,3}")
-            ))
-            .ok()
+            format!(
+                r"(?:^|[^a-z0-9]){}(?:$|[^a-z0-9])",
+                body.join(r"[\s\-_.,:;/\\*'`~=#]{0,3}")
+            )
         });
         let mut leet = String::new();
         encodings::leet_into(&compact, &mut leet);
         Some(Secret {
             words,
             personal,
-            spelled: spelled.flatten(),
+            spelled_pattern,
+            spelled: OnceLock::new(),
             spelled_gate: finder(&leet, 1),
             reversed: finder(&reversed, 6),
             forms: (!personal).then(|| ShortForms::new(value.trim(), &folded, &compact)),
@@ -644,11 +654,20 @@ impl Secret {
         if encodings::words_in(&prepared.folded, prepared.spans(), &self.words) {
             return Some(LeakForm::StatedSecret);
         }
-        let gate_open = found(&self.spelled_gate, prepared.leet());
-        if let Some(m) = self
-            .spelled
-            .as_ref()
-            .filter(|_| gate_open)
+        let spelled = || {
+            self.spelled
+                .get_or_init(|| {
+                    self.spelled_pattern
+                        .as_deref()
+                        .and_then(|p| regex::Regex::new(p).ok())
+                })
+                .as_ref()
+        };
+        let gate_open =
+            self.spelled_pattern.is_some() && found(&self.spelled_gate, prepared.leet());
+        if let Some(m) = gate_open
+            .then(spelled)
+            .flatten()
             .and_then(|r| r.find(&prepared.folded))
         {
             let leet = m.as_str().chars().any(|c| c.is_ascii_digit())
@@ -845,6 +864,7 @@ pub struct Prepared {
     nato: OnceCell<String>,
     /// The word spans of `folded`.
     spans: OnceCell<Vec<(usize, usize)>>,
+    hex_gate: OnceCell<bool>,
 }
 
 impl Prepared {
@@ -854,6 +874,11 @@ impl Prepared {
             encodings::leet_into(&self.folded, &mut out);
             out
         })
+    }
+    fn may_hold_hex(&self) -> bool {
+        *self
+            .hex_gate
+            .get_or_init(|| encodings::may_hold_hex(&self.folded))
     }
     fn hex(&self) -> &str {
         self.hex.get_or_init(|| {
@@ -874,6 +899,7 @@ impl Prepared {
             .get_or_init(|| encodings::word_spans(&self.folded))
     }
     fn reset_views(&mut self) {
+        self.hex_gate.take();
         self.spans.take();
         self.leet.take();
         self.hex.take();
