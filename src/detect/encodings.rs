@@ -89,15 +89,23 @@ pub fn may_hold_hex(folded: &str) -> bool {
     folded.bytes().filter(u8::is_ascii_digit).nth(5).is_some()
 }
 
-/// Whether folded text could spell something in NATO or digit words: at least `n` of
-/// them occur (as substrings; a gate before the NATO view).
-pub fn may_hold_nato(folded: &str, n: usize) -> bool {
-    static WORDS: OnceLock<aho_corasick::AhoCorasick> = OnceLock::new();
-    let ac = WORDS.get_or_init(|| {
-        aho_corasick::AhoCorasick::new(NATO.iter().map(|(w, _)| *w))
-            .expect("the NATO words build an automaton")
-    });
-    n == 0 || ac.find_iter(folded).nth(n - 1).is_some()
+/// Whether folded text could spell, in NATO or digit words, something starting with `c`:
+/// a word for `c` (or the digit itself) occurs in it. A gate before the NATO view.
+pub fn may_spell_nato(folded: &str, c: char) -> bool {
+    if c.is_ascii_digit() && folded.contains(c) {
+        return true;
+    }
+    NATO.iter()
+        .filter(|(_, letter)| *letter == c)
+        .any(|(word, _)| memchr::memmem::find(folded.as_bytes(), word.as_bytes()).is_some())
+}
+
+/// Whether folded text holds a character the leetspeak table maps to a letter.
+pub fn may_hold_leet(folded: &str) -> bool {
+    folded
+        .bytes()
+        .any(|b| b.is_ascii_digit() || matches!(b, b'@' | b'$' | b'!' | b'|' | b'+' | b'^'))
+        || folded.contains('€')
 }
 
 /// The hex digits of folded text, read past `0x` and `\x` prefixes: "0x43, 0x41" and
@@ -362,8 +370,10 @@ mod tests {
         }
         assert!(may_hold_hex("43 41 4e 41 52 59"));
         assert!(!may_hold_hex("no digits here at all"));
-        assert!(may_hold_nato("charlie alpha tango", 3));
-        assert!(!may_hold_nato("the cat sat", 3));
+        assert!(may_spell_nato("charlie alpha tango", 'c'));
+        assert!(!may_spell_nato("the cat sat", 'c'));
+        assert!(may_spell_nato("four nine", '4'));
+        assert!(may_hold_leet("p4ss") && !may_hold_leet("plain words"));
     }
 
     #[test]

@@ -538,19 +538,26 @@ impl ShortForms {
         {
             return Some(LeakForm::ReversedWords);
         }
-        if !no_leet && self.leet.is_some() && found(&self.leet, prepared.leet()) {
+        // leetspeak needs a character the table maps (a digit or @ $ ! | + ^)
+        if !no_leet
+            && self.leet.is_some()
+            && encodings::may_hold_leet(&prepared.folded)
+            && found(&self.leet, prepared.leet())
+        {
             return Some(LeakForm::Leetspeak);
         }
+        // the NATO spelling starts with the word for the first character
         if let Some(needle) = &self.nato {
-            // a secret of n characters needs n NATO or digit words (3 at the least)
-            let words = needle.needle().len().clamp(1, 3);
-            if encodings::may_hold_nato(&prepared.folded, words)
+            let first = needle.needle().first().copied().map(char::from);
+            if first.is_some_and(|c| encodings::may_spell_nato(&prepared.folded, c))
                 && found(&self.nato, prepared.nato())
             {
                 return Some(LeakForm::Nato);
             }
         }
+        // the first part must be there before the words are split
         if !self.parts.is_empty()
+            && memchr::memmem::find(prepared.folded.as_bytes(), self.parts[0].as_bytes()).is_some()
             && encodings::parts_in_order(&prepared.folded, prepared.spans(), &self.parts)
         {
             return Some(LeakForm::SeparateParts);
