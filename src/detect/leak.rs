@@ -183,6 +183,11 @@ fn for_each_gram(s: &str, k: usize, mut f: impl FnMut(u64)) {
     }
 }
 
+/// Whether any of the needles occurs in `hay`.
+fn found_any(needles: &[Finder<'static>], hay: &str) -> bool {
+    needles.iter().any(|f| f.find(hay.as_bytes()).is_some())
+}
+
 /// Whether a needle (when there is one) occurs in `hay`.
 fn found(f: &Option<Finder<'static>>, hay: &str) -> bool {
     f.as_ref().is_some_and(|f| f.find(hay.as_bytes()).is_some())
@@ -299,11 +304,7 @@ impl LeakTarget {
         if found(&self.reversed, &prepared.compact) {
             return Some(LeakForm::Reversed);
         }
-        if self
-            .base64
-            .iter()
-            .any(|f| f.find(original.as_bytes()).is_some())
-        {
+        if found_any(&self.base64, original) {
             return Some(LeakForm::Base64);
         }
         if found(&self.hex, &prepared.folded) {
@@ -334,10 +335,7 @@ impl LeakTarget {
                 }
             }
         }
-        self.clauses
-            .iter()
-            .any(|f| f.find(prepared.compact.as_bytes()).is_some())
-            .then_some(LeakForm::InstructionClause)
+        found_any(&self.clauses, &prepared.compact).then_some(LeakForm::InstructionClause)
     }
 
     /// Share of the target's k-grams found in the response's compact form, in [0, 1].
@@ -512,30 +510,16 @@ impl ShortForms {
     /// The first form of the secret in the response; `no_leet` leaves leetspeak out
     /// (the plain letters stand inside a longer word).
     fn find(&self, original: &str, prepared: &Prepared, no_leet: bool) -> Option<LeakForm> {
-        if self
-            .base64
-            .iter()
-            .any(|f| f.find(original.as_bytes()).is_some())
-        {
+        if found_any(&self.base64, original) {
             return Some(LeakForm::Base64);
         }
-        if !self.hex.is_empty()
-            && prepared.may_hold_hex()
-            && self
-                .hex
-                .iter()
-                .any(|f| f.find(prepared.hex().as_bytes()).is_some())
-        {
+        if !self.hex.is_empty() && prepared.may_hold_hex() && found_any(&self.hex, prepared.hex()) {
             return Some(LeakForm::Hex);
         }
         if found(&self.rot13, &prepared.compact) {
             return Some(LeakForm::Rot13);
         }
-        if self
-            .reversed_words
-            .iter()
-            .any(|f| f.find(prepared.compact.as_bytes()).is_some())
-        {
+        if found_any(&self.reversed_words, &prepared.compact) {
             return Some(LeakForm::ReversedWords);
         }
         // leetspeak needs a character the table maps (a digit or @ $ ! | + ^)

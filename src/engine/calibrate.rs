@@ -30,53 +30,70 @@ pub const DISAGREEMENTS_SQL: &str = super::queries::DISAGREEMENTS.sql;
 const RESAMPLES: usize = 2000;
 const SEED: u64 = 0;
 
-/// The fields of a labelled row and the column each is read from.
+/// Which column each field of a labelled file is read from: the field's own name unless
+/// `--map FIELD=COLUMN` says otherwise. Shared by `judge calibrate` and `detectors eval`.
 #[derive(Clone, Debug)]
-pub struct Mapping {
-    pub id: String,
-    pub question: String,
-    pub response: String,
-    pub label: String,
-    pub goal: String,
-    pub task: String,
+pub struct ColumnMapping {
+    fields: &'static [&'static str],
+    columns: Vec<String>,
 }
 
-impl Default for Mapping {
-    fn default() -> Self {
+impl ColumnMapping {
+    pub fn new(fields: &'static [&'static str]) -> Self {
         Self {
-            id: "id".into(),
-            question: "question".into(),
-            response: "response".into(),
-            label: "label".into(),
-            goal: "goal".into(),
-            task: "task".into(),
+            fields,
+            columns: fields.iter().map(|f| (*f).to_owned()).collect(),
         }
     }
-}
 
-impl Mapping {
     /// Apply `FIELD=COLUMN` overrides.
     pub fn with(mut self, overrides: &[String]) -> Result<Self> {
         for spec in overrides {
             let (field, column) = spec
                 .split_once('=')
                 .ok_or_else(|| Error::Usage(format!("--map {spec:?}: expected FIELD=COLUMN")))?;
-            let slot = match field {
-                "id" => &mut self.id,
-                "question" => &mut self.question,
-                "response" => &mut self.response,
-                "label" => &mut self.label,
-                "goal" => &mut self.goal,
-                "task" => &mut self.task,
-                other => {
-                    return Err(Error::Usage(format!(
-                        "--map {other:?}: the fields are id, question, response, label, goal, task"
-                    )));
-                }
-            };
-            *slot = column.to_owned();
+            let i = self
+                .fields
+                .iter()
+                .position(|f| *f == field)
+                .ok_or_else(|| {
+                    Error::Usage(format!(
+                        "--map {:?}: the fields are {}",
+                        crate::text::excerpt(field, 40),
+                        self.fields.join(", ")
+                    ))
+                })?;
+            self.columns[i] = column.to_owned();
         }
         Ok(self)
+    }
+
+    /// The column a field is read from.
+    pub fn column<'a>(&'a self, field: &'a str) -> &'a str {
+        self.fields
+            .iter()
+            .position(|f| *f == field)
+            .map_or(field, |i| self.columns[i].as_str())
+    }
+}
+
+/// The fields of a calibration row.
+const FIELDS: &[&str] = &["id", "question", "response", "label", "goal", "task"];
+
+/// The columns a calibration reads.
+#[derive(Clone, Debug)]
+pub struct Mapping(ColumnMapping);
+
+impl Default for Mapping {
+    fn default() -> Self {
+        Mapping(ColumnMapping::new(FIELDS))
+    }
+}
+
+impl Mapping {
+    /// Apply `FIELD=COLUMN` overrides.
+    pub fn with(self, overrides: &[String]) -> Result<Self> {
+        Ok(Mapping(self.0.with(overrides)?))
     }
 }
 
@@ -118,9 +135,9 @@ pub async fn load_labels(path: &Path, mapping: &Mapping) -> Result<Labels> {
     let schema = ctx.table("raw").await?.schema().as_arrow().clone();
     let has = |c: &str| schema.field_with_name(c).is_ok();
     for (field, column) in [
-        ("question", &mapping.question),
-        ("response", &mapping.response),
-        ("label", &mapping.label),
+        ("question", mapping.0.column("question")),
+        ("response", mapping.0.column("response")),
+        ("label", mapping.0.column("label")),
     ] {
         if !has(column) {
             return Err(Error::input(
@@ -160,14 +177,14 @@ pub async fn load_labels(path: &Path, mapping: &Mapping) -> Result<Labels> {
     let mut seen = std::collections::HashSet::new();
     for b in &batches {
         let (id, q, r, g, t) = (
-            text(b, &mapping.id)?,
-            text(b, &mapping.question)?,
-            text(b, &mapping.response)?,
-            text(b, &mapping.goal)?,
-            text(b, &mapping.task)?,
+            text(b, mapping.0.column("id"))?,
+            text(b, mapping.0.column("question"))?,
+            text(b, mapping.0.column("response"))?,
+            text(b, mapping.0.column("goal"))?,
+            text(b, mapping.0.column("task"))?,
         );
         // Labels as they are (boolean) or as text, read once per batch.
-        let label_col = b.column_by_name(&mapping.label).cloned();
+        let label_col = b.column_by_name(mapping.0.column("label")).cloned();
         let label_text = match &label_col {
             Some(c) if c.data_type() != &DataType::Boolean => Some(
                 datafusion::arrow::compute::cast(c, &DataType::Utf8)?
@@ -423,7 +440,7 @@ mod tests {
             .with(&["label=success".into(), "response=output".into()])
             .unwrap();
         assert_eq!(
-            (m.label.as_str(), m.response.as_str()),
+            (m.0.column("label"), m.0.column("response")),
             ("success", "output")
         );
         assert!(Mapping::default().with(&["verdict=x".into()]).is_err());

@@ -34,7 +34,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef
 use datafusion::datasource::MemTable;
 use serde::Serialize;
 
-use super::calibrate::Estimate;
+use super::calibrate::{ColumnMapping, Estimate};
 use crate::error::{Error, Result};
 use crate::stats::Confusion;
 
@@ -135,45 +135,24 @@ impl Detector {
     }
 }
 
-/// The fields of a labelled row and the column each is read from.
+/// The columns an evaluation reads ([`ColumnMapping`] over [`FIELDS`]).
 #[derive(Clone, Debug)]
-pub struct Mapping(Vec<(&'static str, String)>);
+pub struct Mapping(ColumnMapping);
 
 impl Default for Mapping {
     fn default() -> Self {
-        Mapping(FIELDS.iter().map(|f| (*f, (*f).to_owned())).collect())
+        Mapping(ColumnMapping::new(FIELDS))
     }
 }
 
 impl Mapping {
     /// Apply `FIELD=COLUMN` overrides.
-    pub fn with(mut self, overrides: &[String]) -> Result<Self> {
-        for spec in overrides {
-            let (field, column) = spec
-                .split_once('=')
-                .ok_or_else(|| Error::Usage(format!("--map {spec:?}: expected FIELD=COLUMN")))?;
-            let slot = self
-                .0
-                .iter_mut()
-                .find(|(f, _)| *f == field)
-                .ok_or_else(|| {
-                    Error::Usage(format!(
-                        "--map {:?}: the fields are {}",
-                        crate::text::excerpt(field, 40),
-                        FIELDS.join(", ")
-                    ))
-                })?;
-            slot.1 = column.to_owned();
-        }
-        Ok(self)
+    pub fn with(self, overrides: &[String]) -> Result<Self> {
+        Ok(Mapping(self.0.with(overrides)?))
     }
 
     fn column<'a>(&'a self, field: &'a str) -> &'a str {
-        self.0
-            .iter()
-            .find(|(f, _)| *f == field)
-            .map(|(_, c)| c.as_str())
-            .unwrap_or(field)
+        self.0.column(field)
     }
 }
 
