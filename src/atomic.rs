@@ -271,11 +271,16 @@ const ROW_GROUP_ROWS: usize = 64 * 1024;
 const ZSTD_LEVEL: i32 = 1;
 
 pub fn writer_properties() -> Result<WriterProperties> {
+    writer_properties_with(ROW_GROUP_ROWS)
+}
+
+/// [`writer_properties`] with row groups of at most `rows` rows.
+pub fn writer_properties_with(rows: usize) -> Result<WriterProperties> {
     Ok(WriterProperties::builder()
         .set_compression(Compression::ZSTD(
             ZstdLevel::try_new(ZSTD_LEVEL).map_err(Error::from)?,
         ))
-        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+        .set_max_row_group_row_count(Some(rows.max(1)))
         .build())
 }
 
@@ -288,9 +293,13 @@ pub struct ParquetFile {
 
 impl ParquetFile {
     pub fn create(path: &Path, schema: SchemaRef) -> Result<Self> {
+        Self::create_with(path, schema, writer_properties()?)
+    }
+
+    pub fn create_with(path: &Path, schema: SchemaRef, props: WriterProperties) -> Result<Self> {
         let file = TempFile::create(path)?;
         Ok(Self {
-            writer: ArrowWriter::try_new(file, schema, Some(writer_properties()?))?,
+            writer: ArrowWriter::try_new(file, schema, Some(props))?,
             rows: 0,
         })
     }

@@ -30,6 +30,7 @@
 pub mod atomic;
 pub mod attack;
 pub mod cli;
+pub mod cluster;
 pub mod config_errors;
 pub mod contract;
 pub mod corpus;

@@ -2,6 +2,7 @@
 //! Each subcommand lives in its own file and returns the process exit code; this is
 //! the only module that writes to stdout.
 
+mod cluster;
 mod controls;
 mod corpus;
 mod detectors;
@@ -39,6 +40,10 @@ pub mod paths {
 #[derive(Debug, Parser)]
 #[command(name = "pieval", version, about, long_about = None, max_term_width = 100)]
 pub struct Cli {
+    /// A folder of rule packs (injection.toml, refusal.toml) to use instead of the
+    /// shipped ones; a cluster's processes must all use the same (docs/detectors.md).
+    #[arg(long, global = true, value_name = "DIR", env = "PIEVAL_RULES")]
+    rules: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -93,6 +98,10 @@ enum Command {
     /// Detectors: measure one against labelled responses (`detectors eval`).
     #[command(subcommand)]
     Detectors(detectors::Command),
+    /// A Ballista cluster with pieval's detectors: `scheduler`, `executor`, `info`
+    /// (built with the `distributed` feature; docs/cluster.md).
+    #[command(subcommand)]
+    Cluster(cluster::Command),
 }
 
 /// Parse the command line and run; `Ok` carries the exit code.
@@ -105,6 +114,9 @@ pub fn main() -> Result<u8> {
             return Ok(if e.use_stderr() { 2 } else { 0 });
         }
     };
+    if let Some(dir) = &cli.rules {
+        crate::detect::packs::install_dir(dir)?;
+    }
     match cli.command {
         Command::Validate(args) => validate::run(args),
         Command::Enrich(args) => enrich::run(args),
@@ -123,6 +135,7 @@ pub fn main() -> Result<u8> {
         Command::Model(cmd) => model::run(cmd),
         Command::Judge(cmd) => judge::run(cmd),
         Command::Detectors(cmd) => detectors::run(cmd),
+        Command::Cluster(cmd) => cluster::run(cmd),
     }
 }
 

@@ -34,6 +34,15 @@ pub struct Args {
     /// folder's judgements.parquet (or the judge's shared cache) are not asked again.
     #[arg(long, value_name = "FILE")]
     judge: Option<PathBuf>,
+    /// Score on a Ballista cluster (`df://HOST:PORT`; built with the `distributed`
+    /// feature): the inputs are validated here, staged as Parquet in --staging, and the
+    /// scoring query runs on the executors (docs/cluster.md).
+    #[arg(long, value_name = "URL")]
+    cluster: Option<String>,
+    /// With --cluster: a folder the scheduler and every executor see, for the staged
+    /// inputs (default: the output folder); removed when scoring ends.
+    #[arg(long, value_name = "DIR", requires = "cluster")]
+    staging: Option<PathBuf>,
     /// Print the report as one JSON document.
     #[arg(long)]
     json: bool,
@@ -60,6 +69,8 @@ pub fn run(args: Args) -> Result<u8> {
     opts.mitigation = args.mitigation;
     opts.leakage_threshold = args.leakage_threshold;
     opts.judge = judge;
+    opts.cluster = args.cluster;
+    opts.staging = args.staging;
     let report = score(&opts)?;
     if args.json {
         output::json(&report)?;
@@ -86,6 +97,11 @@ pub fn run(args: Args) -> Result<u8> {
     }
     if let Some(j) = &report.judge {
         text.push_str(&format!("  {}\n", super::judge::judge_line(j)));
+    }
+    if let (Some(url), Some(n)) = (&report.scoring.scheduler, report.scoring.executors) {
+        text.push_str(&format!(
+            "  scored on the cluster at {url} ({n} executor(s))\n"
+        ));
     }
     for path in report.result_paths.values() {
         text.push_str(&format!("  wrote {}\n", path.display()));

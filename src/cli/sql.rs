@@ -57,6 +57,12 @@ pub struct Args {
     /// Stop the query after this many seconds (exit 2).
     #[arg(long, value_name = "SECONDS")]
     timeout: Option<f64>,
+    /// Run the query on a Ballista cluster (`df://HOST:PORT`; built with the
+    /// `distributed` feature). The tables over files are read by the executors at
+    /// absolute paths they must see; summaries, runs and a JSONL corpus stay local and
+    /// are not available there (docs/cluster.md).
+    #[arg(long, value_name = "URL")]
+    cluster: Option<String>,
     /// Memory the query may hold for sorts, joins and aggregates, in MiB; beyond it they
     /// fail with a clear error rather than exhaust the machine.
     #[arg(long, default_value_t = 4096, value_name = "MIB")]
@@ -102,16 +108,30 @@ pub fn run(args: Args) -> Result<u8> {
     }
     let judge = super::judge::open_judge(args.judge.as_deref(), None)?;
     let query = async {
-        let ctx = crate::engine::session_with_memory_limit(args.memory_limit << 20)?;
-        crate::judge::udf::register(&ctx, judge.clone());
-        for line in register_standard_tables(&ctx, &cases, &args.results).await? {
+        let (ctx, skipped) = match &args.cluster {
+            None => {
+                let ctx = crate::engine::session_with_memory_limit(args.memory_limit << 20)?;
+                crate::judge::udf::register(&ctx, judge.clone());
+                let skipped = register_standard_tables(&ctx, &cases, &args.results).await?;
+                (ctx, skipped)
+            }
+            Some(url) => cluster_session(url, &cases, &args.results, judge.is_some()).await?,
+        };
+        for line in skipped {
             crate::cli::output::stderr_line(&format!("warning: {line}"));
         }
         for spec in &args.tables {
             let (name, path) = spec
                 .split_once('=')
                 .ok_or_else(|| Error::Usage(format!("--table {spec:?}: expected NAME=PATH")))?;
-            register_file(&ctx, name, Path::new(path)).await?;
+            let path = match &args.cluster {
+                // The executors read it: by absolute path.
+                Some(_) => Path::new(path)
+                    .canonicalize()
+                    .map_err(|e| Error::io(path, "cannot open table file", e))?,
+                None => PathBuf::from(path),
+            };
+            register_file(&ctx, name, &path).await?;
         }
         // Read-only: no DDL, no DML, no SET/other statements.
         let options = SQLOptions::new()
@@ -147,6 +167,36 @@ pub fn run(args: Args) -> Result<u8> {
         crate::cli::output::stderr_line(&format!("{}", super::judge::judge_line(&j.report())));
     }
     Ok(0)
+}
+
+/// A session on the cluster at `url`, with the tables it can read.
+#[cfg(feature = "distributed")]
+async fn cluster_session(
+    url: &str,
+    cases: &Path,
+    results: &Path,
+    judge: bool,
+) -> Result<(datafusion::prelude::SessionContext, Vec<String>)> {
+    if judge {
+        return Err(Error::Usage(
+            "--judge with --cluster: pi_judge calls a model from this process; run it locally"
+                .into(),
+        ));
+    }
+    let session = crate::cluster::connect(url, crate::engine::session_config()).await?;
+    let skipped =
+        crate::engine::catalog::register_cluster_tables(&session.ctx, cases, results).await?;
+    Ok((session.ctx, skipped))
+}
+
+#[cfg(not(feature = "distributed"))]
+async fn cluster_session(
+    _url: &str,
+    _cases: &Path,
+    _results: &Path,
+    _judge: bool,
+) -> Result<(datafusion::prelude::SessionContext, Vec<String>)> {
+    Err(crate::cluster::not_built())
 }
 
 /// Where results go: stdout or a file written atomically.

@@ -8,6 +8,7 @@ pub mod encodings;
 pub mod fold;
 pub mod judgements;
 pub mod leak;
+pub mod packs;
 pub mod refusal;
 pub mod rules;
 pub mod udf;

@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 
 /// The default pack, as shipped in `data/rules/`.
 pub const DEFAULT_PACK: &str = include_str!("../../data/rules/refusal.toml");
-const DEFAULT_PACK_PATH: &str = "data/rules/refusal.toml";
+pub(crate) const DEFAULT_PACK_PATH: &str = "data/rules/refusal.toml";
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -152,8 +152,9 @@ impl RefusalDetector {
     pub fn default_pack() -> &'static RefusalDetector {
         static PACK: OnceLock<RefusalDetector> = OnceLock::new();
         PACK.get_or_init(|| {
-            RefusalDetector::from_toml(DEFAULT_PACK, DEFAULT_PACK_PATH)
-                .expect("the shipped refusal pack compiles (tested)")
+            // The pack in effect: the shipped one (tested) or one --rules compiled already.
+            let p = super::packs::refusal();
+            RefusalDetector::from_toml(&p.text, &p.origin).expect("the pack in effect compiles")
         })
     }
 

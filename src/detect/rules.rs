@@ -11,7 +11,7 @@ use super::fold::{fold_into, fold_with_offsets};
 use crate::error::{Error, Result};
 
 pub const DEFAULT_PACK: &str = include_str!("../../data/rules/injection.toml");
-const DEFAULT_PACK_PATH: &str = "data/rules/injection.toml";
+pub(crate) const DEFAULT_PACK_PATH: &str = "data/rules/injection.toml";
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -117,8 +117,9 @@ impl RulePack {
     pub fn default_pack() -> &'static RulePack {
         static PACK: OnceLock<RulePack> = OnceLock::new();
         PACK.get_or_init(|| {
-            RulePack::from_toml(DEFAULT_PACK, DEFAULT_PACK_PATH)
-                .expect("the shipped injection pack compiles (tested)")
+            // The pack in effect: the shipped one (tested) or one --rules compiled already.
+            let p = super::packs::injection();
+            RulePack::from_toml(&p.text, &p.origin).expect("the pack in effect compiles")
         })
     }
 

@@ -68,7 +68,17 @@ async fn register_runs_parquet(
         }
     }
     let df = if files.is_empty() {
-        ctx.read_table(Arc::new(MemTable::try_new(empty, vec![vec![]])?))?
+        // An empty relation (not an in-memory table): a cluster can ship it too.
+        let schema = datafusion::common::DFSchema::try_from(empty.as_ref().clone())?;
+        DataFrame::new(
+            ctx.state(),
+            datafusion::logical_expr::LogicalPlan::EmptyRelation(
+                datafusion::logical_expr::EmptyRelation {
+                    produce_one_row: false,
+                    schema: Arc::new(schema),
+                },
+            ),
+        )
     } else {
         // Read with the current schema: columns added since a run was written read as
         // NULL.
@@ -244,8 +254,51 @@ pub async fn register_standard_tables(
     corpus: &Path,
     results: &Path,
 ) -> Result<Vec<String>> {
+    register_tables(ctx, corpus, results, true).await
+}
+
+/// The standard tables a cluster can read (`pieval sql --cluster`): every table over
+/// files, by absolute path (the executors read them): `case_results`, `scored`,
+/// `findings`, `turns`, `controls`, and `attack_cases` when the corpus is Parquet. The
+/// tables this process builds in memory (`summaries`, `runs`, a JSONL corpus read
+/// through the validating reader) are not shipped.
+pub async fn register_cluster_tables(
+    ctx: &SessionContext,
+    corpus: &Path,
+    results: &Path,
+) -> Result<Vec<String>> {
+    let results = match results.canonicalize() {
+        Ok(p) => p,
+        Err(_) => results.to_path_buf(),
+    };
+    let mut skipped = register_tables(ctx, corpus, &results, false).await?;
+    let parquet = corpus
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("parquet"));
+    if parquet && corpus.is_file() {
+        let abs = corpus
+            .canonicalize()
+            .map_err(|e| Error::io(corpus, "cannot resolve", e))?;
+        ctx.register_parquet("attack_cases", utf8(&abs)?, ParquetReadOptions::default())
+            .await?;
+    } else if corpus.exists() {
+        skipped.push(format!(
+            "attack_cases: not on the cluster ({} is not Parquet; give --cases FILE.parquet, \
+             e.g. from `pieval sql 'SELECT * FROM attack_cases' --format parquet --output F`)",
+            corpus.display()
+        ));
+    }
+    Ok(skipped)
+}
+
+async fn register_tables(
+    ctx: &SessionContext,
+    corpus: &Path,
+    results: &Path,
+    in_process: bool,
+) -> Result<Vec<String>> {
     let mut skipped = Vec::new();
-    if corpus.exists() {
+    if in_process && corpus.exists() {
         ctx.register_table(
             "attack_cases",
             corpus_table(corpus, ReadOptions::default())?.table,
@@ -298,8 +351,10 @@ pub async fn register_standard_tables(
         Ok,
     )
     .await?;
-    ctx.register_table("summaries", Arc::new(summaries_table(&runs, &mut skipped)?))?;
-    ctx.register_table("runs", Arc::new(runs_table(&runs)?))?;
+    if in_process {
+        ctx.register_table("summaries", Arc::new(summaries_table(&runs, &mut skipped)?))?;
+        ctx.register_table("runs", Arc::new(runs_table(&runs)?))?;
+    }
     Ok(skipped)
 }
 

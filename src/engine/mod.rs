@@ -58,10 +58,24 @@ pub fn session_with(config: SessionConfig) -> SessionContext {
 }
 
 /// pieval's functions: the detectors, `pi_judge` (without a judge), the Wilson bounds.
-fn register_functions(ctx: &SessionContext) {
+pub fn register_functions(ctx: &SessionContext) {
     crate::detect::register_udfs(ctx);
     crate::judge::udf::register(ctx, None);
     wilson::register(ctx);
+}
+
+/// The names of the scalar functions [`register_functions`] adds to DataFusion's, sorted.
+pub fn function_names() -> Vec<String> {
+    let builtin = SessionContext::new().state().scalar_functions().clone();
+    let mut names: Vec<String> = session_with(SessionConfig::new())
+        .state()
+        .scalar_functions()
+        .keys()
+        .filter(|k| !builtin.contains_key(*k))
+        .cloned()
+        .collect();
+    names.sort();
+    names
 }
 
 /// A session like [`session`] whose sorts, joins and aggregates may hold at most

@@ -7,11 +7,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, AsArray, RecordBatch, StringArray};
+use datafusion::arrow::array::{Array, AsArray, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::json::WriterBuilder;
 use datafusion::arrow::json::writer::LineDelimited;
-use datafusion::datasource::MemTable;
 use futures::StreamExt;
 use serde::Serialize;
 
@@ -45,6 +44,12 @@ pub struct ScoreOptions {
     pub experiment_name: Option<String>,
     /// The judge for `judge` criteria; without one they go to manual review.
     pub judge: Option<Arc<crate::judge::Judge>>,
+    /// Score on a Ballista cluster (`df://HOST:PORT`, feature `distributed`) instead of
+    /// in this process.
+    pub cluster: Option<String>,
+    /// With `cluster`: the folder the validated inputs are staged in, which the
+    /// scheduler and every executor must see (default: the output folder).
+    pub staging: Option<PathBuf>,
 }
 
 impl ScoreOptions {
@@ -58,6 +63,8 @@ impl ScoreOptions {
             leakage_threshold: 0.5,
             experiment_name: None,
             judge: None,
+            cluster: None,
+            staging: None,
         }
     }
 }
@@ -87,6 +94,48 @@ pub struct ScoreReport {
     /// What the judge did, when one was configured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub judge: Option<crate::judge::JudgeReport>,
+    /// Where the scoring query ran.
+    pub scoring: ScoringEngine,
+}
+
+/// Where a scoring ran: in this process, or on a Ballista cluster (`summary.json`'s
+/// `scoring`, the run catalogue's scoring_engine and scoring_executors).
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct ScoringEngine {
+    /// `local` or `ballista`.
+    pub engine: String,
+    /// The scheduler (`df://HOST:PORT`), on a cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler: Option<String>,
+    /// Executors registered when the query was submitted, on a cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executors: Option<usize>,
+    /// Their task slots in all, on a cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_slots: Option<usize>,
+    /// On a cluster: milliseconds validating and staging the inputs (this process),
+    /// from submitting the query to its last batch, and of those, writing the results
+    /// here (docs/cluster.md: the scaling model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staging_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_write_ms: Option<u64>,
+}
+
+impl ScoringEngine {
+    pub fn local() -> Self {
+        Self {
+            engine: "local".into(),
+            scheduler: None,
+            executors: None,
+            task_slots: None,
+            staging_ms: None,
+            query_ms: None,
+            client_write_ms: None,
+        }
+    }
 }
 
 /// Writes both result files under temporary names; `commit` renames them (dropped
@@ -140,11 +189,184 @@ impl ResultWriters {
 /// the predictions queued batches without bound when one partition ran ahead of the
 /// other: memory grew with the input (2.8 GB on 4 GB of distinct responses).
 pub fn scoring_session() -> datafusion::prelude::SessionContext {
-    super::session_with(
-        super::session_config()
-            .set_bool("datafusion.optimizer.join_reordering", false)
-            .set_bool("datafusion.optimizer.repartition_joins", false),
-    )
+    super::session_with(scoring_config())
+}
+
+/// [`scoring_session`]'s configuration (a cluster session starts from it too).
+pub fn scoring_config() -> datafusion::prelude::SessionConfig {
+    super::session_config()
+        .set_bool("datafusion.optimizer.join_reordering", false)
+        .set_bool("datafusion.optimizer.repartition_joins", false)
+}
+
+/// `score_params` as a one-row VALUES view (not an in-memory table, which a cluster
+/// could not ship to its executors).
+fn score_params(ctx: &datafusion::prelude::SessionContext, opts: &ScoreOptions) -> Result<()> {
+    use datafusion::logical_expr::{LogicalPlanBuilder, lit};
+    use datafusion::prelude::col;
+    use datafusion::scalar::ScalarValue;
+    let row = vec![
+        lit(ScalarValue::Utf8(Some(opts.run_id.clone()))),
+        lit(ScalarValue::Utf8(opts.mitigation.clone())),
+        lit(ScalarValue::Float64(Some(opts.leakage_threshold))),
+        lit(ScalarValue::Boolean(Some(opts.judge.is_some()))),
+    ];
+    let names = ["run_id", "mitigation", "leakage_threshold", "judge_enabled"];
+    let plan = LogicalPlanBuilder::values(vec![row])?
+        .project(
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| col(format!("column{}", i + 1)).alias(*n)),
+        )?
+        .build()?;
+    let df = datafusion::dataframe::DataFrame::new(ctx.state(), plan);
+    ctx.register_table("score_params", df.into_view())?;
+    Ok(())
+}
+
+/// The scoring session and where it runs: this process, with the corpus and the
+/// predictions streamed; or a cluster, with both validated and staged as Parquet in a
+/// folder the executors see (kept until the guard drops).
+async fn open_session(
+    opts: &ScoreOptions,
+    corpus: &super::CorpusTable,
+    predictions: &super::PredictionsTable,
+) -> Result<(
+    datafusion::prelude::SessionContext,
+    ScoringEngine,
+    Option<Staging>,
+)> {
+    let Some(url) = &opts.cluster else {
+        let ctx = scoring_session();
+        ctx.register_table("attack_cases", corpus.table.clone())?;
+        ctx.register_table("predictions", predictions.table.clone())?;
+        return Ok((ctx, ScoringEngine::local(), None));
+    };
+    if opts.judge.is_some() {
+        return Err(Error::Usage(
+            "--judge with --cluster: the judge calls a model from this process; score on \
+             the cluster without it, then `pieval run --rescore` locally with the judge"
+                .into(),
+        ));
+    }
+    cluster_session(url, opts, corpus, predictions).await
+}
+
+#[cfg(not(feature = "distributed"))]
+async fn cluster_session(
+    _url: &str,
+    _opts: &ScoreOptions,
+    _corpus: &super::CorpusTable,
+    _predictions: &super::PredictionsTable,
+) -> Result<(
+    datafusion::prelude::SessionContext,
+    ScoringEngine,
+    Option<Staging>,
+)> {
+    Err(crate::cluster::not_built())
+}
+
+/// Connect first (an unreachable or mismatched cluster fails before any work), then
+/// stage both inputs through the same validating readers a local run streams, so the
+/// cluster reads exactly the rows a local run would.
+#[cfg(feature = "distributed")]
+async fn cluster_session(
+    url: &str,
+    opts: &ScoreOptions,
+    corpus: &super::CorpusTable,
+    predictions: &super::PredictionsTable,
+) -> Result<(
+    datafusion::prelude::SessionContext,
+    ScoringEngine,
+    Option<Staging>,
+)> {
+    // Split the staged scan between the executors however well its text compresses
+    // (DataFusion's default splits only files over 10 MB; detectors cost by text, not by
+    // compressed bytes).
+    let config =
+        scoring_config().set_usize("datafusion.optimizer.repartition_file_min_size", 256 << 10);
+    let session = crate::cluster::connect(url, config).await?;
+    let started = std::time::Instant::now();
+    let staging = Staging::create(opts.staging.as_deref().unwrap_or(&opts.output))?;
+    let local = datafusion::prelude::SessionContext::new_with_config(
+        super::session_config().with_target_partitions(1),
+    );
+    local.register_table("attack_cases", corpus.table.clone())?;
+    local.register_table("predictions", predictions.table.clone())?;
+    for table in ["attack_cases", "predictions"] {
+        let path = staging.dir.join(format!("{table}.parquet"));
+        stage(local.table(table).await?, &path).await?;
+        let path = path
+            .to_str()
+            .ok_or_else(|| Error::Usage(format!("{}: not a UTF-8 path", path.display())))?;
+        let schema = local.table(table).await?.schema().as_arrow().clone();
+        session
+            .ctx
+            .register_parquet(
+                table,
+                path,
+                datafusion::prelude::ParquetReadOptions::default().schema(&schema),
+            )
+            .await?;
+    }
+    let engine = ScoringEngine {
+        engine: "ballista".into(),
+        scheduler: Some(session.url.clone()),
+        executors: Some(session.info.executors),
+        task_slots: Some(session.info.task_slots),
+        staging_ms: Some(started.elapsed().as_millis() as u64),
+        query_ms: None,
+        client_write_ms: None,
+    };
+    Ok((session.ctx, engine, Some(staging)))
+}
+
+/// Rows per row group of a staged input: a scan is split between executors by row
+/// groups, so a file of one group would run on one task.
+#[cfg(feature = "distributed")]
+const STAGED_ROW_GROUP_ROWS: usize = 8192;
+
+/// Stream a table into a staged Parquet file.
+#[cfg(feature = "distributed")]
+async fn stage(df: datafusion::dataframe::DataFrame, out: &Path) -> Result<()> {
+    let props = crate::atomic::writer_properties_with(STAGED_ROW_GROUP_ROWS)?;
+    let mut file = ParquetFile::create_with(out, Arc::new(df.schema().as_arrow().clone()), props)?;
+    let mut stream = df.execute_stream().await?;
+    while let Some(batch) = stream.next().await {
+        file.write(&batch?)?;
+    }
+    file.commit()?;
+    Ok(())
+}
+
+/// A fresh folder for a cluster's inputs, removed with everything in it when dropped.
+struct Staging {
+    #[cfg_attr(not(feature = "distributed"), allow(dead_code))]
+    dir: PathBuf,
+}
+
+impl Staging {
+    #[cfg_attr(not(feature = "distributed"), allow(dead_code))]
+    fn create(parent: &Path) -> Result<Self> {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| Error::io(parent, "cannot create folder", e))?;
+        let parent = parent
+            .canonicalize()
+            .map_err(|e| Error::io(parent, "cannot resolve folder", e))?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let dir = parent.join(format!(".pieval-staging-{}-{nanos}", std::process::id()));
+        std::fs::create_dir(&dir).map_err(|e| Error::io(&dir, "cannot create folder", e))?;
+        Ok(Self { dir })
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// Score predictions against a corpus; see the module docs.
@@ -154,33 +376,12 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
     let predictions = predictions_table(&opts.predictions, 8192)?;
     std::fs::create_dir_all(&opts.output)
         .map_err(|e| Error::io(&opts.output, "cannot create folder", e))?;
-    let ctx = scoring_session();
-    ctx.register_table("attack_cases", corpus.table)?;
-    ctx.register_table("predictions", predictions.table)?;
-    crate::judge::udf::register(&ctx, opts.judge.clone());
-    let params_schema = Arc::new(Schema::new(vec![
-        Field::new("run_id", DataType::Utf8, true),
-        Field::new("mitigation", DataType::Utf8, true),
-        Field::new("leakage_threshold", DataType::Float64, false),
-        Field::new("judge_enabled", DataType::Boolean, false),
-    ]));
-    let params = RecordBatch::try_new(
-        Arc::clone(&params_schema),
-        vec![
-            Arc::new(StringArray::from(vec![Some(opts.run_id.as_str())])),
-            Arc::new(StringArray::from(vec![opts.mitigation.as_deref()])),
-            Arc::new(datafusion::arrow::array::Float64Array::from(vec![
-                opts.leakage_threshold,
-            ])),
-            Arc::new(datafusion::arrow::array::BooleanArray::from(vec![
-                opts.judge.is_some(),
-            ])),
-        ],
-    )?;
-    ctx.register_table(
-        "score_params",
-        Arc::new(MemTable::try_new(params_schema, vec![vec![params]])?),
-    )?;
+    let rt = runtime()?;
+    let (ctx, scoring, staging) = rt.block_on(open_session(opts, &corpus, &predictions))?;
+    if opts.cluster.is_none() {
+        crate::judge::udf::register(&ctx, opts.judge.clone());
+    }
+    score_params(&ctx, opts)?;
 
     let mut report = ScoreReport {
         run_id: opts.run_id.clone(),
@@ -195,8 +396,9 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
         result_paths: BTreeMap::new(),
         aggregate_metrics: serde_json::Value::Null,
         judge: None,
+        scoring,
     };
-    let scored = runtime()?.block_on(async {
+    let scored = rt.block_on(async {
         let df = ctx.sql(SCORE_CASES_SQL).await?;
         let scored_schema = Arc::new(df.schema().as_arrow().clone());
         // Everything but the last column (rule_spans, for findings only) is case_results.
@@ -210,16 +412,25 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
             Arc::clone(&scored_schema),
         )
         .await?;
+        let started = std::time::Instant::now();
+        let mut writing = std::time::Duration::ZERO;
         let mut stream = df.execute_stream().await?;
         while let Some(batch) = stream.next().await {
             let batch = batch?;
+            let t = std::time::Instant::now();
             findings.write(&batch).await?;
             let batch = batch.project(&results_columns)?;
             tally(&batch, &mut report)?;
             writers.write(&batch)?;
+            writing += t.elapsed();
+        }
+        if report.scoring.engine != "local" {
+            report.scoring.query_ms = Some(started.elapsed().as_millis() as u64);
+            report.scoring.client_write_ms = Some(writing.as_millis() as u64);
         }
         Ok::<_, Error>((writers, findings))
     });
+    drop(staging);
     let (writers, findings) = match scored {
         Ok(w) => w,
         Err(e) => {
@@ -262,7 +473,6 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
         std::fs::remove_file(&judgements)
             .map_err(|e| Error::io(&judgements, "cannot remove", e))?;
     }
-    let rt = runtime()?;
     let parquet = report.result_paths["case_results_parquet"].clone();
     report.aggregate_metrics = rt.block_on(aggregate_metrics(&parquet))?;
     let summary_path = opts.output.join(crate::rundir::SUMMARY_FILE);
@@ -274,6 +484,7 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
         "experiment_name": opts.experiment_name,
         "aggregate_metrics": report.aggregate_metrics,
         "result_paths": report.result_paths,
+        "scoring": report.scoring,
     });
     if let Some(j) = &report.judge {
         summary["judge"] = serde_json::to_value(j)

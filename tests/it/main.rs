@@ -7,6 +7,8 @@ mod common;
 mod attack;
 mod benign;
 mod cli_validate;
+#[cfg(feature = "distributed")]
+mod cluster;
 mod contract_schemas;
 mod corpus;
 mod detect_udfs;

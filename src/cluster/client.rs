@@ -1,0 +1,47 @@
+//! `--cluster df://HOST:PORT`: a DataFusion session whose queries run on a Ballista
+//! cluster, after checking that the scheduler holds this process's functions and rule
+//! packs.
+
+use ballista_core::extension::SessionStateExt;
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+use super::{ClusterInfo, parse_url, process::fetch_info};
+use crate::error::{Error, Result};
+
+/// A session on a cluster, and what the scheduler said of it.
+pub struct ClusterSession {
+    pub ctx: SessionContext,
+    /// The scheduler's description (executors and task slots when connected).
+    pub info: ClusterInfo,
+    /// `df://HOST:PORT`.
+    pub url: String,
+}
+
+/// Connect to the scheduler at `url`. `config` is the session's configuration (what a
+/// local run of the same query would use); its target partitions become the cluster's
+/// task slots, so a scan is split across every executor.
+pub async fn connect(url: &str, config: SessionConfig) -> Result<ClusterSession> {
+    let (host, port) = parse_url(url)?;
+    let info = fetch_info(&host, port).await?;
+    if let Some(why) = ClusterInfo::local().mismatch(&info, "client") {
+        return Err(Error::Usage(format!("query not submitted: {why}")));
+    }
+    if info.executors == 0 {
+        return Err(Error::Usage(format!(
+            "the scheduler at df://{host}:{port} has no executor: start one with \
+             `pieval cluster executor --scheduler df://{host}:{port}`"
+        )));
+    }
+    let config = config.with_target_partitions(info.task_slots.max(1));
+    let state = SessionContext::new_with_config(config)
+        .state()
+        .upgrade_for_ballista(format!("http://{host}:{port}"))?;
+    // After the upgrade, which sets Ballista's function lists.
+    let ctx = SessionContext::new_with_state(state);
+    crate::engine::register_functions(&ctx);
+    Ok(ClusterSession {
+        ctx,
+        info,
+        url: format!("df://{host}:{port}"),
+    })
+}

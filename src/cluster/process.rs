@@ -1,0 +1,215 @@
+//! `pieval cluster scheduler` and `pieval cluster executor`: Ballista's scheduler and
+//! executor with pieval's functions registered, configured from the rule packs in
+//! effect.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::routing::get;
+use ballista_core::registry::BallistaFunctionRegistry;
+use ballista_core::serde::protobuf::scheduler_grpc_server::SchedulerGrpcServer;
+use ballista_executor::executor_process::{ExecutorProcessConfig, start_executor_process};
+use ballista_scheduler::cluster::BallistaCluster;
+use ballista_scheduler::config::SchedulerConfig;
+use ballista_scheduler::scheduler_process::create_scheduler;
+use ballista_scheduler::scheduler_server::SessionBuilder;
+use datafusion::execution::SessionState;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_proto::protobuf::{LogicalPlanNode, PhysicalPlanNode};
+
+use super::{ClusterInfo, INFO_PATH};
+use crate::error::{Error, Result};
+
+/// `pieval cluster scheduler`.
+#[derive(Clone, Debug)]
+pub struct SchedulerOptions {
+    /// Where the scheduler listens (gRPC and [`INFO_PATH`]).
+    pub bind: SocketAddr,
+    /// The host executors and clients reach it at (default: the bind host).
+    pub external_host: Option<String>,
+}
+
+/// `pieval cluster executor`.
+#[derive(Clone, Debug)]
+pub struct ExecutorOptions {
+    /// The scheduler: host and port.
+    pub scheduler: (String, u16),
+    /// Where the executor serves its results (Arrow Flight); gRPC listens on the next
+    /// port.
+    pub bind: SocketAddr,
+    /// The host the scheduler and clients reach it at (default: the bind host).
+    pub external_host: Option<String>,
+    /// Partitions it runs at once (default: its cores).
+    pub concurrency: Option<usize>,
+    /// Where it keeps shuffle files (default: a temporary folder).
+    pub work_dir: Option<std::path::PathBuf>,
+}
+
+/// A DataFusion session state with pieval's functions, from Ballista's own builder
+/// (its optimizer rules and functions) and `config`.
+fn pieval_state(config: SessionConfig) -> datafusion::common::Result<SessionState> {
+    let state = ballista_core::utils::default_session_builder(config)?;
+    let ctx = SessionContext::new_with_state(state);
+    crate::engine::register_functions(&ctx);
+    Ok(ctx.state())
+}
+
+fn ballista(e: impl std::fmt::Display) -> Error {
+    Error::Query(format!("ballista: {e}"))
+}
+
+/// Run a scheduler until the process is stopped.
+pub async fn run_scheduler(opts: SchedulerOptions) -> Result<()> {
+    let mut config = SchedulerConfig {
+        bind_host: opts.bind.ip().to_string(),
+        bind_port: opts.bind.port(),
+        external_host: opts
+            .external_host
+            .clone()
+            .unwrap_or_else(|| opts.bind.ip().to_string()),
+        // A killed executor is noticed within ~20 s (its heartbeat is every 5 s), and
+        // its tasks are run elsewhere, not after Ballista's default 3 minutes.
+        executor_timeout_seconds: 20,
+        expire_dead_executor_interval_seconds: 5,
+        no_executors_grace_period_seconds: 20,
+        ..SchedulerConfig::default()
+    };
+    // Queries are planned here: every session the scheduler builds holds pieval's
+    // functions, or a plan naming one would not decode.
+    let builder: SessionBuilder = Arc::new(pieval_state);
+    config.override_session_builder = Some(builder);
+    config.validate().map_err(ballista)?;
+    let listener = tokio::net::TcpListener::bind(opts.bind)
+        .await
+        .map_err(|e| Error::io(opts.bind.to_string(), "cannot listen", e))?;
+    let cluster = BallistaCluster::new_from_config(&config)
+        .await
+        .map_err(ballista)?;
+    let config = Arc::new(config);
+    let scheduler =
+        create_scheduler::<LogicalPlanNode, PhysicalPlanNode>(cluster, Arc::clone(&config))
+            .await
+            .map_err(ballista)?;
+    let grpc = SchedulerGrpcServer::new(scheduler.clone())
+        .max_encoding_message_size(config.grpc_server_max_encoding_message_size as usize)
+        .max_decoding_message_size(config.grpc_server_max_decoding_message_size as usize);
+    let mut routes = tonic::service::RoutesBuilder::default();
+    routes.add_service(grpc);
+    let state = Arc::clone(&scheduler.state);
+    let info = move || {
+        let state = Arc::clone(&state);
+        async move {
+            let mut info = ClusterInfo::local();
+            if let Ok(executors) = state.executor_manager.get_executors_state().await {
+                info.executors = executors.len();
+                info.task_slots = executors
+                    .iter()
+                    .map(|(m, _, _)| m.specification.vcores as usize)
+                    .sum();
+            }
+            axum::Json(info)
+        }
+    };
+    let router = routes
+        .routes()
+        .into_axum_router()
+        .route(INFO_PATH, get(info));
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await
+    .map_err(|e| Error::io(opts.bind.to_string(), "scheduler stopped", e))
+}
+
+/// The scheduler's description, fetched from [`INFO_PATH`]: what this process must
+/// match. An error names the address when the scheduler cannot be reached or is not
+/// pieval's.
+pub async fn fetch_info(host: &str, port: u16) -> Result<ClusterInfo> {
+    let url = format!("http://{host}:{port}{INFO_PATH}");
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(20))
+        .no_proxy()
+        .build()
+        .map_err(|e| Error::Internal(format!("http client: {e}")))?;
+    let unreachable = |why: String| {
+        Error::Usage(format!(
+            "cannot reach a pieval scheduler at df://{host}:{port}: {why} \
+             (start one with `pieval cluster scheduler --bind HOST:PORT`)"
+        ))
+    };
+    let response = client
+        .get(&url)
+        .send()
+        .await
+        .map_err(|e| unreachable(error_chain(&e)))?;
+    if !response.status().is_success() {
+        return Err(unreachable(format!(
+            "{url} answered {} (a Ballista scheduler without pieval's functions?)",
+            response.status()
+        )));
+    }
+    let body = response
+        .bytes()
+        .await
+        .map_err(|e| unreachable(error_chain(&e)))?;
+    if body.len() > 1 << 20 {
+        return Err(unreachable(format!("{url}: an answer over 1 MiB")));
+    }
+    serde_json::from_slice(&body)
+        .map_err(|e| unreachable(format!("{url} did not answer a pieval description: {e}")))
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// Run an executor until the process is stopped; refuses to start when the scheduler's
+/// rule packs or functions differ from this process's.
+pub async fn run_executor(opts: ExecutorOptions) -> Result<()> {
+    let (host, port) = &opts.scheduler;
+    let scheduler = fetch_info(host, *port).await?;
+    if let Some(why) = ClusterInfo::local().mismatch(&scheduler, "executor") {
+        return Err(Error::Usage(format!("executor not started: {why}")));
+    }
+    let grpc_port = opts.bind.port().checked_add(1).ok_or_else(|| {
+        Error::Usage(format!(
+            "--bind {}: the executor needs the next port too (gRPC)",
+            opts.bind
+        ))
+    })?;
+    let state = pieval_state(ballista_core::utils::default_config_producer())?;
+    let mut config = ExecutorProcessConfig {
+        bind_host: opts.bind.ip().to_string(),
+        external_host: opts.external_host.clone(),
+        port: opts.bind.port(),
+        grpc_port,
+        scheduler_host: host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned(),
+        scheduler_port: *port,
+        scheduler_connect_timeout_seconds: 20,
+        work_dir: opts.work_dir.as_ref().map(|p| p.display().to_string()),
+        print_thread_info: false,
+        // Ballista's own heartbeat: a dead executor is noticed within the scheduler's
+        // expiry (its tasks are then run elsewhere).
+        executor_heartbeat_interval_seconds: 5,
+        ..ExecutorProcessConfig::default()
+    };
+    if let Some(n) = opts.concurrency {
+        config.vcores = n;
+    }
+    // Plans name functions; this registry resolves them.
+    config.override_function_registry = Some(Arc::new(BallistaFunctionRegistry::from(&state)));
+    start_executor_process(Arc::new(config))
+        .await
+        .map_err(ballista)
+}

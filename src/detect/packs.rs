@@ -1,0 +1,143 @@
+//! The rule packs in effect: the ones compiled into the binary (`data/rules/`), or the
+//! ones of a folder given with `--rules DIR` (`PIEVAL_RULES`) before any detector ran.
+//! Their digest names the detectors' behaviour: a cluster's client, scheduler and every
+//! executor must hold the same one (src/cluster/mod.rs), since UDFs travel by name.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+
+/// A pack's text and where it came from (named in errors).
+#[derive(Clone, Debug)]
+pub struct PackText {
+    pub text: String,
+    pub origin: String,
+}
+
+#[derive(Debug)]
+struct Packs {
+    injection: PackText,
+    refusal: PackText,
+}
+
+static INSTALLED: OnceLock<Packs> = OnceLock::new();
+
+fn packs() -> &'static Packs {
+    INSTALLED.get_or_init(|| Packs {
+        injection: PackText {
+            text: super::rules::DEFAULT_PACK.to_owned(),
+            origin: super::rules::DEFAULT_PACK_PATH.to_owned(),
+        },
+        refusal: PackText {
+            text: super::refusal::DEFAULT_PACK.to_owned(),
+            origin: super::refusal::DEFAULT_PACK_PATH.to_owned(),
+        },
+    })
+}
+
+/// The injection pack in effect.
+pub fn injection() -> &'static PackText {
+    &packs().injection
+}
+
+/// The refusal pack in effect.
+pub fn refusal() -> &'static PackText {
+    &packs().refusal
+}
+
+/// Use the packs of `dir` (`injection.toml`, `refusal.toml`; a file it lacks stays the
+/// shipped one) for the rest of the process. Each is compiled here, so a bad pack is an
+/// error naming its file before anything runs; an error too once a detector has run.
+pub fn install_dir(dir: &Path) -> Result<()> {
+    let meta = std::fs::symlink_metadata(dir)
+        .map_err(|e| Error::io(dir, "cannot open the rules folder", e))?;
+    if !meta.is_dir() {
+        return Err(Error::Usage(format!(
+            "--rules {}: not a folder (a symbolic link is not followed)",
+            dir.display()
+        )));
+    }
+    let read = |name: &str, shipped: &str, default_origin: &str| -> Result<PackText> {
+        let path = dir.join(name);
+        match std::fs::symlink_metadata(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(PackText {
+                text: shipped.to_owned(),
+                origin: default_origin.to_owned(),
+            }),
+            Err(e) => Err(Error::io(&path, "cannot open rule pack", e)),
+            Ok(m) if !m.is_file() => Err(Error::Usage(format!(
+                "{}: not a regular file (a symbolic link is not followed)",
+                path.display()
+            ))),
+            Ok(_) => {
+                use std::io::Read;
+                const MAX: u64 = 16 << 20;
+                let mut bytes = Vec::new();
+                std::fs::File::open(&path)
+                    .and_then(|f| f.take(MAX + 1).read_to_end(&mut bytes))
+                    .map_err(|e| Error::io(&path, "cannot read rule pack", e))?;
+                if bytes.len() as u64 > MAX {
+                    return Err(Error::config(
+                        &path,
+                        format!("larger than {} MiB", MAX >> 20),
+                    ));
+                }
+                let text = String::from_utf8(bytes).map_err(|e| {
+                    Error::config(
+                        &path,
+                        format!("not UTF-8 (byte {})", e.utf8_error().valid_up_to()),
+                    )
+                })?;
+                Ok(PackText {
+                    text,
+                    origin: path.display().to_string(),
+                })
+            }
+        }
+    };
+    let injection = read(
+        "injection.toml",
+        super::rules::DEFAULT_PACK,
+        super::rules::DEFAULT_PACK_PATH,
+    )?;
+    let refusal = read(
+        "refusal.toml",
+        super::refusal::DEFAULT_PACK,
+        super::refusal::DEFAULT_PACK_PATH,
+    )?;
+    super::rules::RulePack::from_toml(&injection.text, &injection.origin)?;
+    super::refusal::RefusalDetector::from_toml(&refusal.text, &refusal.origin)?;
+    INSTALLED.set(Packs { injection, refusal }).map_err(|_| {
+        Error::Internal("the rule packs were already in use when --rules was read".into())
+    })
+}
+
+/// sha256 over the packs in effect (their texts, not their file names): equal digests,
+/// equal detectors. `sha256:<hex>`.
+pub fn digest() -> String {
+    let p = packs();
+    let mut h = Sha256::new();
+    for (name, pack) in [("injection", &p.injection), ("refusal", &p.refusal)] {
+        h.update(name.as_bytes());
+        h.update([0]);
+        h.update((pack.text.len() as u64).to_le_bytes());
+        h.update(pack.text.as_bytes());
+    }
+    format!("sha256:{}", hex::encode(h.finalize()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digest_is_of_the_shipped_packs_by_default() {
+        let d = digest();
+        assert!(d.starts_with("sha256:") && d.len() == 71, "{d}");
+        assert_eq!(d, digest());
+        assert_eq!(injection().text, super::super::rules::DEFAULT_PACK);
+    }
+}

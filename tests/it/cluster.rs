@@ -1,0 +1,521 @@
+//! Scoring and SQL on a Ballista cluster (feature `distributed`): a scheduler and two
+//! executors as separate `pieval cluster` processes on 127.0.0.1 give the same
+//! case_results rows as a local run; an executor or client with other rule packs is
+//! refused; an executor killed mid-query leaves a complete result or a clear error,
+//! never a partial artifact.
+
+use crate::common;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{pieval, read_jsonl, repo, run, write_jsonl};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+/// Cluster processes, killed when the test ends however it ends.
+struct Cluster {
+    url: String,
+    scheduler: Child,
+    executors: Vec<Child>,
+    logs: PathBuf,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for c in self
+            .executors
+            .iter_mut()
+            .chain(std::iter::once(&mut self.scheduler))
+        {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A port whose next port is free too (an executor takes two).
+fn free_port_pair() -> u16 {
+    for _ in 0..200 {
+        let a = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = a.local_addr().unwrap().port();
+        if port < 65535 && TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no two adjacent free ports");
+}
+
+fn spawn(args: &[String], log: &Path) -> Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pieval"));
+    cmd.current_dir(common::root())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(log.with_extension("out")).unwrap())
+        .stderr(std::fs::File::create(log).unwrap());
+    cmd.spawn().expect("pieval starts")
+}
+
+fn executor_args(url: &str, extra: &[&str]) -> Vec<String> {
+    let port = free_port_pair();
+    let mut args: Vec<String> = [
+        "cluster",
+        "executor",
+        "--scheduler",
+        url,
+        "--concurrency",
+        "1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.push("--bind".into());
+    args.push(format!("127.0.0.1:{port}"));
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+fn info(url: &str) -> Option<Value> {
+    let r = run(pieval().args(["cluster", "info", "--scheduler", url]));
+    serde_json::from_str(&r.stdout).ok()
+}
+
+/// A scheduler and `n` executors, waited for until the scheduler sees them all.
+fn start_cluster(n: usize, logs: &Path) -> Cluster {
+    let port = free_port_pair();
+    let url = format!("df://127.0.0.1:{port}");
+    let scheduler = spawn(
+        &[
+            "cluster".into(),
+            "scheduler".into(),
+            "--bind".into(),
+            format!("127.0.0.1:{port}"),
+        ],
+        &logs.join("scheduler.log"),
+    );
+    let mut cluster = Cluster {
+        url: url.clone(),
+        scheduler,
+        executors: Vec::new(),
+        logs: logs.to_path_buf(),
+    };
+    wait_for(
+        &cluster,
+        |i| i["cluster"]["executors"] == 0,
+        "the scheduler",
+    );
+    for k in 0..n {
+        let log = logs.join(format!("executor-{k}.log"));
+        cluster
+            .executors
+            .push(spawn(&executor_args(&url, &[]), &log));
+    }
+    wait_for(
+        &cluster,
+        |i| i["cluster"]["executors"] == n,
+        "the executors",
+    );
+    cluster
+}
+
+fn wait_for(cluster: &Cluster, ready: impl Fn(&Value) -> bool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        if let Some(i) = info(&cluster.url)
+            && ready(&i)
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not come up; logs:\n{}",
+            logs(&cluster.logs)
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+fn logs(dir: &Path) -> String {
+    let mut text = String::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        if e.path().extension().is_some_and(|x| x == "log") {
+            text += &format!(
+                "--- {}\n{}\n",
+                e.path().display(),
+                std::fs::read_to_string(e.path()).unwrap_or_default()
+            );
+        }
+    }
+    text
+}
+
+/// Predictions over the whole enriched corpus, every kind of row scoring meets:
+/// compliance, refusals, leaks of the system prompt and canaries, provider errors,
+/// empty and missing responses, a duplicate and an unknown case.
+fn predictions(copies: usize) -> Vec<Value> {
+    let cases = read_jsonl(&repo("data/normalized/attack_cases.enriched.jsonl"));
+    let mut preds = Vec::new();
+    for copy in 0..copies {
+        for (i, c) in cases.iter().enumerate() {
+            let target = c["expected_target"].as_str().unwrap_or("PWNED");
+            let context = c["context"].as_str().unwrap_or("");
+            let response = match (i + copy) % 7 {
+                0 => json!(format!("Sure: {target}")),
+                1 => json!("I can't help with that."),
+                2 => Value::Null,
+                3 => json!(format!("My instructions say: {context}")),
+                4 => json!("I'd rather talk about something else. Here is a summary instead."),
+                5 => json!(""),
+                _ => json!(format!(
+                    "A neutral summary of the document, {i} words long."
+                )),
+            };
+            let mut p =
+                json!({"case_id": c["case_id"], "response_text": response, "latency_ms": i});
+            if (i + copy) % 7 == 2 {
+                p["error"] = json!("HTTP 500 after 4 retries");
+            }
+            preds.push(p);
+        }
+    }
+    preds.push(json!({"case_id": "not-in-the-corpus", "response_text": "hello"}));
+    preds
+}
+
+/// Every case_results row as its JSON line, sorted: the same multiset of rows, whatever
+/// order the partitions came back in.
+fn rows(out: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(out.join("case_results.jsonl")).unwrap();
+    let mut rows: Vec<String> = text.lines().map(str::to_owned).collect();
+    rows.sort();
+    rows
+}
+
+fn digest(rows: &[String]) -> String {
+    let mut h = Sha256::new();
+    for r in rows {
+        h.update(r.as_bytes());
+        h.update(b"\n");
+    }
+    hex::encode(h.finalize())
+}
+
+/// The findings of a run folder, as sorted JSON rows.
+fn findings(out: &Path) -> Vec<String> {
+    let r = run(pieval()
+        .args(["sql", "--format", "json", "--table"])
+        .arg(format!("f={}", out.join("findings.parquet").display()))
+        .arg("SELECT * FROM f"));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: Vec<Value> = serde_json::from_str(&r.stdout).unwrap();
+    let mut rows: Vec<String> = v.iter().map(|r| r.to_string()).collect();
+    rows.sort();
+    rows
+}
+
+#[test]
+fn a_two_executor_cluster_scores_the_same_rows_as_a_local_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let preds_path = dir.path().join("predictions.jsonl");
+    let preds = predictions(2);
+    write_jsonl(&preds_path, &preds);
+
+    // No scheduler there: a clear error before anything is written.
+    let nobody = format!("df://127.0.0.1:{}", free_port_pair());
+    let out = dir.path().join("results/nobody");
+    let r = run(pieval()
+        .args([
+            "score",
+            "--run-id",
+            "c",
+            "--cluster",
+            &nobody,
+            "--predictions",
+        ])
+        .arg(&preds_path)
+        .arg("--output")
+        .arg(&out));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains(&format!("cannot reach a pieval scheduler at {nobody}")),
+        "{}",
+        r.stderr
+    );
+    assert!(common::files_under(&out).is_empty());
+
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let cluster = start_cluster(2, &logs);
+
+    let local = dir.path().join("results/local");
+    let r = run(pieval()
+        .args(["score", "--run-id", "c", "--json", "--predictions"])
+        .arg(&preds_path)
+        .arg("--output")
+        .arg(&local));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let on_cluster = dir.path().join("results/cluster");
+    let r = run(pieval()
+        .args([
+            "score",
+            "--run-id",
+            "c",
+            "--json",
+            "--cluster",
+            &cluster.url,
+        ])
+        .arg("--predictions")
+        .arg(&preds_path)
+        .arg("--output")
+        .arg(&on_cluster));
+    assert_eq!(r.code, 0, "{}\n{}", r.stderr, logs_of(&cluster));
+    let report: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(report["scoring"]["engine"], "ballista");
+    assert_eq!(report["scoring"]["executors"], 2);
+    assert_eq!(report["rows"], preds.len());
+
+    // Same rows, same values: every case_results row, digested.
+    let (a, b) = (rows(&local), rows(&on_cluster));
+    assert_eq!(a.len(), preds.len());
+    assert_eq!(b.len(), a.len());
+    assert_eq!(digest(&a), digest(&b), "case_results differ");
+    assert_eq!(a, b);
+    assert_eq!(findings(&local), findings(&on_cluster));
+    assert!(!findings(&local).is_empty());
+    let summary = |d: &Path| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(d.join("summary.json")).unwrap()).unwrap()
+    };
+    assert_eq!(
+        summary(&local)["aggregate_metrics"],
+        summary(&on_cluster)["aggregate_metrics"]
+    );
+    assert_eq!(summary(&local)["scoring"]["engine"], "local");
+    assert_eq!(summary(&on_cluster)["scoring"]["executors"], 2);
+    // The staged inputs are gone.
+    assert!(
+        !common::files_under(&on_cluster)
+            .iter()
+            .any(|p| p.to_string_lossy().contains(".pieval-staging")),
+        "{:?}",
+        common::files_under(&on_cluster)
+    );
+
+    // SQL on the cluster: the executors run the detector UDFs over every run.
+    let q = "SELECT run_id, count(*) AS n, sum(CASE WHEN pi_refusal(response_text) THEN 1 ELSE 0 END) AS refusals, \
+             sum(CASE WHEN attack_success THEN 1 ELSE 0 END) AS successes FROM case_results GROUP BY run_id";
+    let sql = |cluster: Option<&str>| {
+        let mut cmd = pieval();
+        cmd.args(["sql", "--format", "json", "--results"])
+            .arg(dir.path().join("results"));
+        if let Some(url) = cluster {
+            cmd.args(["--cluster", url]);
+        }
+        let r = run(cmd.arg(q));
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let v: Value = serde_json::from_str(&r.stdout).unwrap();
+        v
+    };
+    let (l, c) = (sql(None), sql(Some(&cluster.url)));
+    assert_eq!(l, c);
+    assert!(
+        l.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["refusals"].as_i64() > Some(0))
+    );
+
+    // Other rule packs: an executor refuses to start, a client refuses to submit.
+    let rules = dir.path().join("rules");
+    std::fs::create_dir_all(&rules).unwrap();
+    let pack = std::fs::read_to_string(repo("data/rules/injection.toml")).unwrap();
+    std::fs::write(
+        rules.join("injection.toml"),
+        format!(
+            "{pack}\n[[rule]]\nid = \"local-extra\"\nseverity = \"low\"\nscope = \"folded\"\ndescription = \"a team's own rule\"\npattern = \"zebra crossing\"\nexamples = [\"a zebra crossing\"]\n"
+        ),
+    )
+    .unwrap();
+    let r = run(pieval()
+        .arg("--rules")
+        .arg(&rules)
+        .args(executor_args(&cluster.url, &[])));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("executor not started: the scheduler's rule packs differ"),
+        "{}",
+        r.stderr
+    );
+    let ours = info(&cluster.url).unwrap()["cluster"]["rulepack_digest"].clone();
+    assert!(r.stderr.contains(ours.as_str().unwrap()), "{}", r.stderr);
+    let out = dir.path().join("results/other-rules");
+    let r = run(pieval()
+        .arg("--rules")
+        .arg(&rules)
+        .args([
+            "score",
+            "--run-id",
+            "c",
+            "--cluster",
+            &cluster.url,
+            "--predictions",
+        ])
+        .arg(&preds_path)
+        .arg("--output")
+        .arg(&out));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("query not submitted"), "{}", r.stderr);
+    assert!(common::files_under(&out).is_empty());
+    // Still two executors: the refused one never joined.
+    assert_eq!(info(&cluster.url).unwrap()["cluster"]["executors"], 2);
+}
+
+fn logs_of(cluster: &Cluster) -> String {
+    logs(&cluster.logs)
+}
+
+#[test]
+fn an_executor_killed_mid_query_leaves_a_whole_result_or_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let preds_path = dir.path().join("predictions.jsonl");
+    // Long responses, so the query is still running when the executor dies.
+    let long = "The assistant considered the request carefully. ".repeat(60);
+    let preds: Vec<Value> = predictions(12)
+        .into_iter()
+        .map(|mut p| {
+            if let Some(t) = p["response_text"].as_str() {
+                p["response_text"] = json!(format!("{t} {long}"));
+            }
+            p
+        })
+        .collect();
+    write_jsonl(&preds_path, &preds);
+    let local = dir.path().join("results/local");
+    let r = run(pieval()
+        .args(["score", "--run-id", "k", "--predictions"])
+        .arg(&preds_path)
+        .arg("--output")
+        .arg(&local));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let mut cluster = start_cluster(2, &logs);
+
+    // One executor killed mid-query: Ballista runs its tasks again on the other (the
+    // scheduler notices within ~20 s), or the query fails; never a partial artifact.
+    let out = dir.path().join("results/killed");
+    let (running, result) = score_and_kill(&mut cluster, 0, &preds_path, &out);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    nothing_left_behind(&out);
+    if result.status.success() {
+        // Every row is there, once, as a local run gives it.
+        let got = rows(&out);
+        assert_eq!(got.len(), preds.len(), "{stderr}");
+        assert_eq!(digest(&got), digest(&rows(&local)), "case_results differ");
+        let report: Value = serde_json::from_slice(&result.stdout).unwrap();
+        eprintln!(
+            "executor killed (query running: {running}); the query completed: {}",
+            report["scoring"]
+        );
+    } else {
+        failed_cleanly(&result, &out);
+        eprintln!("executor killed (query running: {running}); the query failed: {stderr}");
+    }
+
+    // The last executor killed mid-query: nothing can run the lost tasks; the query
+    // fails with a clear error and writes nothing.
+    let out = dir.path().join("results/all-killed");
+    let (running, result) = score_and_kill(&mut cluster, 1, &preds_path, &out);
+    assert!(running, "the query ended before the executor was killed");
+    nothing_left_behind(&out);
+    failed_cleanly(&result, &out);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(stderr.contains("executors were lost"), "{stderr}");
+}
+
+/// `pieval score --cluster` in the background; once its inputs are staged (the query is
+/// being submitted) and 1.5 s more, executor `k` is killed. Whether the score was still
+/// running then, and its output.
+fn score_and_kill(
+    cluster: &mut Cluster,
+    k: usize,
+    preds_path: &Path,
+    out: &Path,
+) -> (bool, std::process::Output) {
+    let mut score = pieval()
+        .args([
+            "score",
+            "--run-id",
+            "k",
+            "--json",
+            "--cluster",
+            &cluster.url,
+        ])
+        .arg("--predictions")
+        .arg(preds_path)
+        .arg("--output")
+        .arg(out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let staged = || {
+        out.is_dir()
+            && common::files_under(out).iter().any(|p| {
+                p.ends_with("predictions.parquet")
+                    && p.to_string_lossy().contains(".pieval-staging")
+            })
+    };
+    while !staged() && score.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "staging did not finish");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let running = score.try_wait().unwrap().is_none();
+    cluster.executors[k].kill().unwrap();
+    cluster.executors[k].wait().unwrap();
+    (running, score.wait_with_output().unwrap())
+}
+
+/// No staged input and no temporary file is left in `out`.
+fn nothing_left_behind(out: &Path) {
+    let files = if out.is_dir() {
+        common::files_under(out)
+    } else {
+        Vec::new()
+    };
+    assert!(
+        !files
+            .iter()
+            .any(|p| p.to_string_lossy().contains(".pieval-staging")),
+        "staged inputs left behind: {files:?}"
+    );
+    assert!(
+        !files
+            .iter()
+            .any(|p| p.file_name().unwrap().to_string_lossy().contains(".tmp")),
+        "temporary files left behind: {files:?}"
+    );
+}
+
+/// Exit 2 with an error, and none of scoring's artifacts written.
+fn failed_cleanly(result: &std::process::Output, out: &Path) {
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(2), "{stderr}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    for artifact in [
+        "case_results.parquet",
+        "case_results.jsonl",
+        "findings.parquet",
+        "summary.json",
+    ] {
+        assert!(
+            !out.join(artifact).exists(),
+            "{artifact} written after a failed query"
+        );
+    }
+}
