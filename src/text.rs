@@ -27,6 +27,22 @@ pub fn edit_distance(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
+/// An error and its sources, `a: b: c`, each part once (HTTP clients repeat their
+/// causes in their own messages).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        let t = inner.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        src = inner.source();
+    }
+    s
+}
+
 /// A short, single-line, escaped excerpt of hostile text for messages.
 pub fn excerpt(s: &str, max_chars: usize) -> String {
     let mut out: String = s

@@ -28,8 +28,8 @@ pub enum Command {
         /// Address to serve results on (Arrow Flight); gRPC takes the next port.
         #[arg(long, default_value = "127.0.0.1:50051", value_name = "ADDR")]
         bind: SocketAddr,
-        /// The host name the scheduler and clients reach this executor at (default:
-        /// the bind address).
+        /// The host name the scheduler and clients reach this executor at (default: the
+        /// address the scheduler sees it connect from).
         #[arg(long, value_name = "HOST")]
         external_host: Option<String>,
         /// Partitions it runs at once (default: its cores).

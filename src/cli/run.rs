@@ -218,6 +218,14 @@ pub struct ReplayArgs {
     /// judgements.parquet first: verdicts already made are not asked again.
     #[arg(long)]
     rescore: bool,
+    /// With --rescore: score on a Ballista cluster (`df://HOST:PORT`, docs/cluster.md);
+    /// the manifest and the run catalogue record it, with the executor count.
+    #[arg(long, value_name = "URL", requires = "rescore")]
+    cluster: Option<String>,
+    /// With --cluster: a folder the scheduler and every executor see, for the staged
+    /// inputs (default: the run folder).
+    #[arg(long, value_name = "DIR", requires = "cluster")]
+    staging: Option<PathBuf>,
     /// A judge config (YAML) of yours to use instead of the run's evaluation.judge.
     #[arg(long, value_name = "FILE")]
     judge: Option<PathBuf>,
@@ -330,7 +338,15 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
     }
     if args.rescore {
         let notes = progress(false);
-        let scored = runner::score_run(&dir, &run_id, &config, Some(&notes))?;
+        let scored = runner::score_run(
+            &dir,
+            &run_id,
+            &config,
+            Some(&notes),
+            args.cluster
+                .as_deref()
+                .map(|url| (url, args.staging.as_deref())),
+        )?;
         let mut m = manifest.clone();
         runner::finish_manifest(&mut m, &scored);
         m.rescored_at = Some(crate::text::utc_rfc3339(crate::text::unix_now()));

@@ -37,7 +37,7 @@ pub struct Args {
     /// Score on a Ballista cluster (`df://HOST:PORT`; built with the `distributed`
     /// feature): the inputs are validated here, staged as Parquet in --staging, and the
     /// scoring query runs on the executors (docs/cluster.md).
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", conflicts_with = "judge")]
     cluster: Option<String>,
     /// With --cluster: a folder the scheduler and every executor see, for the staged
     /// inputs (default: the output folder); removed when scoring ends.
@@ -69,7 +69,11 @@ pub fn run(args: Args) -> Result<u8> {
     opts.mitigation = args.mitigation;
     opts.leakage_threshold = args.leakage_threshold;
     opts.judge = judge;
-    opts.cluster = args.cluster;
+    opts.cluster = args
+        .cluster
+        .as_deref()
+        .map(crate::cluster::scoring)
+        .transpose()?;
     opts.staging = args.staging;
     let report = score(&opts)?;
     if args.json {

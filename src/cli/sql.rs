@@ -61,7 +61,7 @@ pub struct Args {
     /// `distributed` feature). The tables over files are read by the executors at
     /// absolute paths they must see; summaries, runs and a JSONL corpus stay local and
     /// are not available there (docs/cluster.md).
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", conflicts_with = "judge")]
     cluster: Option<String>,
     /// Memory the query may hold for sorts, joins and aggregates, in MiB; beyond it they
     /// fail with a clear error rather than exhaust the machine.
@@ -115,7 +115,7 @@ pub fn run(args: Args) -> Result<u8> {
                 let skipped = register_standard_tables(&ctx, &cases, &args.results).await?;
                 (ctx, skipped)
             }
-            Some(url) => cluster_session(url, &cases, &args.results, judge.is_some()).await?,
+            Some(url) => cluster_session(url, &cases, &args.results).await?,
         };
         for line in skipped {
             crate::cli::output::stderr_line(&format!("warning: {line}"));
@@ -126,9 +126,7 @@ pub fn run(args: Args) -> Result<u8> {
                 .ok_or_else(|| Error::Usage(format!("--table {spec:?}: expected NAME=PATH")))?;
             let path = match &args.cluster {
                 // The executors read it: by absolute path.
-                Some(_) => Path::new(path)
-                    .canonicalize()
-                    .map_err(|e| Error::io(path, "cannot open table file", e))?,
+                Some(_) => PathBuf::from(crate::rundir::table_path(Path::new(path))?),
                 None => PathBuf::from(path),
             };
             register_file(&ctx, name, &path).await?;
@@ -175,14 +173,7 @@ async fn cluster_session(
     url: &str,
     cases: &Path,
     results: &Path,
-    judge: bool,
 ) -> Result<(datafusion::prelude::SessionContext, Vec<String>)> {
-    if judge {
-        return Err(Error::Usage(
-            "--judge with --cluster: pi_judge calls a model from this process; run it locally"
-                .into(),
-        ));
-    }
     let session = crate::cluster::connect(url, crate::engine::session_config()).await?;
     let skipped =
         crate::engine::catalog::register_cluster_tables(&session.ctx, cases, results).await?;
@@ -191,11 +182,11 @@ async fn cluster_session(
 
 #[cfg(not(feature = "distributed"))]
 async fn cluster_session(
-    _url: &str,
+    url: &str,
     _cases: &Path,
     _results: &Path,
-    _judge: bool,
 ) -> Result<(datafusion::prelude::SessionContext, Vec<String>)> {
+    crate::cluster::parse_url(url)?;
     Err(crate::cluster::not_built())
 }
 

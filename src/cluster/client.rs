@@ -26,6 +26,14 @@ pub async fn connect(url: &str, config: SessionConfig) -> Result<ClusterSession>
     if let Some(why) = ClusterInfo::local().mismatch(&info, "client") {
         return Err(Error::Usage(format!("query not submitted: {why}")));
     }
+    if info.foreign_executors > 0 {
+        return Err(Error::Usage(format!(
+            "query not submitted: the scheduler at df://{host}:{port} has {} executor(s) \
+             with other rule packs than its own, or not pieval's (restart them with the \
+             scheduler's --rules, or stop them)",
+            info.foreign_executors
+        )));
+    }
     if info.executors == 0 {
         return Err(Error::Usage(format!(
             "the scheduler at df://{host}:{port} has no executor: start one with \

@@ -38,14 +38,39 @@ pub const DEFAULT_PORT: u16 = 50050;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterInfo {
     pub pieval_version: String,
+    /// The commit this pieval was built from (empty outside a checkout).
+    #[serde(default)]
+    pub build: String,
     /// [`crate::detect::packs::digest`].
     pub rulepack_digest: String,
     /// pieval's functions (sorted): what travels by name.
     pub functions: Vec<String>,
     /// Executors registered with the scheduler (0 in a client's own description).
     pub executors: usize,
-    /// Their task slots (vcores) in all.
+    /// Their task slots in all.
     pub task_slots: usize,
+    /// Executors registered under another rule-pack digest, or not pieval's (an
+    /// executor's id names its digest: [`executor_id`]). Ballista takes back an executor
+    /// that heartbeats to a restarted scheduler without asking it again, so the
+    /// scheduler counts them and a client refuses to submit while there are any.
+    #[serde(default)]
+    pub foreign_executors: usize,
+}
+
+/// The prefix of the id of an executor that runs with the rule packs of `digest`.
+pub fn executor_id_prefix(digest: &str) -> String {
+    let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
+    format!("pieval-{}-", &hex[..hex.len().min(16)])
+}
+
+/// A new executor's id: [`executor_id_prefix`] of this process's packs, then a random
+/// part.
+pub fn executor_id() -> String {
+    format!(
+        "{}{:016x}",
+        executor_id_prefix(&crate::detect::packs::digest()),
+        fastrand::u64(..)
+    )
 }
 
 impl ClusterInfo {
@@ -53,10 +78,12 @@ impl ClusterInfo {
     pub fn local() -> Self {
         Self {
             pieval_version: env!("CARGO_PKG_VERSION").to_owned(),
+            build: crate::GIT_COMMIT.to_owned(),
             rulepack_digest: crate::detect::packs::digest(),
             functions: crate::engine::function_names(),
             executors: 0,
             task_slots: 0,
+            foreign_executors: 0,
         }
     }
 
@@ -68,6 +95,17 @@ impl ClusterInfo {
                 "the scheduler's rule packs differ from this {role}'s: scheduler {}, {role} {} \
                  (start every pieval process with the same --rules folder, or none)",
                 other.rulepack_digest, self.rulepack_digest
+            ));
+        }
+        let build = |i: &ClusterInfo| format!("{} {}", i.pieval_version, i.build);
+        if self.pieval_version != other.pieval_version
+            || (!self.build.is_empty() && !other.build.is_empty() && self.build != other.build)
+        {
+            return Some(format!(
+                "the scheduler runs another pieval build than this {role}: scheduler {}, \
+                 {role} {} (run one pieval build everywhere)",
+                build(other).trim(),
+                build(self).trim()
             ));
         }
         if self.functions != other.functions {
@@ -113,19 +151,15 @@ pub fn parse_url(url: &str) -> Result<(String, u16)> {
     {
         return Err(bad("give only a host and a port"));
     }
-    let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
-        // [IPv6]:PORT; the host keeps its brackets (it goes into a URL).
-        let (h, after) = v6.split_once(']').ok_or_else(|| bad("an unclosed ["))?;
-        let port = match after {
-            "" => None,
-            p => Some(p.strip_prefix(':').ok_or_else(|| bad("junk after ]"))?),
-        };
-        (format!("[{h}]"), port)
-    } else {
-        match rest.split_once(':') {
-            Some((h, p)) => (h.to_owned(), Some(p)),
-            None => (rest.to_owned(), None),
-        }
+    if rest.starts_with('[') {
+        // Ballista builds its addresses as HOST:PORT, which an IPv6 address breaks.
+        return Err(bad(
+            "IPv6 addresses are not supported; give a host name or IPv4 address",
+        ));
+    }
+    let (host, port) = match rest.split_once(':') {
+        Some((h, p)) => (h.to_owned(), Some(p)),
+        None => (rest.to_owned(), None),
     };
     let port = match port {
         None => DEFAULT_PORT,
@@ -135,14 +169,41 @@ pub fn parse_url(url: &str) -> Result<(String, u16)> {
             .filter(|p| *p > 0)
             .ok_or_else(|| bad("the port is not a number from 1 to 65535"))?,
     };
-    if host.is_empty() || host == "[]" {
+    if host.is_empty() {
         return Err(bad("no host"));
     }
     Ok((host, port))
 }
 
+/// What `pieval score --cluster URL` (and `replay --rescore --cluster`) hands scoring:
+/// a connection to the scheduler at `url`, made when scoring opens its session (the
+/// address is checked here).
+pub fn scoring(url: &str) -> Result<crate::engine::score::ClusterConnect> {
+    parse_url(url)?;
+    #[cfg(feature = "distributed")]
+    {
+        use crate::engine::score::ScoringEngine;
+        let url = url.to_owned();
+        Ok(std::sync::Arc::new(move |config| {
+            let url = url.clone();
+            Box::pin(async move {
+                let s = connect(&url, config).await?;
+                let engine = ScoringEngine {
+                    engine: "ballista".into(),
+                    scheduler: Some(s.url.clone()),
+                    executors: Some(s.info.executors),
+                    task_slots: Some(s.info.task_slots),
+                    ..ScoringEngine::local()
+                };
+                Ok((s.ctx, engine))
+            })
+        }))
+    }
+    #[cfg(not(feature = "distributed"))]
+    Err(not_built())
+}
+
 /// Without the `distributed` feature: the error `--cluster` gives.
-#[cfg(not(feature = "distributed"))]
 pub fn not_built() -> Error {
     Error::Usage(
         "this pieval was built without cluster support: build it with \
@@ -163,7 +224,6 @@ mod tests {
         );
         assert_eq!(parse_url("df://sched").unwrap(), ("sched".into(), 50050));
         assert_eq!(parse_url("df://sched:7/").unwrap(), ("sched".into(), 7));
-        assert_eq!(parse_url("df://[::1]:9").unwrap(), ("[::1]".into(), 9));
         for bad in [
             "http://a:1",
             "df://",
@@ -173,7 +233,7 @@ mod tests {
             "df://u@a:1",
             "df://a b:1",
             "df://:1",
-            "df://[::1",
+            "df://[::1]:9",
             "df://a:1:2",
         ] {
             let e = parse_url(bad).unwrap_err().to_string();

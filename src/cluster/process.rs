@@ -60,6 +60,7 @@ fn ballista(e: impl std::fmt::Display) -> Error {
 
 /// Run a scheduler until the process is stopped.
 pub async fn run_scheduler(opts: SchedulerOptions) -> Result<()> {
+    ipv4_only(opts.bind)?;
     let mut config = SchedulerConfig {
         bind_host: opts.bind.ip().to_string(),
         bind_port: opts.bind.port(),
@@ -96,16 +97,24 @@ pub async fn run_scheduler(opts: SchedulerOptions) -> Result<()> {
     let mut routes = tonic::service::RoutesBuilder::default();
     routes.add_service(grpc);
     let state = Arc::clone(&scheduler.state);
+    // Computed once: the answer to every request is this plus the executors.
+    let local = ClusterInfo::local();
+    let ours = super::executor_id_prefix(&local.rulepack_digest);
     let info = move || {
         let state = Arc::clone(&state);
+        let mut info = local.clone();
+        let ours = ours.clone();
         async move {
-            let mut info = ClusterInfo::local();
             if let Ok(executors) = state.executor_manager.get_executors_state().await {
                 info.executors = executors.len();
                 info.task_slots = executors
                     .iter()
                     .map(|(m, _, _)| m.specification.vcores as usize)
                     .sum();
+                info.foreign_executors = executors
+                    .iter()
+                    .filter(|(m, _, _)| !m.id.starts_with(&ours))
+                    .count();
             }
             axum::Json(info)
         }
@@ -122,13 +131,27 @@ pub async fn run_scheduler(opts: SchedulerOptions) -> Result<()> {
     .map_err(|e| Error::io(opts.bind.to_string(), "scheduler stopped", e))
 }
 
+/// Ballista's addresses are HOST:PORT strings, which an IPv6 address breaks.
+fn ipv4_only(bind: SocketAddr) -> Result<()> {
+    if bind.is_ipv6() {
+        return Err(Error::Usage(format!(
+            "--bind {bind}: IPv6 addresses are not supported; give an IPv4 address"
+        )));
+    }
+    Ok(())
+}
+
+/// The largest description a scheduler may send.
+const MAX_INFO_BYTES: usize = 1 << 20;
+
 /// The scheduler's description, fetched from [`INFO_PATH`]: what this process must
 /// match. An error names the address when the scheduler cannot be reached or is not
-/// pieval's.
+/// pieval's. A hostile answer is bounded: 20 s, 1 MiB, no redirect.
 pub async fn fetch_info(host: &str, port: u16) -> Result<ClusterInfo> {
     let url = format!("http://{host}:{port}{INFO_PATH}");
     let client = reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(20))
+        .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
         .build()
         .map_err(|e| Error::Internal(format!("http client: {e}")))?;
@@ -138,44 +161,55 @@ pub async fn fetch_info(host: &str, port: u16) -> Result<ClusterInfo> {
              (start one with `pieval cluster scheduler --bind HOST:PORT`)"
         ))
     };
-    let response = client
+    let mut response = client
         .get(&url)
         .send()
         .await
-        .map_err(|e| unreachable(error_chain(&e)))?;
+        .map_err(|e| unreachable(crate::text::error_chain(&e)))?;
     if !response.status().is_success() {
         return Err(unreachable(format!(
             "{url} answered {} (a Ballista scheduler without pieval's functions?)",
             response.status()
         )));
     }
-    let body = response
-        .bytes()
+    let mut body: Vec<u8> = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
         .await
-        .map_err(|e| unreachable(error_chain(&e)))?;
-    if body.len() > 1 << 20 {
-        return Err(unreachable(format!("{url}: an answer over 1 MiB")));
+        .map_err(|e| unreachable(crate::text::error_chain(&e)))?
+    {
+        if body.len() + chunk.len() > MAX_INFO_BYTES {
+            return Err(unreachable(format!("{url}: an answer over 1 MiB")));
+        }
+        body.extend_from_slice(&chunk);
     }
-    serde_json::from_slice(&body)
-        .map_err(|e| unreachable(format!("{url} did not answer a pieval description: {e}")))
+    let mut info: ClusterInfo = serde_json::from_slice(&body)
+        .map_err(|e| unreachable(format!("{url} did not answer a pieval description: {e}")))?;
+    // A partition count, later: bounded whatever the answer says.
+    info.task_slots = info.task_slots.min(MAX_TASK_SLOTS);
+    Ok(info)
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
+/// The most task slots a description may claim (they become a query's partitions).
+const MAX_TASK_SLOTS: usize = 1 << 16;
 
 /// Run an executor until the process is stopped; refuses to start when the scheduler's
 /// rule packs or functions differ from this process's.
 pub async fn run_executor(opts: ExecutorOptions) -> Result<()> {
+    ipv4_only(opts.bind)?;
     let (host, port) = &opts.scheduler;
-    let scheduler = fetch_info(host, *port).await?;
+    // The scheduler may be starting too: its address is tried for 20 s.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let scheduler = loop {
+        match fetch_info(host, *port).await {
+            Ok(info) => break info,
+            Err(e) if std::time::Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    };
     if let Some(why) = ClusterInfo::local().mismatch(&scheduler, "executor") {
         return Err(Error::Usage(format!("executor not started: {why}")));
     }
@@ -187,14 +221,14 @@ pub async fn run_executor(opts: ExecutorOptions) -> Result<()> {
     })?;
     let state = pieval_state(ballista_core::utils::default_config_producer())?;
     let mut config = ExecutorProcessConfig {
+        // Names this executor's rule packs: the scheduler tells clients about an
+        // executor it took back without this check (see ClusterInfo::foreign_executors).
+        executor_id: super::executor_id(),
         bind_host: opts.bind.ip().to_string(),
         external_host: opts.external_host.clone(),
         port: opts.bind.port(),
         grpc_port,
-        scheduler_host: host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_owned(),
+        scheduler_host: host.clone(),
         scheduler_port: *port,
         scheduler_connect_timeout_seconds: 20,
         work_dir: opts.work_dir.as_ref().map(|p| p.display().to_string()),

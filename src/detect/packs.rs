@@ -52,6 +52,9 @@ pub fn refusal() -> &'static PackText {
 /// shipped one) for the rest of the process. Each is compiled here, so a bad pack is an
 /// error naming its file before anything runs; an error too once a detector has run.
 pub fn install_dir(dir: &Path) -> Result<()> {
+    // Without a trailing separator, which would follow a symbolic link.
+    let dir: std::path::PathBuf = dir.components().collect();
+    let dir = dir.as_path();
     let meta = std::fs::symlink_metadata(dir)
         .map_err(|e| Error::io(dir, "cannot open the rules folder", e))?;
     if !meta.is_dir() {

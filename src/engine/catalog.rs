@@ -267,20 +267,20 @@ pub async fn register_cluster_tables(
     corpus: &Path,
     results: &Path,
 ) -> Result<Vec<String>> {
-    let results = match results.canonicalize() {
-        Ok(p) => p,
-        Err(_) => results.to_path_buf(),
-    };
-    let mut skipped = register_tables(ctx, corpus, &results, false).await?;
+    // Each run's files are registered by absolute path (rundir::table_path).
+    let mut skipped = register_tables(ctx, corpus, results, false).await?;
     let parquet = corpus
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("parquet"));
     if parquet && corpus.is_file() {
-        let abs = corpus
-            .canonicalize()
-            .map_err(|e| Error::io(corpus, "cannot resolve", e))?;
-        ctx.register_parquet("attack_cases", utf8(&abs)?, ParquetReadOptions::default())
-            .await?;
+        // Read with the enriched corpus's schema, as the local reader gives it.
+        let schema = crate::contract::arrow::enriched_case_schema();
+        ctx.register_parquet(
+            "attack_cases",
+            &crate::rundir::table_path(corpus)?,
+            ParquetReadOptions::default().schema(&schema),
+        )
+        .await?;
     } else if corpus.exists() {
         skipped.push(format!(
             "attack_cases: not on the cluster ({} is not Parquet; give --cases FILE.parquet, \

@@ -44,9 +44,9 @@ pub struct ScoreOptions {
     pub experiment_name: Option<String>,
     /// The judge for `judge` criteria; without one they go to manual review.
     pub judge: Option<Arc<crate::judge::Judge>>,
-    /// Score on a Ballista cluster (`df://HOST:PORT`, feature `distributed`) instead of
-    /// in this process.
-    pub cluster: Option<String>,
+    /// Score on a cluster instead of in this process: opens the cluster's session (the
+    /// cluster module builds it for `--cluster df://HOST:PORT`).
+    pub cluster: Option<ClusterConnect>,
     /// With `cluster`: the folder the validated inputs are staged in, which the
     /// scheduler and every executor must see (default: the output folder).
     pub staging: Option<PathBuf>,
@@ -98,9 +98,22 @@ pub struct ScoreReport {
     pub scoring: ScoringEngine,
 }
 
+/// Opens a session on a cluster from the scoring configuration: the session, with
+/// pieval's functions registered, and where it runs. The cluster module builds it (it
+/// sits above the engine); scoring only calls it.
+pub type ClusterConnect = Arc<
+    dyn Fn(
+            datafusion::prelude::SessionConfig,
+        ) -> futures::future::BoxFuture<
+            'static,
+            Result<(datafusion::prelude::SessionContext, ScoringEngine)>,
+        > + Send
+        + Sync,
+>;
+
 /// Where a scoring ran: in this process, or on a Ballista cluster (`summary.json`'s
 /// `scoring`, the run catalogue's scoring_engine and scoring_executors).
-#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 pub struct ScoringEngine {
     /// `local` or `ballista`.
     pub engine: String,
@@ -113,6 +126,10 @@ pub struct ScoringEngine {
     /// Their task slots in all, on a cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_slots: Option<usize>,
+    /// The rule packs the detectors ran with (`crate::detect::packs::digest`: the
+    /// shipped ones, or `--rules`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rulepack_digest: Option<String>,
     /// On a cluster: milliseconds validating and staging the inputs (this process),
     /// from submitting the query to its last batch, and of those, writing the results
     /// here (docs/cluster.md: the scaling model).
@@ -128,12 +145,7 @@ impl ScoringEngine {
     pub fn local() -> Self {
         Self {
             engine: "local".into(),
-            scheduler: None,
-            executors: None,
-            task_slots: None,
-            staging_ms: None,
-            query_ms: None,
-            client_write_ms: None,
+            ..Self::default()
         }
     }
 }
@@ -237,7 +249,7 @@ async fn open_session(
     ScoringEngine,
     Option<Staging>,
 )> {
-    let Some(url) = &opts.cluster else {
+    let Some(connect) = &opts.cluster else {
         let ctx = scoring_session();
         ctx.register_table("attack_cases", corpus.table.clone())?;
         ctx.register_table("predictions", predictions.table.clone())?;
@@ -246,33 +258,19 @@ async fn open_session(
     if opts.judge.is_some() {
         return Err(Error::Usage(
             "--judge with --cluster: the judge calls a model from this process; score on \
-             the cluster without it, then `pieval run --rescore` locally with the judge"
+             the cluster without it, then rescore locally with the judge \
+             (`pieval replay RUN --rescore`, or `pieval score --judge`)"
                 .into(),
         ));
     }
-    cluster_session(url, opts, corpus, predictions).await
-}
-
-#[cfg(not(feature = "distributed"))]
-async fn cluster_session(
-    _url: &str,
-    _opts: &ScoreOptions,
-    _corpus: &super::CorpusTable,
-    _predictions: &super::PredictionsTable,
-) -> Result<(
-    datafusion::prelude::SessionContext,
-    ScoringEngine,
-    Option<Staging>,
-)> {
-    Err(crate::cluster::not_built())
+    cluster_session(connect, opts, corpus, predictions).await
 }
 
 /// Connect first (an unreachable or mismatched cluster fails before any work), then
 /// stage both inputs through the same validating readers a local run streams, so the
 /// cluster reads exactly the rows a local run would.
-#[cfg(feature = "distributed")]
 async fn cluster_session(
-    url: &str,
+    connect: &ClusterConnect,
     opts: &ScoreOptions,
     corpus: &super::CorpusTable,
     predictions: &super::PredictionsTable,
@@ -286,9 +284,12 @@ async fn cluster_session(
     // compressed bytes).
     let config =
         scoring_config().set_usize("datafusion.optimizer.repartition_file_min_size", 256 << 10);
-    let session = crate::cluster::connect(url, config).await?;
+    let (ctx, mut engine) = connect(config).await?;
     let started = std::time::Instant::now();
-    let staging = Staging::create(opts.staging.as_deref().unwrap_or(&opts.output))?;
+    let staging = match &opts.staging {
+        Some(dir) => Staging::create(dir, false)?,
+        None => Staging::create(&opts.output, true)?,
+    };
     let local = datafusion::prelude::SessionContext::new_with_config(
         super::session_config().with_target_partitions(1),
     );
@@ -297,38 +298,25 @@ async fn cluster_session(
     for table in ["attack_cases", "predictions"] {
         let path = staging.dir.join(format!("{table}.parquet"));
         stage(local.table(table).await?, &path).await?;
-        let path = path
-            .to_str()
-            .ok_or_else(|| Error::Usage(format!("{}: not a UTF-8 path", path.display())))?;
+        // The folder's path was checked (UTF-8, nothing DataFusion reads as a pattern).
+        let path = path.to_string_lossy();
         let schema = local.table(table).await?.schema().as_arrow().clone();
-        session
-            .ctx
-            .register_parquet(
-                table,
-                path,
-                datafusion::prelude::ParquetReadOptions::default().schema(&schema),
-            )
-            .await?;
+        ctx.register_parquet(
+            table,
+            &*path,
+            datafusion::prelude::ParquetReadOptions::default().schema(&schema),
+        )
+        .await?;
     }
-    let engine = ScoringEngine {
-        engine: "ballista".into(),
-        scheduler: Some(session.url.clone()),
-        executors: Some(session.info.executors),
-        task_slots: Some(session.info.task_slots),
-        staging_ms: Some(started.elapsed().as_millis() as u64),
-        query_ms: None,
-        client_write_ms: None,
-    };
-    Ok((session.ctx, engine, Some(staging)))
+    engine.staging_ms = Some(started.elapsed().as_millis() as u64);
+    Ok((ctx, engine, Some(staging)))
 }
 
 /// Rows per row group of a staged input: a scan is split between executors by row
 /// groups, so a file of one group would run on one task.
-#[cfg(feature = "distributed")]
 const STAGED_ROW_GROUP_ROWS: usize = 8192;
 
 /// Stream a table into a staged Parquet file.
-#[cfg(feature = "distributed")]
 async fn stage(df: datafusion::dataframe::DataFrame, out: &Path) -> Result<()> {
     let props = crate::atomic::writer_properties_with(STAGED_ROW_GROUP_ROWS)?;
     let mut file = ParquetFile::create_with(out, Arc::new(df.schema().as_arrow().clone()), props)?;
@@ -341,23 +329,33 @@ async fn stage(df: datafusion::dataframe::DataFrame, out: &Path) -> Result<()> {
 }
 
 /// A fresh folder for a cluster's inputs, removed with everything in it when dropped.
+/// Its name is a temporary one of this process (`.pieval-staging.tmp-PID-RANDOM`): one
+/// that a killed scoring left is removed by the next pieval that writes in that folder
+/// (`crate::atomic::clean_stale`).
 struct Staging {
-    #[cfg_attr(not(feature = "distributed"), allow(dead_code))]
     dir: PathBuf,
 }
 
 impl Staging {
-    #[cfg_attr(not(feature = "distributed"), allow(dead_code))]
-    fn create(parent: &Path) -> Result<Self> {
-        std::fs::create_dir_all(parent)
-            .map_err(|e| Error::io(parent, "cannot create folder", e))?;
-        let parent = parent
-            .canonicalize()
-            .map_err(|e| Error::io(parent, "cannot resolve folder", e))?;
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let dir = parent.join(format!(".pieval-staging-{}-{nanos}", std::process::id()));
+    /// In `parent`, which is created when `create_parent` (the output folder) and must
+    /// exist otherwise (`--staging`: a mount that is missing is not made a local folder
+    /// the executors cannot see).
+    fn create(parent: &Path, create_parent: bool) -> Result<Self> {
+        if create_parent {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| Error::io(parent, "cannot create folder", e))?;
+        } else if !parent.is_dir() {
+            return Err(Error::Usage(format!(
+                "--staging {}: not a folder (give one the scheduler and every executor see)",
+                parent.display()
+            )));
+        }
+        let parent = PathBuf::from(crate::rundir::table_path(parent)?);
+        let dir = parent.join(format!(
+            ".pieval-staging.tmp-{}-{:016x}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
         std::fs::create_dir(&dir).map_err(|e| Error::io(&dir, "cannot create folder", e))?;
         Ok(Self { dir })
     }
@@ -396,7 +394,10 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
         result_paths: BTreeMap::new(),
         aggregate_metrics: serde_json::Value::Null,
         judge: None,
-        scoring,
+        scoring: ScoringEngine {
+            rulepack_digest: Some(crate::detect::packs::digest()),
+            ..scoring
+        },
     };
     let scored = rt.block_on(async {
         let df = ctx.sql(SCORE_CASES_SQL).await?;

@@ -135,9 +135,9 @@ impl OpenAiProvider {
                 let what = if e.is_timeout() {
                     "timed out".to_owned()
                 } else if e.is_connect() {
-                    format!("connection failed: {}", error_chain(&e))
+                    format!("connection failed: {}", crate::text::error_chain(&e))
                 } else {
-                    format!("request failed: {}", error_chain(&e))
+                    format!("request failed: {}", crate::text::error_chain(&e))
                 };
                 return Err((what, true, None));
             }
@@ -171,7 +171,10 @@ impl OpenAiProvider {
                     let what = if e.is_timeout() {
                         "timed out reading the response".to_owned()
                     } else {
-                        format!("the response body could not be read: {}", error_chain(&e))
+                        format!(
+                            "the response body could not be read: {}",
+                            crate::text::error_chain(&e)
+                        )
                     };
                     return Err((what, true, retry_after));
                 }
@@ -254,20 +257,6 @@ pub fn parse_completion(body: &str) -> Result<Completion, String> {
         completion_tokens: usage("completion_tokens"),
         ..Completion::default()
     })
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(inner) = src {
-        let t = inner.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        src = inner.source();
-    }
-    s
 }
 
 /// Full-jitter exponential backoff for retry `n` (from 0).

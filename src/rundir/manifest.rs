@@ -156,6 +156,9 @@ pub struct RunResults {
     pub judge: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_speed: Option<ModelSpeed>,
+    /// Where the scoring ran (`summary.json`'s `scoring`: engine, scheduler, executors).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scoring: Option<Value>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }

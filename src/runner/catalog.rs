@@ -41,6 +41,13 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 CREATE INDEX IF NOT EXISTS runs_started ON runs(started_at);
 CREATE INDEX IF NOT EXISTS runs_experiment ON runs(experiment);
+-- Where each run was scored: a table of its own, so a catalogue stays writable by the
+-- pieval versions before it (their insert gives runs' 23 columns).
+CREATE TABLE IF NOT EXISTS run_scoring (
+    run_id              TEXT PRIMARY KEY,
+    scoring_engine      TEXT,
+    scoring_executors   INTEGER
+);
 ";
 
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
@@ -68,6 +75,11 @@ pub struct RunRow {
     pub manual_review: Option<i64>,
     pub provider_errors: Option<i64>,
     pub run_dir: String,
+    /// Where the scoring ran: `local` or `ballista` (a cluster); null before it was
+    /// recorded.
+    pub scoring_engine: Option<String>,
+    /// The cluster's executors when it was scored on one.
+    pub scoring_executors: Option<i64>,
 }
 
 impl RunRow {
@@ -75,6 +87,7 @@ impl RunRow {
         let r = m.results.as_ref();
         let int = |v: u64| i64::try_from(v).ok();
         let asr = r.and_then(|r| r.attack_success_rate.as_ref());
+        let scoring = r.and_then(|r| r.scoring.clone());
         RunRow {
             run_id: m.run_id.clone(),
             experiment: m.experiment_name().unwrap_or_default().to_owned(),
@@ -101,6 +114,15 @@ impl RunRow {
             manual_review: r.and_then(|r| int(r.manual_review)),
             provider_errors: r.and_then(|r| int(r.provider_errors)),
             run_dir: dir.display().to_string(),
+            scoring_engine: scoring
+                .as_ref()
+                .and_then(|s| s.get("engine"))
+                .and_then(|v| v.as_str())
+                .map(str::to_owned),
+            scoring_executors: scoring
+                .as_ref()
+                .and_then(|s| s.get("executors"))
+                .and_then(|v| v.as_i64()),
         }
     }
 }
@@ -189,6 +211,12 @@ impl Catalog {
                     r.run_dir,
                 ],
             )
+            .map_err(|e| self.err(e))?;
+        self.conn
+            .execute(
+                "INSERT OR REPLACE INTO run_scoring VALUES (?1, ?2, ?3)",
+                params![r.run_id, r.scoring_engine, r.scoring_executors],
+            )
             .map(|_| ())
             .map_err(|e| self.err(e))
     }
@@ -220,7 +248,13 @@ impl Catalog {
     }
 
     fn query(&self, tail: &str, args: &[&dyn rusqlite::ToSql]) -> Result<Vec<RunRow>> {
-        let sql = format!("SELECT * FROM runs {tail}");
+        let sql = format!(
+            "SELECT run_id, experiment, status, started_at, finished_at, config_path, \
+             config_sha256, corpus_path, corpus_sha256, provider, model, mitigation, selected, \
+             rows, attack_success, attack_success_rate, asr_ci_low, asr_ci_high, leakage_rate, \
+             over_refusal_rate, manual_review, provider_errors, run_dir, scoring_engine, \
+             scoring_executors FROM runs LEFT JOIN run_scoring USING (run_id) {tail}"
+        );
         let mut stmt = self.conn.prepare(&sql).map_err(|e| self.err(e))?;
         let rows = stmt
             .query_map(args, |r| {
@@ -248,10 +282,60 @@ impl Catalog {
                     manual_review: r.get(20)?,
                     provider_errors: r.get(21)?,
                     run_dir: r.get(22)?,
+                    scoring_engine: r.get(23)?,
+                    scoring_executors: r.get(24)?,
                 })
             })
             .map_err(|e| self.err(e))?;
         rows.collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| self.err(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A catalogue written before the scoring table opens, keeps its rows, takes rows
+    /// with a scoring, and stays writable by the older insert.
+    #[test]
+    fn an_older_catalogue_gains_the_scoring_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let old_schema = &SCHEMA[..SCHEMA.find("-- Where each run was scored").unwrap()];
+        {
+            let conn = Connection::open(dir.path().join(CATALOG_FILE)).unwrap();
+            conn.execute_batch(old_schema).unwrap();
+            conn.execute(
+                "INSERT INTO runs (run_id, experiment, status, started_at, run_dir) VALUES ('old', 'e', 'completed', 't', 'd')",
+                [],
+            )
+            .unwrap();
+        }
+        let catalog = Catalog::open(dir.path()).unwrap();
+        let old = catalog.get("old").unwrap().unwrap();
+        assert_eq!((old.scoring_engine, old.scoring_executors), (None, None));
+        let row = RunRow {
+            run_id: "new".into(),
+            scoring_engine: Some("ballista".into()),
+            scoring_executors: Some(3),
+            ..old
+        };
+        catalog.record(&row).unwrap();
+        assert_eq!(catalog.get("new").unwrap().unwrap(), row);
+        // Opened again (columns present): nothing to add.
+        drop(catalog);
+        let catalog = Catalog::open(dir.path()).unwrap();
+        assert_eq!(catalog.list().unwrap().len(), 2);
+        // What pieval before the scoring table inserted still goes in.
+        catalog
+            .conn
+            .execute(
+                "INSERT OR REPLACE INTO runs VALUES ('older', 'e', 'completed', 't', NULL, NULL, \
+                 NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, \
+                 NULL, NULL, NULL, 'd')",
+                [],
+            )
+            .unwrap();
+        assert_eq!(catalog.get("older").unwrap().unwrap().scoring_engine, None);
     }
 }

@@ -245,7 +245,7 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
         outcome.status = "interrupted".into();
         return Ok(outcome);
     }
-    let report = match score_run(&dir, &run_id, cfg, opts.progress.as_ref()) {
+    let report = match score_run(&dir, &run_id, cfg, opts.progress.as_ref(), None) {
         Ok(r) => r,
         // The predictions stay: `pieval replay --rescore` scores them once the cause
         // is fixed.
@@ -281,6 +281,7 @@ pub fn score_run(
     run_id: &str,
     cfg: &Config,
     progress: Option<&Progress>,
+    cluster: Option<(&str, Option<&Path>)>,
 ) -> Result<ScoreReport> {
     let mut opts = ScoreOptions::new(
         dir.join(crate::rundir::PREDICTIONS_FILE),
@@ -291,6 +292,10 @@ pub fn score_run(
     opts.mitigation = Some(cfg.mitigation.name.as_str().to_owned());
     opts.leakage_threshold = cfg.evaluation.leakage_threshold;
     opts.experiment_name = Some(cfg.experiment.name.clone());
+    if let Some((url, staging)) = cluster {
+        opts.cluster = Some(crate::cluster::scoring(url)?);
+        opts.staging = staging.map(Path::to_path_buf);
+    }
     opts.judge = cfg
         .evaluation
         .judge
@@ -328,6 +333,7 @@ pub fn finish_manifest(manifest: &mut Manifest, report: &ScoreReport) {
             .as_ref()
             .and_then(|j| serde_json::to_value(j).ok()),
         model_speed: None,
+        scoring: serde_json::to_value(&report.scoring).ok(),
         extra: Default::default(),
     });
 }

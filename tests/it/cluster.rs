@@ -248,7 +248,35 @@ fn a_two_executor_cluster_scores_the_same_rows_as_a_local_run() {
 
     let logs = dir.path().join("logs");
     std::fs::create_dir_all(&logs).unwrap();
-    let cluster = start_cluster(2, &logs);
+    let mut cluster = start_cluster(2, &logs);
+
+    // --staging must be a folder that exists (a missing mount is not made a local
+    // folder the executors cannot see).
+    let out = dir.path().join("results/no-staging");
+    let r = run(pieval()
+        .args([
+            "score",
+            "--run-id",
+            "c",
+            "--cluster",
+            &cluster.url,
+            "--staging",
+        ])
+        .arg(dir.path().join("no/such/mount"))
+        .arg("--predictions")
+        .arg(&preds_path)
+        .arg("--output")
+        .arg(&out));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("--staging") && r.stderr.contains("not a folder"),
+        "{}",
+        r.stderr
+    );
+    assert!(!dir.path().join("no").exists());
+    let i = info(&cluster.url).unwrap();
+    assert_eq!(i["cluster"]["foreign_executors"], 0, "{i}");
+    assert_eq!(i["matches_this_pieval"], true, "{i}");
 
     let local = dir.path().join("results/local");
     let r = run(pieval()
@@ -293,6 +321,10 @@ fn a_two_executor_cluster_scores_the_same_rows_as_a_local_run() {
         summary(&on_cluster)["aggregate_metrics"]
     );
     assert_eq!(summary(&local)["scoring"]["engine"], "local");
+    assert_eq!(
+        summary(&local)["scoring"]["rulepack_digest"],
+        summary(&on_cluster)["scoring"]["rulepack_digest"]
+    );
     assert_eq!(summary(&on_cluster)["scoring"]["executors"], 2);
     // The staged inputs are gone.
     assert!(
@@ -326,6 +358,34 @@ fn a_two_executor_cluster_scores_the_same_rows_as_a_local_run() {
             .iter()
             .any(|r| r["refusals"].as_i64() > Some(0))
     );
+
+    // A run re-scored on the cluster: its manifest and the run catalogue say so.
+    let results = dir.path().join("results");
+    let run_dir = common::dry_run(dir.path(), 24);
+    let run_id = run_dir.file_name().unwrap().to_str().unwrap().to_owned();
+    let r = run(pieval()
+        .args([
+            "replay",
+            &run_id,
+            "--rescore",
+            "--json",
+            "--cluster",
+            &cluster.url,
+        ])
+        .arg("--results")
+        .arg(&results));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = run(pieval()
+        .args(["runs", "list", "--json", "--results"])
+        .arg(&results));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let runs: Vec<Value> = serde_json::from_str(&r.stdout).unwrap();
+    let row = runs
+        .iter()
+        .find(|r| r["run_id"] == run_id.as_str())
+        .unwrap();
+    assert_eq!(row["scoring_engine"], "ballista", "{row}");
+    assert_eq!(row["scoring_executors"], 2, "{row}");
 
     // Other rule packs: an executor refuses to start, a client refuses to submit.
     let rules = dir.path().join("rules");
@@ -371,6 +431,43 @@ fn a_two_executor_cluster_scores_the_same_rows_as_a_local_run() {
     assert!(common::files_under(&out).is_empty());
     // Still two executors: the refused one never joined.
     assert_eq!(info(&cluster.url).unwrap()["cluster"]["executors"], 2);
+
+    // The scheduler restarted with other rule packs: Ballista takes the running
+    // executors back from their heartbeats without asking them, so the scheduler counts
+    // them as foreign and a client (with the scheduler's packs) refuses to submit.
+    cluster.scheduler.kill().unwrap();
+    cluster.scheduler.wait().unwrap();
+    let port = cluster.url.rsplit(':').next().unwrap().to_owned();
+    let mut args: Vec<String> = vec!["--rules".into(), rules.display().to_string()];
+    args.extend(["cluster", "scheduler", "--bind"].map(String::from));
+    args.push(format!("127.0.0.1:{port}"));
+    cluster.scheduler = spawn(&args, &logs.join("scheduler-2.log"));
+    wait_for(
+        &cluster,
+        |i| i["cluster"]["executors"] == 2 && i["cluster"]["foreign_executors"] == 2,
+        "the executors' return",
+    );
+    let out = dir.path().join("results/foreign");
+    let r = run(pieval()
+        .arg("--rules")
+        .arg(&rules)
+        .args([
+            "score",
+            "--run-id",
+            "c",
+            "--cluster",
+            &cluster.url,
+            "--predictions",
+        ])
+        .arg(&preds_path)
+        .arg("--output")
+        .arg(&out));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("2 executor(s) with other rule packs"),
+        "{}",
+        r.stderr
+    );
 }
 
 fn logs_of(cluster: &Cluster) -> String {

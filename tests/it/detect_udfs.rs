@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use crate::common;
+
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, LargeStringArray, RecordBatch, StringArray, StringViewArray,
 };
@@ -375,4 +377,108 @@ fn pi_detect_agrees_with_every_single_udf() {
         col(2) > 100 && col(3) > 100 && col(4) > 100,
         "the sample exercises the detectors"
     );
+}
+
+/// `--rules DIR` replaces the shipped packs for the whole process (a file the folder
+/// lacks stays the shipped one); a bad pack is an error naming its file, before
+/// anything runs.
+#[test]
+fn a_rules_folder_replaces_the_shipped_packs() {
+    use common::{pieval, repo, run};
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules");
+    std::fs::create_dir(&rules).unwrap();
+    let pack = std::fs::read_to_string(repo("data/rules/injection.toml")).unwrap();
+    std::fs::write(
+        rules.join("injection.toml"),
+        format!(
+            "{pack}\n[[rule]]\nid = \"team.zebra\"\nseverity = \"low\"\nscope = \"folded\"\n\
+             description = \"a team's own rule\"\npattern = \"zebra crossing\"\n\
+             examples = [\"a zebra crossing\"]\n"
+        ),
+    )
+    .unwrap();
+    let q = "SELECT pi_rule_hits('Look, a ZEBRA crossing') AS hits, \
+             pi_refusal('I cannot help with that.') AS refused";
+    let hits = |extra: &[&std::ffi::OsStr]| {
+        let r = run(pieval().args(extra).args(["sql", "--format", "json", q]));
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+        v[0].clone()
+    };
+    let shipped = hits(&[]);
+    assert_eq!(shipped["hits"], serde_json::json!([]));
+    let ours = hits(&["--rules".as_ref(), rules.as_os_str()]);
+    assert_eq!(ours["hits"], serde_json::json!(["team.zebra"]));
+    // The refusal pack was not in the folder: the shipped one still decides.
+    assert_eq!(ours["refused"], shipped["refused"]);
+    // The environment variable does the same.
+    let r = run(pieval()
+        .env("PIEVAL_RULES", &rules)
+        .args(["sql", "--format", "json", q]));
+    assert!(r.stdout.contains("team.zebra"), "{}", r.stderr);
+
+    std::fs::write(rules.join("refusal.toml"), "version = [unclosed\n").unwrap();
+    let r = run(pieval().arg("--rules").arg(&rules).args(["sql", q]));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("refusal.toml"), "{}", r.stderr);
+    let r = run(pieval()
+        .arg("--rules")
+        .arg(dir.path().join("missing"))
+        .args(["sql", q]));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("cannot open the rules folder"),
+        "{}",
+        r.stderr
+    );
+    #[cfg(unix)]
+    {
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&rules, &link).unwrap();
+        let r = run(pieval().arg("--rules").arg(&link).args(["sql", q]));
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        assert!(r.stderr.contains("not a folder"), "{}", r.stderr);
+        // A trailing separator does not make it followed.
+        let r = run(pieval()
+            .arg("--rules")
+            .arg(format!("{}/", link.display()))
+            .args(["sql", q]));
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        assert!(r.stderr.contains("not a folder"), "{}", r.stderr);
+    }
+}
+
+/// Without the `distributed` feature, the cluster options say how to get it.
+#[cfg(not(feature = "distributed"))]
+#[test]
+fn cluster_options_need_the_distributed_feature() {
+    use common::{pieval, run};
+    let dir = tempfile::tempdir().unwrap();
+    let preds = dir.path().join("p.jsonl");
+    std::fs::write(&preds, "{\"case_id\":\"a\",\"response_text\":\"x\"}\n").unwrap();
+    let preds = preds.to_str().unwrap();
+    for args in [
+        &["cluster", "scheduler"][..],
+        &["cluster", "info", "--scheduler", "df://127.0.0.1:1"],
+        &["sql", "--cluster", "df://127.0.0.1:1", "SELECT 1"],
+        &[
+            "score",
+            "--run-id",
+            "t",
+            "--cluster",
+            "df://127.0.0.1:1",
+            "--predictions",
+            preds,
+        ],
+    ] {
+        let r = run(pieval().args(args));
+        assert_eq!(r.code, 2, "{args:?}: {}", r.stderr);
+        assert!(
+            r.stderr.contains("built without cluster support")
+                && r.stderr.contains("--features distributed"),
+            "{args:?}: {}",
+            r.stderr
+        );
+    }
 }

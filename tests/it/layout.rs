@@ -161,6 +161,7 @@ fn modules_import_only_downward() {
         "main",
         "cli",
         "runner",
+        "cluster",
         "report",
         "export",
         "evidence",
