@@ -6,16 +6,22 @@ every configuration has this machine's two cores. Prints wall time, throughput (
 response text per second), the cluster path's overhead against the local run, and a
 measured model of how throughput scales with executors on separate machines.
 
-The model: a cluster scoring splits into the client's serial part (validating and staging
-the inputs, receiving and writing the results: `scoring.staging_ms` and the time after the
-query, both measured here on the one-executor run) and the executors' part, which divides
-across them. With S the serial seconds, W the executors' seconds on one executor of two
-slots, and N executors of two slots each on their own machines:
+The model, from CPU seconds measured on the one-executor run (loopback processes share these
+two cores, so their wall times measure the cluster path's overhead, not its scaling): a
+cluster scoring is the client's staging pass (G: `scoring.staging_ms`, one thread, nothing
+else running), then the query, during which the executors score (E: their CPU seconds, read
+from /proc) while the client receives and writes the rows (C: its CPU seconds in that phase,
+the loop writing one batch at a time, so counted on one core), then the client's summary (R).
+With N executors of two cores each on their own machines:
 
-    time(N) = S + W / N        throughput(N) = text MB / time(N)
+    time(N) = G + max(E / 2N, C / k) + R        throughput(N) = text MB / time(N)
 
-and the limit, as N grows, is text MB / S: the client's pass. Loopback executors share these
-two cores, so the two-executor run measures the cluster path's overhead, not its scaling.
+with k = 1 (the client's writing on one core: pessimistic) or k = 2 (spread over a 2-core
+client: optimistic); the limit, as N grows, is G + C/k + R: the client's passes.
+
+A second measurement runs a detector aggregate through `pieval sql` (locally and with
+--cluster, over the same Parquet file): its result is one row, so there the executors' CPU
+(E') is all that divides: time(N) = E' / 2N + the query's fixed cost.
 
 Predictions are generated with the generator of compare_score_duckdb.py (--distinct: mostly
 distinct ~1 KB responses), not committed.
@@ -84,12 +90,40 @@ class Cluster:
             p.kill(); p.wait()
 
 
+def cpu_seconds(pids):
+    """User + system CPU seconds of running processes so far (/proc/PID/stat)."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+SQL = ("SELECT count(*) AS n, sum(CASE WHEN pi_refusal(response_text) THEN 1 ELSE 0 END) AS refusals, "
+       "sum(cardinality(pi_rule_hits(response_text))) AS rule_hits FROM p")
+
+
+def sql(pieval, preds, cluster=None):
+    cmd = [pieval, "sql", "--format", "json", "--table", f"p={preds}", SQL]
+    others = [p.pid for p in cluster.procs] if cluster else []
+    before = cpu_seconds(others)
+    if cluster:
+        cmd += ["--cluster", cluster.url]
+    wall, cpu, rss, stdout = run_child(cmd)
+    return wall, cpu, cpu_seconds(others) - before, json.loads(stdout)
+
+
 def score(pieval, preds, out, cluster=None):
     cmd = [pieval, "score", "--json", "--run-id", "bench", "--predictions", preds, "--output", out]
+    others = [p.pid for p in cluster.procs] if cluster else []
+    before = cpu_seconds(others)
     if cluster:
-        cmd += ["--cluster", cluster]
+        cmd += ["--cluster", cluster.url]
     wall, cpu, rss, stdout = run_child(cmd)
     report = json.loads(stdout)
+    report["cluster_cpu_s"] = cpu_seconds(others) - before
+    report["client_cpu_s"] = cpu
     with open(os.path.join(out, "case_results.jsonl"), "rb") as f:
         rows = sorted(f.read().splitlines())
     shutil.rmtree(out)
@@ -100,6 +134,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--size-mb", type=int, default=512)
     args = ap.parse_args()
+    os.chdir(ROOT)  # pieval's default corpus path is relative to the repository
     pieval = build()
     work = tempfile.mkdtemp(prefix="pieval-cluster-bench-")
     try:
@@ -108,42 +143,62 @@ def main():
         mb = text_bytes / 1e6
         print(f"{n:,} predictions, {mb:,.0f} MB of response text (--distinct)")
         logs = os.path.join(work, "logs"); os.makedirs(logs)
-        results = []
+        results, sqls = [], []
         wall, report, local_rows = score(pieval, preds, os.path.join(work, "local"))
         results.append(("local (one process)", wall, report))
+        sqls.append(("local (one process)", *sql(pieval, preds)))
         for executors, slots in ((1, 2), (2, 1)):
             c = Cluster(pieval, executors, slots, logs)
             try:
-                wall, report, rows = score(pieval, preds, os.path.join(work, f"c{executors}"), c.url)
+                wall, report, rows = score(pieval, preds, os.path.join(work, f"c{executors}"), c)
+                sqls.append((f"cluster, {executors} executor(s) x {slots} slot(s)", *sql(pieval, preds, c)))
             finally:
                 c.stop()
             if rows != local_rows:
                 sys.exit(f"{executors}-executor cluster: case_results differ from the local run")
             results.append((f"cluster, {executors} executor(s) x {slots} slot(s)", wall, report))
-        base = results[0][1]
-        print(f"\n| scoring | wall | throughput | overhead vs local | staging (client) |")
-        print("|---|---|---|---|---|")
+        base, base_cpu = results[0][1], results[0][2]["client_cpu_s"]
+        print(f"\n| scoring | wall | throughput | wall vs local | CPU, all processes | CPU vs local | staging (client) |")
+        print("|---|---|---|---|---|---|---|")
         for name, wall, report in results:
             staging = report["scoring"].get("staging_ms")
             st = f"{staging / 1000:.2f} s" if staging is not None else ""
-            print(f"| {name} | {wall:.2f} s | {mb / wall:.1f} MB/s | {100 * (wall / base - 1):+.0f}% | {st} |")
+            cpu = report["client_cpu_s"] + report["cluster_cpu_s"]
+            print(f"| {name} | {wall:.2f} s | {mb / wall:.1f} MB/s | {100 * (wall / base - 1):+.0f}% "
+                  f"| {cpu:.1f} s | {100 * (cpu / base_cpu - 1):+.0f}% | {st} |")
         print("\nevery cluster run's case_results rows are identical to the local run's")
-        # The model, from the one-executor run: serial client part S, executors' part W.
-        _, wall1, report1 = results[1]
-        sc = report1["scoring"]
-        staging, query, write = sc["staging_ms"] / 1000, sc["query_ms"] / 1000, sc["client_write_ms"] / 1000
-        rest = max(wall1 - staging - query, 0)   # start, connect, summary
-        serial = staging + write + rest
-        work_s = max(query - write, 1e-9)
-        print(f"\nmodel (measured on the one-executor run): serial client part S = {serial:.2f} s "
-              f"(staging {staging:.2f} s, writing results {write:.2f} s, the rest {rest:.2f} s), "
-              f"executors' part W = {work_s:.2f} s on one executor of 2 slots")
-        print("| executors (2 slots each, own machines) | time | throughput |")
+        # The model, from the one-executor run (see the module docs).
+        _, wall1, r1 = results[1]
+        sc = r1["scoring"]
+        g, query = sc["staging_ms"] / 1000, sc["query_ms"] / 1000
+        rest = max(wall1 - g - query, 0)
+        e = r1["cluster_cpu_s"]
+        c = max(r1["client_cpu_s"] - g - rest, 0)
+        print(f"\nmodel (measured on the one-executor run): staging G = {g:.2f} s, executors' CPU "
+              f"E = {e:.1f} s, the client's CPU while the query runs C = {c:.1f} s, the rest R = {rest:.2f} s")
+        print("| executors (2 cores each, own machines) | time, client on 1 core | throughput | time, client on 2 cores | throughput |")
+        print("|---|---|---|---|---|")
+        for n in (1, 2, 4, 8, 16, 32):
+            t1, t2 = g + max(e / (2 * n), c) + rest, g + max(e / (2 * n), c / 2) + rest
+            print(f"| {n} | {t1:.2f} s | {mb / t1:.1f} MB/s | {t2:.2f} s | {mb / t2:.1f} MB/s |")
+        t1, t2 = g + c + rest, g + c / 2 + rest
+        print(f"| limit (the client's passes) | {t1:.2f} s | {mb / t1:.1f} MB/s | {t2:.2f} s | {mb / t2:.1f} MB/s |")
+
+        print(f"\n`pieval sql` with detectors, one-row result: {SQL}")
+        print("| sql | wall | throughput | client CPU | executors' CPU |")
+        print("|---|---|---|---|---|")
+        for name, wall, cpu, ecpu, rows in sqls:
+            if rows != sqls[0][4]:
+                sys.exit(f"{name}: the SQL result differs from the local one: {rows} vs {sqls[0][4]}")
+            print(f"| {name} | {wall:.2f} s | {mb / wall:.1f} MB/s | {cpu:.1f} s | {ecpu:.1f} s |")
+        _, wall1, ccpu1, e1, _ = sqls[1]
+        fixed = max(wall1 - e1 / 2, 0)
+        print(f"model: E' = {e1:.1f} s of executors' CPU, fixed cost {fixed:.2f} s (the one-executor wall less E'/2)")
+        print("| executors (2 cores each) | time | throughput |")
         print("|---|---|---|")
-        for k in (1, 2, 4, 8, 16, 32):
-            t = serial + work_s / k
-            print(f"| {k} | {t:.2f} s | {mb / t:.1f} MB/s |")
-        print(f"| limit (the client's pass) | {serial:.2f} s | {mb / serial:.1f} MB/s |")
+        for n in (1, 2, 4, 8, 16, 32):
+            t = e1 / (2 * n) + fixed
+            print(f"| {n} | {t:.2f} s | {mb / t:.1f} MB/s |")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -415,7 +415,13 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
         .await?;
         let started = std::time::Instant::now();
         let mut writing = std::time::Duration::ZERO;
-        let mut stream = df.execute_stream().await?;
+        let stream = df.execute_stream().await?;
+        let mut stream: futures::stream::BoxStream<'_, Result<RecordBatch>> =
+            if opts.cluster.is_some() {
+                Box::pin(coalesced(stream, RESULT_BATCH_ROWS))
+            } else {
+                Box::pin(stream.map(|b| b.map_err(Error::from)))
+            };
         while let Some(batch) = stream.next().await {
             let batch = batch?;
             let t = std::time::Instant::now();
@@ -508,6 +514,44 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
         .map(|r| r.sha256.clone())
         .unwrap_or_default();
     Ok(report)
+}
+
+/// Rows per result batch from a cluster: its results arrive in Arrow Flight messages of a
+/// few hundred rows, and findings.sql is planned once per batch (on 512 MB, 4,581
+/// batches instead of 66 took the client 40 s instead of 10).
+const RESULT_BATCH_ROWS: usize = 8192;
+
+/// A stream's batches regrouped into batches of about `rows` rows.
+fn coalesced(
+    stream: datafusion::physical_plan::SendableRecordBatchStream,
+    rows: usize,
+) -> impl futures::Stream<Item = Result<RecordBatch>> {
+    use datafusion::arrow::compute::BatchCoalescer;
+    let coalescer = BatchCoalescer::new(stream.schema(), rows);
+    futures::stream::unfold(
+        (stream, coalescer, false),
+        |(mut stream, mut coalescer, mut done)| async move {
+            loop {
+                if let Some(batch) = coalescer.next_completed_batch() {
+                    return Some((Ok(batch), (stream, coalescer, done)));
+                }
+                if done {
+                    return None;
+                }
+                let pushed = match stream.next().await {
+                    Some(Ok(batch)) => coalescer.push_batch(batch).map_err(Error::from),
+                    Some(Err(e)) => Err(Error::from(e)),
+                    None => {
+                        done = true;
+                        coalescer.finish_buffered_batch().map_err(Error::from)
+                    }
+                };
+                if let Err(e) = pushed {
+                    return Some((Err(e), (stream, coalescer, true)));
+                }
+            }
+        },
+    )
 }
 
 /// Count outcomes and review reasons of one result batch.
