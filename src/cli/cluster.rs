@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
@@ -82,7 +82,7 @@ pub fn run(cmd: Command) -> Result<u8> {
             let scheduler = crate::cluster::parse_url(&scheduler)?;
             if let Some(dir) = &work_dir {
                 std::fs::create_dir_all(dir)
-                    .map_err(|e| Error::io(dir, "cannot create folder", e))?;
+                    .map_err(|e| crate::error::Error::io(dir, "cannot create folder", e))?;
             }
             super::output::stderr_line(&format!(
                 "pieval executor on {bind} for df://{}:{}, rule packs {}",

@@ -140,6 +140,16 @@ pub struct Catalog {
     path: PathBuf,
 }
 
+/// The tables, where they are missing. A read-only catalogue (an archived results
+/// folder) is still read, even one from before the run_scoring table (`query` reads it
+/// as empty).
+fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
+    match conn.execute_batch(SCHEMA) {
+        Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::ReadOnly) => Ok(()),
+        other => other,
+    }
+}
+
 impl Catalog {
     /// Open (creating) `<results>/catalog.sqlite`.
     pub fn open(results: &Path) -> Result<Self> {
@@ -150,7 +160,7 @@ impl Catalog {
         let connect = || -> std::result::Result<Connection, rusqlite::Error> {
             let conn = Connection::open(&path)?;
             conn.busy_timeout(std::time::Duration::from_secs(10))?;
-            conn.execute_batch(SCHEMA)?;
+            create_schema(&conn)?;
             Ok(conn)
         };
         match connect() {
@@ -248,8 +258,22 @@ impl Catalog {
     }
 
     fn query(&self, tail: &str, args: &[&dyn rusqlite::ToSql]) -> Result<Vec<RunRow>> {
+        let has_scoring: bool = self
+            .conn
+            .query_row(
+                "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'run_scoring'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|e| self.err(e))?;
+        let empty_scoring = if has_scoring {
+            ""
+        } else {
+            "WITH run_scoring AS (SELECT NULL AS run_id, NULL AS scoring_engine, \
+             NULL AS scoring_executors WHERE 0) "
+        };
         let sql = format!(
-            "SELECT run_id, experiment, status, started_at, finished_at, config_path, \
+            "{empty_scoring}SELECT run_id, experiment, status, started_at, finished_at, config_path, \
              config_sha256, corpus_path, corpus_sha256, provider, model, mitigation, selected, \
              rows, attack_success, attack_success_rate, asr_ci_low, asr_ci_high, leakage_rate, \
              over_refusal_rate, manual_review, provider_errors, run_dir, scoring_engine, \
@@ -337,5 +361,31 @@ mod tests {
             )
             .unwrap();
         assert_eq!(catalog.get("older").unwrap().unwrap().scoring_engine, None);
+    }
+
+    /// A read-only catalogue from before the scoring table is still read.
+    #[test]
+    fn a_read_only_older_catalogue_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(CATALOG_FILE);
+        {
+            let conn = Connection::open(&path).unwrap();
+            let old_schema = &SCHEMA[..SCHEMA.find("-- Where each run was scored").unwrap()];
+            conn.execute_batch(old_schema).unwrap();
+            conn.execute(
+                "INSERT INTO runs (run_id, experiment, status, started_at, run_dir) VALUES ('old', 'e', 'completed', 't', 'd')",
+                [],
+            )
+            .unwrap();
+        }
+        // Opened read-only (as SQLite opens a file it cannot write): the schema cannot be
+        // added, and the rows are still read.
+        let conn =
+            Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+        create_schema(&conn).unwrap();
+        let catalog = Catalog { conn, path };
+        let rows = catalog.list().unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].scoring_engine, None);
     }
 }
