@@ -237,6 +237,13 @@ fn score_params(ctx: &datafusion::prelude::SessionContext, opts: &ScoreOptions) 
     Ok(())
 }
 
+/// A scoring session, where it runs, and its staged inputs (a cluster's).
+type OpenSession = (
+    datafusion::prelude::SessionContext,
+    ScoringEngine,
+    Option<Staging>,
+);
+
 /// The scoring session and where it runs: this process, with the corpus and the
 /// predictions streamed; or a cluster, with both validated and staged as Parquet in a
 /// folder the executors see (kept until the guard drops).
@@ -244,11 +251,7 @@ async fn open_session(
     opts: &ScoreOptions,
     corpus: &super::CorpusTable,
     predictions: &super::PredictionsTable,
-) -> Result<(
-    datafusion::prelude::SessionContext,
-    ScoringEngine,
-    Option<Staging>,
-)> {
+) -> Result<OpenSession> {
     let Some(connect) = &opts.cluster else {
         let ctx = scoring_session();
         ctx.register_table("attack_cases", corpus.table.clone())?;
@@ -274,11 +277,7 @@ async fn cluster_session(
     opts: &ScoreOptions,
     corpus: &super::CorpusTable,
     predictions: &super::PredictionsTable,
-) -> Result<(
-    datafusion::prelude::SessionContext,
-    ScoringEngine,
-    Option<Staging>,
-)> {
+) -> Result<OpenSession> {
     // Split the staged scan between the executors however well its text compresses
     // (DataFusion's default splits only files over 10 MB; detectors cost by text, not by
     // compressed bytes).
@@ -297,10 +296,11 @@ async fn cluster_session(
     local.register_table("predictions", predictions.table.clone())?;
     for table in ["attack_cases", "predictions"] {
         let path = staging.dir.join(format!("{table}.parquet"));
-        stage(local.table(table).await?, &path).await?;
+        let df = local.table(table).await?;
+        let schema = df.schema().as_arrow().clone();
+        stage(df, &path).await?;
         // The folder's path was checked (UTF-8, nothing DataFusion reads as a pattern).
         let path = path.to_string_lossy();
-        let schema = local.table(table).await?.schema().as_arrow().clone();
         ctx.register_parquet(
             table,
             &*path,

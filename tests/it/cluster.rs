@@ -184,6 +184,20 @@ fn predictions(copies: usize) -> Vec<Value> {
     preds
 }
 
+/// `pieval score --run-id c --json --predictions P --output OUT`, on the cluster at
+/// `url` when one is given; more options may follow (global ones such as `--rules` too).
+fn score_cmd(url: Option<&str>, preds: &Path, out: &Path) -> Command {
+    let mut cmd = pieval();
+    cmd.args(["score", "--run-id", "c", "--json", "--predictions"])
+        .arg(preds)
+        .arg("--output")
+        .arg(out);
+    if let Some(url) = url {
+        cmd.args(["--cluster", url]);
+    }
+    cmd
+}
+
 /// Every case_results row as its JSON line, sorted: the same multiset of rows, whatever
 /// order the partitions came back in.
 fn rows(out: &Path) -> Vec<String> {
@@ -225,18 +239,7 @@ fn a_two_executor_cluster_scores_the_same_rows_as_a_local_run() {
     // No scheduler there: a clear error before anything is written.
     let nobody = format!("df://127.0.0.1:{}", free_port_pair());
     let out = dir.path().join("results/nobody");
-    let r = run(pieval()
-        .args([
-            "score",
-            "--run-id",
-            "c",
-            "--cluster",
-            &nobody,
-            "--predictions",
-        ])
-        .arg(&preds_path)
-        .arg("--output")
-        .arg(&out));
+    let r = run(&mut score_cmd(Some(&nobody), &preds_path, &out));
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(
         r.stderr
@@ -253,20 +256,9 @@ fn a_two_executor_cluster_scores_the_same_rows_as_a_local_run() {
     // --staging must be a folder that exists (a missing mount is not made a local
     // folder the executors cannot see).
     let out = dir.path().join("results/no-staging");
-    let r = run(pieval()
-        .args([
-            "score",
-            "--run-id",
-            "c",
-            "--cluster",
-            &cluster.url,
-            "--staging",
-        ])
-        .arg(dir.path().join("no/such/mount"))
-        .arg("--predictions")
-        .arg(&preds_path)
-        .arg("--output")
-        .arg(&out));
+    let r = run(&mut score_cmd(Some(&cluster.url), &preds_path, &out)
+        .arg("--staging")
+        .arg(dir.path().join("no/such/mount")));
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(
         r.stderr.contains("--staging") && r.stderr.contains("not a folder"),
@@ -279,26 +271,10 @@ fn a_two_executor_cluster_scores_the_same_rows_as_a_local_run() {
     assert_eq!(i["matches_this_pieval"], true, "{i}");
 
     let local = dir.path().join("results/local");
-    let r = run(pieval()
-        .args(["score", "--run-id", "c", "--json", "--predictions"])
-        .arg(&preds_path)
-        .arg("--output")
-        .arg(&local));
+    let r = run(&mut score_cmd(None, &preds_path, &local));
     assert_eq!(r.code, 0, "{}", r.stderr);
     let on_cluster = dir.path().join("results/cluster");
-    let r = run(pieval()
-        .args([
-            "score",
-            "--run-id",
-            "c",
-            "--json",
-            "--cluster",
-            &cluster.url,
-        ])
-        .arg("--predictions")
-        .arg(&preds_path)
-        .arg("--output")
-        .arg(&on_cluster));
+    let r = run(&mut score_cmd(Some(&cluster.url), &preds_path, &on_cluster));
     assert_eq!(r.code, 0, "{}\n{}", r.stderr, logs_of(&cluster));
     let report: Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(report["scoring"]["engine"], "ballista");
@@ -412,20 +388,9 @@ fn a_two_executor_cluster_scores_the_same_rows_as_a_local_run() {
     let ours = info(&cluster.url).unwrap()["cluster"]["rulepack_digest"].clone();
     assert!(r.stderr.contains(ours.as_str().unwrap()), "{}", r.stderr);
     let out = dir.path().join("results/other-rules");
-    let r = run(pieval()
+    let r = run(&mut score_cmd(Some(&cluster.url), &preds_path, &out)
         .arg("--rules")
-        .arg(&rules)
-        .args([
-            "score",
-            "--run-id",
-            "c",
-            "--cluster",
-            &cluster.url,
-            "--predictions",
-        ])
-        .arg(&preds_path)
-        .arg("--output")
-        .arg(&out));
+        .arg(&rules));
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("query not submitted"), "{}", r.stderr);
     assert!(common::files_under(&out).is_empty());
@@ -448,20 +413,9 @@ fn a_two_executor_cluster_scores_the_same_rows_as_a_local_run() {
         "the executors' return",
     );
     let out = dir.path().join("results/foreign");
-    let r = run(pieval()
+    let r = run(&mut score_cmd(Some(&cluster.url), &preds_path, &out)
         .arg("--rules")
-        .arg(&rules)
-        .args([
-            "score",
-            "--run-id",
-            "c",
-            "--cluster",
-            &cluster.url,
-            "--predictions",
-        ])
-        .arg(&preds_path)
-        .arg("--output")
-        .arg(&out));
+        .arg(&rules));
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(
         r.stderr.contains("2 executor(s) with other rule packs"),
@@ -491,11 +445,7 @@ fn an_executor_killed_mid_query_leaves_a_whole_result_or_a_clear_error() {
         .collect();
     write_jsonl(&preds_path, &preds);
     let local = dir.path().join("results/local");
-    let r = run(pieval()
-        .args(["score", "--run-id", "k", "--predictions"])
-        .arg(&preds_path)
-        .arg("--output")
-        .arg(&local));
+    let r = run(&mut score_cmd(None, &preds_path, &local));
     assert_eq!(r.code, 0, "{}", r.stderr);
     let logs = dir.path().join("logs");
     std::fs::create_dir_all(&logs).unwrap();
@@ -542,19 +492,7 @@ fn score_and_kill(
     preds_path: &Path,
     out: &Path,
 ) -> (bool, std::process::Output) {
-    let mut score = pieval()
-        .args([
-            "score",
-            "--run-id",
-            "k",
-            "--json",
-            "--cluster",
-            &cluster.url,
-        ])
-        .arg("--predictions")
-        .arg(preds_path)
-        .arg("--output")
-        .arg(out)
+    let mut score = score_cmd(Some(&cluster.url), preds_path, out)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
