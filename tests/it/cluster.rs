@@ -554,3 +554,57 @@ fn failed_cleanly(result: &std::process::Output, out: &Path) {
         );
     }
 }
+
+/// A server at the scheduler's address that is not a pieval scheduler — a 404, an answer
+/// that is not a description, one over 1 MiB — is a clear error (exit 2), never a panic
+/// or an unbounded read.
+#[test]
+fn a_server_that_is_not_a_pieval_scheduler_is_named_as_such() {
+    use std::io::{Read, Write};
+    let answers: Vec<(Vec<u8>, &str)> = vec![
+        (
+            b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n".to_vec(),
+            "answered 404",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nnot json!".to_vec(),
+            "did not answer a pieval description",
+        ),
+        (
+            {
+                let body = vec![b'['; 2 << 20];
+                let mut r = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len())
+                    .into_bytes();
+                r.extend(body);
+                r
+            },
+            "an answer over 1 MiB",
+        ),
+    ];
+    for (answer, expected) in answers {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = std::thread::spawn(move || {
+            if let Ok((mut s, _)) = listener.accept() {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf);
+                let _ = s.write_all(&answer);
+            }
+        });
+        let r = run(pieval().args([
+            "cluster",
+            "info",
+            "--scheduler",
+            &format!("df://127.0.0.1:{port}"),
+        ]));
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        assert!(
+            r.stderr.contains(&format!(
+                "cannot reach a pieval scheduler at df://127.0.0.1:{port}"
+            )) && r.stderr.contains(expected),
+            "{expected}: {}",
+            r.stderr
+        );
+        server.join().unwrap();
+    }
+}
