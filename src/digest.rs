@@ -1,22 +1,33 @@
 //! sha256, the one digest pieval records (corpus, config, predictions, evidence,
 //! envelopes, models), as lowercase hex.
 
-use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
+use crate::files::Links;
 
 /// Lowercase hex sha256 of bytes.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// sha256 of a whole file, streamed.
+/// sha256 of a whole regular file, streamed (a FIFO or a device is an error, not a
+/// read that never ends).
 pub fn sha256_file(path: &Path) -> Result<String> {
-    let mut f = File::open(path).map_err(|e| Error::io(path, "cannot open", e))?;
+    sha256_file_in(path, Links::Follow)
+}
+
+/// [`sha256_file`] of a file in a folder that may come from someone else: with
+/// [`Links::Refuse`], a symbolic link is an error.
+pub fn sha256_file_in(path: &Path, links: Links) -> Result<String> {
+    sha256_reader(crate::files::open_regular(path, links)?, path)
+}
+
+/// sha256 of everything `f` reads, streamed; `path` names it in errors.
+pub fn sha256_reader(mut f: impl Read, path: &Path) -> Result<String> {
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {

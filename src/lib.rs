@@ -41,6 +41,7 @@ pub mod error;
 pub mod evidence;
 pub mod experiment;
 pub mod export;
+pub mod files;
 pub mod ingest;
 pub mod judge;
 pub mod mitigation;

@@ -97,6 +97,15 @@ fn escape_where(s: &str, unsafe_char: impl Fn(char) -> bool) -> std::borrow::Cow
     std::borrow::Cow::Owned(out)
 }
 
+/// The bidirectional overrides and isolates (Trojan Source) shown escaped (`\u{202e}`),
+/// for HTML: its escaping leaves them, and they reorder what a reader sees.
+pub fn escape_bidi(s: &str) -> std::borrow::Cow<'_, str> {
+    escape_where(
+        s,
+        |c| matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}'),
+    )
+}
+
 /// The current UTC time as `YYYYMMDDTHHMMSSZ` (for default run ids).
 pub fn utc_compact_now() -> String {
     let secs = std::time::SystemTime::now()

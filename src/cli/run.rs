@@ -238,6 +238,23 @@ pub struct ReplayArgs {
     /// be called with the key in the environment variable the run names.
     #[arg(long, value_name = "URL")]
     trust_endpoint: Vec<String>,
+    /// With --rescore: use the verdicts recorded in the run's judgements.parquet for your
+    /// --judge, and let them join your judge's shared cache. Without it a received run's
+    /// verdicts are served only to the run's own judge, never to yours, and never join
+    /// your cache. Either way a verdict is used only when every input it was computed
+    /// from (judge, rubric, question, response, prompt) matches.
+    #[arg(long, requires = "rescore")]
+    trust_judgements: bool,
+    /// Confirm that pieval may use the local files the run's config names outside the
+    /// run folder (its corpus, a model file, a judge's rubric, calibration, cache or
+    /// replay file), as the refusal lists them. Without it such a run is refused: give
+    /// your own sections instead (--judge FILE, --model-from CONFIG).
+    #[arg(long)]
+    trust_paths: bool,
+    /// Without --rescore: your copy of the run's corpus, used instead of the path the
+    /// run recorded (its sha256 must still be the recorded one).
+    #[arg(long, value_name = "PATH", conflicts_with = "rescore")]
+    dataset: Option<PathBuf>,
     /// The results folder holding run ids.
     #[arg(long, default_value = "results")]
     results: PathBuf,
@@ -292,6 +309,9 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
         )?;
     }
     let own = args.model_from.as_deref().map(Config::load).transpose()?;
+    if let Some(d) = &args.dataset {
+        config.dataset.path = d.clone();
+    }
     if let Some(own) = &own {
         config.model = own.config.model.clone();
     } else if !args.rescore {
@@ -304,6 +324,7 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
             "--model-from CONFIG",
         )?;
     }
+    let mut own_attack: Vec<&str> = Vec::new();
     // The attack's attacker and translator models: the user's own (from the
     // --model-from config's attack section), or confirmed like the model's endpoint.
     if let Some(attack) = &mut config.attack
@@ -324,6 +345,7 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
         ] {
             if let Some(m) = mine {
                 *section = Some(m);
+                own_attack.push(name);
             } else if let Some(m) = section {
                 trust_endpoint(
                     name,
@@ -336,6 +358,28 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
             }
         }
     }
+    // Files the received config names outside the run folder: read (a judge cache even
+    // written) only when the user confirms them or brings their own section.
+    if !args.trust_paths {
+        let named = named_paths(
+            &config,
+            args.dataset.is_none(),
+            args.judge.is_none(),
+            own.is_some(),
+            &own_attack,
+            args.rescore,
+        );
+        if !named.is_empty() {
+            let list = named
+                .iter()
+                .map(|(k, p)| format!("{k}: {}", crate::text::escape_control(p)))
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Err(Error::State(format!(
+                "the run's config names local files outside the run folder ({list}), and a run folder is not trusted: give your own (--dataset PATH, --judge FILE, --model-from CONFIG), or --trust-paths to let pieval use these files"
+            )));
+        }
+    }
     if args.rescore {
         let notes = progress(false);
         let scored = runner::score_run(
@@ -346,7 +390,17 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
             args.cluster
                 .as_deref()
                 .map(|url| (url, args.staging.as_deref())),
+            crate::judge::RunVerdicts::Received {
+                serve: args.judge.is_none() || args.trust_judgements,
+                merge: args.trust_judgements,
+            },
         )?;
+        if let Some(j) = scored.judge.as_ref().filter(|j| j.run_verdicts_unused > 0) {
+            output::stderr_line(&format!(
+                "note: the run's {} recorded verdict(s) were not used for your judge (a run folder is not trusted); the judge was asked instead. --trust-judgements uses them when every input matches",
+                j.run_verdicts_unused
+            ));
+        }
         let mut m = manifest.clone();
         runner::finish_manifest(&mut m, &scored);
         m.rescored_at = Some(crate::text::utc_rfc3339(crate::text::unix_now()));
@@ -407,6 +461,61 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
     opts.output_dir = dir.parent().map(Path::to_path_buf);
     let outcome = runner::run_loaded(loaded, &opts)?;
     report(outcome, args.json)
+}
+
+/// The local files a received run's config names, as (key, path), that this replay would
+/// use: the run's judge section's files (unless `judge_is_runs` is false: the user gave
+/// their own), and for a re-run the corpus (unless the user gave theirs) and the model
+/// sections' files (unless the
+/// user's `--model-from` replaced them: the model, and the attack sections listed in
+/// `own_attack`).
+fn named_paths(
+    config: &Config,
+    dataset_is_runs: bool,
+    judge_is_runs: bool,
+    own_model: bool,
+    own_attack: &[&str],
+    rescore: bool,
+) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut add = |key: &str, p: Option<&Path>| {
+        if let Some(p) = p {
+            out.push((key.to_owned(), p.display().to_string()));
+        }
+    };
+    if judge_is_runs && let Some(j) = &config.evaluation.judge {
+        add("evaluation.judge.rubric", j.rubric.as_deref());
+        add("evaluation.judge.path", j.path.as_deref());
+        add("evaluation.judge.replay_from", j.replay_from.as_deref());
+        add("evaluation.judge.cache", j.cache.as_deref());
+        add("evaluation.judge.calibration", j.calibration.as_deref());
+    }
+    if !rescore {
+        if dataset_is_runs {
+            add("dataset.path", Some(config.dataset.path.as_path()));
+        }
+        if !own_model {
+            add("model.path", config.model.path.as_deref());
+            add(
+                "model.replay_from",
+                config.model.replay_from.as_deref().map(Path::new),
+            );
+        }
+        if let Some(a) = &config.attack {
+            for (section, m) in [
+                ("attack.attacker", &a.attacker),
+                ("attack.translator", &a.translator),
+            ] {
+                if !own_attack.contains(&section) {
+                    add(
+                        &format!("{section}.path"),
+                        m.as_ref().and_then(|m| m.path.as_deref()),
+                    );
+                }
+            }
+        }
+    }
+    out
 }
 
 /// An endpoint recorded in a received run may be called only when the user confirms it

@@ -107,10 +107,12 @@ pub fn run(cmd: Command) -> Result<u8> {
         Command::Show(a) => {
             let dir = run_dir(&a.run, &a.results)?;
             let m = crate::rundir::Manifest::read(&dir)?;
-            let summary: Option<Value> =
-                std::fs::read_to_string(dir.join(crate::rundir::SUMMARY_FILE))
-                    .ok()
-                    .and_then(|t| serde_json::from_str(&t).ok());
+            let summary: Option<Value> = crate::rundir::read_artifact(
+                &dir,
+                crate::rundir::SUMMARY_FILE,
+                crate::files::bounds::SUMMARY,
+            )?
+            .and_then(|t| serde_json::from_slice(&t).ok());
             if a.json {
                 let mut doc = serde_json::to_value(&m)
                     .map_err(|e| Error::Internal(format!("cannot encode the manifest: {e}")))?;

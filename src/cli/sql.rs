@@ -16,7 +16,13 @@ use crate::error::{Error, Result};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum Format {
     Table,
+    /// CSV as the data is: byte-exact, for programs.
     Csv,
+    /// CSV for a spreadsheet: a text cell that a spreadsheet would run as a formula
+    /// (starting with `=`, `+`, `-`, `@`, a tab or a carriage return) gets a leading `'`
+    /// (OWASP's advice against CSV injection), so `=HYPERLINK(…)` from a model's answer
+    /// shows as text.
+    SpreadsheetCsv,
     Json,
     Parquet,
 }
@@ -200,7 +206,8 @@ enum Sink {
         max: usize,
         more: u64,
     },
-    Csv(datafusion::arrow::csv::Writer<Target>),
+    /// The writer, and whether formula-like text is neutralised.
+    Csv(datafusion::arrow::csv::Writer<Target>, bool),
     Json(datafusion::arrow::json::ArrayWriter<Target>),
     Parquet(ArrowWriter<Target>),
 }
@@ -270,10 +277,11 @@ impl Sink {
                 max: max_rows,
                 more: 0,
             },
-            Format::Csv => Sink::Csv(
+            Format::Csv | Format::SpreadsheetCsv => Sink::Csv(
                 datafusion::arrow::csv::WriterBuilder::new()
                     .with_header(true)
                     .build(target),
+                format == Format::SpreadsheetCsv,
             ),
             Format::Json => Sink::Json(datafusion::arrow::json::ArrayWriter::new(target)),
             Format::Parquet => Sink::Parquet(ArrowWriter::try_new(target, schema, None)?),
@@ -296,7 +304,8 @@ impl Sink {
                 }
                 *more += (batch.num_rows() - take) as u64;
             }
-            Sink::Csv(w) => w.write(batch)?,
+            Sink::Csv(w, false) => w.write(batch)?,
+            Sink::Csv(w, true) => w.write(&neutralise_formulas(batch)?)?,
             Sink::Json(w) => w.write(batch)?,
             Sink::Parquet(w) => w.write(batch)?,
         }
@@ -323,7 +332,7 @@ impl Sink {
                 }
                 target
             }
-            Sink::Csv(w) => w.into_inner(),
+            Sink::Csv(w, _) => w.into_inner(),
             Sink::Json(mut w) => {
                 w.finish()?;
                 w.into_inner()
@@ -331,5 +340,104 @@ impl Sink {
             Sink::Parquet(w) => w.into_inner()?,
         };
         target.commit()
+    }
+}
+
+/// Text cells a spreadsheet would evaluate as a formula, prefixed with `'` (OWASP, "CSV
+/// Injection"): every string column, whatever its Arrow string type, becomes Utf8.
+fn neutralise_formulas(batch: &RecordBatch) -> Result<RecordBatch> {
+    use datafusion::arrow::array::{Array, ArrayRef, AsArray, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    let risky = |s: &str| s.starts_with(['=', '+', '-', '@', '\t', '\r']);
+    let mut fields = Vec::with_capacity(batch.num_columns());
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(batch.num_columns());
+    for (field, col) in batch.schema().fields().iter().zip(batch.columns()) {
+        if matches!(
+            col.data_type(),
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+        ) {
+            let text = datafusion::arrow::compute::cast(col, &DataType::Utf8)?;
+            let text = text.as_string::<i32>();
+            let out: StringArray = (0..text.len())
+                .map(|i| {
+                    (!text.is_null(i)).then(|| {
+                        let v = text.value(i);
+                        if risky(v) {
+                            format!("'{v}")
+                        } else {
+                            v.to_owned()
+                        }
+                    })
+                })
+                .collect();
+            fields.push(Field::new(
+                field.name(),
+                DataType::Utf8,
+                field.is_nullable(),
+            ));
+            columns.push(std::sync::Arc::new(out));
+        } else {
+            fields.push(field.as_ref().clone());
+            columns.push(col.clone());
+        }
+    }
+    Ok(RecordBatch::try_new(
+        std::sync::Arc::new(Schema::new(fields)),
+        columns,
+    )?)
+}
+
+#[cfg(test)]
+mod formula_tests {
+    use super::*;
+    use datafusion::arrow::array::{Int64Array, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use std::sync::Arc;
+
+    #[test]
+    fn formula_like_text_is_shown_as_text() {
+        let batch = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("t", DataType::Utf8, true),
+                Field::new("n", DataType::Int64, false),
+            ])),
+            vec![
+                Arc::new(StringArray::from(vec![
+                    Some("=HYPERLINK(\"http://x\",\"y\")"),
+                    Some("+1"),
+                    Some("-2"),
+                    Some("@SUM(A1)"),
+                    Some("\tx"),
+                    Some("plain = text"),
+                    None,
+                ])),
+                Arc::new(Int64Array::from(vec![-1, 2, 3, 4, 5, 6, 7])),
+            ],
+        )
+        .unwrap();
+        let out = neutralise_formulas(&batch).unwrap();
+        let t = out
+            .column(0)
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .unwrap();
+        let got: Vec<Option<&str>> = t.iter().collect();
+        assert_eq!(
+            got,
+            vec![
+                Some("'=HYPERLINK(\"http://x\",\"y\")"),
+                Some("'+1"),
+                Some("'-2"),
+                Some("'@SUM(A1)"),
+                Some("'\tx"),
+                Some("plain = text"),
+                None
+            ]
+        );
+        assert_eq!(
+            out.column(1).as_ref(),
+            batch.column(1).as_ref(),
+            "numbers untouched"
+        );
     }
 }

@@ -195,7 +195,7 @@ impl Builders {
 impl PredictionsReader {
     pub fn open(path: impl AsRef<Path>, batch_size: usize) -> Result<Self> {
         let path = path.as_ref();
-        let file = File::open(path).map_err(|e| Error::io(path, "cannot open predictions", e))?;
+        let file = crate::files::open_input(path, "cannot open predictions")?;
         let is_parquet = path
             .extension()
             .is_some_and(|e| e.eq_ignore_ascii_case("parquet"));

@@ -7,7 +7,6 @@
 //! `validate`, `enrich`, `corpus stats` and the runner.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch};
@@ -128,7 +127,7 @@ impl CorpusReader {
                 CASE_FIELDS.len()
             )));
         }
-        let file = File::open(path).map_err(|e| Error::io(path, "cannot open corpus", e))?;
+        let file = crate::files::open_input(path, "cannot open corpus")?;
         let ids = IdSet::default();
         let is_parquet = path
             .extension()

@@ -48,6 +48,7 @@ impl ColumnMapping {
 
     /// Apply `FIELD=COLUMN` overrides.
     pub fn with(mut self, overrides: &[String]) -> Result<Self> {
+        let mut mapped: Vec<&str> = Vec::new();
         for spec in overrides {
             let (field, column) = spec
                 .split_once('=')
@@ -63,6 +64,13 @@ impl ColumnMapping {
                         self.fields.join(", ")
                     ))
                 })?;
+            if mapped.contains(&field) {
+                return Err(Error::Usage(format!(
+                    "--map {:?}: the field is mapped twice (give one --map per field)",
+                    crate::text::excerpt(field, 40)
+                )));
+            }
+            mapped.push(field);
             self.columns[i] = column.to_owned();
         }
         Ok(self)

@@ -116,8 +116,16 @@ fn summaries_table(runs: &[PathBuf], skipped: &mut Vec<String>) -> Result<MemTab
                 continue;
             }
         };
-        let Ok(text) = std::fs::read_to_string(&path) else {
-            continue;
+        let text = match crate::files::read_text_bounded(
+            &path,
+            crate::files::Links::Refuse,
+            crate::files::bounds::SUMMARY,
+        ) {
+            Ok(t) => t,
+            Err(e) => {
+                skipped.push(format!("summaries: left out {e}"));
+                continue;
+            }
         };
         let doc: Value = match serde_json::from_str(&text) {
             Ok(doc @ Value::Object(_)) => doc,

@@ -227,7 +227,7 @@ pub struct CorpusTable {
 /// missing file is a clear error before any query.
 pub fn corpus_table(path: impl AsRef<Path>, opts: ReadOptions) -> Result<CorpusTable> {
     let path = path.as_ref().to_path_buf();
-    std::fs::File::open(&path).map_err(|e| Error::io(&path, "cannot open corpus", e))?;
+    crate::files::open_input(&path, "cannot open corpus")?;
     let report: Outcome<ValidationReport> = Arc::new(Mutex::new(None));
     let slot = Arc::clone(&report);
     let open: Open = Arc::new(move |projection| {
@@ -263,7 +263,7 @@ pub struct PredictionsTable {
 /// `predictions` over a JSONL or Parquet file (schema: [`predictions_table_schema`]).
 pub fn predictions_table(path: impl AsRef<Path>, batch_size: usize) -> Result<PredictionsTable> {
     let path = path.as_ref().to_path_buf();
-    std::fs::File::open(&path).map_err(|e| Error::io(&path, "cannot open predictions", e))?;
+    crate::files::open_input(&path, "cannot open predictions")?;
     let stats: Outcome<PredictionStats> = Arc::new(Mutex::new(None));
     let slot = Arc::clone(&stats);
     let open: Open = Arc::new(move |projection: Option<Vec<usize>>| {

@@ -169,21 +169,28 @@ impl ControlsReport {
     }
 }
 
+/// The run files a consumer reads, which every envelope names as subjects when present
+/// (and the signed index binds: one present but not listed fails verification).
+pub const RUN_SUBJECTS: [&str; 7] = [
+    crate::rundir::CASE_RESULTS_PARQUET,
+    crate::rundir::MANIFEST_FILE,
+    crate::rundir::CASES_FILE,
+    crate::judge::JUDGEMENTS_FILE,
+    crate::rundir::FINDINGS_FILE,
+    crate::rundir::SUMMARY_FILE,
+    crate::rundir::TURNS_FILE,
+];
+
 /// The files of a run that every envelope names as subjects, with their digests: the
 /// results, the manifest, the cases, and the judge's verdicts when a judge decided cases.
 fn run_subjects(run: &Path) -> Result<Vec<(String, String)>> {
     let mut subjects = Vec::new();
-    for name in [
-        crate::rundir::CASE_RESULTS_PARQUET,
-        crate::rundir::MANIFEST_FILE,
-        crate::rundir::CASES_FILE,
-        crate::judge::JUDGEMENTS_FILE,
-        crate::rundir::FINDINGS_FILE,
-        crate::rundir::SUMMARY_FILE,
-        crate::rundir::TURNS_FILE,
-    ] {
+    for name in RUN_SUBJECTS {
         if let Some(path) = crate::rundir::artifact(run, name)? {
-            subjects.push((name.to_owned(), sha256_file(&path)?));
+            subjects.push((
+                name.to_owned(),
+                crate::digest::sha256_file_in(&path, crate::files::Links::Refuse)?,
+            ));
         }
     }
     Ok(subjects)
@@ -280,7 +287,7 @@ fn benign_ids(run: &Path) -> Result<std::collections::HashSet<String>> {
         return Ok(out);
     };
     use crate::corpus::lines::{DEFAULT_MAX_LINE_BYTES, Line, LineReader};
-    let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, "cannot open", e))?;
+    let file = crate::files::open_regular(&path, crate::files::Links::Refuse)?;
     let mut lines = LineReader::new(file, DEFAULT_MAX_LINE_BYTES);
     while let Some(line) = lines
         .next_line()

@@ -95,7 +95,12 @@ impl Envelope {
 
     /// Read an envelope file; a clear error naming the file when it is not one.
     pub fn read(path: &Path) -> Result<Self> {
-        let text = std::fs::read(path).map_err(|e| Error::io(path, "cannot read", e))?;
+        // Envelopes come from anyone: a regular file, no link, bounded.
+        let text = crate::files::read_bounded(
+            path,
+            crate::files::Links::Refuse,
+            crate::files::bounds::ENVELOPE,
+        )?;
         serde_json::from_slice(&text)
             .map_err(|e| Error::config(path, format!("not a DSSE envelope: {e}")))
     }
@@ -160,9 +165,14 @@ pub fn write_key_pair(path: &Path, key: &SigningKey) -> Result<()> {
             )));
         }
     }
-    let pem = key
-        .to_pkcs8_pem(Default::default())
-        .map_err(|e| Error::Crypto(format!("cannot encode the key: {e}")))?;
+    // PKCS#8 v1 (RFC 8410's form, the seed alone): OpenSSL 3.0 refuses the v2 form with
+    // the public key attached ("unsupported"), which is ed25519-dalek's default.
+    let pem = ed25519_dalek::pkcs8::KeypairBytes {
+        secret_key: key.to_bytes(),
+        public_key: None,
+    }
+    .to_pkcs8_pem(Default::default())
+    .map_err(|e| Error::Crypto(format!("cannot encode the key: {e}")))?;
     let pub_pem = key
         .verifying_key()
         .to_public_key_pem(Default::default())
@@ -185,7 +195,11 @@ pub fn write_key_pair(path: &Path, key: &SigningKey) -> Result<()> {
 
 /// Read a PKCS#8 PEM private key.
 pub fn read_signing_key(path: &Path) -> Result<SigningKey> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, "cannot read", e))?;
+    let text = crate::files::read_text_bounded(
+        path,
+        crate::files::Links::Follow,
+        crate::files::bounds::SMALL_TEXT,
+    )?;
     SigningKey::from_pkcs8_pem(&text).map_err(|e| {
         Error::config(
             path,
@@ -196,7 +210,11 @@ pub fn read_signing_key(path: &Path) -> Result<SigningKey> {
 
 /// Read a public key: SPKI PEM (`KEY.pub`), or the public half of a private key file.
 pub fn read_verifying_key(path: &Path) -> Result<VerifyingKey> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, "cannot read", e))?;
+    let text = crate::files::read_text_bounded(
+        path,
+        crate::files::Links::Follow,
+        crate::files::bounds::SMALL_TEXT,
+    )?;
     if let Ok(key) = VerifyingKey::from_public_key_pem(&text) {
         return Ok(key);
     }

@@ -9,7 +9,6 @@ use serde_json::Value;
 
 use super::controls::{INDEX_FILE, INDEX_PREDICATE_TYPE, PREDICATE_TYPE, STATEMENT_TYPE};
 use super::dsse::{Envelope, PAYLOAD_TYPE, SignatureCheck};
-use crate::digest::sha256_file;
 use crate::error::{Error, Result};
 use crate::text::excerpt;
 
@@ -134,7 +133,7 @@ impl Digests {
         if let Some(d) = self.0.get(file) {
             return Ok(d.clone());
         }
-        let d = sha256_file(file)?;
+        let d = crate::digest::sha256_file_in(file, crate::files::Links::Refuse)?;
         self.0.insert(file.to_path_buf(), d.clone());
         Ok(d)
     }
@@ -238,10 +237,18 @@ pub fn verify_envelope_with(
     let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
     let misnamed = (!index && in_envelopes && stem.as_deref() != control_id.as_deref())
         .then(|| stem.unwrap_or_default());
+    // The index binds the whole controls folder and the run files a consumer reads:
+    // anything there it does not list was added after signing.
+    let unlisted_files = if index {
+        unlisted_files(&run, &checks)?
+    } else {
+        Vec::new()
+    };
     let ok = !matches!(
         signature,
         SignatureVerdict::Invalid | SignatureVerdict::Unsigned
     ) && misnamed.is_none()
+        && unlisted_files.is_empty()
         && checks.iter().all(|c| c.ok);
     Ok(VerifyReport {
         envelope: path.to_path_buf(),
@@ -253,9 +260,59 @@ pub fn verify_envelope_with(
         index,
         misnamed,
         unlisted: false,
-        unlisted_files: Vec::new(),
+        unlisted_files,
         ok,
     })
+}
+
+/// What the run holds that a signed index does not list: every entry of the controls
+/// folder (walked without following links; a link, a FIFO or a device there is
+/// unlisted whatever its name) and the run files a consumer reads.
+fn unlisted_files(run: &Path, subjects: &[SubjectCheck]) -> Result<Vec<String>> {
+    use std::collections::BTreeSet;
+    let listed: BTreeSet<&str> = subjects.iter().map(|s| s.name.as_str()).collect();
+    let mut out = Vec::new();
+    for name in super::controls::RUN_SUBJECTS {
+        if std::fs::symlink_metadata(run.join(name)).is_ok() && !listed.contains(name) {
+            out.push(name.to_owned());
+        }
+    }
+    // The controls folder, at most a few levels deep and a bounded number of entries
+    // (a received folder may hold anything).
+    const MAX_ENTRIES: usize = 100_000;
+    let mut seen = 0usize;
+    let mut stack = vec![crate::rundir::CONTROLS_DIR.to_owned()];
+    while let Some(rel) = stack.pop() {
+        let dir = run.join(&rel);
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(Error::io(&dir, "cannot list", e)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io(&dir, "cannot list", e))?;
+            seen += 1;
+            if seen > MAX_ENTRIES {
+                return Err(Error::State(format!(
+                    "{}: more than {MAX_ENTRIES} entries; not a controls folder pieval wrote",
+                    run.join(crate::rundir::CONTROLS_DIR).display()
+                )));
+            }
+            let name = format!("{rel}/{}", entry.file_name().to_string_lossy());
+            let t = entry
+                .file_type()
+                .map_err(|e| Error::io(&entry.path(), "cannot read", e))?;
+            if t.is_dir() {
+                stack.push(name);
+            } else if name == format!("{}/{INDEX_FILE}", crate::rundir::CONTROLS_DIR) {
+                // The index itself (a link or FIFO there fails before this point).
+            } else if !t.is_file() || !listed.contains(name.as_str()) {
+                out.push(name);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
 }
 
 /// Verify a run's whole controls folder with `key`: its signed index and every envelope,
@@ -288,29 +345,6 @@ pub fn verify_controls_folder(run: &Path, key: &VerifyingKey) -> Result<Vec<Veri
                 .map(str::to_owned)
         })
         .collect();
-    // Every run file a consumer reads must be one the signed index lists: a file added
-    // after signing (a planted manifest.json in a folder scored without one) is refused.
-    let listed_run_files: std::collections::BTreeSet<&str> =
-        index.subjects.iter().map(|s| s.name.as_str()).collect();
-    let mut unlisted_files = Vec::new();
-    for name in [
-        crate::rundir::MANIFEST_FILE,
-        crate::rundir::CASES_FILE,
-        crate::rundir::CASE_RESULTS_PARQUET,
-        crate::rundir::FINDINGS_FILE,
-        crate::rundir::SUMMARY_FILE,
-        crate::rundir::JUDGEMENTS_FILE,
-        crate::rundir::TURNS_FILE,
-    ] {
-        if run.join(name).exists() && !listed_run_files.contains(name) {
-            unlisted_files.push(name);
-        }
-    }
-    let mut index = index;
-    if !unlisted_files.is_empty() {
-        index.ok = false;
-        index.unlisted_files = unlisted_files.iter().map(|s| s.to_string()).collect();
-    }
     let mut reports = vec![index];
     let envelopes = controls.join("envelopes");
     let mut names: Vec<String> = std::fs::read_dir(&envelopes)

@@ -114,8 +114,11 @@ pub struct LoadedConfig {
 impl Config {
     /// Read and check a config file.
     pub fn load(path: &Path) -> Result<LoadedConfig> {
-        let bytes =
-            std::fs::read(path).map_err(|e| Error::io(path, "cannot read experiment config", e))?;
+        let bytes = crate::files::read_bounded(
+            path,
+            crate::files::Links::Follow,
+            crate::files::bounds::SMALL_TEXT,
+        )?;
         let text = std::str::from_utf8(&bytes).map_err(|e| {
             let line = bytes[..e.valid_up_to()]
                 .iter()
@@ -290,6 +293,7 @@ fn endpoint_of(m: &ModelSection) -> Endpoint<'_> {
         concurrency: m.concurrency,
         requests_per_minute: m.requests_per_minute,
         timeout_s: m.timeout_s,
+        max_retries: m.max_retries,
         max_tokens: m.max_tokens,
     }
 }

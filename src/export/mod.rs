@@ -16,7 +16,6 @@
 //! **SQLite**: `DIR/pieval.sqlite` with the same tables (partition columns as ordinary
 //! columns), indexes on the usual keys; a run's rows are replaced in one transaction.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -138,7 +137,7 @@ impl Source {
     fn for_each(&self, f: &mut dyn FnMut(RecordBatch) -> Result<()>) -> Result<()> {
         match self {
             Source::Parquet(path) => {
-                let file = File::open(path).map_err(|e| Error::io(path, "cannot open", e))?;
+                let file = crate::files::open_regular(path, crate::files::Links::Refuse)?;
                 let reader = ParquetRecordBatchReaderBuilder::try_new(file)
                     .and_then(|b| b.with_batch_size(8192).build())
                     .map_err(|e| {
@@ -150,7 +149,7 @@ impl Source {
             }
             Source::CaseResults(path) => {
                 // the footer first, so a damaged file is named as Parquet files are
-                let file = File::open(path).map_err(|e| Error::io(path, "cannot open", e))?;
+                let file = crate::files::open_regular(path, crate::files::Links::Refuse)?;
                 ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| {
                     Error::config(path, format!("not a readable Parquet file: {e}"))
                 })?;
@@ -193,7 +192,7 @@ impl Source {
     fn schema(&self) -> Result<SchemaRef> {
         Ok(match self {
             Source::Parquet(path) => {
-                let file = File::open(path).map_err(|e| Error::io(path, "cannot open", e))?;
+                let file = crate::files::open_regular(path, crate::files::Links::Refuse)?;
                 ParquetRecordBatchReaderBuilder::try_new(file)
                     .map_err(|e| Error::config(path, format!("not a readable Parquet file: {e}")))?
                     .schema()

@@ -108,8 +108,11 @@ fn default_rationale_chars() -> usize {
 impl JudgeSection {
     /// Read a judge file (the keys of `evaluation.judge`, as YAML), checked like a config.
     pub fn load(path: &Path) -> Result<JudgeSection> {
-        let bytes =
-            std::fs::read(path).map_err(|e| Error::io(path, "cannot read judge config", e))?;
+        let bytes = crate::files::read_bounded(
+            path,
+            crate::files::Links::Follow,
+            crate::files::bounds::SMALL_TEXT,
+        )?;
         let text = std::str::from_utf8(&bytes)
             .map_err(|_| Error::input(path, 1, None, "the judge config is not valid UTF-8"))?;
         let de = serde_yaml_ng::Deserializer::from_str(text);
@@ -142,6 +145,7 @@ impl JudgeSection {
             concurrency: self.concurrency,
             requests_per_minute: self.requests_per_minute,
             timeout_s: self.timeout_s,
+            max_retries: self.max_retries,
             max_tokens: self.max_tokens,
         };
         e.check()?;

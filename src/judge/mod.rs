@@ -33,7 +33,7 @@ use crate::provider::Provider;
 use crate::provider::config::ProviderKind;
 pub use config::{JudgeInput, JudgeSection};
 pub use rubric::{Inputs, Rubric};
-use store::{Key, Record, Store};
+use store::{Key, Origin, Record, Store};
 
 /// The judge's file in a run folder: every judgement the scoring used.
 pub const JUDGEMENTS_FILE: &str = crate::rundir::JUDGEMENTS_FILE;
@@ -72,9 +72,25 @@ pub struct Judge {
     /// call.
     inflight: std::sync::Mutex<ahash::AHashMap<Key, Arc<tokio::sync::OnceCell<Arc<Record>>>>>,
     stats: Stats,
+    /// Whether verdicts served from a received run's file may join the shared cache.
+    merge_received: bool,
+    /// Verdicts of a received run's file left unused (not confirmed).
+    run_verdicts_unused: u64,
     pub calibration_sha256: Option<String>,
     /// Where lines about the model (pulled, loaded) go; the judge never prints.
     notes: Notes,
+}
+
+/// Whose run folder's verdicts a judge starts from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunVerdicts {
+    /// The user's own run (`pieval run`, `--resume`, `score` into its output folder):
+    /// its verdicts are served when every input matches, and join the shared cache.
+    Own,
+    /// A run folder that may come from someone else (`replay --rescore`). `serve`: its
+    /// verdicts may be served (still only when every input matches); `merge`: the user
+    /// confirmed them (`--trust-judgements`), so they may join the shared cache.
+    Received { serve: bool, merge: bool },
 }
 
 /// A sink for progress lines (the CLI prints them to stderr).
@@ -106,6 +122,14 @@ pub struct JudgeReport {
     pub cache_hits: u64,
     /// Distinct inputs without a verdict (timeouts, provider errors, unreadable answers).
     pub errors: u64,
+    /// Recorded verdicts not used because an input they were computed from (judge,
+    /// rubric, question, response, prompt) differs from this judge's: asked again.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub cache_rejected: u64,
+    /// Verdicts in a received run's `judgements.parquet` not used because the user did
+    /// not confirm them (`replay --rescore --judge FILE` without `--trust-judgements`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub run_verdicts_unused: u64,
     /// Distinct inputs judged, with or without a verdict.
     pub judgements: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -114,12 +138,24 @@ pub struct JudgeReport {
     pub calibration: Option<CalibrationRef>,
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 impl Judge {
     /// Build the judge of a section. `run_dir`: the run folder whose earlier verdicts
     /// (its `judgements.parquet`) are served before any call. Nothing is called and no
     /// model is loaded until an input needs it ([`Judge::preflight`] checks the model
     /// up front).
     pub fn open(section: &JudgeSection, run_dir: Option<&Path>) -> Result<Judge> {
+        Self::open_with(section, run_dir.map(|d| (d, RunVerdicts::Own)))
+    }
+
+    /// [`Judge::open`] for a run folder of the given provenance: a received run's
+    /// verdicts are served only when `serve`, and join the shared cache only when `merge`.
+    pub fn open_with(section: &JudgeSection, run: Option<(&Path, RunVerdicts)>) -> Result<Judge> {
+        let run_dir = run.map(|(d, _)| d);
+        let trust = run.map_or(RunVerdicts::Own, |(_, t)| t);
         section
             .check()
             .map_err(|(key, message)| Error::State(format!("judge {key}: {message}")))?;
@@ -129,12 +165,27 @@ impl Judge {
             .as_deref()
             .map(crate::digest::sha256_file)
             .transpose()?;
-        let mut files: Vec<PathBuf> = Vec::new();
-        if let Some(dir) = run_dir {
-            files.push(dir.join(JUDGEMENTS_FILE));
+        let mut files: Vec<(PathBuf, Origin)> = Vec::new();
+        let mut run_verdicts_unused = 0;
+        if let Some(dir) = run_dir
+            // A regular file in the run folder, never through a link.
+            && let Some(file) = crate::rundir::artifact(dir, JUDGEMENTS_FILE)?
+        {
+            match trust {
+                RunVerdicts::Own => files.push((file, Origin::OwnRun)),
+                RunVerdicts::Received { serve: true, .. } => {
+                    files.push((file, Origin::ReceivedRun))
+                }
+                RunVerdicts::Received { serve: false, .. } => {
+                    run_verdicts_unused = store::read(&file, crate::files::Links::Refuse)?
+                        .iter()
+                        .filter(|r| r.is_verdict())
+                        .count() as u64;
+                }
+            }
         }
         if let Some(shared) = &section.cache {
-            files.push(shared.clone());
+            files.push((shared.clone(), Origin::Shared));
         }
         let (backend, identity) = match section.provider {
             ProviderKind::Replay => {
@@ -151,7 +202,7 @@ impl Judge {
                     )));
                 }
                 let identity = replay_identity(&file, section)?;
-                files.push(file.clone());
+                files.push((file.clone(), Origin::Replay));
                 (Backend::Replay(file), identity)
             }
             ProviderKind::Openai => (
@@ -187,6 +238,8 @@ impl Judge {
             run_dir: run_dir.map(Path::to_path_buf),
             backend,
             stats: Stats::default(),
+            merge_received: matches!(trust, RunVerdicts::Received { merge: true, .. }),
+            run_verdicts_unused,
             calibration_sha256,
             notes: Arc::new(|_: &str| {}),
         })
@@ -270,6 +323,23 @@ impl Judge {
         h.finalize().into()
     }
 
+    /// Whether a recorded judgement was computed from exactly what this judge would see
+    /// now: the same judge (identity and name), rubric, question, response and prompt
+    /// (the key alone is computable by anyone, so a forged row could carry it), and a
+    /// well-formed score. A record that fails is not served: the input is judged again.
+    fn recorded_matches(&self, r: &Record, v: &Inputs) -> bool {
+        r.judge_identity == self.identity
+            && r.judge_model == self.section.name
+            && r.rubric_sha256 == self.rubric.sha256
+            && r.question == v.question
+            && r.response_sha256 == crate::digest::sha256_hex(v.response.as_bytes())
+            && r.score.is_none_or(|s| (0.0..=1.0).contains(&s))
+            && self
+                .rubric
+                .render(v)
+                .is_ok_and(|p| crate::digest::sha256_hex(p.as_bytes()) == r.prompt_sha256)
+    }
+
     /// Judge many inputs: each distinct one once, from the store when it was judged
     /// before, else by the judge model with at most `concurrency` calls in flight
     /// (shared by every batch of every query using this judge). One record per input, in
@@ -284,7 +354,7 @@ impl Judge {
             if found.contains_key(k) || !pending.insert(*k) {
                 continue;
             }
-            match self.store.get(k) {
+            match self.store.get(k, |r| self.recorded_matches(r, &visible[i])) {
                 Some(hit) => {
                     pending.remove(k);
                     found.insert(*k, hit);
@@ -318,7 +388,7 @@ impl Judge {
         let r = cell
             .get_or_init(|| async {
                 // Another batch may have judged it since this one looked.
-                match self.store.get(&key) {
+                match self.store.get(&key, |r| self.recorded_matches(r, v)) {
                     Some((r, _)) => r,
                     None => self.store.record(self.judge_one(key, v).await),
                 }
@@ -417,6 +487,8 @@ impl Judge {
             calls: self.stats.calls.load(Ordering::Relaxed),
             cache_hits: used.iter().filter(|(_, from_files)| *from_files).count() as u64,
             errors: used.iter().filter(|(r, _)| r.error.is_some()).count() as u64,
+            cache_rejected: self.store.rejected(),
+            run_verdicts_unused: self.run_verdicts_unused,
             judgements: used.len() as u64,
             cache: self.section.cache.clone(),
             calibration: self
@@ -442,7 +514,14 @@ impl Judge {
     /// Add the new verdicts to the shared cache, if one is configured (also when the
     /// scoring that paid for them failed).
     pub fn persist_shared(&self) -> Result<()> {
-        let used: Vec<Arc<Record>> = self.store.used().into_iter().map(|(r, _)| r).collect();
+        // A received run's verdicts join the user's own cache only when confirmed.
+        let used: Vec<Arc<Record>> = self
+            .store
+            .used_with_origin()
+            .into_iter()
+            .filter(|(_, origin)| self.merge_received || *origin != Some(Origin::ReceivedRun))
+            .map(|(r, _)| r)
+            .collect();
         if let Some(shared) = &self.section.cache
             && !used.is_empty()
         {
@@ -457,7 +536,7 @@ impl Judge {
     pub fn write_run_file(&self, dir: &Path) -> Result<Option<PathBuf>> {
         let path = dir.join(JUDGEMENTS_FILE);
         let own = self.run_dir.as_deref() == Some(dir);
-        if own && self.store.used_is_first_file() && path.is_file() {
+        if own && self.store.used_is_run_file() && path.is_file() {
             return Ok(Some(path));
         }
         let used: Vec<Arc<Record>> = self.store.used().into_iter().map(|(r, _)| r).collect();
@@ -471,7 +550,7 @@ impl Judge {
 
 /// The identity a replay answers as: the one recorded for the judge `name` in the file.
 fn replay_identity(file: &Path, section: &JudgeSection) -> Result<String> {
-    let records = store::read(file)?;
+    let records = store::read(file, crate::files::Links::Follow)?;
     let mut found: Vec<&str> = records
         .iter()
         .filter(|r| r.judge_model == section.name)

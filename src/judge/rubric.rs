@@ -55,7 +55,11 @@ impl Rubric {
         let (source, origin) = match path {
             None => (DEFAULT_RUBRIC.to_owned(), Path::new("data/judge/rubric.md")),
             Some(p) => (
-                std::fs::read_to_string(p).map_err(|e| Error::io(p, "cannot read rubric", e))?,
+                crate::files::read_text_bounded(
+                    p,
+                    crate::files::Links::Follow,
+                    crate::files::bounds::SMALL_TEXT,
+                )?,
                 p,
             ),
         };

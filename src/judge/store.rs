@@ -108,8 +108,8 @@ fn to_batch(records: &[Arc<Record>]) -> Result<RecordBatch> {
 }
 
 /// Every record of a judgements file; a file that is not one is an error naming it.
-pub fn read(path: &Path) -> Result<Vec<Record>> {
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, "cannot open", e))?;
+pub fn read(path: &Path, links: crate::files::Links) -> Result<Vec<Record>> {
+    let file = crate::files::open_regular(path, links)?;
     let bad = |m: String| Error::config(path, format!("not a judgements file: {m}"));
     let reader = ParquetRecordBatchReaderBuilder::try_new(file)
         .map_err(|e| bad(e.to_string()))?
@@ -191,31 +191,60 @@ pub fn write(path: &Path, records: &[Arc<Record>]) -> Result<()> {
     crate::atomic::write_batches(schema(), &[batch], path)
 }
 
+/// Where a judgements file came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// The judgements of a run folder this user made (`pieval run`, `score` into its
+    /// own output folder).
+    OwnRun,
+    /// The judgements of a run folder that may come from someone else (`replay
+    /// --rescore`): served only when the user allows it, merged into the shared cache
+    /// only when the user confirms it.
+    ReceivedRun,
+    /// The judge's shared cache (the user's own file).
+    Shared,
+    /// A `provider: replay` judge's file.
+    Replay,
+}
+
 /// The verdicts known before judging (from files) and the judgements used or made now.
+/// A verdict from a file is served only when the caller's check says every input it was
+/// computed from matches (see [`super::Judge`]); one that does not is counted and asked
+/// again.
 #[derive(Default)]
 pub struct Store {
-    known: RwLock<AHashMap<Key, Arc<Record>>>,
-    /// Every judgement of this process, by key, and whether it came from `known`. An
-    /// input is judged at most once per process, failures included (DataFusion may
-    /// evaluate `pi_judge` more than once per batch).
-    used: Mutex<AHashMap<Key, (Arc<Record>, bool)>>,
-    /// Every key of the first file loaded (the run's own judgements), errors included.
-    first_file_keys: AHashSet<Key>,
+    known: RwLock<AHashMap<Key, (Arc<Record>, Origin)>>,
+    /// Every judgement of this process, by key, and the file it came from (`None`: made
+    /// now). An input is judged at most once per process, failures included (DataFusion
+    /// may evaluate `pi_judge` more than once per batch).
+    used: Mutex<AHashMap<Key, (Arc<Record>, Option<Origin>)>>,
+    /// Every key of the run folder's file, errors included.
+    run_file_keys: AHashSet<Key>,
+    /// Recorded verdicts not served because an input they were computed from differs.
+    rejected: std::sync::atomic::AtomicU64,
 }
 
 impl Store {
-    /// Load every verdict of these files (missing files are skipped).
-    pub fn load(files: &[PathBuf]) -> Result<Store> {
+    /// Load every verdict of these files (missing files are skipped). A run folder's
+    /// file is opened without following a link (the folder may come from someone else).
+    pub fn load(files: &[(PathBuf, Origin)]) -> Result<Store> {
         let mut store = Store::default();
         {
             let mut known = store.known.write().unwrap_or_else(|p| p.into_inner());
-            for (i, f) in files.iter().enumerate().filter(|(_, f)| f.exists()) {
-                for r in read(f)? {
-                    if i == 0 {
-                        store.first_file_keys.insert(r.key);
+            for (f, origin) in files {
+                let links = match origin {
+                    Origin::OwnRun | Origin::ReceivedRun => crate::files::Links::Refuse,
+                    Origin::Shared | Origin::Replay => crate::files::Links::Follow,
+                };
+                if std::fs::symlink_metadata(f).is_err() {
+                    continue;
+                }
+                for r in read(f, links)? {
+                    if matches!(origin, Origin::OwnRun | Origin::ReceivedRun) {
+                        store.run_file_keys.insert(r.key);
                     }
                     if r.is_verdict() {
-                        known.entry(r.key).or_insert_with(|| Arc::new(r));
+                        known.entry(r.key).or_insert_with(|| (Arc::new(r), *origin));
                     }
                 }
             }
@@ -223,30 +252,41 @@ impl Store {
         Ok(store)
     }
 
-    /// Whether the judgements used are exactly those of the first file loaded, all served
+    /// Whether the judgements used are exactly those of the run folder's file, all served
     /// from it: writing it again would write the same records.
-    pub fn used_is_first_file(&self) -> bool {
+    pub fn used_is_run_file(&self) -> bool {
         let used = self.used.lock().unwrap_or_else(|p| p.into_inner());
-        used.len() == self.first_file_keys.len()
-            && used
-                .iter()
-                .all(|(k, (_, from_files))| *from_files && self.first_file_keys.contains(k))
+        used.len() == self.run_file_keys.len()
+            && used.iter().all(|(k, (_, origin))| {
+                matches!(origin, Some(Origin::OwnRun | Origin::ReceivedRun))
+                    && self.run_file_keys.contains(k)
+            })
     }
 
     /// A judgement of this input: made earlier in this process (`false`), or a verdict
-    /// from the files (`true`, now recorded as used).
-    pub fn get(&self, key: &Key) -> Option<(Arc<Record>, bool)> {
+    /// from the files that passes `check` (`true`, now recorded as used). A recorded
+    /// verdict that fails `check` is dropped (and counted): the input is judged again.
+    pub fn get(&self, key: &Key, check: impl Fn(&Record) -> bool) -> Option<(Arc<Record>, bool)> {
         let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((r, from_files)) = used.get(key) {
-            return Some((Arc::clone(r), *from_files));
+        if let Some((r, origin)) = used.get(key) {
+            return Some((Arc::clone(r), origin.is_some()));
         }
-        let known = self
+        let (known, origin) = self
             .known
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(key)
             .cloned()?;
-        used.insert(*key, (Arc::clone(&known), true));
+        if !check(&known) {
+            self.known
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(key);
+            self.rejected
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return None;
+        }
+        used.insert(*key, (Arc::clone(&known), Some(origin)));
         Some((known, true))
     }
 
@@ -254,15 +294,21 @@ impl Store {
         self.known.read().unwrap_or_else(|p| p.into_inner()).len()
     }
 
+    /// Recorded verdicts not served because an input they were computed from differs.
+    pub fn rejected(&self) -> u64 {
+        self.rejected.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Remember a judgement made now; the first one made for a key wins.
     pub fn record(&self, r: Arc<Record>) -> Arc<Record> {
         let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
-        Arc::clone(&used.entry(r.key).or_insert((r, false)).0)
+        Arc::clone(&used.entry(r.key).or_insert((r, None)).0)
     }
 
-    /// Every judgement used so far, ordered by key, and whether it came from the files.
-    pub fn used(&self) -> Vec<(Arc<Record>, bool)> {
-        let mut v: Vec<(Arc<Record>, bool)> = self
+    /// Every judgement used so far, ordered by key, and the file it came from (`None`:
+    /// made now).
+    pub fn used_with_origin(&self) -> Vec<(Arc<Record>, Option<Origin>)> {
+        let mut v: Vec<(Arc<Record>, Option<Origin>)> = self
             .used
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -271,6 +317,14 @@ impl Store {
             .collect();
         v.sort_unstable_by(|a, b| a.0.key.cmp(&b.0.key));
         v
+    }
+
+    /// Every judgement used so far, ordered by key, and whether it came from the files.
+    pub fn used(&self) -> Vec<(Arc<Record>, bool)> {
+        self.used_with_origin()
+            .into_iter()
+            .map(|(r, o)| (r, o.is_some()))
+            .collect()
     }
 }
 
@@ -297,7 +351,7 @@ pub fn merge_into(shared: &Path, records: &[Arc<Record>]) -> Result<usize> {
         .map_err(|e| Error::io(&lock_path, "cannot lock", e))?;
     let mut all: BTreeMap<Key, Arc<Record>> = BTreeMap::new();
     if shared.exists() {
-        for r in read(shared)? {
+        for r in read(shared, crate::files::Links::Follow)? {
             all.insert(r.key, Arc::new(r));
         }
     }
@@ -342,23 +396,35 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("judgements.parquet");
         write(&p, &[rec(2, Some(true)), rec(1, None), rec(3, Some(false))]).unwrap();
-        let back = read(&p).unwrap();
+        let back = read(&p, crate::files::Links::Refuse).unwrap();
         assert_eq!(back.len(), 3);
         assert_eq!(back[0].key, [1; 32], "sorted by key");
         assert_eq!(back[1], *rec(2, Some(true)));
-        let store = Store::load(&[p.clone(), dir.path().join("missing.parquet")]).unwrap();
+        let store = Store::load(&[
+            (p.clone(), Origin::OwnRun),
+            (dir.path().join("missing.parquet"), Origin::Shared),
+        ])
+        .unwrap();
         assert_eq!(
             store.known_len(),
             2,
             "the failed judgement is not a cached verdict"
         );
-        assert!(store.get(&[1; 32]).is_none());
-        assert_eq!(store.get(&[3; 32]).unwrap().0.verdict, Some(false));
+        let any = |_: &Record| true;
+        assert!(store.get(&[1; 32], any).is_none());
+        assert_eq!(store.get(&[3; 32], any).unwrap().0.verdict, Some(false));
         assert_eq!(store.used().len(), 1, "a verdict served is a verdict used");
         // A failure made now is kept for this process, not asked twice.
         let failed = store.record(rec(1, None));
-        assert_eq!(store.get(&[1; 32]).unwrap().0, failed);
-        assert!(!store.get(&[1; 32]).unwrap().1);
+        assert_eq!(store.get(&[1; 32], any).unwrap().0, failed);
+        assert!(!store.get(&[1; 32], any).unwrap().1);
+        // A recorded verdict that fails the check is not served, and counted once.
+        assert!(store.get(&[2; 32], |_| false).is_none());
+        assert!(
+            store.get(&[2; 32], any).is_none(),
+            "dropped, not asked again"
+        );
+        assert_eq!(store.rejected(), 1);
     }
 
     #[test]
@@ -373,9 +439,9 @@ mod tests {
             merge_into(&p, &[rec(1, Some(true)), rec(4, Some(false))]).unwrap(),
             1
         );
-        assert_eq!(read(&p).unwrap().len(), 2);
+        assert_eq!(read(&p, crate::files::Links::Follow).unwrap().len(), 2);
         std::fs::write(dir.path().join("bad.parquet"), b"not parquet").unwrap();
-        let e = Store::load(&[dir.path().join("bad.parquet")])
+        let e = Store::load(&[(dir.path().join("bad.parquet"), Origin::Shared)])
             .err()
             .unwrap()
             .to_string();

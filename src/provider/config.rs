@@ -97,6 +97,10 @@ pub(crate) fn default_max_retries() -> u32 {
 /// The longest timeout accepted, in seconds (a day).
 pub const MAX_TIMEOUT_S: f64 = 86_400.0;
 
+/// The most retries accepted: with `Retry-After` honoured up to 5 minutes, 20 retries
+/// already let one request wait 100 minutes.
+pub const MAX_RETRIES: u32 = 20;
+
 /// The settings a model endpoint and a judge endpoint share, checked one way.
 pub(crate) struct Endpoint<'a> {
     pub(crate) provider: ProviderKind,
@@ -106,6 +110,7 @@ pub(crate) struct Endpoint<'a> {
     pub(crate) concurrency: usize,
     pub(crate) requests_per_minute: Option<u32>,
     pub(crate) timeout_s: f64,
+    pub(crate) max_retries: u32,
     pub(crate) max_tokens: u32,
 }
 
@@ -133,6 +138,15 @@ impl Endpoint<'_> {
             return Err((
                 "timeout_s",
                 format!("{} is more than a day ({MAX_TIMEOUT_S} s)", self.timeout_s),
+            ));
+        }
+        if self.max_retries > MAX_RETRIES {
+            return Err((
+                "max_retries",
+                format!(
+                    "{} is more than {MAX_RETRIES} (each retry may wait up to 5 minutes when the server sends Retry-After)",
+                    self.max_retries
+                ),
             ));
         }
         if let Some(env) = self.api_key_env {

@@ -211,8 +211,7 @@ pub fn gguf_preflight(file: &mut std::fs::File) -> std::result::Result<(), Strin
 impl LocalModel {
     /// Load a GGUF; a missing, truncated or foreign file is a clear error.
     pub fn load(path: &Path) -> Result<Self> {
-        let mut file =
-            std::fs::File::open(path).map_err(|e| Error::io(path, "cannot open model", e))?;
+        let mut file = crate::files::open_input(path, "cannot open model")?;
         // The header is checked before candle's reader sees it (counts within the file,
         // known value types, a usable alignment): a hostile file must be an error, not a
         // division by zero or a huge allocation inside the reader.

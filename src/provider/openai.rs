@@ -4,7 +4,8 @@
 //! bodies are retried up to `max_retries` times. The wait before retry `n` (from 0) is a
 //! random duration in `[0, min(30 s, 0.5 s · 2ⁿ)]` ("full jitter"), or the server's
 //! `Retry-After` (seconds or an HTTP date, at most 5 minutes) when it sends one. Other
-//! 4xx answers (a bad key, an unknown model) fail at once. The API key is read from the
+//! 4xx answers (a bad key, an unknown model) and redirects (never followed) fail at
+//! once. The API key is read from the
 //! environment variable the config names, sent only in the `Authorization` header, and
 //! redacted from every message this module returns.
 
@@ -55,6 +56,10 @@ impl OpenAiProvider {
             .connect_timeout(Duration::from_secs_f64(model.timeout_s.min(10.0)))
             .pool_max_idle_per_host(model.concurrency)
             .user_agent(concat!("pieval/", env!("CARGO_PKG_VERSION")))
+            // Never follow a redirect: the key goes only to the configured origin, on
+            // every hop (reqwest strips it on a cross-host hop, but a chain that comes
+            // back to one host would carry it again). A 3xx is the case's error.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| Error::Internal(format!("cannot build the HTTP client: {e}")))?;
         Ok(Self {
@@ -148,6 +153,10 @@ impl OpenAiProvider {
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(parse_retry_after);
+        let location = resp
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
         // Read at most MAX_BODY_BYTES: an endpoint cannot make the run hold more.
         let mut resp = resp;
         let mut body: Vec<u8> = Vec::new();
@@ -183,6 +192,20 @@ impl OpenAiProvider {
         // Redacted before anything is cut or parsed: an excerpt never holds part of the
         // key.
         let text = self.redact(&String::from_utf8_lossy(&body));
+        if status.is_redirection() {
+            let to = location.as_deref().map_or_else(
+                || "no Location".to_owned(),
+                |l| format!("to {}", crate::text::excerpt(&self.redact(l), 200)),
+            );
+            return Err((
+                format!(
+                    "HTTP {} redirect {to}: pieval does not follow redirects (the key is sent only to the configured base_url); set base_url to the address that answers",
+                    status.as_u16()
+                ),
+                false,
+                None,
+            ));
+        }
         if !status.is_success() {
             let retryable = status.as_u16() == 408
                 || status.as_u16() == 409

@@ -246,6 +246,20 @@ pub fn render(runs: &[PathBuf], output: &Path) -> Result<String> {
         .collect::<Result<_>>()?;
     let mut env = minijinja::Environment::new();
     env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+    // HTML escaping leaves bidirectional overrides, which reorder what the reader sees
+    // (Trojan Source): text holding one is shown with them escaped, then HTML-escaped.
+    env.set_formatter(|out, state, value| match value.as_str() {
+        Some(s) if !value.is_safe() => {
+            let shown = crate::text::escape_bidi(s);
+            match shown {
+                std::borrow::Cow::Borrowed(_) => minijinja::escape_formatter(out, state, value),
+                std::borrow::Cow::Owned(t) => {
+                    minijinja::escape_formatter(out, state, &minijinja::Value::from(t))
+                }
+            }
+        }
+        _ => minijinja::escape_formatter(out, state, value),
+    });
     let number = |v: &minijinja::Value| -> Option<f64> {
         if v.is_none() || v.is_undefined() {
             return None;

@@ -154,10 +154,18 @@ fn scan(
     mut each: impl FnMut(PredictionRecord),
 ) -> Result<HashSet<String>> {
     let mut done = HashSet::new();
-    let bytes = match std::fs::read(path) {
-        Ok(b) => b,
+    // A regular file opened without following a link: a planted `predictions.jsonl ->
+    // /dev/zero` or a FIFO is an error, not a read that never ends.
+    let bytes = match std::fs::symlink_metadata(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(done),
-        Err(e) => return Err(Error::io(path, "cannot read checkpoint", e)),
+        _ => {
+            use std::io::Read;
+            let mut f = crate::files::open_regular(path, crate::files::Links::Refuse)?;
+            let mut b = Vec::new();
+            f.read_to_end(&mut b)
+                .map_err(|e| Error::io(path, "cannot read checkpoint", e))?;
+            b
+        }
     };
     let mut good_end = 0usize;
     let mut start = 0usize;

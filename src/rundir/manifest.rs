@@ -201,8 +201,13 @@ impl Manifest {
                 super::MANIFEST_FILE
             ))
         })?;
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| Error::io(&path, "cannot read run manifest", e))?;
+        let bytes = crate::files::read_bounded(
+            &path,
+            crate::files::Links::Refuse,
+            crate::files::bounds::MANIFEST,
+        )?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| Error::input(&path, 0, None, "the run manifest is not valid UTF-8"))?;
         Self::parse(&text, &path)
     }
 

@@ -83,6 +83,17 @@ pub fn artifact(dir: &Path, name: &str) -> Result<Option<std::path::PathBuf>> {
     Ok(Some(path))
 }
 
+/// The whole of `dir/name`, at most `max` bytes, when it is a regular file; `None` when
+/// it is absent. Links anywhere on the way are errors ([`artifact`]), and the file is
+/// opened without following one ([`crate::files`]), so a FIFO, `/dev/zero` or a link
+/// swapped in after the check is an error, never a read that does not end.
+pub fn read_artifact(dir: &Path, name: &str, max: u64) -> Result<Option<Vec<u8>>> {
+    let Some(path) = artifact(dir, name)? else {
+        return Ok(None);
+    };
+    crate::files::read_bounded(&path, crate::files::Links::Refuse, max).map(Some)
+}
+
 /// The path DataFusion is given to read a checked artifact: absolute (so a relative name
 /// such as `file:x` is not taken for a URL) and free of the characters it reads as a
 /// pattern or a URL part (`*?[]{}#%`), so the file read is the file checked.
@@ -111,7 +122,7 @@ pub fn parquet_artifact(dir: &Path, name: &str) -> Result<Option<std::path::Path
     let Some(path) = artifact(dir, name)? else {
         return Ok(None);
     };
-    let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, "cannot open", e))?;
+    let file = crate::files::open_regular(&path, crate::files::Links::Refuse)?;
     datafusion::parquet::file::metadata::ParquetMetaDataReader::new()
         .parse_and_finish(&file)
         .map_err(|e| Error::config(&path, format!("not a readable Parquet file: {e}")))?;

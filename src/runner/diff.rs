@@ -96,9 +96,18 @@ pub fn z_two_proportions(a: &Rate, b: &Rate) -> Option<f64> {
 
 fn read_summary(dir: &Path) -> Result<Value> {
     let path = dir.join(crate::rundir::SUMMARY_FILE);
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| Error::io(&path, "cannot read run summary (was the run scored?)", e))?;
-    serde_json::from_str(&text)
+    let text = crate::rundir::read_artifact(
+        dir,
+        crate::rundir::SUMMARY_FILE,
+        crate::files::bounds::SUMMARY,
+    )?
+    .ok_or_else(|| {
+        Error::NotFound(format!(
+            "{}: no run summary (was the run scored?)",
+            path.display()
+        ))
+    })?;
+    serde_json::from_slice(&text)
         .map_err(|e| Error::input(&path, e.line() as u64, None, format!("not JSON: {e}")))
 }
 

@@ -245,7 +245,14 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
         outcome.status = "interrupted".into();
         return Ok(outcome);
     }
-    let report = match score_run(&dir, &run_id, cfg, opts.progress.as_ref(), None) {
+    let report = match score_run(
+        &dir,
+        &run_id,
+        cfg,
+        opts.progress.as_ref(),
+        None,
+        crate::judge::RunVerdicts::Own,
+    ) {
         Ok(r) => r,
         // The predictions stay: `pieval replay --rescore` scores them once the cause
         // is fixed.
@@ -282,7 +289,13 @@ pub fn score_run(
     cfg: &Config,
     progress: Option<&Progress>,
     cluster: Option<(&str, Option<&Path>)>,
+    verdicts: crate::judge::RunVerdicts,
 ) -> Result<ScoreReport> {
+    // The run folder's inputs: regular files, never through a link (a received folder's
+    // `predictions.jsonl -> /dev/zero` is an error here, not a read that never ends).
+    for name in [crate::rundir::PREDICTIONS_FILE, crate::rundir::CASES_FILE] {
+        crate::rundir::artifact(dir, name)?;
+    }
     let mut opts = ScoreOptions::new(
         dir.join(crate::rundir::PREDICTIONS_FILE),
         dir.join(crate::rundir::CASES_FILE),
@@ -301,7 +314,7 @@ pub fn score_run(
         .judge
         .as_ref()
         .map(|j| {
-            crate::judge::Judge::open(j, Some(dir))
+            crate::judge::Judge::open_with(j, Some((dir, verdicts)))
                 .map(|judge| Arc::new(judge.with_notes(notes(progress))))
         })
         .transpose()?;

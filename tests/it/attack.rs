@@ -654,6 +654,7 @@ fn a_received_runs_attacker_endpoint_is_not_called_unconfirmed() {
             .arg(&dir)
             .arg("--model-from")
             .arg(&own)
+            .arg("--trust-paths")
             .args(extra)
             .arg("--json")
             .env(KEY_ENV, "sk-test"))

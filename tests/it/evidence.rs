@@ -288,6 +288,22 @@ fn signed_envelopes_verify_and_every_tampering_is_caught() {
         run(pieval().arg("keygen").arg("--output").arg(&key)).code,
         2
     );
+    // Issue 27: the private key is one OpenSSL 3.0 reads (PKCS#8 v1), and its public
+    // half is the one keygen wrote (.ci/run installs openssl when it is missing).
+    let openssl = std::process::Command::new("openssl")
+        .args(["pkey", "-pubout", "-in"])
+        .arg(&key)
+        .output()
+        .expect("openssl is needed for this test (.ci/run installs it)");
+    assert!(
+        openssl.status.success(),
+        "openssl cannot read the key keygen wrote: {}",
+        String::from_utf8_lossy(&openssl.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&openssl.stdout).trim(),
+        std::fs::read_to_string(&public).unwrap().trim()
+    );
 
     let (_, report) = controls_json(&runf, &["--sign-key", key.to_str().unwrap()]);
     assert_eq!(report["controls"].as_array().unwrap().len(), 11);

@@ -181,6 +181,7 @@ fn modules_import_only_downward() {
         "config_errors",
         "atomic",
         "digest",
+        "files",
         "stats",
         "text",
         "error",

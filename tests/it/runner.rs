@@ -467,7 +467,7 @@ fn replay_runs_dry_run_and_the_catalogue() {
         refused.stderr
     );
     let out = run(pieval()
-        .args(["replay", &first_id, "--json", "--results"])
+        .args(["replay", &first_id, "--json", "--trust-paths", "--results"])
         .arg(&results)
         .args(["--trust-endpoint", &server.base_url()])
         .env(KEY_ENV, SECRET));

@@ -38,6 +38,8 @@ pub enum Action {
     Reply(String),
     /// 200 with this assistant message, after a delay.
     SlowReply(Duration, String),
+    /// A redirect with this status to this `Location`.
+    Redirect(u16, String),
 }
 
 /// Decides the action from the request's body hash and its attempt number (1-based).
@@ -194,6 +196,11 @@ async fn connection(
                 )
             }
             Action::StatusBody(code, text) => respond(&format!("{code} Error"), "", &text),
+            Action::Redirect(code, location) => respond(
+                &format!("{code} Redirect"),
+                &format!("Location: {location}\r\n"),
+                "",
+            ),
             Action::Slow(d) => {
                 tokio::time::sleep(d).await;
                 respond("200 OK", "", &answer(&body))

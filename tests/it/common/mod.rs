@@ -129,3 +129,43 @@ pub fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
     out.sort();
     out
 }
+
+/// [`run`], but a command still running after `secs` seconds is killed and the test
+/// fails: for inputs that once made pieval hang (a FIFO, `/dev/zero`).
+pub fn run_within(cmd: &mut Command, secs: u64) -> Output {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("pieval runs");
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let t_out = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = out.read_to_end(&mut s);
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = err.read_to_end(&mut s);
+        s
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("pieval still ran after {secs} s (a hang): {cmd:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    Output {
+        code: status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&t_out.join().unwrap()).into_owned(),
+        stderr: String::from_utf8_lossy(&t_err.join().unwrap()).into_owned(),
+    }
+}
