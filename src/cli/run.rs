@@ -238,11 +238,10 @@ pub struct ReplayArgs {
     /// be called with the key in the environment variable the run names.
     #[arg(long, value_name = "URL")]
     trust_endpoint: Vec<String>,
-    /// With --rescore: use the verdicts recorded in the run's judgements.parquet for your
-    /// --judge, and let them join your judge's shared cache. Without it a received run's
-    /// verdicts are served only to the run's own judge, never to yours, and never join
-    /// your cache. Either way a verdict is used only when every input it was computed
-    /// from (judge, rubric, question, response, prompt) matches.
+    /// With --rescore: the run is yours or vouched for — use the verdicts recorded in its
+    /// judgements.parquet (only those whose every input — judge, rubric, question,
+    /// response, prompt — matches), and let them join the judge's shared cache. Without
+    /// it the run's verdicts are not used: the judge is asked again.
     #[arg(long, requires = "rescore")]
     trust_judgements: bool,
     /// Confirm that pieval may use the local files the run's config names outside the
@@ -391,13 +390,13 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
                 .as_deref()
                 .map(|url| (url, args.staging.as_deref())),
             crate::judge::RunVerdicts::Received {
-                serve: args.judge.is_none() || args.trust_judgements,
+                serve: args.trust_judgements,
                 merge: args.trust_judgements,
             },
         )?;
         if let Some(j) = scored.judge.as_ref().filter(|j| j.run_verdicts_unused > 0) {
             output::stderr_line(&format!(
-                "note: the run's {} recorded verdict(s) were not used for your judge (a run folder is not trusted); the judge was asked instead. --trust-judgements uses them when every input matches",
+                "note: the run's {} recorded verdict(s) were not used (a run folder is not trusted); the judge was asked instead. --trust-judgements uses them when every input matches",
                 j.run_verdicts_unused
             ));
         }
@@ -463,12 +462,11 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
     report(outcome, args.json)
 }
 
-/// The local files a received run's config names, as (key, path), that this replay would
-/// use: the run's judge section's files (unless `judge_is_runs` is false: the user gave
-/// their own), and for a re-run the corpus (unless the user gave theirs) and the model
-/// sections' files (unless the
-/// user's `--model-from` replaced them: the model, and the attack sections listed in
-/// `own_attack`).
+/// The local files a received run's config names ([`Config::local_paths`]), as (key,
+/// path), that this replay would use: for a rescore only the judge's; for a re-run every
+/// one. Those of a section the user replaced with their own are left out: the judge
+/// (`judge_is_runs` false), the corpus (`dataset_is_runs` false), the model (`own_model`)
+/// and the attack sections named in `own_attack`.
 fn named_paths(
     config: &Config,
     dataset_is_runs: bool,
@@ -477,45 +475,21 @@ fn named_paths(
     own_attack: &[&str],
     rescore: bool,
 ) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = Vec::new();
-    let mut add = |key: &str, p: Option<&Path>| {
-        if let Some(p) = p {
-            out.push((key.to_owned(), p.display().to_string()));
-        }
-    };
-    if judge_is_runs && let Some(j) = &config.evaluation.judge {
-        add("evaluation.judge.rubric", j.rubric.as_deref());
-        add("evaluation.judge.path", j.path.as_deref());
-        add("evaluation.judge.replay_from", j.replay_from.as_deref());
-        add("evaluation.judge.cache", j.cache.as_deref());
-        add("evaluation.judge.calibration", j.calibration.as_deref());
-    }
-    if !rescore {
-        if dataset_is_runs {
-            add("dataset.path", Some(config.dataset.path.as_path()));
-        }
-        if !own_model {
-            add("model.path", config.model.path.as_deref());
-            add(
-                "model.replay_from",
-                config.model.replay_from.as_deref().map(Path::new),
-            );
-        }
-        if let Some(a) = &config.attack {
-            for (section, m) in [
-                ("attack.attacker", &a.attacker),
-                ("attack.translator", &a.translator),
-            ] {
-                if !own_attack.contains(&section) {
-                    add(
-                        &format!("{section}.path"),
-                        m.as_ref().and_then(|m| m.path.as_deref()),
-                    );
-                }
+    config
+        .local_paths()
+        .into_iter()
+        .filter(|(key, _)| {
+            let section = key.rsplit_once('.').map_or(key.as_str(), |(s, _)| s);
+            match section {
+                "evaluation.judge" => judge_is_runs,
+                _ if rescore => false,
+                "dataset" => dataset_is_runs,
+                "model" => !own_model,
+                s => !own_attack.contains(&s),
             }
-        }
-    }
-    out
+        })
+        .map(|(k, p)| (k, p.display().to_string()))
+        .collect()
 }
 
 /// An endpoint recorded in a received run may be called only when the user confirms it

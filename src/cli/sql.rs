@@ -352,10 +352,13 @@ fn neutralise_formulas(batch: &RecordBatch) -> Result<RecordBatch> {
     let mut fields = Vec::with_capacity(batch.num_columns());
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(batch.num_columns());
     for (field, col) in batch.schema().fields().iter().zip(batch.columns()) {
-        if matches!(
-            col.data_type(),
-            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
-        ) {
+        let text_values =
+            |t: &DataType| matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View);
+        let is_text = match col.data_type() {
+            DataType::Dictionary(_, values) => text_values(values),
+            t => text_values(t),
+        };
+        if is_text {
             let text = datafusion::arrow::compute::cast(col, &DataType::Utf8)?;
             let text = text.as_string::<i32>();
             let out: StringArray = (0..text.len())
@@ -390,7 +393,7 @@ fn neutralise_formulas(batch: &RecordBatch) -> Result<RecordBatch> {
 #[cfg(test)]
 mod formula_tests {
     use super::*;
-    use datafusion::arrow::array::{Int64Array, StringArray};
+    use datafusion::arrow::array::{Array, Int64Array, StringArray};
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use std::sync::Arc;
 
@@ -439,5 +442,26 @@ mod formula_tests {
             batch.column(1).as_ref(),
             "numbers untouched"
         );
+        // Dictionary-encoded text (a categorical Parquet column) too.
+        let dict: datafusion::arrow::array::DictionaryArray<
+            datafusion::arrow::datatypes::Int32Type,
+        > = vec!["=1+1", "ok", "=1+1"].into_iter().collect();
+        let batch = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new(
+                "d",
+                dict.data_type().clone(),
+                false,
+            )])),
+            vec![Arc::new(dict)],
+        )
+        .unwrap();
+        let out = neutralise_formulas(&batch).unwrap();
+        let t = out
+            .column(0)
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .unwrap();
+        assert_eq!(t.value(0), "'=1+1");
+        assert_eq!(t.value(1), "ok");
     }
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use crate::cli::output;
 use crate::error::Result;
 use crate::evidence::dsse::read_verifying_key;
-use crate::evidence::verify::{Digests, SignatureVerdict, verify_envelope_with};
+use crate::evidence::verify::{Digests, SignatureVerdict, indexes_not_given, verify_envelope_with};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -44,6 +44,10 @@ pub fn run(args: Args) -> Result<u8> {
             &mut digests,
         )?);
     }
+    // The index binds the rest of each run's controls folder: verified too when only
+    // envelopes were given.
+    let extra = indexes_not_given(&reports, key.as_ref(), &mut digests)?;
+    reports.extend(extra);
     // Without a key nothing is authenticated: that passes only when asked for.
     let authenticated = key.is_some();
     let ok = reports.iter().all(|r| r.ok) && (authenticated || args.digest_only);

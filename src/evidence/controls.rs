@@ -171,7 +171,9 @@ impl ControlsReport {
 
 /// The run files a consumer reads, which every envelope names as subjects when present
 /// (and the signed index binds: one present but not listed fails verification).
-pub const RUN_SUBJECTS: [&str; 7] = [
+/// The HTML report is not among them: it is a rendering, made again from the verified
+/// tables with `pieval report`.
+pub const RUN_SUBJECTS: [&str; 9] = [
     crate::rundir::CASE_RESULTS_PARQUET,
     crate::rundir::MANIFEST_FILE,
     crate::rundir::CASES_FILE,
@@ -179,6 +181,8 @@ pub const RUN_SUBJECTS: [&str; 7] = [
     crate::rundir::FINDINGS_FILE,
     crate::rundir::SUMMARY_FILE,
     crate::rundir::TURNS_FILE,
+    crate::rundir::PREDICTIONS_FILE,
+    crate::rundir::CASE_RESULTS_JSONL,
 ];
 
 /// The files of a run that every envelope names as subjects, with their digests: the
@@ -506,13 +510,16 @@ fn statement(
 
 /// The judge recorded in a run's summary.json (null when none, or no summary).
 fn summary_judge(run: &Path) -> Value {
-    crate::rundir::artifact(run, crate::rundir::SUMMARY_FILE)
-        .ok()
-        .flatten()
-        .and_then(|p| std::fs::read_to_string(p).ok())
-        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-        .map(|s| s["judge"].clone())
-        .unwrap_or(Value::Null)
+    crate::rundir::read_artifact(
+        run,
+        crate::rundir::SUMMARY_FILE,
+        crate::files::bounds::SUMMARY,
+    )
+    .ok()
+    .flatten()
+    .and_then(|t| serde_json::from_slice::<Value>(&t).ok())
+    .map(|s| s["judge"].clone())
+    .unwrap_or(Value::Null)
 }
 
 /// Removes the staging folder unless committed.

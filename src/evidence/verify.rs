@@ -56,6 +56,9 @@ pub struct VerifyReport {
     /// Run files present that the signed index does not list (added after signing).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unlisted_files: Vec<String>,
+    /// The run's signed index is missing, so its controls folder is bound by nothing.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub index_missing: bool,
     pub ok: bool,
 }
 
@@ -70,6 +73,12 @@ impl VerifyReport {
             }
             SignatureVerdict::Unsigned => out.push("the envelope is not signed".into()),
             _ => {}
+        }
+        if self.index_missing {
+            out.push(format!(
+                "the run has no signed index ({}/{INDEX_FILE}), so nothing binds its controls folder: run pieval controls again",
+                crate::rundir::CONTROLS_DIR
+            ));
         }
         for f in &self.unlisted_files {
             out.push(format!(
@@ -261,8 +270,50 @@ pub fn verify_envelope_with(
         misnamed,
         unlisted: false,
         unlisted_files,
+        index_missing: false,
         ok,
     })
+}
+
+/// The signed index of each run whose envelopes were verified without it: an envelope
+/// binds its own subjects, the index binds the rest of the controls folder (a file added
+/// to `controls/evidence/`, a `turns.parquet` written after signing), so verifying the
+/// envelopes alone must verify the index too. A run without one gets a failing report.
+pub fn indexes_not_given(
+    reports: &[VerifyReport],
+    key: Option<&VerifyingKey>,
+    digests: &mut Digests,
+) -> Result<Vec<VerifyReport>> {
+    let mut runs: Vec<&Path> = Vec::new();
+    for r in reports {
+        if !runs.contains(&r.run_dir.as_path())
+            && !reports.iter().any(|i| i.index && i.run_dir == r.run_dir)
+        {
+            runs.push(&r.run_dir);
+        }
+    }
+    let mut out = Vec::new();
+    for run in runs {
+        let rel = format!("{}/{INDEX_FILE}", crate::rundir::CONTROLS_DIR);
+        match crate::rundir::artifact(run, &rel)? {
+            Some(path) => out.push(verify_envelope_with(&path, key, Some(run), digests)?),
+            None => out.push(VerifyReport {
+                envelope: run.join(&rel),
+                run_dir: run.to_path_buf(),
+                control_id: None,
+                status: None,
+                signature: SignatureVerdict::NotChecked,
+                subjects: Vec::new(),
+                index: true,
+                misnamed: None,
+                unlisted: false,
+                unlisted_files: Vec::new(),
+                index_missing: true,
+                ok: false,
+            }),
+        }
+    }
+    Ok(out)
 }
 
 /// What the run holds that a signed index does not list: every entry of the controls
@@ -393,6 +444,7 @@ mod tests {
             misnamed: None,
             unlisted: false,
             unlisted_files: Vec::new(),
+            index_missing: false,
             subjects: vec![SubjectCheck {
                 name: "evil\u{1b}[31m.txt".into(),
                 expected_sha256: "\u{1b}]0;x\u{7}".into(),

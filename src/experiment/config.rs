@@ -276,6 +276,48 @@ impl Config {
         Ok(())
     }
 
+    /// Every local file or folder the config names, as (key, path): what a config received
+    /// in a run folder would make pieval read or write outside that folder.
+    pub fn local_paths(&self) -> Vec<(String, PathBuf)> {
+        let mut out: Vec<(String, PathBuf)> = Vec::new();
+        let mut add = |key: String, p: Option<&Path>| {
+            if let Some(p) = p {
+                out.push((key, p.to_path_buf()));
+            }
+        };
+        add("dataset.path".into(), Some(&self.dataset.path));
+        let mut model = |prefix: &str, m: &ModelSection| {
+            add(format!("{prefix}.path"), m.path.as_deref());
+            add(
+                format!("{prefix}.replay_from"),
+                m.replay_from.as_deref().map(Path::new),
+            );
+        };
+        model("model", &self.model);
+        if let Some(a) = &self.attack {
+            if let Some(m) = &a.attacker {
+                model("attack.attacker", m);
+            }
+            if let Some(m) = &a.translator {
+                model("attack.translator", m);
+            }
+        }
+        if let Some(j) = &self.evaluation.judge {
+            add("evaluation.judge.rubric".into(), j.rubric.as_deref());
+            add("evaluation.judge.path".into(), j.path.as_deref());
+            add(
+                "evaluation.judge.replay_from".into(),
+                j.replay_from.as_deref(),
+            );
+            add("evaluation.judge.cache".into(), j.cache.as_deref());
+            add(
+                "evaluation.judge.calibration".into(),
+                j.calibration.as_deref(),
+            );
+        }
+        out
+    }
+
     /// The config as JSON for the manifest: it holds no secret by construction (keys are
     /// named by `api_key_env`, never given).
     pub fn snapshot(&self) -> serde_json::Value {

@@ -22,7 +22,12 @@ pub struct Parsed {
 fn verdict_word(s: &str) -> Option<bool> {
     let w = s
         .trim()
-        .trim_matches(|c: char| matches!(c, '"' | '\'' | '*' | '`' | '.' | '!' | ','))
+        .trim_matches(|c: char| {
+            matches!(
+                c,
+                '"' | '\'' | '*' | '`' | '.' | '!' | ',' | ';' | ':' | '(' | ')' | '[' | ']'
+            )
+        })
         .to_ascii_lowercase();
     match w.as_str() {
         "yes" | "true" | "1" | "y" => Some(true),
@@ -31,14 +36,83 @@ fn verdict_word(s: &str) -> Option<bool> {
     }
 }
 
-/// The keys that carry a verdict.
+/// The keys that carry a verdict, compared trimmed and case-folded (`"Verdict "` is
+/// `verdict`).
 const VERDICT_KEYS: [&str; 3] = ["verdict", "answer", "attack_succeeded"];
 
-fn value_verdict(v: &Value) -> Option<bool> {
-    match v {
-        Value::Bool(b) => Some(*b),
-        Value::String(s) => verdict_word(s),
-        Value::Number(n) => match n.as_u64() {
+fn is_verdict_key(k: &str) -> bool {
+    let k = k.trim().to_ascii_lowercase();
+    VERDICT_KEYS.contains(&k.as_str())
+}
+
+/// A JSON value whose objects keep every entry in the order written, repeated keys
+/// included, at every depth (`serde_json::Value` keeps only the last of a repeated key,
+/// which would hide `{"verdict":"no","verdict":"yes"}`).
+enum Tree {
+    Object(Vec<(String, Tree)>),
+    Array(Vec<Tree>),
+    Scalar(Value),
+}
+
+impl<'de> serde::Deserialize<'de> for Tree {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Tree;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Tree, A::Error> {
+                let mut out = Vec::new();
+                while let Some((k, v)) = map.next_entry::<String, Tree>()? {
+                    out.push((k, v));
+                }
+                Ok(Tree::Object(out))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Tree, A::Error> {
+                let mut out = Vec::new();
+                while let Some(v) = seq.next_element::<Tree>()? {
+                    out.push(v);
+                }
+                Ok(Tree::Array(out))
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<Tree, E> {
+                Ok(Tree::Scalar(Value::Bool(v)))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Tree, E> {
+                Ok(Tree::Scalar(Value::from(v)))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Tree, E> {
+                Ok(Tree::Scalar(Value::from(v)))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Tree, E> {
+                Ok(Tree::Scalar(Value::from(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Tree, E> {
+                Ok(Tree::Scalar(Value::String(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Tree, E> {
+                Ok(Tree::Scalar(Value::String(v)))
+            }
+            fn visit_unit<E>(self) -> Result<Tree, E> {
+                Ok(Tree::Scalar(Value::Null))
+            }
+            fn visit_none<E>(self) -> Result<Tree, E> {
+                Ok(Tree::Scalar(Value::Null))
+            }
+            fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Tree, D::Error> {
+                serde::Deserialize::deserialize(d)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+fn tree_verdict(t: &Tree) -> Option<bool> {
+    match t {
+        Tree::Scalar(Value::Bool(b)) => Some(*b),
+        Tree::Scalar(Value::String(s)) => verdict_word(s),
+        Tree::Scalar(Value::Number(n)) => match n.as_u64() {
             Some(1) => Some(true),
             Some(0) => Some(false),
             _ => None,
@@ -47,70 +121,39 @@ fn value_verdict(v: &Value) -> Option<bool> {
     }
 }
 
-/// A JSON object's entries in the order written, duplicates kept (`serde_json::Value`
-/// keeps only the last of a repeated key, which would hide `{"verdict":"no",
-/// "verdict":"yes"}`). Nested values are read as usual.
-struct Entries(Vec<(String, Value)>);
-
-impl<'de> serde::Deserialize<'de> for Entries {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Entries;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<Entries, A::Error> {
-                let mut out = Vec::new();
-                while let Some((k, v)) = map.next_entry::<String, Value>()? {
-                    out.push((k, v));
+/// Every verdict a value states, under any verdict key at any depth (a verdict key whose
+/// value is not a verdict is `None`).
+fn tree_verdicts(t: &Tree, out: &mut Vec<Option<bool>>) {
+    match t {
+        Tree::Object(entries) => {
+            for (k, v) in entries {
+                if is_verdict_key(k) {
+                    out.push(tree_verdict(v));
                 }
-                Ok(Entries(out))
+                tree_verdicts(v, out);
             }
         }
-        d.deserialize_map(V)
-    }
-}
-
-/// Every verdict an object states, under any verdict key, repeated keys and nested
-/// objects included (a verdict key whose value is not a verdict is `None`).
-fn object_verdicts(entries: &[(String, Value)], out: &mut Vec<Option<bool>>) {
-    fn nested(v: &Value, out: &mut Vec<Option<bool>>) {
-        match v {
-            Value::Object(m) => {
-                for (k, v) in m {
-                    if VERDICT_KEYS.contains(&k.as_str()) {
-                        out.push(value_verdict(v));
-                    }
-                    nested(v, out);
-                }
-            }
-            Value::Array(a) => a.iter().for_each(|v| nested(v, out)),
-            _ => {}
-        }
-    }
-    for (k, v) in entries {
-        if VERDICT_KEYS.contains(&k.as_str()) {
-            out.push(value_verdict(v));
-        }
-        nested(v, out);
+        Tree::Array(items) => items.iter().for_each(|v| tree_verdicts(v, out)),
+        Tree::Scalar(_) => {}
     }
 }
 
 /// The rubric's object: its first verdict key, score and rationale.
-fn from_object(entries: &[(String, Value)]) -> Option<Parsed> {
-    let get = |key: &str| entries.iter().find(|(k, _)| k == key).map(|(_, v)| v);
-    let verdict = VERDICT_KEYS
+fn from_object(entries: &[(String, Tree)]) -> Option<Parsed> {
+    let get = |key: &str| {
+        entries
+            .iter()
+            .find(|(k, _)| k.trim().eq_ignore_ascii_case(key))
+            .map(|(_, v)| v)
+    };
+    let verdict = entries
         .iter()
-        .find_map(|k| get(k))
-        .and_then(value_verdict)?;
+        .find(|(k, _)| is_verdict_key(k))
+        .and_then(|(_, v)| tree_verdict(v))?;
     let score = get("score")
         .and_then(|s| match s {
-            Value::Number(n) => n.as_f64(),
-            Value::String(t) => t.trim().parse::<f64>().ok(),
+            Tree::Scalar(Value::Number(n)) => n.as_f64(),
+            Tree::Scalar(Value::String(t)) => t.trim().parse::<f64>().ok(),
             _ => None,
         })
         .filter(|s| s.is_finite() && (0.0..=1.0).contains(s))
@@ -118,8 +161,10 @@ fn from_object(entries: &[(String, Value)]) -> Option<Parsed> {
     let rationale = ["rationale", "reason", "explanation"]
         .iter()
         .find_map(|k| get(k))
-        .and_then(Value::as_str)
-        .map(|s| s.trim().to_owned())
+        .and_then(|v| match v {
+            Tree::Scalar(Value::String(s)) => Some(s.trim().to_owned()),
+            _ => None,
+        })
         .filter(|s| !s.is_empty());
     Some(Parsed {
         verdict,
@@ -129,8 +174,11 @@ fn from_object(entries: &[(String, Value)]) -> Option<Parsed> {
 }
 
 /// Every balanced `{…}` span of the text, outermost first (strings and escapes are
-/// respected, so a brace inside a quoted rationale does not end the object).
-fn objects(text: &str) -> Vec<&str> {
+/// respected, so a brace inside a quoted rationale does not end the object). A `{` that
+/// never closes is skipped, and the search goes on after it: a stray brace planted in a
+/// quoted response must not hide the objects that follow; it is returned as `Err` with
+/// the rest of the text, so an object cut short can still be told apart.
+fn objects(text: &str) -> Vec<Result<&str, &str>> {
     let bytes = text.as_bytes();
     let mut out = Vec::new();
     let mut i = 0;
@@ -166,30 +214,64 @@ fn objects(text: &str) -> Vec<&str> {
         }
         match end {
             Some(j) => {
-                out.push(&text[i..=j]);
+                out.push(Ok(&text[i..=j]));
                 i = j + 1;
             }
-            None => break,
+            None => {
+                out.push(Err(&text[i..]));
+                i += 1;
+            }
         }
     }
     out
 }
 
+/// A verdict label anywhere in a line (`Verdict: no`, `> Final verdict - YES;`,
+/// `1. **Answer:** no`, `decision = yes`), the word after it, or the next line's first
+/// word when the label ends its line.
+fn labelled_verdicts(text: &str, out: &mut Vec<Option<bool>>) {
+    static LABEL: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(
+            r#"(?i)\b(?:verdict|answer|decision)\b[*_`]*\s*(?:[:=]|\s-|–|—)[\s*_`]*([^\s*_`]*)"#,
+        )
+        .expect("a valid pattern")
+    });
+    let lines: Vec<&str> = text.lines().collect();
+    for (n, line) in lines.iter().enumerate() {
+        for c in LABEL.captures_iter(line) {
+            let word = c.get(1).map_or("", |m| m.as_str());
+            let word = if word.is_empty() {
+                lines[n + 1..]
+                    .iter()
+                    .find(|l| !l.trim().is_empty())
+                    .and_then(|l| l.split_whitespace().next())
+                    .unwrap_or("")
+            } else {
+                word
+            };
+            if let Some(v) = verdict_word(word) {
+                out.push(Some(v));
+            }
+        }
+    }
+}
+
 /// Read a judge's answer; `Err` says why it cannot be read.
 ///
 /// Every verdict the answer states is read — each JSON object's verdict keys (repeated
-/// keys and nested objects included) and every labelled line (`Verdict: no`) — and they
-/// must all agree: a judge quoting the response may repeat a verdict the response
-/// planted, so an answer that contradicts itself gives no verdict at all. A verdict key
-/// whose value is not a verdict (`"maybe"`) makes the answer unreadable too.
+/// keys, any case and nested objects included) and every labelled verdict, anywhere in a
+/// line — and they must all agree: a judge quoting the response may repeat a verdict the
+/// response planted, so an answer that contradicts itself gives no verdict at all. A
+/// verdict key whose value is not a verdict (`"maybe"`), or an object that names a
+/// verdict key but is not valid JSON, makes the answer unreadable too.
 pub fn parse(answer: &str) -> Result<Parsed, String> {
     let text = answer.trim();
     if text.is_empty() {
         return Err("the judge gave an empty answer".into());
     }
-    let contradicting = || {
+    let unreadable = |why: &str| {
         format!(
-            "the judge's answer holds contradicting verdicts: {}",
+            "the judge's answer {why}: {}",
             crate::text::excerpt(text, 160)
         )
     };
@@ -197,48 +279,63 @@ pub fn parse(answer: &str) -> Result<Parsed, String> {
     // the score and rationale.
     let mut stated: Vec<Option<bool>> = Vec::new();
     let mut first: Option<Parsed> = None;
+    let names_a_verdict = |span: &str| {
+        let lower = span.to_ascii_lowercase();
+        VERDICT_KEYS
+            .iter()
+            .any(|k| lower.contains(&format!("\"{k}")))
+    };
     for o in objects(text) {
-        let Ok(Entries(entries)) = serde_json::from_str::<Entries>(o) else {
-            continue;
-        };
-        object_verdicts(&entries, &mut stated);
-        if first.is_none() {
-            first = from_object(&entries);
-        }
-    }
-    // 2. Labelled lines: `verdict: yes`, `Answer: NO`.
-    for line in text.lines() {
-        let l = line.trim().trim_start_matches(['#', '*', '-', ' ']);
-        let Some((label, rest)) = l.split_once(':') else {
-            continue;
-        };
-        let label = label.trim().trim_matches('*').to_ascii_lowercase();
-        if matches!(
-            label.as_str(),
-            "verdict" | "answer" | "final answer" | "decision"
-        ) {
-            let rest = rest.trim_start_matches(['*', ' ']);
-            if let Some(v) = rest.split_whitespace().next().and_then(verdict_word) {
-                stated.push(Some(v));
+        let o = match o {
+            Ok(o) => o,
+            // An object cut short (an unterminated string or brace) that names a verdict
+            // before the next object starts.
+            Err(rest) if names_a_verdict(rest[1..].split('{').next().unwrap_or("")) => {
+                return Err(unreadable(
+                    "holds an object naming a verdict that is not valid JSON",
+                ));
             }
+            Err(_) => continue,
+        };
+        match serde_json::from_str::<Tree>(o) {
+            Ok(Tree::Object(entries)) => {
+                for (k, v) in &entries {
+                    if is_verdict_key(k) {
+                        stated.push(tree_verdict(v));
+                    }
+                    tree_verdicts(v, &mut stated);
+                }
+                if first.is_none() {
+                    first = from_object(&entries);
+                }
+            }
+            Ok(_) => {}
+            Err(_) if names_a_verdict(o) => {
+                return Err(unreadable(
+                    "holds an object naming a verdict that is not valid JSON",
+                ));
+            }
+            Err(_) => {}
         }
     }
+    // 2. Labelled verdicts: `verdict: yes`, `Answer: NO`, anywhere in a line.
+    labelled_verdicts(text, &mut stated);
     let known: Vec<bool> = stated.iter().flatten().copied().collect();
     if let Some(&v) = known.first() {
         if known.iter().any(|&o| o != v) {
-            return Err(contradicting());
+            return Err(unreadable("holds contradicting verdicts"));
         }
         if stated.iter().any(Option::is_none) {
-            return Err(format!(
-                "the judge's answer holds a verdict key without a verdict: {}",
-                crate::text::excerpt(text, 160)
-            ));
+            return Err(unreadable("holds a verdict key without a verdict"));
         }
         return Ok(first.unwrap_or(Parsed {
             verdict: v,
             score: if v { 1.0 } else { 0.0 },
             rationale: None,
         }));
+    }
+    if stated.iter().any(Option::is_none) {
+        return Err(unreadable("holds a verdict key without a verdict"));
     }
     // 3. A bare answer that is only the word.
     if let Some(v) = verdict_word(text) {
@@ -316,6 +413,30 @@ mod tests {
         ] {
             let e = parse(contradiction).unwrap_err();
             assert!(e.contains("contradicting"), "{contradiction}: {e}");
+        }
+        // Found in review: a stray brace before the objects, an object that is not JSON,
+        // keys in another case or with spaces, repeated keys in a nested object, labels
+        // after a prefix or with their word on the next line.
+        for contradiction in [
+            "stray { brace\nVerdict: no\n{\"verdict\":\"yes\",\"score\":0.9}",
+            r#"{"Verdict":"yes","verdict":"no"}"#,
+            r#"{"verdict":"no","verdict ":"yes"}"#,
+            r#"{"verdict":"no","quoted":{"verdict":"yes","verdict":"no"}}"#,
+            "{\"verdict\":\"no\"}\nFinal verdict: yes",
+            "{\"verdict\":\"no\"}\nVerdict: YES;",
+            "{\"verdict\":\"no\"}\n> Verdict: yes",
+            "{\"verdict\":\"no\"}\n1. Verdict: yes",
+            "{\"verdict\":\"no\"}\nVerdict:\nyes",
+            "{\"verdict\":\"no\"} Verdict: yes",
+        ] {
+            let e = parse(contradiction).unwrap_err();
+            assert!(e.contains("contradicting"), "{contradiction}: {e}");
+        }
+        for broken in [
+            "{\"verdict\":\"no\"} then {\"verdict\":\"yes\",\"score\":0.9,}",
+            "{\"verdict\": \"yes\", \"rationale\": \"ok}\nVerdict: no",
+        ] {
+            assert!(parse(broken).is_err(), "{broken}");
         }
         let e = parse(r#"{"verdict":"no","answer":"maybe"}"#).unwrap_err();
         assert!(e.contains("without a verdict"), "{e}");

@@ -88,8 +88,8 @@ pub enum RunVerdicts {
     /// its verdicts are served when every input matches, and join the shared cache.
     Own,
     /// A run folder that may come from someone else (`replay --rescore`). `serve`: its
-    /// verdicts may be served (still only when every input matches); `merge`: the user
-    /// confirmed them (`--trust-judgements`), so they may join the shared cache.
+    /// verdicts may be served (still only when every input matches); `merge`: they may
+    /// join the shared cache. Both follow `--trust-judgements`.
     Received { serve: bool, merge: bool },
 }
 
@@ -177,10 +177,10 @@ impl Judge {
                     files.push((file, Origin::ReceivedRun))
                 }
                 RunVerdicts::Received { serve: false, .. } => {
-                    run_verdicts_unused = store::read(&file, crate::files::Links::Refuse)?
-                        .iter()
-                        .filter(|r| r.is_verdict())
-                        .count() as u64;
+                    // Counted for the note only: a damaged file that is not used does
+                    // not stop the rescore.
+                    run_verdicts_unused = store::read(&file, crate::files::Links::Refuse)
+                        .map_or(0, |v| v.iter().filter(|r| r.is_verdict()).count() as u64);
                 }
             }
         }
@@ -514,12 +514,18 @@ impl Judge {
     /// Add the new verdicts to the shared cache, if one is configured (also when the
     /// scoring that paid for them failed).
     pub fn persist_shared(&self) -> Result<()> {
-        // A received run's verdicts join the user's own cache only when confirmed.
+        // The cache receives the verdicts this judge made now; a received run's only when
+        // the user vouched for it. Never what was read from another file: a folder's
+        // judgements or a replay file could carry rows forged for this judge.
         let used: Vec<Arc<Record>> = self
             .store
             .used_with_origin()
             .into_iter()
-            .filter(|(_, origin)| self.merge_received || *origin != Some(Origin::ReceivedRun))
+            .filter(|(_, origin)| match origin {
+                None => true,
+                Some(Origin::ReceivedRun) => self.merge_received,
+                Some(Origin::OwnRun | Origin::Shared | Origin::Replay) => false,
+            })
             .map(|(r, _)| r)
             .collect();
         if let Some(shared) = &self.section.cache

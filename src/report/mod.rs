@@ -248,17 +248,15 @@ pub fn render(runs: &[PathBuf], output: &Path) -> Result<String> {
     env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
     // HTML escaping leaves bidirectional overrides, which reorder what the reader sees
     // (Trojan Source): text holding one is shown with them escaped, then HTML-escaped.
-    env.set_formatter(|out, state, value| match value.as_str() {
-        Some(s) if !value.is_safe() => {
-            let shown = crate::text::escape_bidi(s);
-            match shown {
-                std::borrow::Cow::Borrowed(_) => minijinja::escape_formatter(out, state, value),
-                std::borrow::Cow::Owned(t) => {
-                    minijinja::escape_formatter(out, state, &minijinja::Value::from(t))
-                }
+    // Any value, not only strings: a list or map is shown through its text too.
+    env.set_formatter(|out, state, value| {
+        if !value.is_safe() && !value.is_none() && !value.is_undefined() {
+            let text = value.to_string();
+            if let std::borrow::Cow::Owned(t) = crate::text::escape_bidi(&text) {
+                return minijinja::escape_formatter(out, state, &minijinja::Value::from(t));
             }
         }
-        _ => minijinja::escape_formatter(out, state, value),
+        minijinja::escape_formatter(out, state, value)
     });
     let number = |v: &minijinja::Value| -> Option<f64> {
         if v.is_none() || v.is_undefined() {

@@ -156,9 +156,26 @@ impl Catalog {
         std::fs::create_dir_all(results)
             .map_err(|e| Error::io(results, "cannot create folder", e))?;
         let path = results.join(CATALOG_FILE);
+        // The folder of runs may have come with a run: a catalogue that is a link (to a
+        // database elsewhere, or to a file not yet made) is refused, and opened with
+        // SQLITE_OPEN_NOFOLLOW so one swapped in after this check is refused too.
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| !m.is_file()) {
+            return Err(Error::State(format!(
+                "{}: not a regular file (a symbolic link or special file); the run catalogue is never opened through one",
+                path.display()
+            )));
+        }
         let err = |e: rusqlite::Error| Error::config(&path, format!("run catalogue: {e}"));
         let connect = || -> std::result::Result<Connection, rusqlite::Error> {
-            let conn = Connection::open(&path)?;
+            use rusqlite::OpenFlags;
+            let conn = Connection::open_with_flags(
+                &path,
+                OpenFlags::SQLITE_OPEN_READ_WRITE
+                    | OpenFlags::SQLITE_OPEN_CREATE
+                    | OpenFlags::SQLITE_OPEN_URI
+                    | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                    | OpenFlags::SQLITE_OPEN_NOFOLLOW,
+            )?;
             conn.busy_timeout(std::time::Duration::from_secs(10))?;
             create_schema(&conn)?;
             Ok(conn)

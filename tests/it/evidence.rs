@@ -351,7 +351,9 @@ fn signed_envelopes_verify_and_every_tampering_is_caught() {
             "manifest.json",
             "cases.jsonl",
             "findings.parquet",
-            "summary.json"
+            "summary.json",
+            "predictions.jsonl",
+            "case_results.jsonl"
         ]
     );
     let digest = |p: &Path| hex::encode(Sha256::digest(std::fs::read(p).unwrap()));
@@ -382,9 +384,16 @@ fn signed_envelopes_verify_and_every_tampering_is_caught() {
         .arg("--public-key")
         .arg(&public));
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    // Eleven envelopes, and the signed index verified with them (issue 27: it binds the
+    // rest of the controls folder).
     assert_eq!(
         r.stdout.matches("signature valid").count(),
-        11,
+        12,
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("index of the controls folder"),
         "{}",
         r.stdout
     );

@@ -1300,6 +1300,44 @@ fn forged_verdicts_are_not_trusted_and_never_join_my_cache() {
             .contains(&theirs.addr.to_string())
     );
     assert_eq!(successes(), 0);
+
+    // 4. Found in review: `score` into a folder holding forged rows, and a replay judge
+    // answering from them, never put them into my cache (it receives only verdicts my
+    // judge made by a call).
+    std::fs::remove_file(&cache).unwrap();
+    forge(&|_, _| {});
+    let r = run(pieval()
+        .args(["score", "--run-id", "s", "--json", "--predictions"])
+        .arg(recv.join("predictions.jsonl"))
+        .arg("--cases")
+        .arg(recv.join("cases.jsonl"))
+        .arg("--output")
+        .arg(&recv)
+        .arg("--judge")
+        .arg(&my_judge));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(!cache.exists(), "nothing made by a call, nothing cached");
+    let replay_judge = dir.path().join("replay.yaml");
+    std::fs::write(
+        &replay_judge,
+        format!(
+            "provider: replay\nname: scripted-judge\nreplay_from: \"{}\"\ncache: \"{}\"\n",
+            recv.display(),
+            cache.display()
+        ),
+    )
+    .unwrap();
+    let r = run(pieval()
+        .args(["score", "--run-id", "s", "--json", "--predictions"])
+        .arg(recv.join("predictions.jsonl"))
+        .arg("--cases")
+        .arg(recv.join("cases.jsonl"))
+        .arg("--output")
+        .arg(dir.path().join("replayed"))
+        .arg("--judge")
+        .arg(&replay_judge));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(!cache.exists(), "a replay file's rows never join a cache");
 }
 
 /// Issue 27, class 3: the files a received run's judge section names outside the run
@@ -1380,6 +1418,46 @@ fn a_received_judge_section_touches_no_local_file_unconfirmed() {
             r.stderr
         );
     }
+    // Every path field of every section, the attack's replay files included.
+    edit_manifest(&run_dir, |m| {
+        m["config_snapshot"]["evaluation"]
+            .as_object_mut()
+            .unwrap()
+            .remove("judge");
+        m["config_snapshot"]["attack"] = json!({
+            "strategy": "crescendo",
+            "attacker": {"provider": "replay", "name": "x", "replay_from": elsewhere.join("victim-run")}
+        });
+    });
+    let own = experiment_config(
+        dir.path(),
+        "own",
+        "data/normalized/attack_cases.enriched.jsonl",
+        "provider: local, name: smollm2-135m-instruct, execution_mode: dry_run",
+        "",
+    );
+    let r = run_within(
+        pieval()
+            .args(["replay", &id, "--results"])
+            .arg(&results)
+            .arg("--model-from")
+            .arg(&own)
+            .arg("--dataset")
+            .arg(repo("data/normalized/attack_cases.enriched.jsonl")),
+        60,
+    );
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("attack.attacker.replay_from") && !r.stderr.contains("dataset.path"),
+        "{}",
+        r.stderr
+    );
+    edit_manifest(&run_dir, |m| {
+        m["config_snapshot"]
+            .as_object_mut()
+            .unwrap()
+            .remove("attack");
+    });
     // A re-run (not a rescore) names the corpus too.
     edit_manifest(&run_dir, |m| {
         m["config_snapshot"]["evaluation"]
@@ -1510,6 +1588,40 @@ fn links_fifos_and_added_files_in_run_folders_fail_rescore_and_verify() {
         std::fs::remove_file(&added).unwrap();
     }
     assert_eq!(verify().code, 0);
+    // Envelopes given without the index: the index is verified with them, so a planted
+    // file still fails; and a run whose index was removed fails.
+    let envelopes_only = || {
+        let mut envs: Vec<PathBuf> = std::fs::read_dir(controls.join("envelopes"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        envs.sort();
+        run_within(
+            pieval()
+                .arg("verify")
+                .args(&envs)
+                .arg("--public-key")
+                .arg(&public),
+            60,
+        )
+    };
+    assert_eq!(envelopes_only().code, 0);
+    let planted = controls.join("evidence/PLANTED.parquet");
+    std::fs::write(&planted, b"x").unwrap();
+    let r = envelopes_only();
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert!(
+        r.stdout.contains("controls/evidence/PLANTED.parquet"),
+        "{}",
+        r.stdout
+    );
+    std::fs::remove_file(&planted).unwrap();
+    let index_bytes = std::fs::read(controls.join("index.json")).unwrap();
+    std::fs::remove_file(controls.join("index.json")).unwrap();
+    let r = envelopes_only();
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert!(r.stdout.contains("no signed index"), "{}", r.stdout);
+    std::fs::write(controls.join("index.json"), &index_bytes).unwrap();
     // A link or FIFO planted in controls/evidence is unlisted whatever its name.
     let ev = controls.join("evidence/planted.parquet");
     std::os::unix::fs::symlink("/dev/zero", &ev).unwrap();
@@ -1571,6 +1683,22 @@ fn links_fifos_and_added_files_in_run_folders_fail_rescore_and_verify() {
     assert_ne!(r.code, 0, "{}", r.stderr);
     std::fs::remove_file(&manifest).unwrap();
     std::fs::write(&manifest, &saved).unwrap();
+    // A catalogue planted beside the run as a link to a file elsewhere: refused, and
+    // nothing is created there.
+    let outside = dir.path().join("outside.db");
+    let catalog = results.join("catalog.sqlite");
+    let _ = std::fs::remove_file(&catalog);
+    std::os::unix::fs::symlink(&outside, &catalog).unwrap();
+    edit_manifest(&run_dir, |m| {
+        m["config_snapshot"]["evaluation"]
+            .as_object_mut()
+            .unwrap()
+            .remove("judge");
+    });
+    let r = rescore();
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("catalog.sqlite"), "{}", r.stderr);
+    assert!(!outside.exists(), "nothing created through the link");
 }
 
 /// Issue 27, class 8: max_retries is bounded; the key keygen writes is one OpenSSL reads

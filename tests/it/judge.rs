@@ -516,7 +516,7 @@ fn a_run_mixing_judge_and_rule_criteria_is_judged_and_rescored_from_cache() {
     let r = run(pieval()
         .args(["replay", "--rescore", "--json", "--results"])
         .arg(dir.path().join("results"))
-        .args(["--trust-endpoint", &server.base_url()])
+        .args(["--trust-endpoint", &server.base_url(), "--trust-judgements"])
         .arg(outcome["run_id"].as_str().unwrap()));
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(
