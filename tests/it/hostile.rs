@@ -1701,8 +1701,8 @@ fn links_fifos_and_added_files_in_run_folders_fail_rescore_and_verify() {
     assert!(!outside.exists(), "nothing created through the link");
 }
 
-/// Issue 27, class 8: max_retries is bounded; the key keygen writes is one OpenSSL reads
-/// (tests/it/evidence.rs); repeated --map for one field is refused.
+/// Issue 27, class 8: max_retries is bounded (the key keygen writes is checked with
+/// OpenSSL in tests/it/evidence.rs).
 #[test]
 fn max_retries_is_bounded() {
     let dir = tempfile::tempdir().unwrap();
