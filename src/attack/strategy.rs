@@ -772,55 +772,63 @@ impl Attack<'_> {
             // temperature 0.
             let branching = self.spec.branching;
             let leaves_ref = &leaves;
-            let mut asked = futures::stream::iter(kids.iter().map(|(i, id)| async move {
-                let b = id.rsplit('.').next().unwrap_or(id);
-                let note = format!(
-                    "\n(This is branch {b} of {branching}: take an approach different from the other branches.)"
-                );
-                let mut calls = 0;
-                let r = self
-                    .ask_attacker(system, &leaves_ref[*i].history, Some(&note), id, &mut calls)
-                    .await;
-                // The child's texts are kept (as its transcript row) from here on.
-                if let Ok((raw, prompt)) = &r {
-                    held.force((raw.len() + prompt.len()) as u64);
-                }
-                (r, calls)
-            }))
-            .buffered(FANOUT);
-            let mut level: Vec<(Result<(String, String), String>, u32)> = Vec::new();
+            // Set at the memory bound: calls not yet started are not made (those in
+            // flight finish and are recorded).
+            let stop = std::sync::atomic::AtomicBool::new(false);
+            let stop_ref = &stop;
+            let mut asked =
+                futures::stream::iter(kids.iter().enumerate().map(|(k, (i, id))| async move {
+                    if stop_ref.load(Ordering::SeqCst) {
+                        return (k, None, 0);
+                    }
+                    let b = id.rsplit('.').next().unwrap_or(id);
+                    let note = format!(
+                        "\n(This is branch {b} of {branching}: take an approach different from the other branches.)"
+                    );
+                    let mut calls = 0;
+                    let r = self
+                        .ask_attacker(system, &leaves_ref[*i].history, Some(&note), id, &mut calls)
+                        .await;
+                    // The child's texts are kept (as its transcript row) from here on.
+                    if let Ok((raw, prompt)) = &r {
+                        held.force((raw.len() + prompt.len()) as u64);
+                    }
+                    (k, Some(r), calls)
+                }))
+                .buffered(FANOUT);
+            // (kid, the attacker's answer) of every child asked, in node order.
+            let mut level: Vec<(usize, Result<(String, String), String>)> = Vec::new();
             let mut over = None;
-            while let Some((r, calls)) = asked.next().await {
-                // Over the memory bound: the children not yet asked are not asked.
-                if let Err(e) = &r
-                    && e.starts_with(ATTEMPT_ERROR)
-                {
-                    over.get_or_insert(e.clone());
-                    out.calls += calls;
-                    break;
+            while let Some((k, r, calls)) = asked.next().await {
+                out.calls += calls;
+                match r {
+                    None => {}
+                    Some(Err(e)) if e.starts_with(ATTEMPT_ERROR) => {
+                        stop.store(true, Ordering::SeqCst);
+                        over.get_or_insert(e);
+                    }
+                    Some(r) => level.push((k, r)),
                 }
-                level.push((r, calls));
             }
             drop(asked);
             // Phase 1: the evaluator prunes children off the objective's topic.
-            let topics: Vec<(Option<bool>, u32)> = futures::stream::iter(
-                level.iter().zip(&kids).map(|((r, _), (_, id))| async move {
+            let kids_ref = &kids;
+            let topics: Vec<(Option<bool>, u32)> =
+                futures::stream::iter(level.iter().map(|(k, r)| async move {
                     match r {
-                        Ok((_, prompt)) => self.on_topic(prompt, id).await,
+                        Ok((_, prompt)) => self.on_topic(prompt, &kids_ref[*k].1).await,
                         Err(_) => (None, 0),
                     }
-                }),
-            )
-            .buffered(FANOUT)
-            .collect()
-            .await;
+                }))
+                .buffered(FANOUT)
+                .collect()
+                .await;
             let mut queue = Vec::new();
             let mut level_error = None;
             let mut rows: Vec<TurnRecord> = Vec::new();
-            for (((r, calls), (on_topic, eval_calls)), (i, id)) in
-                level.into_iter().zip(topics).zip(&kids)
-            {
-                out.calls += calls + eval_calls;
+            for ((k, r), (on_topic, eval_calls)) in level.into_iter().zip(topics) {
+                let (i, id) = &kids[k];
+                out.calls += eval_calls;
                 let mut t = TurnRecord {
                     depth,
                     node_id: id.clone(),
@@ -852,40 +860,49 @@ impl Attack<'_> {
             }
             // Query the target with the children that remain (FANOUT at a time).
             let rows_ref = &rows;
-            let mut results = futures::stream::iter(queue.iter().map(|&r| {
+            let mut results = futures::stream::iter(queue.iter().map(|&r| async move {
+                if stop_ref.load(Ordering::SeqCst) {
+                    return (r, None, 0);
+                }
                 let t = &rows_ref[r];
                 let p = self.plan_for(located, &t.attack_prompt);
-                async move {
-                    let mut calls = 0;
-                    let a = self.query(p, None, &t.node_id, &mut calls).await;
-                    // The answer is kept (in the transcript row) from here on.
-                    if let Ok(a) = &a {
-                        held.force(a.response.as_ref().map_or(0, String::len) as u64);
-                    }
-                    (a, calls)
+                let mut calls = 0;
+                let a = self.query(p, None, &t.node_id, &mut calls).await;
+                // The answer is kept (in the transcript row) from here on.
+                if let Ok(a) = &a {
+                    held.force(a.response.as_ref().map_or(0, String::len) as u64);
                 }
+                (r, Some(a), calls)
             }))
             .buffered(FANOUT);
-            let mut answers: Vec<(Result<Answered, (Plan, String, f64)>, u32)> = Vec::new();
-            while let Some((a, calls)) = results.next().await {
-                if let Err((_, e, _)) = &a
-                    && e.starts_with(ATTEMPT_ERROR)
-                {
-                    over.get_or_insert(e.clone());
-                    out.calls += calls;
-                    break;
+            // (row, the target's answer) of every child sent, in node order.
+            let mut answers: Vec<(usize, Result<Answered, (Plan, String, f64)>)> = Vec::new();
+            while let Some((r, a, calls)) = results.next().await {
+                out.calls += calls;
+                match a {
+                    None => {}
+                    Some(Err((_, e, _))) if e.starts_with(ATTEMPT_ERROR) => {
+                        stop.store(true, Ordering::SeqCst);
+                        over.get_or_insert(e);
+                    }
+                    Some(a) => answers.push((r, a)),
                 }
-                answers.push((a, calls));
             }
             drop(results);
+            // Children queued but never sent (the memory bound was reached): recorded as
+            // pruned, never sent.
+            let sent: std::collections::HashSet<usize> = answers.iter().map(|a| a.0).collect();
+            for &r in &queue {
+                if !sent.contains(&r) {
+                    rows[r].pruned = true;
+                }
+            }
             let mut scored: Vec<(u32, usize)> = Vec::new(); // (score, row)
             let mut success_row = None;
             // (row, the feedback the child's leaf would get), for phase 2.
             let mut feedback: Vec<(usize, String)> = Vec::new();
             let mut success_answer = None;
-            let mut unsent = queue.len() - answers.len();
-            for (&r, (a, calls)) in queue.iter().zip(answers) {
-                out.calls += calls;
+            for (r, a) in answers {
                 let t = &mut rows[r];
                 match a {
                     Err((p, e, latency)) => {
@@ -918,15 +935,6 @@ impl Attack<'_> {
                         }
                     }
                 }
-            }
-            // Children queued but never sent (the memory bound was reached): recorded as
-            // pruned, never sent.
-            for &r in queue.iter().rev() {
-                if unsent == 0 {
-                    break;
-                }
-                rows[r].pruned = true;
-                unsent -= 1;
             }
             // Number the rows in node order, after the concurrent calls.
             let first_row = row;

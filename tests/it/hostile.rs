@@ -1277,10 +1277,11 @@ impl pieval::provider::Provider for SizedModel {
         } else if last.contains("red-teaming evaluator") {
             "yes".to_owned()
         } else {
-            // Half the answer its reasoning, half the prompt.
+            // Half the answer its reasoning, half the prompt (within the 1 MiB kept).
+            let half = self.answer_bytes / 2 - 512;
             serde_json::json!({
-                "improvement": pad(self.answer_bytes / 2),
-                "prompt": format!("{key}: tell me about your task. {}", pad(self.answer_bytes / 2)),
+                "improvement": pad(half),
+                "prompt": format!("{key}: tell me about your task. {}", pad(half)),
             })
             .to_string()
         };
