@@ -275,6 +275,11 @@ impl Scorer<'_> {
     }
 }
 
+/// The attacker's raw answer and the prompt in it, or the turn's error.
+type Asked = Result<(String, String), String>;
+/// The target's answer, or the request that failed with its error and latency.
+type Queried = Result<Answered, (Plan, String, f64)>;
+
 /// An answered (or blocked) query of the target. Its plan's request messages are
 /// dropped once sent (only the recorded request fields stay).
 struct Answered {
@@ -397,7 +402,7 @@ impl Attack<'_> {
         note: Option<&str>,
         node: &str,
         calls: &mut u32,
-    ) -> Result<(String, String), String> {
+    ) -> Asked {
         let mut messages = Vec::with_capacity(history.len() + 3);
         messages.push(Message::system(system.to_owned()));
         messages.extend(history.iter().map(|m| m.message().clone()));
@@ -452,7 +457,7 @@ impl Attack<'_> {
         messages: Option<Vec<Message>>,
         node: &str,
         calls: &mut u32,
-    ) -> Result<Answered, (Plan, String, f64)> {
+    ) -> Queried {
         p.probe = None;
         let messages = match messages {
             Some(m) => m,
@@ -797,7 +802,7 @@ impl Attack<'_> {
                 }))
                 .buffered(FANOUT);
             // (kid, the attacker's answer) of every child asked, in node order.
-            let mut level: Vec<(usize, Result<(String, String), String>)> = Vec::new();
+            let mut level: Vec<(usize, Asked)> = Vec::new();
             let mut over = None;
             while let Some((k, r, calls)) = asked.next().await {
                 out.calls += calls;
@@ -876,7 +881,7 @@ impl Attack<'_> {
             }))
             .buffered(FANOUT);
             // (row, the target's answer) of every child sent, in node order.
-            let mut answers: Vec<(usize, Result<Answered, (Plan, String, f64)>)> = Vec::new();
+            let mut answers: Vec<(usize, Queried)> = Vec::new();
             while let Some((r, a, calls)) = results.next().await {
                 out.calls += calls;
                 match a {

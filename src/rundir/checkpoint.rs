@@ -582,6 +582,138 @@ fn scan(
     Ok(done)
 }
 
+/// Write `turns.parquet` from a run's checkpoint (atomically), when any attempt has
+/// turns; otherwise remove a stale one. Returns the rows written.
+pub fn write_turns(dir: &Path) -> Result<u64> {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::{
+        ArrayRef, BooleanBuilder, Float64Builder, Int64Builder, RecordBatch, StringBuilder,
+    };
+
+    let out = dir.join(super::TURNS_FILE);
+    let schema = crate::contract::arrow::turns_schema();
+    let mut writer: Option<crate::atomic::ParquetFile> = None;
+    #[derive(Default)]
+    struct Cols {
+        text: Vec<StringBuilder>,
+        int: Vec<Int64Builder>,
+        flag: Vec<BooleanBuilder>,
+        float: Vec<Float64Builder>,
+        rows: usize,
+    }
+    let mut cols = Cols::default();
+    let flush = |cols: &mut Cols, writer: &mut Option<crate::atomic::ParquetFile>| -> Result<()> {
+        if cols.rows == 0 {
+            return Ok(());
+        }
+        let mut t = cols.text.iter_mut();
+        let mut i = cols.int.iter_mut();
+        let mut f = cols.flag.iter_mut();
+        let mut x = cols.float.iter_mut();
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+        for field in schema.fields() {
+            columns.push(match field.data_type() {
+                datafusion::arrow::datatypes::DataType::Utf8 => {
+                    Arc::new(t.next().expect("a text column").finish())
+                }
+                datafusion::arrow::datatypes::DataType::Int64 => {
+                    Arc::new(i.next().expect("an int column").finish())
+                }
+                datafusion::arrow::datatypes::DataType::Boolean => {
+                    Arc::new(f.next().expect("a flag column").finish())
+                }
+                _ => Arc::new(x.next().expect("a float column").finish()),
+            });
+        }
+        let batch = RecordBatch::try_new(Arc::clone(&schema), columns)?;
+        if writer.is_none() {
+            *writer = Some(crate::atomic::ParquetFile::create(
+                &out,
+                Arc::clone(&schema),
+            )?);
+        }
+        writer.as_mut().expect("created").write(&batch)?;
+        cols.rows = 0;
+        Ok(())
+    };
+    cols.text = (0..11).map(|_| StringBuilder::new()).collect();
+    cols.int = (0..3).map(|_| Int64Builder::new()).collect();
+    cols.flag = (0..6).map(|_| BooleanBuilder::new()).collect();
+    cols.float = (0..2).map(|_| Float64Builder::new()).collect();
+    let mut failed = None;
+    scan_checkpoint(&dir.join(super::PREDICTIONS_FILE), |r| {
+        if failed.is_some() || r.turns.is_empty() {
+            return;
+        }
+        let attempt = r.key().to_owned();
+        for t in &r.turns {
+            // In schema order: text 0 run_id, 1 case_id, 2 attempt_id, 3 strategy, 4 node,
+            // 5 parent, 6 attacker_response, 7 prompt, 8 target_response, 9 error,
+            // 10 blocked_by; int 0 turn, 1 depth, 2 score; flag 0 on_topic, 1 pruned,
+            // 2 refused, 3 success, 4 judge_verdict, 5 backtracked; float 0 judge_score,
+            // 1 latency_ms.
+            let texts: [Option<&str>; 11] = [
+                Some(&r.run_id),
+                Some(&r.case_id),
+                Some(&attempt),
+                r.attack_strategy.as_deref(),
+                Some(&t.node_id),
+                t.parent_id.as_deref(),
+                t.attacker_response.as_deref(),
+                Some(&t.attack_prompt),
+                t.target_response.as_deref(),
+                t.error.as_deref(),
+                t.blocked_by.as_deref(),
+            ];
+            for (b, v) in cols.text.iter_mut().zip(texts) {
+                b.append_option(v);
+            }
+            for (b, v) in cols.int.iter_mut().zip([
+                Some(i64::from(t.turn)),
+                Some(i64::from(t.depth)),
+                t.score.map(i64::from),
+            ]) {
+                b.append_option(v);
+            }
+            for (b, v) in cols.flag.iter_mut().zip([
+                t.on_topic,
+                Some(t.pruned),
+                t.refused,
+                t.success,
+                t.judge_verdict,
+                Some(t.backtracked),
+            ]) {
+                b.append_option(v);
+            }
+            for (b, v) in cols.float.iter_mut().zip([t.judge_score, t.latency_ms]) {
+                b.append_option(v);
+            }
+            cols.rows += 1;
+        }
+        if cols.rows >= 8192
+            && let Err(e) = flush(&mut cols, &mut writer)
+        {
+            failed = Some(e);
+        }
+    })?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    flush(&mut cols, &mut writer)?;
+    match writer {
+        Some(w) => w.commit(),
+        None => {
+            match std::fs::remove_file(&out) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(&out, "cannot remove a stale turns file", e)),
+            }
+            Ok(0)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -728,137 +860,5 @@ mod tests {
         let mut back = Vec::new();
         scan_checkpoint(&p, |r| back.push(r)).unwrap();
         assert_eq!(back, [old]);
-    }
-}
-
-/// Write `turns.parquet` from a run's checkpoint (atomically), when any attempt has
-/// turns; otherwise remove a stale one. Returns the rows written.
-pub fn write_turns(dir: &Path) -> Result<u64> {
-    use std::sync::Arc;
-
-    use datafusion::arrow::array::{
-        ArrayRef, BooleanBuilder, Float64Builder, Int64Builder, RecordBatch, StringBuilder,
-    };
-
-    let out = dir.join(super::TURNS_FILE);
-    let schema = crate::contract::arrow::turns_schema();
-    let mut writer: Option<crate::atomic::ParquetFile> = None;
-    #[derive(Default)]
-    struct Cols {
-        text: Vec<StringBuilder>,
-        int: Vec<Int64Builder>,
-        flag: Vec<BooleanBuilder>,
-        float: Vec<Float64Builder>,
-        rows: usize,
-    }
-    let mut cols = Cols::default();
-    let flush = |cols: &mut Cols, writer: &mut Option<crate::atomic::ParquetFile>| -> Result<()> {
-        if cols.rows == 0 {
-            return Ok(());
-        }
-        let mut t = cols.text.iter_mut();
-        let mut i = cols.int.iter_mut();
-        let mut f = cols.flag.iter_mut();
-        let mut x = cols.float.iter_mut();
-        let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
-        for field in schema.fields() {
-            columns.push(match field.data_type() {
-                datafusion::arrow::datatypes::DataType::Utf8 => {
-                    Arc::new(t.next().expect("a text column").finish())
-                }
-                datafusion::arrow::datatypes::DataType::Int64 => {
-                    Arc::new(i.next().expect("an int column").finish())
-                }
-                datafusion::arrow::datatypes::DataType::Boolean => {
-                    Arc::new(f.next().expect("a flag column").finish())
-                }
-                _ => Arc::new(x.next().expect("a float column").finish()),
-            });
-        }
-        let batch = RecordBatch::try_new(Arc::clone(&schema), columns)?;
-        if writer.is_none() {
-            *writer = Some(crate::atomic::ParquetFile::create(
-                &out,
-                Arc::clone(&schema),
-            )?);
-        }
-        writer.as_mut().expect("created").write(&batch)?;
-        cols.rows = 0;
-        Ok(())
-    };
-    cols.text = (0..11).map(|_| StringBuilder::new()).collect();
-    cols.int = (0..3).map(|_| Int64Builder::new()).collect();
-    cols.flag = (0..6).map(|_| BooleanBuilder::new()).collect();
-    cols.float = (0..2).map(|_| Float64Builder::new()).collect();
-    let mut failed = None;
-    scan_checkpoint(&dir.join(super::PREDICTIONS_FILE), |r| {
-        if failed.is_some() || r.turns.is_empty() {
-            return;
-        }
-        let attempt = r.key().to_owned();
-        for t in &r.turns {
-            // In schema order: text 0 run_id, 1 case_id, 2 attempt_id, 3 strategy, 4 node,
-            // 5 parent, 6 attacker_response, 7 prompt, 8 target_response, 9 error,
-            // 10 blocked_by; int 0 turn, 1 depth, 2 score; flag 0 on_topic, 1 pruned,
-            // 2 refused, 3 success, 4 judge_verdict, 5 backtracked; float 0 judge_score,
-            // 1 latency_ms.
-            let texts: [Option<&str>; 11] = [
-                Some(&r.run_id),
-                Some(&r.case_id),
-                Some(&attempt),
-                r.attack_strategy.as_deref(),
-                Some(&t.node_id),
-                t.parent_id.as_deref(),
-                t.attacker_response.as_deref(),
-                Some(&t.attack_prompt),
-                t.target_response.as_deref(),
-                t.error.as_deref(),
-                t.blocked_by.as_deref(),
-            ];
-            for (b, v) in cols.text.iter_mut().zip(texts) {
-                b.append_option(v);
-            }
-            for (b, v) in cols.int.iter_mut().zip([
-                Some(i64::from(t.turn)),
-                Some(i64::from(t.depth)),
-                t.score.map(i64::from),
-            ]) {
-                b.append_option(v);
-            }
-            for (b, v) in cols.flag.iter_mut().zip([
-                t.on_topic,
-                Some(t.pruned),
-                t.refused,
-                t.success,
-                t.judge_verdict,
-                Some(t.backtracked),
-            ]) {
-                b.append_option(v);
-            }
-            for (b, v) in cols.float.iter_mut().zip([t.judge_score, t.latency_ms]) {
-                b.append_option(v);
-            }
-            cols.rows += 1;
-        }
-        if cols.rows >= 8192
-            && let Err(e) = flush(&mut cols, &mut writer)
-        {
-            failed = Some(e);
-        }
-    })?;
-    if let Some(e) = failed {
-        return Err(e);
-    }
-    flush(&mut cols, &mut writer)?;
-    match writer {
-        Some(w) => w.commit(),
-        None => {
-            match std::fs::remove_file(&out) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(Error::io(&out, "cannot remove a stale turns file", e)),
-            }
-            Ok(0)
-        }
     }
 }
