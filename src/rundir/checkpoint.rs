@@ -32,7 +32,7 @@ const TURN_LINE_BYTES: usize = 8 << 20;
 const TURN_PART_BYTES: usize = 4 << 20;
 /// The most text (bytes of strings) a multi-turn attempt holds at once: its
 /// conversation, its attacker's histories, the requests in flight and its transcript
-/// (`crate::attack::strategy` ends the attempt with an error when the next turn would
+/// (`attack::strategy` ends the attempt with an error when the next turn would
 /// pass it). A reader buffers one attempt's turns and refuses more than this.
 pub const MAX_ATTEMPT_BYTES: u64 = 256 << 20;
 /// The key marking a line of a predictions file that is not a prediction, and its
