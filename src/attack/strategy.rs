@@ -119,7 +119,7 @@ impl Held {
         if now > self.limit {
             self.now.fetch_sub(n, Ordering::SeqCst);
             return Err(format!(
-                "{ATTEMPT_ERROR}the next call would hold {} MiB of text, over the bound of {} MiB per attempt",
+                "{ATTEMPT_ERROR}going on would hold {} MiB of text, over the bound of {} MiB per attempt",
                 now.div_ceil(1 << 20),
                 self.limit >> 20
             ));
