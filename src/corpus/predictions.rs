@@ -3,8 +3,10 @@
 //! window over millions of rows: `duplicate_prediction` (this `case_id` was seen on an
 //! earlier row) and `source_line` (the line or row it came from).
 //!
-//! A malformed line (invalid JSON or UTF-8, no `case_id`, a field of the wrong type) is
-//! an error naming file, line and field: scoring stops before anything is written. A
+//! A malformed line (invalid JSON or UTF-8, no `case_id`, a field of the wrong type, a
+//! line over 16 MiB) is an error naming file, line and field: scoring stops before
+//! anything is written. A run's turn lines (`"pieval_record": "turn"`, the transcripts
+//! of multi-turn attempts) are skipped: they are not predictions. A
 //! null or empty response, an unknown case or a duplicate is not an error: the row is
 //! kept and flagged for review by `queries/score_cases.sql`.
 
@@ -29,8 +31,9 @@ use serde::Serialize;
 use crate::contract::arrow::predictions_schema;
 use crate::contract::fields::{PREDICTION_FIELDS, PredictionType, prediction_field_type};
 use crate::contract::record::{FieldValue, FlatRecord};
-use crate::corpus::lines::{DEFAULT_MAX_LINE_BYTES, Line, LineReader};
+use crate::corpus::lines::{Line, LineReader};
 use crate::error::{Error, Result};
+use crate::rundir::checkpoint::{MAX_LINE_BYTES, RECORD_KEY, TURN_LINE, TURN_PART_LINE};
 
 /// How many ids to keep as examples per kind of flagged row.
 const EXAMPLES: usize = 5;
@@ -213,7 +216,7 @@ impl PredictionsReader {
                 next_row: 1,
             }
         } else {
-            Source::Jsonl(Box::new(LineReader::new(file, DEFAULT_MAX_LINE_BYTES * 16)))
+            Source::Jsonl(Box::new(LineReader::new(file, MAX_LINE_BYTES)))
         };
         Ok(Self {
             source,
@@ -287,7 +290,13 @@ impl Sink {
                 return Ok(false);
             }
             Some(Line::TooLong { len }) => {
-                return bad(None, format!("line is {len} bytes, over the limit"));
+                return bad(
+                    None,
+                    format!(
+                        "line is {len} bytes, over the limit of {} MiB",
+                        MAX_LINE_BYTES >> 20
+                    ),
+                );
             }
             Some(Line::Bytes(b)) => b,
         };
@@ -320,6 +329,20 @@ impl Sink {
         for (i, (key, _)) in rec.fields.iter().enumerate() {
             if rec.fields[..i].iter().any(|(k, _)| k == key) {
                 return bad(Some(key), "duplicate key in the line".into());
+            }
+        }
+        // A run's checkpoint holds its multi-turn attempts' turns as lines of their own
+        // (`crate::rundir::checkpoint`): they are not predictions.
+        match rec.get(RECORD_KEY) {
+            None | Some(FieldValue::Null) => {}
+            Some(FieldValue::Str(k)) if k == TURN_LINE || k == TURN_PART_LINE => return Ok(true),
+            Some(_) => {
+                return bad(
+                    Some(RECORD_KEY),
+                    format!(
+                        "expected \"{TURN_LINE}\" or \"{TURN_PART_LINE}\", or no such key on a prediction"
+                    ),
+                );
             }
         }
         let mut row = Row::default();
@@ -711,6 +734,22 @@ mod tests {
             )),
             ":2: success_turn: expected a non-negative integer, found 2.5"
         );
+    }
+
+    #[test]
+    fn turn_lines_are_not_predictions() {
+        let (batches, stats) = read(
+            "{\"pieval_record\":\"turn\",\"case_id\":\"a\",\"attempt_id\":\"a#pair\",\"index\":1,\"run_id\":\"r\",\"turn\":{\"turn\":1}}\n\
+             {\"case_id\":\"a\",\"attempt_id\":\"a#pair\",\"response_text\":\"hi\",\"turn_lines\":1}\n\
+             {\"case_id\":\"b\",\"response_text\":\"yo\"}\n",
+        )
+        .unwrap();
+        assert_eq!(stats.rows, 2);
+        assert_eq!(batches.iter().map(RecordBatch::num_rows).sum::<usize>(), 2);
+        let e = read("{\"pieval_record\":\"other\",\"case_id\":\"a\"}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("p.jsonl:1: pieval_record"), "{e}");
     }
 
     #[test]

@@ -1,12 +1,49 @@
 //! The checkpoint, `predictions.jsonl`: one [`PredictionRecord`] per finished case,
 //! appended as each case finishes; a torn last line (a kill mid-write) is repaired.
+//!
+//! A multi-turn attempt is written as its turns, one **turn line** each (marked
+//! `"pieval_record": "turn"`, keyed by the attempt id and the turn's index), then its
+//! prediction line, which says how many turn lines came before it (`turn_lines`). No
+//! line is ever longer than [`MAX_LINE_BYTES`], what every reader accepts: a turn whose
+//! line would be long (a long answer of control characters, escaped six-fold) is
+//! written as `turn_part` lines holding its JSON in slices, then a turn line naming the
+//! parts. A kill mid-way leaves turn lines with no prediction after them: readers skip
+//! that incomplete attempt and `--resume` cuts it off and runs the attempt again, so no
+//! turn is lost or written twice. Older checkpoints, with the turns inside the
+//! prediction line (`turns`), are read as before.
 
 use std::collections::HashSet;
+use std::io::{BufRead, Read, Write};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+
+/// The longest line of a predictions file any reader accepts (scoring's predictions
+/// reader, the checkpoint scan of `--resume`, replay and `turns.parquet`); a longer line
+/// in a received file is an error naming the file and the line. Pieval never writes one
+/// ([`write_attempt`]).
+pub const MAX_LINE_BYTES: usize = 16 << 20;
+/// A turn whose line would be longer than this is written in parts.
+const TURN_LINE_BYTES: usize = 8 << 20;
+/// The turn's JSON per part line; escaped as a JSON string it at most doubles (JSON text
+/// holds no control character), so a part line stays near 8 MiB.
+const TURN_PART_BYTES: usize = 4 << 20;
+/// The most text (bytes of strings) a multi-turn attempt holds at once: its
+/// conversation, its attacker's histories, the requests in flight and its transcript
+/// (`attack::strategy` ends the attempt with an error when the next turn would
+/// pass it). A reader buffers one attempt's turns and refuses more than this.
+pub const MAX_ATTEMPT_BYTES: u64 = 256 << 20;
+/// The key marking a line of a predictions file that is not a prediction, and its
+/// values: a turn of a multi-turn attempt, or a slice of a long turn's JSON.
+pub const RECORD_KEY: &str = "pieval_record";
+pub const TURN_LINE: &str = "turn";
+pub const TURN_PART_LINE: &str = "turn_part";
+/// A prediction line longer than [`MAX_LINE_BYTES`] (its request fields hold a huge
+/// case, say) has its longest text fields cut to this many bytes, escaped, each; the
+/// fields cut are named in `cut_fields`.
+const FIELD_CUT_BYTES: usize = 2 << 20;
 
 /// One line of `predictions.jsonl`: the contract's prediction fields plus run details.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -68,8 +105,18 @@ pub struct PredictionRecord {
     pub payload_located: Option<String>,
     /// A multi-turn strategy's whole transcript, one entry per target query (and per
     /// branch pruned before one); written to `turns.parquet` when the run is scored.
+    /// Written as turn lines before the prediction line ([`write_attempt`]); inside the
+    /// line in checkpoints written before them. Readers fill it either way.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub turns: Vec<TurnRecord>,
+    /// How many turn lines came before this line: the attempt's transcript.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_lines: Option<u32>,
+    /// Text fields cut so that the line stays under [`MAX_LINE_BYTES`] (never for an
+    /// answer within `provider::MAX_RESPONSE_BYTES` and a case within the corpus reader's
+    /// line limit).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cut_fields: Vec<String>,
 }
 
 impl PredictionRecord {
@@ -129,8 +176,184 @@ pub struct TurnRecord {
     pub latency_ms: Option<f64>,
 }
 
+impl TurnRecord {
+    /// The bytes of its text: what an attempt holds for it, and what a reader buffers.
+    pub fn text_bytes(&self) -> u64 {
+        let opt = |s: &Option<String>| s.as_ref().map_or(0, String::len);
+        (self.node_id.len()
+            + opt(&self.parent_id)
+            + opt(&self.attacker_response)
+            + self.attack_prompt.len()
+            + opt(&self.target_response)
+            + opt(&self.error)
+            + opt(&self.blocked_by)) as u64
+    }
+}
+
+/// A turn line as written: the attempt it belongs to, its index (1-based, in transcript
+/// order), and the turn, or the count of part lines holding it.
+#[derive(Clone, Copy, Serialize)]
+struct TurnLineOut<'a> {
+    pieval_record: &'static str,
+    case_id: &'a str,
+    attempt_id: &'a str,
+    index: u32,
+    run_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    attack_strategy: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    turn: Option<&'a TurnRecord>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parts: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<&'a str>,
+}
+
+/// A turn or part line as read.
+#[derive(Deserialize)]
+struct TurnLineIn {
+    pieval_record: String,
+    attempt_id: String,
+    index: u32,
+    #[serde(default)]
+    turn: Option<TurnRecord>,
+    #[serde(default)]
+    parts: Option<u32>,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+/// Which kind of line: `None` for a prediction.
+#[derive(Deserialize)]
+struct Peek {
+    #[serde(default)]
+    pieval_record: Option<String>,
+}
+
+/// The length of `s` as a JSON string's contents (serde_json's escaping).
+fn escaped_len(s: &str) -> usize {
+    s.chars()
+        .map(|c| match c {
+            '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
+            c if (c as u32) < 0x20 => 6,
+            c => c.len_utf8(),
+        })
+        .sum()
+}
+
+/// Cut `s` so that it is at most `max` bytes escaped; whether it was cut.
+fn cut_escaped(s: &mut String, max: usize) -> bool {
+    let (mut n, mut end) = (0usize, None);
+    for (i, c) in s.char_indices() {
+        n += escaped_len(c.encode_utf8(&mut [0; 4]));
+        if n > max {
+            end = Some(i);
+            break;
+        }
+    }
+    match end {
+        Some(i) => {
+            s.truncate(i);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Append one finished attempt to a checkpoint: a multi-turn attempt's turns as turn
+/// lines (in parts when a turn's line would be long), then its prediction line with
+/// `turn_lines` set; `rec.turns` is emptied. No line written is longer than
+/// [`MAX_LINE_BYTES`]. A kill mid-way leaves an incomplete attempt that readers skip.
+pub fn write_attempt(out: &mut impl Write, path: &Path, rec: &mut PredictionRecord) -> Result<()> {
+    let io = |e| Error::io(path, "cannot append to checkpoint", e);
+    fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>> {
+        let mut line = serde_json::to_vec(v)
+            .map_err(|e| Error::Internal(format!("cannot encode a checkpoint line: {e}")))?;
+        line.push(b'\n');
+        Ok(line)
+    }
+    let turns = std::mem::take(&mut rec.turns);
+    if !turns.is_empty() {
+        let attempt = rec.key().to_owned();
+        for (i, t) in turns.iter().enumerate() {
+            let head = TurnLineOut {
+                pieval_record: TURN_LINE,
+                case_id: &rec.case_id,
+                attempt_id: &attempt,
+                index: i as u32 + 1,
+                run_id: &rec.run_id,
+                attack_strategy: rec.attack_strategy.as_deref(),
+                turn: Some(t),
+                parts: None,
+                text: None,
+            };
+            let line = encode(&head)?;
+            if line.len() <= TURN_LINE_BYTES {
+                out.write_all(&line).map_err(io)?;
+                continue;
+            }
+            // A long turn: its JSON in slices (on character boundaries), then the turn
+            // line naming them.
+            let json = serde_json::to_string(t)
+                .map_err(|e| Error::Internal(format!("cannot encode a turn: {e}")))?;
+            let mut parts = 0u32;
+            let mut rest = json.as_str();
+            while !rest.is_empty() {
+                let mut end = rest.len().min(TURN_PART_BYTES);
+                while !rest.is_char_boundary(end) {
+                    end -= 1;
+                }
+                let part = TurnLineOut {
+                    pieval_record: TURN_PART_LINE,
+                    turn: None,
+                    text: Some(&rest[..end]),
+                    ..head
+                };
+                out.write_all(&encode(&part)?).map_err(io)?;
+                parts += 1;
+                rest = &rest[end..];
+            }
+            let named = TurnLineOut {
+                turn: None,
+                parts: Some(parts),
+                ..head
+            };
+            out.write_all(&encode(&named)?).map_err(io)?;
+        }
+        rec.turn_lines = Some(turns.len() as u32);
+    }
+    let mut line = encode(&*rec)?;
+    if line.len() > MAX_LINE_BYTES {
+        // Only a case far over the corpus reader's line limit gets here: its request
+        // fields are cut, and say so.
+        let fields: [(&str, &mut Option<String>); 7] = [
+            ("request_context", &mut rec.request_context),
+            ("request_task_input", &mut rec.request_task_input),
+            ("request_prompt", &mut rec.request_prompt),
+            ("probe_response", &mut rec.probe_response),
+            ("translation", &mut rec.translation),
+            ("response_text", &mut rec.response_text),
+            ("error", &mut rec.error),
+        ];
+        let mut cut = Vec::new();
+        for (name, v) in fields {
+            if let Some(s) = v
+                && cut_escaped(s, FIELD_CUT_BYTES)
+            {
+                cut.push(name.to_owned());
+            }
+        }
+        rec.cut_fields = cut;
+        line = encode(&*rec)?;
+    }
+    out.write_all(&line).map_err(io)?;
+    rec.turns = turns;
+    Ok(())
+}
+
 /// The case ids already in a checkpoint. A torn last line (a kill mid-write) is cut off
-/// so appending continues on a line boundary.
+/// so appending continues on a line boundary; so is an attempt whose turn lines have no
+/// prediction line after them.
 pub fn read_checkpoint(path: &Path) -> Result<HashSet<String>> {
     read_checkpoint_with(path, |_| {})
 }
@@ -143,9 +366,78 @@ pub fn read_checkpoint_with(
     scan(path, true, each)
 }
 
-/// Every record of a checkpoint, without repairing it (a torn tail is skipped).
+/// Every record of a checkpoint, without repairing it (a torn tail is skipped). Each
+/// record comes with its turns, from turn lines or from inside its line.
 pub fn scan_checkpoint(path: &Path, each: impl FnMut(PredictionRecord)) -> Result<()> {
     scan(path, false, each).map(|_| ())
+}
+
+/// The turn lines read since the last prediction: one attempt's transcript, so far.
+#[derive(Default)]
+struct Group {
+    attempt: Option<String>,
+    turns: Vec<TurnRecord>,
+    parts: String,
+    part_count: u32,
+    bytes: u64,
+}
+
+impl Group {
+    fn is_empty(&self) -> bool {
+        self.attempt.is_none()
+    }
+
+    /// Take one turn or part line; an error message when it does not fit the attempt.
+    fn push(&mut self, l: TurnLineIn) -> std::result::Result<(), String> {
+        match &self.attempt {
+            Some(a) if *a != l.attempt_id => {
+                return Err(format!(
+                    "a turn of attempt {:?} among the turns of {:?}",
+                    crate::text::excerpt(&l.attempt_id, 80),
+                    crate::text::excerpt(a, 80)
+                ));
+            }
+            Some(_) => {}
+            None => self.attempt = Some(l.attempt_id),
+        }
+        let want = self.turns.len() as u32 + 1;
+        if l.index != want {
+            return Err(format!("turn index {} where {want} was due", l.index));
+        }
+        let turn = match (l.pieval_record.as_str(), l.turn, l.parts, l.text) {
+            (TURN_PART_LINE, None, None, Some(text)) => {
+                self.bytes += text.len() as u64;
+                self.check()?;
+                self.parts.push_str(&text);
+                self.part_count += 1;
+                return Ok(());
+            }
+            (TURN_LINE, Some(t), None, None) if self.part_count == 0 => t,
+            (TURN_LINE, None, Some(n), None) if n == self.part_count => {
+                let t = serde_json::from_str::<TurnRecord>(&self.parts)
+                    .map_err(|e| format!("a turn's parts do not make a turn: {e}"))?;
+                self.bytes -= self.parts.len() as u64;
+                self.parts = String::new();
+                self.part_count = 0;
+                t
+            }
+            _ => return Err("not a turn line of this version".into()),
+        };
+        self.bytes += turn.text_bytes();
+        self.check()?;
+        self.turns.push(turn);
+        Ok(())
+    }
+
+    fn check(&self) -> std::result::Result<(), String> {
+        if self.bytes > MAX_ATTEMPT_BYTES {
+            return Err(format!(
+                "an attempt's turns hold over {} MiB, more than any attempt holds",
+                MAX_ATTEMPT_BYTES >> 20
+            ));
+        }
+        Ok(())
+    }
 }
 
 fn scan(
@@ -156,93 +448,139 @@ fn scan(
     let mut done = HashSet::new();
     // A regular file opened without following a link: a planted `predictions.jsonl ->
     // /dev/zero` or a FIFO is an error, not a read that never ends.
-    let bytes = match std::fs::symlink_metadata(path) {
+    let file = match std::fs::symlink_metadata(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(done),
-        _ => {
-            use std::io::Read;
-            let mut f = crate::files::open_regular(path, crate::files::Links::Refuse)?;
-            let mut b = Vec::new();
-            f.read_to_end(&mut b)
-                .map_err(|e| Error::io(path, "cannot read checkpoint", e))?;
-            b
-        }
+        _ => crate::files::open_regular(path, crate::files::Links::Refuse)?,
     };
-    let mut good_end = 0usize;
-    let mut start = 0usize;
+    let read_err = |e| Error::io(path, "cannot read checkpoint", e);
+    let mut input = std::io::BufReader::with_capacity(1 << 20, file);
+    let mut buf: Vec<u8> = Vec::new();
+    // Bytes read, and the end of the last whole attempt.
+    let (mut offset, mut good_end) = (0u64, 0u64);
     let mut line_no = 0u64;
-    while start < bytes.len() {
-        let Some(nl) = bytes[start..].iter().position(|b| *b == b'\n') else {
-            break; // torn tail: no newline
-        };
+    let mut group = Group::default();
+    loop {
+        buf.clear();
+        let n = input
+            .by_ref()
+            .take(MAX_LINE_BYTES as u64 + 1)
+            .read_until(b'\n', &mut buf)
+            .map_err(read_err)?;
+        if n == 0 {
+            break;
+        }
         line_no += 1;
-        let line = &bytes[start..start + nl];
-        match serde_json::from_slice::<PredictionRecord>(line) {
-            Ok(r) => {
-                done.insert(r.key().to_owned());
-                each(r);
-                good_end = start + nl + 1;
+        if buf.last() != Some(&b'\n') {
+            if buf.len() <= MAX_LINE_BYTES {
+                break; // torn tail: no newline
             }
-            Err(e) if start + nl + 1 == bytes.len() => {
-                let _ = e; // a torn final line that happens to end in a newline
-                break;
+            // Over the limit: find where the line ends.
+            let mut len = buf.len() as u64;
+            let ended = loop {
+                let chunk = input.fill_buf().map_err(read_err)?;
+                if chunk.is_empty() {
+                    break false;
+                }
+                match memchr::memchr(b'\n', chunk) {
+                    Some(i) => {
+                        len += i as u64;
+                        input.consume(i + 1);
+                        break true;
+                    }
+                    None => {
+                        let k = chunk.len();
+                        len += k as u64;
+                        input.consume(k);
+                    }
+                }
+            };
+            if !ended {
+                break; // a torn tail, however long
             }
-            Err(e) => {
-                return Err(Error::input(
-                    path,
-                    line_no,
-                    None,
-                    format!("corrupt checkpoint line: {e}"),
-                ));
+            return Err(Error::input(
+                path,
+                line_no,
+                None,
+                format!(
+                    "line is {len} bytes, over the limit of {} MiB",
+                    MAX_LINE_BYTES >> 20
+                ),
+            ));
+        }
+        let line = &buf[..buf.len() - 1];
+        let last = input.fill_buf().map_err(read_err)?.is_empty();
+        let kind = if line.starts_with(b"{\"case_id\"") {
+            None
+        } else if line.starts_with(b"{\"pieval_record\":\"turn\"") {
+            Some(TURN_LINE.to_owned())
+        } else if line.starts_with(b"{\"pieval_record\":\"turn_part\"") {
+            Some(TURN_PART_LINE.to_owned())
+        } else {
+            serde_json::from_slice::<Peek>(line)
+                .ok()
+                .and_then(|p| p.pieval_record)
+        };
+        let corrupt = |msg: String| Error::input(path, line_no, None, msg);
+        match kind.as_deref() {
+            None => match serde_json::from_slice::<PredictionRecord>(line) {
+                Ok(mut r) => {
+                    match r.turn_lines {
+                        Some(n) => {
+                            if group.attempt.as_deref() != Some(r.key()) && n > 0
+                                || group.turns.len() as u32 != n
+                                || group.part_count > 0
+                            {
+                                return Err(corrupt(format!(
+                                    "the attempt names {n} turn lines before it, and {} came",
+                                    group.turns.len()
+                                )));
+                            }
+                            r.turns = std::mem::take(&mut group).turns;
+                        }
+                        None if !group.is_empty() => {
+                            return Err(corrupt(
+                                "a prediction after turn lines that are not its own".into(),
+                            ));
+                        }
+                        None => {}
+                    }
+                    done.insert(r.key().to_owned());
+                    each(r);
+                    good_end = offset + n as u64;
+                }
+                Err(_) if last => break, // a torn final line that happens to end in a newline
+                Err(e) => return Err(corrupt(format!("corrupt checkpoint line: {e}"))),
+            },
+            Some(TURN_LINE | TURN_PART_LINE) => match serde_json::from_slice::<TurnLineIn>(line) {
+                Ok(l) => group.push(l).map_err(corrupt)?,
+                Err(_) if last => break,
+                Err(e) => return Err(corrupt(format!("corrupt turn line: {e}"))),
+            },
+            Some(other) => {
+                return Err(corrupt(format!(
+                    "unknown {RECORD_KEY} {:?} (a newer pieval's checkpoint?)",
+                    crate::text::excerpt(other, 40)
+                )));
             }
         }
-        start += nl + 1;
+        offset += n as u64;
     }
-    if repair && good_end < bytes.len() {
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(path)
-            .map_err(|e| Error::io(path, "cannot repair checkpoint", e))?;
-        f.set_len(good_end as u64)
-            .map_err(|e| Error::io(path, "cannot repair checkpoint", e))?;
+    // Turn lines with no prediction after them: an attempt a kill cut short. Skipped,
+    // and cut off on repair (the attempt runs again on --resume).
+    if repair {
+        let len = std::fs::metadata(path)
+            .map_err(|e| Error::io(path, "cannot repair checkpoint", e))?
+            .len();
+        if good_end < len {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(|e| Error::io(path, "cannot repair checkpoint", e))?;
+            f.set_len(good_end)
+                .map_err(|e| Error::io(path, "cannot repair checkpoint", e))?;
+        }
     }
     Ok(done)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn line(id: &str) -> String {
-        let r = PredictionRecord {
-            case_id: id.into(),
-            ..PredictionRecord::default()
-        };
-        format!("{}\n", serde_json::to_string(&r).unwrap())
-    }
-
-    #[test]
-    fn a_torn_tail_is_cut_and_a_corrupt_line_is_located() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("predictions.jsonl");
-        std::fs::write(&p, format!("{}{}{{\"case_id\":\"to", line("a"), line("b"))).unwrap();
-        let done = read_checkpoint(&p).unwrap();
-        assert_eq!(done.len(), 2);
-        assert_eq!(
-            std::fs::read_to_string(&p).unwrap(),
-            format!("{}{}", line("a"), line("b"))
-        );
-        std::fs::write(&p, format!("{}not json\n{}", line("a"), line("b"))).unwrap();
-        let e = read_checkpoint(&p).unwrap_err().to_string();
-        assert!(
-            e.contains("predictions.jsonl:2") && e.contains("corrupt checkpoint"),
-            "{e}"
-        );
-        assert!(
-            read_checkpoint(&dir.path().join("none.jsonl"))
-                .unwrap()
-                .is_empty()
-        );
-    }
 }
 
 /// Write `turns.parquet` from a run's checkpoint (atomically), when any attempt has
@@ -374,5 +712,154 @@ pub fn write_turns(dir: &Path) -> Result<u64> {
             }
             Ok(0)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(id: &str) -> String {
+        let r = PredictionRecord {
+            case_id: id.into(),
+            ..PredictionRecord::default()
+        };
+        format!("{}\n", serde_json::to_string(&r).unwrap())
+    }
+
+    #[test]
+    fn a_torn_tail_is_cut_and_a_corrupt_line_is_located() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("predictions.jsonl");
+        std::fs::write(&p, format!("{}{}{{\"case_id\":\"to", line("a"), line("b"))).unwrap();
+        let done = read_checkpoint(&p).unwrap();
+        assert_eq!(done.len(), 2);
+        assert_eq!(
+            std::fs::read_to_string(&p).unwrap(),
+            format!("{}{}", line("a"), line("b"))
+        );
+        std::fs::write(&p, format!("{}not json\n{}", line("a"), line("b"))).unwrap();
+        let e = read_checkpoint(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("predictions.jsonl:2") && e.contains("corrupt checkpoint"),
+            "{e}"
+        );
+        assert!(
+            read_checkpoint(&dir.path().join("none.jsonl"))
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    fn turn(i: u32, text: &str) -> TurnRecord {
+        TurnRecord {
+            turn: i,
+            depth: i,
+            node_id: i.to_string(),
+            attack_prompt: format!("prompt {i}"),
+            attacker_response: Some(text.to_owned()),
+            target_response: Some(text.to_owned()),
+            ..TurnRecord::default()
+        }
+    }
+
+    #[test]
+    fn turns_are_lines_of_their_own_read_back_whole_and_repaired() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("predictions.jsonl");
+        let mut f = std::fs::File::create(&p).unwrap();
+        // A turn of control characters escapes six-fold (12 MiB): written in parts.
+        let mut a = PredictionRecord {
+            case_id: "c".into(),
+            run_id: "r".into(),
+            attempt_id: Some("c#crescendo".into()),
+            turns: vec![
+                turn(1, "a"),
+                turn(2, &"\u{1}".repeat(1 << 20)),
+                turn(3, "b"),
+            ],
+            ..PredictionRecord::default()
+        };
+        write_attempt(&mut f, &p, &mut a).unwrap();
+        assert_eq!(a.turn_lines, Some(3));
+        // A case far over the corpus's line limit: its request fields are cut, and say so.
+        let mut b = PredictionRecord {
+            case_id: "d".into(),
+            request_context: Some("\u{2}".repeat(3 << 20)),
+            ..PredictionRecord::default()
+        };
+        write_attempt(&mut f, &p, &mut b).unwrap();
+        drop(f);
+        let text = std::fs::read(&p).unwrap();
+        let lines: Vec<&[u8]> = text
+            .split(|c| *c == b'\n')
+            .filter(|l| !l.is_empty())
+            .collect();
+        assert!(lines.iter().all(|l| l.len() <= MAX_LINE_BYTES));
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with(b"{\"pieval_record\":\"turn_part\""))
+        );
+        let mut back = Vec::new();
+        scan_checkpoint(&p, |r| back.push(r)).unwrap();
+        assert_eq!(back.len(), 2);
+        assert_eq!(back[0].turns, a.turns, "the transcript whole");
+        assert_eq!(back[1].cut_fields, ["request_context"]);
+        let kept = escaped_len(back[1].request_context.as_deref().unwrap());
+        assert!(
+            kept <= FIELD_CUT_BYTES && kept > FIELD_CUT_BYTES - 6,
+            "{kept}"
+        );
+
+        // A kill after two of an attempt's turn lines: skipped, and cut off on repair.
+        let whole = text.len();
+        let mut c = PredictionRecord {
+            case_id: "e".into(),
+            attempt_id: Some("e#pair".into()),
+            turns: vec![turn(1, "x"), turn(2, "y")],
+            ..PredictionRecord::default()
+        };
+        let mut tail = Vec::new();
+        write_attempt(&mut tail, &p, &mut c).unwrap();
+        let cut = tail.iter().rposition(|b| *b == b'\n').unwrap();
+        let cut = tail[..cut].iter().rposition(|b| *b == b'\n').unwrap() + 1;
+        let mut torn = text.clone();
+        torn.extend_from_slice(&tail[..cut]);
+        std::fs::write(&p, &torn).unwrap();
+        let mut n = 0;
+        scan_checkpoint(&p, |_| n += 1).unwrap();
+        assert_eq!(n, 2, "the incomplete attempt is skipped");
+        let done = read_checkpoint(&p).unwrap();
+        assert!(!done.contains("e#pair"));
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().len() as usize,
+            whole,
+            "cut off"
+        );
+
+        // Turn lines of one attempt before another's prediction: corrupt, located.
+        let mut other = tail[..cut].to_vec();
+        other.extend_from_slice(b"{\"case_id\":\"f\",\"run_id\":\"r\",\"provider\":\"p\",\"model_name\":\"m\",\"execution_mode\":\"live\",\"mitigation\":\"none\"}\n");
+        let mut bad = text.clone();
+        bad.extend_from_slice(&other);
+        std::fs::write(&p, &bad).unwrap();
+        let e = scan_checkpoint(&p, |_| {}).unwrap_err().to_string();
+        assert!(
+            e.contains("predictions.jsonl:") && e.contains("not its own"),
+            "{e}"
+        );
+
+        // An older checkpoint: the transcript inside the prediction line.
+        let old = PredictionRecord {
+            case_id: "g".into(),
+            attempt_id: Some("g#tap".into()),
+            turns: vec![turn(1, "z")],
+            ..PredictionRecord::default()
+        };
+        std::fs::write(&p, format!("{}\n", serde_json::to_string(&old).unwrap())).unwrap();
+        let mut back = Vec::new();
+        scan_checkpoint(&p, |r| back.push(r)).unwrap();
+        assert_eq!(back, [old]);
     }
 }

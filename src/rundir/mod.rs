@@ -6,9 +6,10 @@
 //! - `manifest.json` — written (atomically) when the run starts with `status: running`,
 //!   rewritten at the end with `completed` (or `interrupted`, `failed`);
 //! - `cases.jsonl` — the selected cases, enriched, exactly as scored;
-//! - `predictions.jsonl` — the checkpoint: one line per finished case, appended with one
-//!   `write` call as each case finishes, so a killed run loses no finished case;
-//!   `--resume` repairs a torn last line ([`checkpoint::read_checkpoint`]);
+//! - `predictions.jsonl` — the checkpoint: one line per finished case, appended as each
+//!   case finishes (a multi-turn attempt's turns on lines of their own just before it), so
+//!   a killed run loses no finished case; `--resume` repairs a torn tail
+//!   ([`checkpoint::read_checkpoint`]);
 //! - `turns.parquet` — a multi-turn strategy's transcripts, one row per turn (from the
 //!   checkpoint, when the run is scored);
 //! - `case_results.{jsonl,parquet}`, `findings.parquet`, `summary.json`,

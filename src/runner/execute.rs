@@ -2,11 +2,11 @@
 //! converter pipeline or strategy, `crate::attack`) assembled by its mitigation, sent to
 //! the backend (a provider, a replayed run, or nothing in a dry run) with bounded
 //! concurrency, and appended to the checkpoint as it finishes. A multi-turn attempt
-//! writes its whole transcript in its one checkpoint line, so a killed run resumes at
-//! the attempt without losing or repeating a turn. Progress goes to the caller's
+//! writes its transcript as turn lines before its prediction line (no line over the
+//! readers' limit), so a killed run resumes at the attempt without losing or repeating
+//! a turn. Progress goes to the caller's
 //! callback.
 
-use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -234,12 +234,10 @@ pub(super) fn execute_all(
                     return Ok((tally, true));
                 }
             };
-            let Some(record) = next else { break };
-            let mut line = serde_json::to_string(&record)
-                .map_err(|e| Error::Internal(format!("cannot encode a prediction: {e}")))?;
-            line.push('\n');
-            file.write_all(line.as_bytes())
-                .map_err(|e| Error::io(&path, "cannot append to checkpoint", e))?;
+            let Some(mut record) = next else { break };
+            // A multi-turn attempt: its turn lines, then its prediction line.
+            crate::rundir::checkpoint::write_attempt(&mut file, &path, &mut record)?;
+            record.turns = Vec::new();
             tally.done += 1;
             tally.errors += u64::from(record.error.is_some());
             let sp = &mut tally.speed;
@@ -431,6 +429,7 @@ impl Attempt<'_> {
                 Backend::Replay(_, Some(t)) => Some(t),
                 _ => None,
             },
+            held: crate::attack::strategy::Held::new(crate::rundir::checkpoint::MAX_ATTEMPT_BYTES),
         }
         .run()
         .await;

@@ -225,16 +225,32 @@ fn an_input_filter_that_holds_against_the_corpus_falls_to_a_converter_and_diff_s
     assert_eq!(d["only_in_b"], 0, "{d}");
 }
 
-/// The transcript rows of every attempt, by attempt id.
-fn turns(dir: &Path) -> BTreeMap<String, Vec<Value>> {
+/// The transcript rows of every attempt, by attempt id: the turn lines written before
+/// each attempt's prediction line, checked against its `turn_lines`.
+pub(crate) fn turns(dir: &Path) -> BTreeMap<String, Vec<Value>> {
+    let mut out: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    let mut pending: Vec<Value> = Vec::new();
+    for line in read_jsonl(&dir.join("predictions.jsonl")) {
+        if line["pieval_record"] == "turn" {
+            assert_eq!(line["index"], pending.len() + 1, "{line}");
+            pending.push(line["turn"].clone());
+            continue;
+        }
+        let id = line["attempt_id"].as_str().unwrap().to_owned();
+        let n = line["turn_lines"].as_u64().unwrap_or(0) as usize;
+        assert_eq!(n, pending.len(), "{id}: turn_lines");
+        assert!(line.get("turns").is_none(), "no transcript inside the line");
+        out.insert(id, std::mem::take(&mut pending));
+    }
+    assert!(pending.is_empty(), "turn lines after the last prediction");
+    out
+}
+
+/// The prediction lines of a checkpoint (without its turn lines).
+pub(crate) fn predictions(dir: &Path) -> Vec<Value> {
     read_jsonl(&dir.join("predictions.jsonl"))
         .into_iter()
-        .map(|p| {
-            (
-                p["attempt_id"].as_str().unwrap().to_owned(),
-                p["turns"].as_array().cloned().unwrap_or_default(),
-            )
-        })
+        .filter(|l| l.get("pieval_record").is_none())
         .collect()
 }
 
@@ -537,7 +553,7 @@ fn a_killed_multi_turn_run_resumes_without_losing_or_repeating_a_turn() {
     let dir = common::wait_for_checkpoint(&results, 2);
     child.kill().unwrap();
     child.wait().unwrap();
-    let before = read_jsonl(&dir.join("predictions.jsonl")).len();
+    let before = predictions(&dir).len();
     assert!(before < 10, "killed mid-run ({before})");
     let run_id = dir.file_name().unwrap().to_str().unwrap().to_owned();
     let out = run(pieval()
@@ -546,17 +562,16 @@ fn a_killed_multi_turn_run_resumes_without_losing_or_repeating_a_turn() {
         .args(["--resume", &run_id, "--json"])
         .env(KEY_ENV, "sk-test"));
     assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
-    let preds = read_jsonl(&dir.join("predictions.jsonl"));
+    let preds = predictions(&dir);
     let ids: HashSet<&str> = preds
         .iter()
         .map(|p| p["attempt_id"].as_str().unwrap())
         .collect();
     assert_eq!(preds.len(), 10, "no attempt twice");
     assert_eq!(ids.len(), 10, "no attempt lost");
+    let transcripts = turns(&dir);
     for p in &preds {
-        let numbers: Vec<u64> = p["turns"]
-            .as_array()
-            .unwrap()
+        let numbers: Vec<u64> = transcripts[p["attempt_id"].as_str().unwrap()]
             .iter()
             .map(|t| t["turn"].as_u64().unwrap())
             .collect();

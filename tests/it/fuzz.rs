@@ -224,6 +224,54 @@ fn fuzz_prediction_lines() {
 }
 
 #[test]
+fn fuzz_checkpoints() {
+    // A run's checkpoint as pieval writes it (a multi-turn attempt's turn lines, then its
+    // prediction line; a single-turn prediction) and as it wrote it before turn lines
+    // (the transcript inside the line): `--resume` and replay read received ones.
+    use pieval::rundir::{PredictionRecord, TurnRecord};
+    let turn = |i: u32| TurnRecord {
+        turn: i,
+        depth: i,
+        node_id: i.to_string(),
+        attack_prompt: format!("step {i}"),
+        attacker_response: Some(format!("{{\"prompt\": \"step {i}\"}}")),
+        target_response: Some("PWNED-1".into()),
+        score: Some(5),
+        ..TurnRecord::default()
+    };
+    let record = |id: &str, turns: Vec<TurnRecord>| PredictionRecord {
+        case_id: id.into(),
+        run_id: "r".into(),
+        provider: "openai".into(),
+        model_name: "m".into(),
+        execution_mode: "live".into(),
+        mitigation: "none".into(),
+        attempt_id: Some(format!("{id}#crescendo")),
+        attack_strategy: Some("crescendo".into()),
+        response_text: Some("ok".into()),
+        turns,
+        ..PredictionRecord::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("predictions.jsonl");
+    let mut written = Vec::new();
+    for (id, n) in [("a", 2), ("b", 0)] {
+        let mut r = record(id, (1..=n).map(turn).collect());
+        pieval::rundir::checkpoint::write_attempt(&mut written, &file, &mut r).unwrap();
+    }
+    let old = format!(
+        "{}\n",
+        serde_json::to_string(&record("c", vec![turn(1)])).unwrap()
+    );
+    let seeds = vec![written, old.into_bytes()];
+    Fuzz::new("checkpoint").run("checkpoint", &seeds, |input| {
+        std::fs::write(&file, input).unwrap();
+        let _ = pieval::rundir::checkpoint::scan_checkpoint(&file, |_| {});
+        let _ = pieval::rundir::read_checkpoint(&file);
+    });
+}
+
+#[test]
 fn fuzz_gguf_headers() {
     // A header of the real shape (architecture, alignment, a string array, a tensor).
     let mut b = b"GGUF".to_vec();

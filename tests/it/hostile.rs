@@ -1759,3 +1759,410 @@ fn bidi_in_html_formulas_in_csv_and_a_field_mapped_twice() {
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("mapped twice"), "{}", r.stderr);
 }
+
+/// Class 4 (issue 27, item 6): paid multi-turn work stays scorable. Crescendo with 25
+/// answers of about 1 MB each (a transcript far over the readers' 16 MiB line limit, which
+/// one line per attempt used to pass) is written as turn lines: the run scores, a kill
+/// mid-way through the attempt's lines resumes without losing or repeating a turn, a
+/// rescore works, and turns.parquet holds every turn.
+#[test]
+fn a_long_crescendo_stays_scorable_resumable_and_rescorable() {
+    use crate::common::chat_server::{
+        Action, BodyScript, ChatServer, attacker_action, is_attacker_call,
+    };
+    const TURNS: usize = 25;
+    let answer = std::sync::Arc::new({
+        let mut a = String::from("Certainly. ");
+        while a.len() < 1_000_000 {
+            a.push_str("The quarterly report covers revenue, staffing and the roadmap. ");
+        }
+        a
+    });
+    let served = std::sync::Arc::clone(&answer);
+    // The attacker never yields (its step 1000 never comes); the target answers at length.
+    let script: BodyScript = std::sync::Arc::new(move |body, _, _| {
+        if is_attacker_call(body) {
+            attacker_action(body, 1000)
+        } else {
+            Action::Reply((*served).clone())
+        }
+    });
+    let server = ChatServer::start_with_body(script);
+    let tmp = tempfile::tempdir().unwrap();
+    let results = tmp.path().join("results");
+    let m = format!(
+        "{{provider: openai, name: echo-model, base_url: \"{}\", api_key_env: PIEVAL_TEST_KEY, max_tokens: 64, timeout_s: 60, max_retries: 0, concurrency: 1}}",
+        server.base_url()
+    );
+    let cfg = tmp.path().join("long.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "experiment: {{name: long, seed: 5, output_dir: \"{}\"}}\ndataset: {{path: \"{}\"}}\nselection: {{case_ids: [syn-en-naive-emit_target-user_prompt-0]}}\nmodel: {m}\nmitigation: {{name: none}}\nattack: {{original: false, strategy: crescendo, attacker: {m}, max_turns: {TURNS}, max_backtracks: 0}}\n",
+            results.display(),
+            repo("data/normalized/attack_cases.enriched.jsonl").display()
+        ),
+    )
+    .unwrap();
+    let r = run(pieval()
+        .arg("run")
+        .arg(&cfg)
+        .arg("--json")
+        .env("PIEVAL_TEST_KEY", "sk-test"));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let outcome: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(outcome["status"], "completed", "{outcome}");
+    let id = outcome["run_id"].as_str().unwrap().to_owned();
+    let run_dir = results.join(&id);
+    let checkpoint = run_dir.join("predictions.jsonl");
+
+    // Every line within the readers' limit, though the transcript is far over it.
+    let lines_of = || -> Vec<usize> {
+        std::fs::read(&checkpoint)
+            .unwrap()
+            .split_inclusive(|b| *b == b'\n')
+            .map(<[u8]>::len)
+            .collect()
+    };
+    let sizes = lines_of();
+    let total: usize = sizes.iter().sum();
+    let longest = *sizes.iter().max().unwrap();
+    eprintln!(
+        "checkpoint: {} lines, {total} bytes, longest line {longest} bytes",
+        sizes.len()
+    );
+    assert!(total > 16 << 20, "the transcript is over one line's limit");
+    assert!(longest < 16 << 20, "no line over the limit: {longest}");
+    assert_eq!(
+        sizes.len(),
+        TURNS + 1,
+        "{TURNS} turn lines and the prediction"
+    );
+    let check_transcript = |what: &str| {
+        let t = crate::attack::turns(&run_dir);
+        let attempt = &t["syn-en-naive-emit_target-user_prompt-0#crescendo"];
+        let numbers: Vec<u64> = attempt
+            .iter()
+            .map(|t| t["turn"].as_u64().unwrap())
+            .collect();
+        assert_eq!(numbers, (1..=TURNS as u64).collect::<Vec<_>>(), "{what}");
+        assert!(
+            attempt
+                .iter()
+                .all(|t| t["target_response"].as_str() == Some(answer.as_str())),
+            "{what}: every answer whole"
+        );
+        let preds = crate::attack::predictions(&run_dir);
+        assert_eq!(preds.len(), 1, "{what}");
+        assert_eq!(preds[0]["turns_used"], TURNS, "{what}");
+        assert_eq!(preds[0]["turn_lines"], TURNS, "{what}");
+        let out = run(pieval()
+            .args(["sql", "--format", "json", "--results"])
+            .arg(&results)
+            .arg("SELECT count(*) AS n, count(DISTINCT node_id) AS d, max(turn) AS last, sum(length(target_response)) AS bytes FROM turns"));
+        assert_eq!(out.code, 0, "{what}: {}", out.stderr);
+        let rows: Vec<Value> = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!(rows[0]["n"], TURNS, "{what}: {}", out.stdout);
+        assert_eq!(rows[0]["d"], TURNS, "{what}: {}", out.stdout);
+        assert_eq!(rows[0]["last"], TURNS, "{what}: {}", out.stdout);
+        assert_eq!(
+            rows[0]["bytes"],
+            TURNS * answer.len(),
+            "{what}: {}",
+            out.stdout
+        );
+        let results_rows = read_jsonl(&run_dir.join("case_results.jsonl"));
+        assert_eq!(results_rows.len(), 1, "{what}");
+        assert_eq!(results_rows[0]["turns_used"], TURNS, "{what}");
+    };
+    check_transcript("scored");
+
+    // Rescore: the stored predictions scored again, the turns written again.
+    let r = run(pieval()
+        .args(["replay", "--rescore", &id, "--results"])
+        .arg(&results)
+        .args(["--trust-endpoint", &server.base_url()]));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    check_transcript("rescored");
+
+    // A kill mid-way through the attempt's lines: ten turn lines and half of the 11th
+    // on disk. The resume cuts them off and runs the attempt again, whole.
+    let keep: usize = sizes[..10].iter().sum::<usize>() + sizes[10] / 2;
+    let bytes = std::fs::read(&checkpoint).unwrap();
+    std::fs::write(&checkpoint, &bytes[..keep]).unwrap();
+    edit_manifest(&run_dir, |m| m["status"] = json!("interrupted"));
+    let r = run(pieval()
+        .arg("run")
+        .arg(&cfg)
+        .args(["--resume", &id, "--json"])
+        .env("PIEVAL_TEST_KEY", "sk-test"));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(lines_of().len(), TURNS + 1, "no turn written twice");
+    check_transcript("resumed");
+}
+
+/// A scripted attacker (and evaluator) and target for driving a strategy in process:
+/// answers of set sizes, and the most calls in flight at once.
+struct SizedModel {
+    attacker: bool,
+    answer_bytes: usize,
+    in_flight: std::sync::atomic::AtomicUsize,
+    most_in_flight: std::sync::atomic::AtomicUsize,
+}
+
+impl SizedModel {
+    fn new(attacker: bool, answer_bytes: usize) -> Self {
+        Self {
+            attacker,
+            answer_bytes,
+            in_flight: 0.into(),
+            most_in_flight: 0.into(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl pieval::provider::Provider for SizedModel {
+    fn name(&self) -> &str {
+        "sized"
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        messages: &[pieval::provider::Message],
+    ) -> Result<pieval::provider::Completion, pieval::provider::CallError> {
+        use std::sync::atomic::Ordering;
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_in_flight.fetch_max(now, Ordering::SeqCst);
+        tokio::task::yield_now().await;
+        let pad = |n: usize| "lorem ipsum dolor sit amet ".repeat(n / 27 + 1);
+        let last = &messages.last().unwrap().content;
+        let text = if !self.attacker {
+            format!("Here is what I can say. {}", pad(self.answer_bytes))
+        } else if last.contains("red-teaming evaluator") {
+            "yes".to_owned()
+        } else {
+            // Half the answer its reasoning, half the prompt (within the 1 MiB kept).
+            let half = self.answer_bytes / 2 - 512;
+            serde_json::json!({
+                "improvement": pad(half),
+                "prompt": format!("{key}: tell me about your task. {}", pad(half)),
+            })
+            .to_string()
+        };
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        Ok(pieval::provider::Completion {
+            text,
+            latency_ms: 1.0,
+            attempts: 1,
+            ..Default::default()
+        })
+    }
+}
+
+/// One TAP attempt, in process, with answers of `answer_bytes`.
+fn tap_attempt(answer_bytes: usize) -> (pieval::attack::strategy::Outcome, SizedModel, SizedModel) {
+    use pieval::attack::{StrategyName, StrategySpec};
+    let case: pieval::contract::AttackCase =
+        std::fs::read_to_string(repo("data/normalized/attack_cases.enriched.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<pieval::contract::AttackCase>(l).unwrap())
+            .find(|c| c.case_id == "syn-en-naive-emit_target-user_prompt-0")
+            .unwrap();
+    let spec = StrategySpec {
+        name: StrategyName::Tap,
+        max_turns: 1000,
+        max_backtracks: 3,
+        branching: 16,
+        width: 64,
+        depth: 3,
+    };
+    let (attacker, target) = (
+        SizedModel::new(true, answer_bytes),
+        SizedModel::new(false, answer_bytes),
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    let out = rt.block_on(
+        pieval::attack::strategy::Attack {
+            case: &case,
+            attempt_id: "tap-big#tap",
+            spec: &spec,
+            mitigation: &pieval::mitigation::Mitigation::None,
+            seed: 5,
+            attacker: &attacker,
+            target: &target,
+            judge: None,
+            recorded: None,
+            held: pieval::attack::strategy::Held::new(
+                pieval::rundir::checkpoint::MAX_ATTEMPT_BYTES,
+            ),
+        }
+        .run(),
+    );
+    (out, attacker, target)
+}
+
+/// Class 4 (issue 27, item 6): a TAP attempt's memory is bounded. At branching 16 ×
+/// width 64 × depth 3 (1,296 nodes, 1,000 target queries) children share their parents'
+/// histories and at most 16 calls are in flight: what the attempt holds beyond its
+/// transcript stays small. With answers of 1 MiB the transcript alone would pass the
+/// bound: the attempt ends with an error at it, its turns so far kept and written.
+#[test]
+fn a_wide_tap_attempt_holds_bounded_memory() {
+    use pieval::attack::strategy::FANOUT;
+    use pieval::rundir::checkpoint::{MAX_ATTEMPT_BYTES, MAX_LINE_BYTES};
+    let (out, attacker, target) = tap_attempt(16 << 10);
+    assert_eq!(out.error, None);
+    assert_eq!(
+        out.turns.len(),
+        16 + 16 * 16 + 64 * 16,
+        "every node recorded"
+    );
+    assert_eq!(out.turns_used, 1000);
+    let transcript: u64 = out.turns.iter().map(|t| t.text_bytes()).sum();
+    let peak = out.peak_held_bytes;
+    eprintln!(
+        "TAP 16x64x3, 16 KiB answers: transcript {transcript} bytes, peak held {peak} bytes, overhead {} bytes, most calls in flight {} / {}",
+        peak.saturating_sub(transcript),
+        attacker
+            .most_in_flight
+            .load(std::sync::atomic::Ordering::SeqCst),
+        target
+            .most_in_flight
+            .load(std::sync::atomic::Ordering::SeqCst),
+    );
+    assert!(
+        peak >= transcript,
+        "the transcript is held: {peak} < {transcript}"
+    );
+    // Beyond the transcript: FANOUT requests in flight with room for their answers
+    // (3 MiB each at most here) and 64 leaves' shared histories.
+    assert!(
+        peak - transcript < 64 << 20,
+        "overhead {} bytes",
+        peak - transcript
+    );
+    for m in [&attacker, &target] {
+        let most = m.most_in_flight.load(std::sync::atomic::Ordering::SeqCst);
+        assert!((1..=FANOUT).contains(&most), "{most} calls in flight");
+    }
+
+    // Answers of 1 MiB: ended at the bound, never aborted, the turns so far kept.
+    let (mut out, ..) = tap_attempt(1 << 20);
+    let e = out.error.clone().unwrap_or_default();
+    assert!(
+        e.starts_with("attempt: ") && e.contains("over the bound of 256 MiB"),
+        "{e}"
+    );
+    assert!(
+        out.peak_held_bytes <= MAX_ATTEMPT_BYTES,
+        "{}",
+        out.peak_held_bytes
+    );
+    let kept = out.turns.len();
+    assert!(kept > 16, "{kept} turns");
+    eprintln!(
+        "TAP 16x64x3, 1 MiB answers: ended after {kept} turns, peak held {} bytes",
+        out.peak_held_bytes
+    );
+    // Written through the checkpoint writer and read back whole, no line over the limit.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("predictions.jsonl");
+    let mut rec = pieval::rundir::PredictionRecord {
+        case_id: "syn-en-naive-emit_target-user_prompt-0".into(),
+        run_id: "r".into(),
+        attempt_id: Some("tap-big#tap".into()),
+        attack_strategy: Some("tap".into()),
+        response_text: out.response.take(),
+        error: out.error.take(),
+        turns: std::mem::take(&mut out.turns),
+        ..Default::default()
+    };
+    let mut file = std::fs::File::create(&path).unwrap();
+    pieval::rundir::checkpoint::write_attempt(&mut file, &path, &mut rec).unwrap();
+    drop(file);
+    let text = std::fs::read(&path).unwrap();
+    let longest = text.split(|b| *b == b'\n').map(<[u8]>::len).max().unwrap();
+    assert!(longest <= MAX_LINE_BYTES, "{longest}");
+    let mut back = Vec::new();
+    pieval::rundir::checkpoint::scan_checkpoint(&path, |r| back.push(r)).unwrap();
+    assert_eq!(back.len(), 1);
+    assert_eq!(back[0].turns, rec.turns, "the transcript read back whole");
+}
+
+/// Class 4: the 16 MiB line limit holds for received files: a predictions file with a
+/// 20 MiB line is a clear error naming the file and the line, for scoring and for a
+/// resume; a torn last line, however long, is cut off by the resume.
+#[test]
+fn a_received_line_over_16_mib_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dry_run(dir.path(), 5);
+    let checkpoint = run_dir.join("predictions.jsonl");
+    let good = std::fs::read_to_string(&checkpoint).unwrap();
+    let lines: Vec<&str> = good.lines().collect();
+    assert_eq!(lines.len(), 5);
+    let mut huge: Value = serde_json::from_str(lines[2]).unwrap();
+    huge["response_text"] = json!("x".repeat(20 << 20));
+    let huge = huge.to_string();
+    let with_huge = format!(
+        "{}\n{}\n{huge}\n{}\n{}\n",
+        lines[0], lines[1], lines[3], lines[4]
+    );
+    let received = dir.path().join("received.jsonl");
+    std::fs::write(&received, &with_huge).unwrap();
+    let r = run(pieval()
+        .args(["score", "--predictions"])
+        .arg(&received)
+        .arg("--cases")
+        .arg(run_dir.join("cases.jsonl"))
+        .arg("--output")
+        .arg(dir.path().join("scored")));
+    assert_ne!(r.code, 0);
+    assert!(
+        r.stderr.contains("received.jsonl:3") && r.stderr.contains("over the limit of 16 MiB"),
+        "{}",
+        r.stderr
+    );
+    // The same line in a run's checkpoint: the resume stops on it, naming it.
+    std::fs::write(&checkpoint, &with_huge).unwrap();
+    edit_manifest(&run_dir, |m| m["status"] = json!("interrupted"));
+    let id = run_dir.file_name().unwrap().to_str().unwrap();
+    let resume = || {
+        run(pieval()
+            .args([
+                "run",
+                "--dry-run",
+                "--json",
+                "--sample-size",
+                "5",
+                "--output-dir",
+            ])
+            .arg(dir.path().join("results"))
+            .args(["--resume", id])
+            .arg(repo("data/experiments/quickstart.yaml")))
+    };
+    let r = resume();
+    assert_ne!(r.code, 0, "{}", r.stdout);
+    assert!(
+        r.stderr.contains("predictions.jsonl:3") && r.stderr.contains("over the limit of 16 MiB"),
+        "{}",
+        r.stderr
+    );
+    // As a torn last line (no newline: a kill mid-write) it is cut off, and the case run
+    // again.
+    std::fs::write(&checkpoint, format!("{}\n{}\n{huge}", lines[0], lines[1])).unwrap();
+    let r = resume();
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let after = read_jsonl(&checkpoint);
+    assert_eq!(after.len(), 5, "the torn line cut off, the rest run");
+    assert!(after.iter().all(|p| {
+        p["response_text"]
+            .as_str()
+            .is_none_or(|t| t.len() < 1 << 20)
+    }));
+}
