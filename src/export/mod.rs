@@ -26,7 +26,8 @@ use datafusion::arrow::array::{
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema, SchemaRef};
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
-use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use datafusion::parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
+use datafusion::parquet::errors::ParquetError;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -138,29 +139,52 @@ impl Source {
     fn for_each(&self, f: &mut dyn FnMut(RecordBatch) -> Result<()>) -> Result<()> {
         match self {
             Source::Parquet(path) => {
+                // bounded decoding (src/engine/bounded.rs): the footer checked, text read
+                // as views, batches cut by decoded bytes, the file's total counted
+                let limits = crate::rundir::bounds::ParquetLimits::from_env()?;
+                crate::rundir::bounds::check_parquet(path, &limits)?;
                 let file = File::open(path).map_err(|e| Error::io(path, "cannot open", e))?;
-                let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+                let unreadable =
+                    |e: ParquetError| Error::config(path, format!("not a readable Parquet file: {e}"));
+                let schema = ParquetRecordBatchReaderBuilder::try_new(
+                    file.try_clone()
+                        .map_err(|e| Error::io(path, "cannot open", e))?,
+                )
+                .map_err(unreadable)?
+                .schema()
+                .clone();
+                let views = Arc::new(crate::engine::bounded::as_views(&schema));
+                let options = ArrowReaderOptions::new().with_schema(Arc::clone(&views));
+                let reader = ParquetRecordBatchReaderBuilder::try_new_with_options(file, options)
                     .and_then(|b| b.with_batch_size(8192).build())
-                    .map_err(|e| {
-                        Error::config(path, format!("not a readable Parquet file: {e}"))
-                    })?;
+                    .map_err(unreadable)?;
+                let guard = crate::engine::bounded::FileGuard::new(path, limits);
                 for batch in reader {
-                    f(batch?)?;
+                    let batch = batch.map_err(|e| {
+                        Error::from(guard.context(datafusion::error::DataFusionError::ArrowError(
+                            Box::new(e),
+                            None,
+                        )))
+                    })?;
+                    for piece in guard.pieces(&batch, &schema)? {
+                        f(piece)?;
+                    }
                 }
             }
             Source::CaseResults(path) => {
-                // the footer first, so a damaged file is named as Parquet files are
-                let file = File::open(path).map_err(|e| Error::io(path, "cannot open", e))?;
-                ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| {
-                    Error::config(path, format!("not a readable Parquet file: {e}"))
-                })?;
+                // the footer first (and its bounds), so a damaged file or a bomb is named
+                crate::rundir::bounds::check_parquet(
+                    path,
+                    &crate::rundir::bounds::ParquetLimits::from_env()?,
+                )?;
                 let rt = crate::engine::runtime()?;
                 rt.block_on(async {
                     use futures::StreamExt;
                     // one partition: the rows keep the file's order, run after run
-                    let ctx = crate::engine::session_with(
+                    let ctx = crate::engine::session_with_config_and_memory_limit(
                         crate::engine::session_config().with_target_partitions(1),
-                    );
+                        crate::engine::DEFAULT_MEMORY_LIMIT,
+                    )?;
                     let table = crate::rundir::table_path(path)?;
                     crate::engine::register_case_results(&ctx, "case_results", &table).await?;
                     let mut stream = ctx
