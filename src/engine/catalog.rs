@@ -307,6 +307,8 @@ async fn register_tables(
     results: &Path,
     in_process: bool,
 ) -> Result<Vec<String>> {
+    // A limit that does not parse stops the command, rather than leaving every run out.
+    crate::rundir::bounds::ParquetLimits::from_env()?;
     let mut skipped = Vec::new();
     if in_process && corpus.exists() {
         ctx.register_table(

@@ -236,7 +236,10 @@ pub fn check_label_file(path: &Path, memory_limit: usize) -> Result<()> {
         .map_err(|e| Error::io(path, "cannot read", e))?
         .len();
     if len > budget {
-        return Err(too_big(format!("{} MiB of labels", len >> 20)));
+        return Err(too_big(format!(
+            "{} of labels",
+            crate::rundir::bounds::human(len)
+        )));
     }
     let csv = ext == "csv";
     let mut reader = BufReader::with_capacity(1 << 16, file);
