@@ -8,9 +8,11 @@
 //! - text is decoded as Arrow views, which point into the (decompressed) pages and the
 //!   dictionary instead of copying a value per row, so a dictionary of one 1 MiB value
 //!   repeated for 8,192 rows costs 1 MiB, not 8 GiB;
+//! - the table's text columns stay views (so a filter or a repartition that glues batches
+//!   back together does not copy a value per row either);
 //! - each batch is measured (the bytes its rows hold once decoded) and cut into pieces of
-//!   at most [`BATCH_BYTES`] before it is turned into the table's types (Utf8), so what a
-//!   query holds follows that bound, not the file's shape;
+//!   at most [`BATCH_BYTES`], so an operator that does copy text (a cast, the export's
+//!   Utf8 files) copies at most that much at a time;
 //! - each file's decoded bytes are counted, and past
 //!   [`ParquetLimits::max_decoded_bytes`] the query stops with an error naming the run
 //!   and the file;
@@ -99,15 +101,12 @@ impl FileGuard {
         context(&self.run, &self.path, e)
     }
 
-    /// Count `batch` (read with text as views: [`as_views`]) against the file's limit,
-    /// cut it into pieces of at most [`BATCH_BYTES`] decoded (a larger single row stays
-    /// whole), and give each piece the types of `out`.
-    pub fn pieces(
-        &self,
-        batch: &RecordBatch,
-        out: &SchemaRef,
-    ) -> datafusion::error::Result<Vec<RecordBatch>> {
-        bounded(batch, out, &self.decoded, &self.limits, &self.run, &self.path)
+    /// Count `batch` (read with text as views: [`as_views`]) against the file's limit and
+    /// cut it into slices of at most [`BATCH_BYTES`] decoded (a larger single row stays
+    /// whole). The slices still share the batch's buffers: turn each into the table's
+    /// types ([`retype`]) only when it is consumed, one at a time.
+    pub fn pieces(&self, batch: &RecordBatch) -> datafusion::error::Result<Vec<RecordBatch>> {
+        bounded(batch, &self.decoded, &self.limits, &self.run, &self.path)
     }
 }
 
@@ -149,6 +148,12 @@ impl BoundedRunTable {
     /// A table of `schema` over `files` (each a checked artifact: see
     /// [`crate::rundir::parquet_artifact`]), each named by its run folder. Columns a file
     /// lacks read as NULL.
+    ///
+    /// Its text columns are views (Utf8View, as DataFusion reads Parquet by default): a
+    /// filter or a repartition glues batches back to 8,192 rows, and glued views still
+    /// point into the file's dictionary and pages, where Utf8 would copy every value
+    /// (8 GiB for 8,192 responses of 1 MiB). Sorts, joins and aggregates, which hold
+    /// batches, are held to the session's memory limit.
     pub async fn try_new(
         ctx: &SessionContext,
         schema: SchemaRef,
@@ -176,7 +181,7 @@ impl BoundedRunTable {
             }));
         }
         Ok(Self {
-            schema,
+            schema: read,
             files: out,
             limits,
         })
@@ -287,13 +292,16 @@ impl PartitionStream for FilesPartition {
                     .flatten()
                     .map(move |batch| {
                         let pieces = match batch {
-                            Ok(b) => guard.pieces(&b, &out),
+                            Ok(b) => guard.pieces(&b),
                             Err(e) => Err(file.context(e)),
                         };
+                        let out = Arc::clone(&out);
+                        // under the table's schema (the same types: nullability may differ)
                         futures::stream::iter(match pieces {
                             Ok(p) => p.into_iter().map(Ok).collect::<Vec<_>>(),
                             Err(e) => vec![Err(e)],
                         })
+                        .map(move |piece| piece.and_then(|p| retype(&p, &out)))
                     })
                     .flatten()
             })
@@ -333,7 +341,6 @@ fn row_bytes(batch: &RecordBatch) -> Vec<u64> {
 /// [`FileGuard::pieces`].
 fn bounded(
     batch: &RecordBatch,
-    out: &SchemaRef,
     decoded: &AtomicU64,
     limits: &ParquetLimits,
     run: &str,
@@ -357,19 +364,19 @@ fn bounded(
     let (mut start, mut bytes) = (0usize, 0u64);
     for (i, b) in rows.iter().enumerate() {
         if i > start && bytes + b > BATCH_BYTES {
-            pieces.push(retype(&batch.slice(start, i - start), out)?);
+            pieces.push(batch.slice(start, i - start));
             (start, bytes) = (i, 0);
         }
         bytes += b;
     }
     if start < batch.num_rows() || pieces.is_empty() {
-        pieces.push(retype(&batch.slice(start, batch.num_rows() - start), out)?);
+        pieces.push(batch.slice(start, batch.num_rows() - start));
     }
     Ok(pieces)
 }
 
 /// `batch` under `schema` (views cast back to the table's text types).
-fn retype(batch: &RecordBatch, schema: &SchemaRef) -> datafusion::error::Result<RecordBatch> {
+pub fn retype(batch: &RecordBatch, schema: &SchemaRef) -> datafusion::error::Result<RecordBatch> {
     let columns = batch
         .columns()
         .iter()

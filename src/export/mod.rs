@@ -166,8 +166,8 @@ impl Source {
                             None,
                         )))
                     })?;
-                    for piece in guard.pieces(&batch, &schema)? {
-                        f(piece)?;
+                    for piece in guard.pieces(&batch)? {
+                        f(crate::engine::bounded::retype(&piece, &schema)?)?;
                     }
                 }
             }
@@ -192,14 +192,12 @@ impl Source {
                         .await?
                         .execute_stream()
                         .await?;
-                    // under the schema schema() gives (the view's may differ in
-                    // nullability only)
+                    // under the schema schema() gives
                     let schema = crate::contract::arrow::case_results_schema();
                     while let Some(batch) = stream.next().await {
-                        f(RecordBatch::try_new(
-                            schema.clone(),
-                            batch?.columns().to_vec(),
-                        )?)?;
+                        // text read as views: cast back, piece by piece (each at most
+                        // the bounded reader's 128 MiB)
+                        f(crate::engine::bounded::retype(&batch?, &schema)?)?;
                     }
                     Ok::<_, Error>(())
                 })?;
