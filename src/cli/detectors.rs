@@ -108,8 +108,7 @@ fn run_eval(args: EvalArgs) -> Result<u8> {
     };
     let eval: Evaluation = crate::engine::runtime()?.block_on(async {
         let labels =
-            load_labels_within(&args.labels, &mapping, &detector, args.memory_limit << 20)
-                .await?;
+            load_labels_within(&args.labels, &mapping, &detector, args.memory_limit << 20).await?;
         evaluate(&detector, &labels, judge, Some(&out)).await
     })?;
     if args.json {

@@ -134,10 +134,7 @@ impl RefusalDetector {
             .chain(&pack.compliance)
         {
             each.push(super::rules::compile_rule(
-                origin,
-                &r.id,
-                &r.pattern,
-                size_limit,
+                origin, &r.id, &r.pattern, size_limit,
             )?);
         }
         let build = |rules: &[Rule]| {
@@ -218,10 +215,7 @@ impl RefusalDetector {
         }
         for e in &pack.pack.not_refusals {
             if self.is_refusal_folded(&fold(e)) {
-                return fail(format!(
-                    "not_refusals: {:?} is taken for a refusal",
-                    ex(e)
-                ));
+                return fail(format!("not_refusals: {:?} is taken for a refusal", ex(e)));
             }
         }
         for e in &pack.pack.deflections {

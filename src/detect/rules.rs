@@ -111,9 +111,9 @@ pub(crate) fn check_patterns<'a>(
                 format!("patterns of more than {MAX_PACK_PATTERN_BYTES} bytes in all"),
             ));
         }
-        let hir = regex_syntax::Parser::new()
-            .parse(pattern)
-            .map_err(|e| Error::config(origin, format!("rule {id}: pattern does not compile: {e}")))?;
+        let hir = regex_syntax::Parser::new().parse(pattern).map_err(|e| {
+            Error::config(origin, format!("rule {id}: pattern does not compile: {e}"))
+        })?;
         if hir.properties().minimum_len() == Some(0) {
             return Err(Error::config(
                 origin,
@@ -128,7 +128,12 @@ pub(crate) fn check_patterns<'a>(
 }
 
 /// One rule's pattern compiled within `size_limit` bytes (from [`check_patterns`]).
-pub(crate) fn compile_rule(origin: &str, id: &str, pattern: &str, size_limit: usize) -> Result<Regex> {
+pub(crate) fn compile_rule(
+    origin: &str,
+    id: &str,
+    pattern: &str,
+    size_limit: usize,
+) -> Result<Regex> {
     regex::RegexBuilder::new(pattern)
         .size_limit(size_limit)
         .build()
@@ -158,7 +163,9 @@ impl RulePack {
             toml::from_str(text).map_err(|e| Error::config(origin, e.to_string().trim_end()))?;
         let size_limit = check_patterns(
             origin,
-            file.rule.iter().map(|r| (r.id.as_str(), r.pattern.as_str())),
+            file.rule
+                .iter()
+                .map(|r| (r.id.as_str(), r.pattern.as_str())),
         )?;
         for r in &mut file.rule {
             r.pattern = ascii_word_boundaries(&r.pattern);
@@ -213,7 +220,10 @@ impl RulePack {
             if r.examples.is_empty() {
                 return Err(Error::config(
                     origin,
-                    format!("rule {}: no examples (each rule lists texts it must fire on)", r.id),
+                    format!(
+                        "rule {}: no examples (each rule lists texts it must fire on)",
+                        r.id
+                    ),
                 ));
             }
             for ex in &r.examples {

@@ -37,7 +37,9 @@ use datafusion::execution::TaskContext;
 use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
-use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, SendableRecordBatchStream};
+use datafusion::physical_plan::{
+    ExecutionPlan, ExecutionPlanProperties, SendableRecordBatchStream,
+};
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
 use futures::StreamExt;
 
@@ -218,11 +220,7 @@ impl TableProvider for BoundedRunTable {
                 .map_err(|e| f.context(e))?;
             plans.push((Arc::clone(f), plan));
         }
-        let n = state
-            .config()
-            .target_partitions()
-            .min(plans.len())
-            .max(1);
+        let n = state.config().target_partitions().min(plans.len()).max(1);
         let mut groups: Vec<Vec<(Arc<RunFile>, Arc<dyn ExecutionPlan>)>> = vec![Vec::new(); n];
         for (i, p) in plans.into_iter().enumerate() {
             groups[i % n].push(p);
@@ -327,8 +325,8 @@ fn row_bytes(batch: &RecordBatch) -> Vec<u64> {
                 }
             }
             _ => {
-                let share = (col.get_array_memory_size() as u64)
-                    .div_ceil(batch.num_rows().max(1) as u64);
+                let share =
+                    (col.get_array_memory_size() as u64).div_ceil(batch.num_rows().max(1) as u64);
                 for r in rows.iter_mut() {
                     *r += share;
                 }
@@ -385,7 +383,8 @@ pub fn retype(batch: &RecordBatch, schema: &SchemaRef) -> datafusion::error::Res
             if c.data_type() == f.data_type() {
                 Ok(Arc::clone(c))
             } else {
-                datafusion::arrow::compute::cast(c, f.data_type()) as std::result::Result<ArrayRef, _>
+                datafusion::arrow::compute::cast(c, f.data_type())
+                    as std::result::Result<ArrayRef, _>
             }
         })
         .collect::<std::result::Result<Vec<_>, _>>()?;

@@ -26,7 +26,9 @@ use datafusion::arrow::array::{
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema, SchemaRef};
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
-use datafusion::parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
+use datafusion::parquet::arrow::arrow_reader::{
+    ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
 use datafusion::parquet::errors::ParquetError;
 use serde::Serialize;
 use serde_json::Value;
@@ -144,8 +146,9 @@ impl Source {
                 let limits = crate::rundir::bounds::ParquetLimits::from_env()?;
                 crate::rundir::bounds::check_parquet(path, &limits)?;
                 let file = File::open(path).map_err(|e| Error::io(path, "cannot open", e))?;
-                let unreadable =
-                    |e: ParquetError| Error::config(path, format!("not a readable Parquet file: {e}"));
+                let unreadable = |e: ParquetError| {
+                    Error::config(path, format!("not a readable Parquet file: {e}"))
+                };
                 let schema = ParquetRecordBatchReaderBuilder::try_new(
                     file.try_clone()
                         .map_err(|e| Error::io(path, "cannot open", e))?,
@@ -160,12 +163,12 @@ impl Source {
                     .map_err(unreadable)?;
                 let guard = crate::engine::bounded::FileGuard::new(path, limits);
                 for batch in reader {
-                    let batch = batch.map_err(|e| {
-                        Error::from(guard.context(datafusion::error::DataFusionError::ArrowError(
-                            Box::new(e),
-                            None,
-                        )))
-                    })?;
+                    let batch =
+                        batch.map_err(|e| {
+                            Error::from(guard.context(
+                                datafusion::error::DataFusionError::ArrowError(Box::new(e), None),
+                            ))
+                        })?;
                     for piece in guard.pieces(&batch)? {
                         f(crate::engine::bounded::retype(&piece, &schema)?)?;
                     }

@@ -117,7 +117,9 @@ pub fn check_parquet(path: &Path, limits: &ParquetLimits) -> Result<ParquetMetaD
         .map_err(|e| Error::io(path, "cannot read", e))?
         .len();
     if len < 12 {
-        return Err(bad("not a readable Parquet file: shorter than a footer".into()));
+        return Err(bad(
+            "not a readable Parquet file: shorter than a footer".into()
+        ));
     }
     let mut tail = [0u8; 8];
     file.seek(SeekFrom::End(-8))
@@ -195,9 +197,7 @@ pub fn check_parquet(path: &Path, limits: &ParquetLimits) -> Result<ParquetMetaD
                 PhysicalType::INT32 | PhysicalType::FLOAT => 4,
                 PhysicalType::INT64 | PhysicalType::DOUBLE => 8,
                 PhysicalType::INT96 => 12,
-                PhysicalType::FIXED_LEN_BYTE_ARRAY => {
-                    c.column_descr().type_length().max(0) as u64
-                }
+                PhysicalType::FIXED_LEN_BYTE_ARRAY => c.column_descr().type_length().max(0) as u64,
                 // a view or offset of 4 to 16 bytes, plus the bytes below
                 PhysicalType::BYTE_ARRAY => 4,
             };
@@ -212,10 +212,11 @@ pub fn check_parquet(path: &Path, limits: &ParquetLimits) -> Result<ParquetMetaD
             decoded = decoded.saturating_add(chunk);
         }
     }
-    let indexed = meta
-        .row_groups()
-        .iter()
-        .any(|rg| rg.columns().iter().any(|c| c.offset_index_offset().is_some()));
+    let indexed = meta.row_groups().iter().any(|rg| {
+        rg.columns()
+            .iter()
+            .any(|c| c.offset_index_offset().is_some())
+    });
     if indexed {
         // The page index, which a query reads to find pages: each page within its chunk.
         use datafusion::parquet::file::metadata::PageIndexPolicy;

@@ -1127,12 +1127,17 @@ fn forge_footer(
         .into_iter()
         .map(|rg| {
             let columns = rg.columns().iter().cloned().map(&edit).collect();
-            rg.into_builder().set_column_metadata(columns).build().unwrap()
+            rg.into_builder()
+                .set_column_metadata(columns)
+                .build()
+                .unwrap()
         })
         .collect();
     let meta = builder.set_row_groups(groups).build();
     let mut out = bytes[..data_end].to_vec();
-    ParquetMetaDataWriter::new(&mut out, &meta).finish().unwrap();
+    ParquetMetaDataWriter::new(&mut out, &meta)
+        .finish()
+        .unwrap();
     std::fs::write(path, out).unwrap();
 }
 
@@ -1165,8 +1170,8 @@ fn write_bomb(template: &Path, out: &Path, rows: usize, value_bytes: usize) {
         }
     }
     let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
-    let mut w = ArrowWriter::try_new(std::fs::File::create(out).unwrap(), batch.schema(), None)
-        .unwrap();
+    let mut w =
+        ArrowWriter::try_new(std::fs::File::create(out).unwrap(), batch.schema(), None).unwrap();
     w.write(&batch).unwrap();
     w.close().unwrap();
 }
@@ -1285,7 +1290,11 @@ fn decompression_bombs_in_run_tables_are_refused_with_the_run_named() {
     // A limit that does not parse is named.
     let r = sql(total, &[("PIEVAL_MAX_DECODED_BYTES", "lots")]);
     assert_eq!(r.code, 2, "{}", r.stderr);
-    assert!(r.stderr.contains("PIEVAL_MAX_DECODED_BYTES"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("PIEVAL_MAX_DECODED_BYTES"),
+        "{}",
+        r.stderr
+    );
 }
 
 /// A Parquet file in a run folder whose footer is intact but whose pages, or page index,
@@ -1343,7 +1352,11 @@ fn damaged_pages_under_an_intact_footer_name_the_run_and_the_file() {
     };
     let at = start as usize + 3;
     let mut damaged = pristine.clone();
-    assert_eq!(&damaged[at - 3..at], &[0x19, 0x1C, 0x16], "one page location");
+    assert_eq!(
+        &damaged[at - 3..at],
+        &[0x19, 0x1C, 0x16],
+        "one page location"
+    );
     let k = damaged[at..].iter().position(|b| b & 0x80 == 0).unwrap() + 1;
     assert!(k >= 2, "an offset past the first 64 bytes");
     for (i, b) in damaged[at..at + k].iter_mut().enumerate() {
@@ -1392,10 +1405,14 @@ fn rule_packs_are_bounded_checked_and_meaningful() {
         .unwrap();
     };
     let query = |q: &str| {
-        run(pieval()
-            .arg("--rules")
-            .arg(&rules)
-            .args(["sql", "--results", "/nonexistent", "--format", "json", q]))
+        run(pieval().arg("--rules").arg(&rules).args([
+            "sql",
+            "--results",
+            "/nonexistent",
+            "--format",
+            "json",
+            q,
+        ]))
     };
     let check = |want: &str| {
         let r = query("SELECT 1");
@@ -1414,7 +1431,13 @@ fn rule_packs_are_bounded_checked_and_meaningful() {
     assert!(r.stdout.contains("zebra"), "{}", r.stdout);
     // 3,000 rules (each would compile to megabytes): refused before any compiles.
     let many: String = (0..3000)
-        .map(|i| rule(&format!("r{i}"), &format!(r"w{i}\w{{1,200}}[a-z]{{1,100}}"), "x"))
+        .map(|i| {
+            rule(
+                &format!("r{i}"),
+                &format!(r"w{i}\w{{1,200}}[a-z]{{1,100}}"),
+                "x",
+            )
+        })
         .collect();
     write(many, "a horse");
     let start = std::time::Instant::now();
@@ -1441,7 +1464,8 @@ fn rule_packs_are_bounded_checked_and_meaningful() {
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(
         r.stderr.contains(&pack.display().to_string())
-            && r.stderr.contains("does not match its example \"Sure, here it is.\""),
+            && r.stderr
+                .contains("does not match its example \"Sure, here it is.\""),
         "{}",
         r.stderr
     );
