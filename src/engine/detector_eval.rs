@@ -213,7 +213,7 @@ pub fn check_label_file(path: &Path, memory_limit: usize) -> Result<()> {
             0,
             None,
             format!(
-                "{what}, more than a quarter of --memory-limit {} MiB holds (the labels are held in memory); raise --memory-limit",
+                "{what}, more than a quarter of the {} MiB memory limit (the labels are held in memory; `detectors eval --memory-limit` raises it)",
                 memory_limit >> 20
             ),
         )

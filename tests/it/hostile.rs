@@ -1539,7 +1539,7 @@ fn wide_or_large_labelled_files_are_refused_by_shape() {
     let r = eval(&labels, &["--memory-limit", "1"]);
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(
-        r.stderr.contains("refusal.jsonl") && r.stderr.contains("--memory-limit 1 MiB"),
+        r.stderr.contains("refusal.jsonl") && r.stderr.contains("the 1 MiB memory limit"),
         "{}",
         r.stderr
     );
