@@ -394,3 +394,74 @@ pub fn retype(batch: &RecordBatch, schema: &SchemaRef) -> datafusion::error::Res
         &datafusion::arrow::array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
     )?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::builder::StringViewBuilder;
+
+    /// `rows` rows of one `len`-byte value, as views into one buffer (a dictionary page).
+    fn views(rows: usize, len: usize) -> RecordBatch {
+        let mut b = StringViewBuilder::new();
+        let block = b.append_block(vec![b'a'; len].into());
+        for _ in 0..rows {
+            b.try_append_view(block, 0, len as u32).unwrap();
+        }
+        let schema = Schema::new(vec![Field::new("t", DataType::Utf8View, false)]);
+        RecordBatch::try_new(Arc::new(schema), vec![Arc::new(b.finish())]).unwrap()
+    }
+
+    fn guard(limit: u64) -> FileGuard {
+        let limits = ParquetLimits {
+            max_decoded_bytes: limit,
+            max_columns: 8,
+        };
+        FileGuard::new(Path::new("/r/run-7/case_results.parquet"), limits)
+    }
+
+    #[test]
+    fn batches_are_cut_by_decoded_bytes_and_cast_one_piece_at_a_time() {
+        // 1,000 rows of 1 MiB: 1 MiB of memory as views, 1,000 MiB decoded
+        let batch = views(1000, 1 << 20);
+        let g = guard(u64::MAX);
+        let pieces = g.pieces(&batch).unwrap();
+        assert_eq!(
+            pieces.len(),
+            8,
+            "127 rows of 1 MiB (and their views) per piece"
+        );
+        assert_eq!(
+            pieces.iter().map(RecordBatch::num_rows).sum::<usize>(),
+            1000
+        );
+        assert!(
+            pieces
+                .iter()
+                .all(|p| row_bytes(p).iter().sum::<u64>() <= BATCH_BYTES)
+        );
+        let utf8 = Arc::new(Schema::new(vec![Field::new("t", DataType::Utf8, false)]));
+        let first = retype(&pieces[0], &utf8).unwrap();
+        assert_eq!(first.column(0).data_type(), &DataType::Utf8);
+        // a row larger than a piece stays whole
+        assert_eq!(
+            guard(u64::MAX).pieces(&views(2, 200 << 20)).unwrap().len(),
+            2
+        );
+    }
+
+    #[test]
+    fn a_file_past_its_limit_is_an_error_naming_the_run_and_the_file() {
+        let g = guard(100 << 20);
+        g.pieces(&views(50, 1 << 20)).unwrap();
+        let e = g.pieces(&views(51, 1 << 20)).unwrap_err().to_string();
+        assert!(
+            e.contains("run run-7: /r/run-7/case_results.parquet")
+                && e.contains("decodes to more than 100.0 MiB"),
+            "{e}"
+        );
+        assert_eq!(
+            run_of(Path::new("/r/run-7/controls/controls.parquet")),
+            "run-7"
+        );
+    }
+}
