@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::cli::judge::{JudgeSource, pct};
 use crate::cli::output;
-use crate::engine::detector_eval::{Detector, Evaluation, Mapping, evaluate, load_labels};
+use crate::engine::detector_eval::{Detector, Evaluation, Mapping, evaluate, load_labels_within};
 use crate::error::Result;
 
 #[derive(Debug, clap::Subcommand)]
@@ -44,6 +44,11 @@ pub struct EvalArgs {
     output: Option<PathBuf>,
     #[arg(long)]
     json: bool,
+    /// Memory the evaluation may hold, in MiB: the labelled file is read whole, so it
+    /// may be at most a quarter of this (and 1,024 columns, lines of 16 MiB); queries
+    /// beyond it fail with a clear error rather than exhaust the machine.
+    #[arg(long, default_value_t = 4096, value_name = "MIB")]
+    memory_limit: usize,
 }
 
 pub fn run(cmd: Command) -> Result<u8> {
@@ -57,6 +62,13 @@ fn run_eval(args: EvalArgs) -> Result<u8> {
         return Err(crate::error::Error::Usage(format!(
             "--threshold {}: a leakage score threshold is between 0 and 1",
             args.threshold
+        )));
+    }
+    if args.memory_limit == 0 || args.memory_limit > (1 << 30) {
+        return Err(crate::error::Error::Usage(format!(
+            "--memory-limit {}: give MiB from 1 to {}",
+            args.memory_limit,
+            1u64 << 30
         )));
     }
     let detector = Detector::parse(&args.detector, args.threshold)?;
@@ -95,7 +107,8 @@ fn run_eval(args: EvalArgs) -> Result<u8> {
         _ => None,
     };
     let eval: Evaluation = crate::engine::runtime()?.block_on(async {
-        let labels = load_labels(&args.labels, &mapping, &detector).await?;
+        let labels =
+            load_labels_within(&args.labels, &mapping, &detector, args.memory_limit << 20).await?;
         evaluate(&detector, &labels, judge, Some(&out)).await
     })?;
     if args.json {

@@ -107,6 +107,17 @@ impl RefusalDetector {
     pub fn from_toml(text: &str, origin: &str) -> Result<Self> {
         let mut pack: RefusalPack =
             toml::from_str(text).map_err(|e| Error::config(origin, e.to_string().trim_end()))?;
+        // bounded before anything compiles (src/detect/rules.rs)
+        let rules: Vec<&Rule> = pack
+            .refusal
+            .iter()
+            .chain(&pack.deflection)
+            .chain(&pack.compliance)
+            .collect();
+        let size_limit = super::rules::check_patterns(
+            origin,
+            rules.iter().map(|r| (r.id.as_str(), r.pattern.as_str())),
+        )?;
         for r in pack
             .refusal
             .iter_mut()
@@ -115,18 +126,16 @@ impl RefusalDetector {
         {
             r.pattern = super::rules::ascii_word_boundaries(&r.pattern);
         }
+        let mut each = Vec::new();
         for r in pack
             .refusal
             .iter()
             .chain(&pack.deflection)
             .chain(&pack.compliance)
         {
-            Regex::new(&r.pattern).map_err(|e| {
-                Error::config(
-                    origin,
-                    format!("rule {}: pattern does not compile: {e}", r.id),
-                )
-            })?;
+            each.push(super::rules::compile_rule(
+                origin, &r.id, &r.pattern, size_limit,
+            )?);
         }
         let build = |rules: &[Rule]| {
             regex::RegexBuilder::new(&alternation(rules))
@@ -134,7 +143,7 @@ impl RefusalDetector {
                 .build()
                 .map_err(|e| Error::config(origin, format!("rules do not compile together: {e}")))
         };
-        Ok(Self {
+        let detector = Self {
             version: pack.version.clone(),
             window: pack.window,
             deflection_window: pack.deflection_window,
@@ -145,7 +154,81 @@ impl RefusalDetector {
                 Some(build(&pack.deflection)?)
             },
             compliance: build(&pack.compliance)?,
-        })
+        };
+        detector.check_examples(&pack, &each, origin)?;
+        Ok(detector)
+    }
+
+    /// The pack's examples, checked for the shipped pack and a `--rules` pack alike: each
+    /// rule matches its examples (folded), a refusal rule's examples are not compliance,
+    /// a deflection rule's are deflections, the pack's `not_refusals` are compliance and
+    /// its `deflections` deflections. `each` is every rule compiled, in pack order.
+    fn check_examples(&self, pack: &RefusalPack, each: &[Regex], origin: &str) -> Result<()> {
+        use super::fold::fold;
+        let fail = |what: String| Err(Error::config(origin, what));
+        let ex = |t: &str| crate::text::excerpt(t, 80);
+        let rules = pack
+            .refusal
+            .iter()
+            .chain(&pack.deflection)
+            .chain(&pack.compliance);
+        for (r, re) in rules.zip(each) {
+            if r.examples.is_empty() {
+                return fail(format!(
+                    "rule {}: no examples (each rule lists texts it must match)",
+                    r.id
+                ));
+            }
+            for e in &r.examples {
+                if !re.is_match(&fold(e)) {
+                    return fail(format!(
+                        "rule {}: does not match its example {:?}",
+                        r.id,
+                        ex(e)
+                    ));
+                }
+            }
+        }
+        for r in &pack.refusal {
+            for e in &r.examples {
+                if !self.is_refusal_folded(&fold(e)) {
+                    return fail(format!(
+                        "rule {}: its example {:?} is not classed a refusal",
+                        r.id,
+                        ex(e)
+                    ));
+                }
+            }
+        }
+        for r in &pack.deflection {
+            for e in &r.examples {
+                let class = self.classify_folded(&fold(e));
+                if class != ResponseClass::Deflection {
+                    return fail(format!(
+                        "rule {}: its example {:?} is classed {}, not deflection",
+                        r.id,
+                        ex(e),
+                        class.as_str()
+                    ));
+                }
+            }
+        }
+        for e in &pack.pack.not_refusals {
+            if self.is_refusal_folded(&fold(e)) {
+                return fail(format!("not_refusals: {:?} is taken for a refusal", ex(e)));
+            }
+        }
+        for e in &pack.pack.deflections {
+            let class = self.classify_folded(&fold(e));
+            if class != ResponseClass::Deflection {
+                return fail(format!(
+                    "deflections: {:?} is classed {}, not deflection",
+                    ex(e),
+                    class.as_str()
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The shipped pack, compiled once per process.

@@ -57,6 +57,8 @@ pub struct Span {
 pub struct RulePack {
     pub version: String,
     pub rules: Vec<RuleSpec>,
+    /// Texts no rule may fire on (the pack's `clean`).
+    pub clean: Vec<String>,
     folded: RegexSet,
     folded_rules: Vec<usize>,
     raw: RegexSet,
@@ -64,10 +66,107 @@ pub struct RulePack {
     each: Vec<Regex>,
 }
 
+/// Rules in one pack at most (the shipped packs hold 22 and 29).
+pub const MAX_RULES: usize = 1024;
+/// One pattern's text at most.
+pub const MAX_PATTERN_BYTES: usize = 64 << 10;
+/// All of a pack's patterns at most.
+pub const MAX_PACK_PATTERN_BYTES: usize = 1 << 20;
+/// What a pack's rules may take once compiled, all together: each rule may use its share
+/// (at most regex's default of 10 MiB), so a pack of many rules compiles each smaller.
+pub const COMPILED_BUDGET: usize = 256 << 20;
+
+/// Check a pack's rules before any is compiled: at most [`MAX_RULES`], patterns within
+/// [`MAX_PATTERN_BYTES`] each and [`MAX_PACK_PATTERN_BYTES`] together, none able to match
+/// the empty string (such a rule fires on every text, means nothing, and makes scoring
+/// look for a match at every position). `rules` are (id, pattern). Returns the compiled
+/// size each rule may take.
+pub(crate) fn check_patterns<'a>(
+    origin: &str,
+    rules: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
+) -> Result<usize> {
+    let n = rules.len();
+    if n > MAX_RULES {
+        return Err(Error::config(
+            origin,
+            format!("{n} rules, more than the {MAX_RULES} a pack may hold"),
+        ));
+    }
+    let mut total = 0usize;
+    for (id, pattern) in rules {
+        let id = crate::text::excerpt(id, 60);
+        if pattern.len() > MAX_PATTERN_BYTES {
+            return Err(Error::config(
+                origin,
+                format!(
+                    "rule {id}: a pattern of {} bytes, more than {MAX_PATTERN_BYTES}",
+                    pattern.len()
+                ),
+            ));
+        }
+        total += pattern.len();
+        if total > MAX_PACK_PATTERN_BYTES {
+            return Err(Error::config(
+                origin,
+                format!("patterns of more than {MAX_PACK_PATTERN_BYTES} bytes in all"),
+            ));
+        }
+        let hir = regex_syntax::Parser::new().parse(pattern).map_err(|e| {
+            Error::config(origin, format!("rule {id}: pattern does not compile: {e}"))
+        })?;
+        if hir.properties().minimum_len() == Some(0) {
+            return Err(Error::config(
+                origin,
+                format!(
+                    "rule {id}: the pattern can match the empty string, so it fires on every text \
+                     (and makes scoring slow); a rule must match at least one character"
+                ),
+            ));
+        }
+    }
+    Ok((COMPILED_BUDGET / n.max(1)).min(10 << 20))
+}
+
+/// One rule's pattern compiled within `size_limit` bytes (from [`check_patterns`]).
+pub(crate) fn compile_rule(
+    origin: &str,
+    id: &str,
+    pattern: &str,
+    size_limit: usize,
+) -> Result<Regex> {
+    regex::RegexBuilder::new(pattern)
+        .size_limit(size_limit)
+        .build()
+        .map_err(|e| {
+            Error::config(
+                origin,
+                format!(
+                    "rule {}: pattern does not compile: {e}",
+                    crate::text::excerpt(id, 60)
+                ),
+            )
+        })
+}
+
 impl RulePack {
+    /// Parse, bound, compile and check a pack; `origin` names it in errors. Every rule
+    /// must fire on each of its examples and no rule on the pack's clean texts: the
+    /// shipped pack and a `--rules` pack are checked alike, here.
     pub fn from_toml(text: &str, origin: &str) -> Result<Self> {
+        let pack = Self::compile(text, origin)?;
+        pack.check_examples(origin)?;
+        Ok(pack)
+    }
+
+    fn compile(text: &str, origin: &str) -> Result<Self> {
         let mut file: InjectionPackFile =
             toml::from_str(text).map_err(|e| Error::config(origin, e.to_string().trim_end()))?;
+        let size_limit = check_patterns(
+            origin,
+            file.rule
+                .iter()
+                .map(|r| (r.id.as_str(), r.pattern.as_str())),
+        )?;
         for r in &mut file.rule {
             r.pattern = ascii_word_boundaries(&r.pattern);
         }
@@ -79,12 +178,7 @@ impl RulePack {
                     format!("rule {}: unknown severity {:?}", r.id, r.severity),
                 ));
             }
-            each.push(Regex::new(&r.pattern).map_err(|e| {
-                Error::config(
-                    origin,
-                    format!("rule {}: pattern does not compile: {e}", r.id),
-                )
-            })?);
+            each.push(compile_rule(origin, &r.id, &r.pattern, size_limit)?);
         }
         let set = |scope: Scope| -> Result<(RegexSet, Vec<usize>)> {
             let idx: Vec<usize> = (0..file.rule.len())
@@ -106,12 +200,59 @@ impl RulePack {
         Ok(Self {
             version: file.version,
             rules: file.rule,
+            clean: file.pack.clean,
             folded,
             folded_rules,
             raw,
             raw_rules,
             each,
         })
+    }
+
+    /// Every rule fires on each of its examples; no rule fires on a clean text.
+    fn check_examples(&self, origin: &str) -> Result<()> {
+        let mut hits = Vec::new();
+        let mut fired = |text: &str| {
+            self.hits(text, &super::fold::fold(text), &mut hits);
+            hits.clone()
+        };
+        for (i, r) in self.rules.iter().enumerate() {
+            if r.examples.is_empty() {
+                return Err(Error::config(
+                    origin,
+                    format!(
+                        "rule {}: no examples (each rule lists texts it must fire on)",
+                        r.id
+                    ),
+                ));
+            }
+            for ex in &r.examples {
+                if !fired(ex).contains(&i) {
+                    return Err(Error::config(
+                        origin,
+                        format!(
+                            "rule {}: does not fire on its example {:?}",
+                            r.id,
+                            crate::text::excerpt(ex, 80)
+                        ),
+                    ));
+                }
+            }
+        }
+        for clean in &self.clean {
+            let got = fired(clean);
+            if let Some(&i) = got.first() {
+                return Err(Error::config(
+                    origin,
+                    format!(
+                        "rule {} fires on the clean text {:?}",
+                        self.rules[i].id,
+                        crate::text::excerpt(clean, 80)
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     pub fn default_pack() -> &'static RulePack {

@@ -134,10 +134,14 @@ pub struct Labels {
 }
 
 /// Read a labelled file into the normalized table. A row without a question, a
-/// response or a readable label is an error naming the file, the row and the field.
+/// response or a readable label is an error naming the file, the row and the field. The
+/// file's shape is checked first, as `detectors eval` checks it, under pieval's default
+/// memory limit ([`super::detector_eval::check_label_file`]).
 pub async fn load_labels(path: &Path, mapping: &Mapping) -> Result<Labels> {
+    let limit = crate::engine::DEFAULT_MEMORY_LIMIT;
+    super::detector_eval::check_label_file(path, limit)?;
     let sha256 = crate::digest::sha256_file(path)?;
-    let ctx = crate::engine::session();
+    let ctx = crate::engine::session_with_memory_limit(limit)?;
     crate::engine::catalog::register_file(&ctx, "raw", path).await?;
     let batches = ctx.table("raw").await?.collect().await?;
     let schema = ctx.table("raw").await?.schema().as_arrow().clone();

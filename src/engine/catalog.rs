@@ -55,12 +55,17 @@ async fn register_runs_parquet(
     empty: SchemaRef,
     skipped: &mut Vec<String>,
     as_read: fn(DataFrame) -> Result<DataFrame>,
+    in_process: bool,
 ) -> Result<()> {
     let mut files: Vec<String> = Vec::new();
+    let mut paths: Vec<PathBuf> = Vec::new();
     for dir in runs {
         match crate::rundir::parquet_artifact(dir, file) {
             Ok(Some(p)) => match crate::rundir::table_path(&p) {
-                Ok(t) => files.push(t),
+                Ok(t) => {
+                    files.push(t);
+                    paths.push(p);
+                }
                 Err(e) => skipped.push(format!("{name}: left out {e}")),
             },
             Ok(None) => {}
@@ -79,9 +84,14 @@ async fn register_runs_parquet(
                 },
             ),
         )
+    } else if in_process {
+        // Read with the current schema (columns added since a run was written read as
+        // NULL), each file with bounded decoding, its errors naming the run.
+        ctx.read_table(Arc::new(
+            super::bounded::BoundedRunTable::try_new(ctx, empty, &paths).await?,
+        ))?
     } else {
-        // Read with the current schema: columns added since a run was written read as
-        // NULL.
+        // A cluster's executors read the files (checked above, footer and bounds).
         ctx.read_parquet(files, ParquetReadOptions::default().schema(&empty))
             .await?
     };
@@ -305,6 +315,8 @@ async fn register_tables(
     results: &Path,
     in_process: bool,
 ) -> Result<Vec<String>> {
+    // A limit that does not parse stops the command, rather than leaving every run out.
+    crate::rundir::bounds::ParquetLimits::from_env()?;
     let mut skipped = Vec::new();
     if in_process && corpus.exists() {
         ctx.register_table(
@@ -321,6 +333,7 @@ async fn register_tables(
         case_results_schema(),
         &mut skipped,
         crate::engine::case_results_as_read,
+        in_process,
     )
     .await?;
     // What queries/findings.sql reads while scoring (the scored stream: case_results and
@@ -337,6 +350,7 @@ async fn register_tables(
         findings_schema(),
         &mut skipped,
         Ok,
+        in_process,
     )
     .await?;
     register_runs_parquet(
@@ -347,6 +361,7 @@ async fn register_tables(
         crate::contract::arrow::turns_schema(),
         &mut skipped,
         Ok,
+        in_process,
     )
     .await?;
     register_runs_parquet(
@@ -357,6 +372,7 @@ async fn register_tables(
         crate::contract::arrow::controls_schema(),
         &mut skipped,
         Ok,
+        in_process,
     )
     .await?;
     if in_process {

@@ -189,14 +189,148 @@ pub struct Labels {
     pub path: PathBuf,
     pub sha256: String,
     pub batch: RecordBatch,
+    /// The memory the evaluation's session may hold (`--memory-limit`), in bytes.
+    pub memory_limit: usize,
+}
+
+/// Columns a labelled file may have at most (its fields are 11; the reader prepares a
+/// buffer per column and batch, so 50,000 columns cost gigabytes).
+pub const MAX_LABEL_COLUMNS: usize = 1024;
+/// A line of a labelled CSV or JSONL file at most.
+pub const MAX_LABEL_LINE_BYTES: u64 = 16 << 20;
+
+/// Check a labelled file's shape before a reader sees it, reading it once as bytes: at
+/// most [`MAX_LABEL_COLUMNS`] columns (a CSV header, the keys of a JSONL file's first
+/// 1,000 lines, a Parquet footer), lines of at most [`MAX_LABEL_LINE_BYTES`], and small
+/// enough for the rows held in memory (a quarter of `memory_limit`: the file is read
+/// whole, then normalized and scored). Errors name the file.
+pub fn check_label_file(path: &Path, memory_limit: usize) -> Result<()> {
+    use std::io::{BufRead, BufReader};
+    let budget = (memory_limit / 4) as u64;
+    let too_big = |what: String| {
+        Error::input(
+            path,
+            0,
+            None,
+            format!(
+                "{what}, more than a quarter of the {} MiB memory limit (the labels are held in memory; `detectors eval --memory-limit` raises it)",
+                memory_limit >> 20
+            ),
+        )
+    };
+    let ext = path
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    if ext == "parquet" {
+        let limits = crate::rundir::bounds::ParquetLimits {
+            max_decoded_bytes: budget,
+            max_columns: MAX_LABEL_COLUMNS,
+        };
+        crate::rundir::bounds::check_parquet(path, &limits)?;
+        return Ok(());
+    }
+    let file = crate::files::open_input(path, "cannot open")?;
+    let len = file
+        .metadata()
+        .map_err(|e| Error::io(path, "cannot read", e))?
+        .len();
+    if len > budget {
+        return Err(too_big(format!(
+            "{} of labels",
+            crate::rundir::bounds::human(len)
+        )));
+    }
+    let csv = ext == "csv";
+    let mut reader = BufReader::with_capacity(1 << 16, file);
+    // the first record (CSV header) or the first 1,000 lines (JSONL keys)
+    let mut line: Vec<u8> = Vec::new();
+    let (mut line_no, mut width) = (1u64, 0u64);
+    let mut keys: HashSet<String> = HashSet::new();
+    let mut columns = 1usize;
+    let mut in_quotes = false;
+    let mut header_done = !csv;
+    loop {
+        let buf = reader
+            .fill_buf()
+            .map_err(|e| Error::io(path, "cannot read", e))?;
+        if buf.is_empty() {
+            break;
+        }
+        let n = buf.len();
+        for &b in buf {
+            if csv && !header_done {
+                match b {
+                    b'"' => in_quotes = !in_quotes,
+                    b',' if !in_quotes => columns += 1,
+                    b'\n' if !in_quotes => header_done = true,
+                    _ => {}
+                }
+                if columns > MAX_LABEL_COLUMNS {
+                    return Err(Error::input(
+                        path,
+                        1,
+                        None,
+                        format!("more than {MAX_LABEL_COLUMNS} columns in the header"),
+                    ));
+                }
+            }
+            if b == b'\n' {
+                if !csv && line_no <= 1000 {
+                    if let Ok(serde_json::Value::Object(m)) = serde_json::from_slice(&line) {
+                        keys.extend(m.into_iter().map(|(k, _)| k));
+                    }
+                    line.clear();
+                    if keys.len() > MAX_LABEL_COLUMNS {
+                        return Err(Error::input(
+                            path,
+                            line_no,
+                            None,
+                            format!("more than {MAX_LABEL_COLUMNS} distinct fields"),
+                        ));
+                    }
+                }
+                line_no += 1;
+                width = 0;
+            } else {
+                width += 1;
+                if width > MAX_LABEL_LINE_BYTES {
+                    return Err(Error::input(
+                        path,
+                        line_no,
+                        None,
+                        format!("a line longer than {} MiB", MAX_LABEL_LINE_BYTES >> 20),
+                    ));
+                }
+                if !csv && line_no <= 1000 {
+                    line.push(b);
+                }
+            }
+        }
+        reader.consume(n);
+    }
+    Ok(())
 }
 
 /// Read a labelled file into the normalized table. A row without a response or a
 /// readable label, a duplicate id, or a row missing a field the detector needs is an
-/// error naming the file, the row and the field; nothing is skipped.
+/// error naming the file, the row and the field; nothing is skipped. Under pieval's
+/// default memory limit (4 GiB); [`load_labels_within`] takes another.
 pub async fn load_labels(path: &Path, mapping: &Mapping, detector: &Detector) -> Result<Labels> {
+    load_labels_within(path, mapping, detector, crate::engine::DEFAULT_MEMORY_LIMIT).await
+}
+
+/// [`load_labels`] with the file's shape checked against `memory_limit` bytes
+/// ([`check_label_file`]) and the reading session held to it.
+pub async fn load_labels_within(
+    path: &Path,
+    mapping: &Mapping,
+    detector: &Detector,
+    memory_limit: usize,
+) -> Result<Labels> {
+    check_label_file(path, memory_limit)?;
     let sha256 = crate::digest::sha256_file(path)?;
-    let ctx = crate::engine::session();
+    let ctx = crate::engine::session_with_memory_limit(memory_limit)?;
     // a file the reader cannot parse is named, with the reader's own location
     let unreadable = |e: datafusion::error::DataFusionError| {
         Error::input(path, 0, None, format!("not a readable table: {e}"))
@@ -319,6 +453,7 @@ pub async fn load_labels(path: &Path, mapping: &Mapping, detector: &Detector) ->
         path: path.to_path_buf(),
         sha256,
         batch: RecordBatch::try_new(labels_schema(), arrays)?,
+        memory_limit,
     })
 }
 
@@ -368,7 +503,7 @@ pub async fn evaluate(
     judge: Option<Arc<crate::judge::Judge>>,
     out: Option<&Path>,
 ) -> Result<Evaluation> {
-    let ctx = crate::engine::session();
+    let ctx = crate::engine::session_with_memory_limit(labels.memory_limit)?;
     if *detector == Detector::Judge && judge.is_none() {
         return Err(Error::Usage(
             "the judge detector needs a judge: --judge FILE or --config EXPERIMENT.yaml".into(),

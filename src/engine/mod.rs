@@ -5,6 +5,7 @@
 //! works from any folder); Rust code registers tables and runs it, and never builds SQL
 //! from user input.
 
+pub mod bounded;
 pub mod calibrate;
 pub mod catalog;
 pub mod detector_eval;
@@ -82,10 +83,22 @@ pub fn function_names() -> Vec<String> {
 /// `bytes` of memory (DataFusion's fair spill pool): beyond it a query fails with a
 /// resources-exhausted error instead of exhausting the machine.
 pub fn session_with_memory_limit(bytes: usize) -> Result<SessionContext> {
+    session_with_config_and_memory_limit(session_config(), bytes)
+}
+
+/// The memory limit of the commands that read received runs without a `--memory-limit`
+/// of their own (`report`, `export`): 4 GiB, `pieval sql`'s default.
+pub const DEFAULT_MEMORY_LIMIT: usize = 4096 << 20;
+
+/// [`session_with_memory_limit`] with another configuration.
+pub fn session_with_config_and_memory_limit(
+    config: SessionConfig,
+    bytes: usize,
+) -> Result<SessionContext> {
     let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
         .with_memory_limit(bytes, 1.0)
         .build_arc()?;
-    let ctx = SessionContext::new_with_config_rt(session_config(), runtime);
+    let ctx = SessionContext::new_with_config_rt(config, runtime);
     register_functions(&ctx);
     Ok(ctx)
 }
@@ -140,19 +153,15 @@ pub fn typed_column<T: datafusion::arrow::datatypes::ArrowPrimitiveType>(
 /// case_results schema: columns added since the file was written (the adaptive-attack
 /// fields, over_refused, response_class) read as NULL, and older runs' benign controls
 /// are read with today's meaning ([`case_results_as_read`]), so every query runs on
-/// older runs too.
+/// older runs too. Read with bounded decoding ([`bounded`]): errors name the file.
 pub async fn register_case_results(
     ctx: &datafusion::prelude::SessionContext,
     name: &str,
     path: &str,
 ) -> Result<()> {
     let schema = crate::contract::arrow::case_results_schema();
-    let df = ctx
-        .read_parquet(
-            path,
-            datafusion::prelude::ParquetReadOptions::default().schema(&schema),
-        )
-        .await?;
+    let table = bounded::BoundedRunTable::try_new(ctx, schema, &[path.into()]).await?;
+    let df = ctx.read_table(std::sync::Arc::new(table))?;
     ctx.register_table(name, case_results_as_read(df)?.into_view())?;
     Ok(())
 }

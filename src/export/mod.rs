@@ -25,7 +25,10 @@ use datafusion::arrow::array::{
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema, SchemaRef};
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
-use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use datafusion::parquet::arrow::arrow_reader::{
+    ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
+use datafusion::parquet::errors::ParquetError;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -137,29 +140,53 @@ impl Source {
     fn for_each(&self, f: &mut dyn FnMut(RecordBatch) -> Result<()>) -> Result<()> {
         match self {
             Source::Parquet(path) => {
+                // bounded decoding (src/engine/bounded.rs): the footer checked, text read
+                // as views, batches cut by decoded bytes, the file's total counted
+                let limits = crate::rundir::bounds::ParquetLimits::from_env()?;
+                crate::rundir::bounds::check_parquet(path, &limits)?;
                 let file = crate::files::open_regular(path, crate::files::Links::Refuse)?;
-                let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+                let unreadable = |e: ParquetError| {
+                    Error::config(path, format!("not a readable Parquet file: {e}"))
+                };
+                let schema = ParquetRecordBatchReaderBuilder::try_new(
+                    file.try_clone()
+                        .map_err(|e| Error::io(path, "cannot open", e))?,
+                )
+                .map_err(unreadable)?
+                .schema()
+                .clone();
+                let views = Arc::new(crate::engine::bounded::as_views(&schema));
+                let options = ArrowReaderOptions::new().with_schema(Arc::clone(&views));
+                let reader = ParquetRecordBatchReaderBuilder::try_new_with_options(file, options)
                     .and_then(|b| b.with_batch_size(8192).build())
-                    .map_err(|e| {
-                        Error::config(path, format!("not a readable Parquet file: {e}"))
-                    })?;
+                    .map_err(unreadable)?;
+                let guard = crate::engine::bounded::FileGuard::new(path, limits);
                 for batch in reader {
-                    f(batch?)?;
+                    let batch =
+                        batch.map_err(|e| {
+                            Error::from(guard.context(
+                                datafusion::error::DataFusionError::ArrowError(Box::new(e), None),
+                            ))
+                        })?;
+                    for piece in guard.pieces(&batch)? {
+                        f(crate::engine::bounded::retype(&piece, &schema)?)?;
+                    }
                 }
             }
             Source::CaseResults(path) => {
-                // the footer first, so a damaged file is named as Parquet files are
-                let file = crate::files::open_regular(path, crate::files::Links::Refuse)?;
-                ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| {
-                    Error::config(path, format!("not a readable Parquet file: {e}"))
-                })?;
+                // the footer first (and its bounds), so a damaged file or a bomb is named
+                crate::rundir::bounds::check_parquet(
+                    path,
+                    &crate::rundir::bounds::ParquetLimits::from_env()?,
+                )?;
                 let rt = crate::engine::runtime()?;
                 rt.block_on(async {
                     use futures::StreamExt;
                     // one partition: the rows keep the file's order, run after run
-                    let ctx = crate::engine::session_with(
+                    let ctx = crate::engine::session_with_config_and_memory_limit(
                         crate::engine::session_config().with_target_partitions(1),
-                    );
+                        crate::engine::DEFAULT_MEMORY_LIMIT,
+                    )?;
                     let table = crate::rundir::table_path(path)?;
                     crate::engine::register_case_results(&ctx, "case_results", &table).await?;
                     let mut stream = ctx
@@ -167,14 +194,12 @@ impl Source {
                         .await?
                         .execute_stream()
                         .await?;
-                    // under the schema schema() gives (the view's may differ in
-                    // nullability only)
+                    // under the schema schema() gives
                     let schema = crate::contract::arrow::case_results_schema();
                     while let Some(batch) = stream.next().await {
-                        f(RecordBatch::try_new(
-                            schema.clone(),
-                            batch?.columns().to_vec(),
-                        )?)?;
+                        // text read as views: cast back, piece by piece (each at most
+                        // the bounded reader's 128 MiB)
+                        f(crate::engine::bounded::retype(&batch?, &schema)?)?;
                     }
                     Ok::<_, Error>(())
                 })?;

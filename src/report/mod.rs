@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::datasource::MemTable;
-use datafusion::prelude::{ParquetReadOptions, SessionContext};
+use datafusion::prelude::SessionContext;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
@@ -71,7 +71,7 @@ async fn query(ctx: &SessionContext, q: Query) -> Result<Vec<Value>> {
 
 /// The session a run is reported from: its `case_results`, `findings` and `controls`.
 async fn run_session(dir: &Path) -> Result<SessionContext> {
-    let ctx = crate::engine::session();
+    let ctx = crate::engine::session_with_memory_limit(crate::engine::DEFAULT_MEMORY_LIMIT)?;
     let results = crate::rundir::parquet_artifact(dir, crate::rundir::CASE_RESULTS_PARQUET)?
         .ok_or_else(|| {
             Error::State(format!(
@@ -88,12 +88,14 @@ async fn run_session(dir: &Path) -> Result<SessionContext> {
     let controls = format!("{}/controls.parquet", crate::rundir::CONTROLS_DIR);
     match crate::rundir::parquet_artifact(dir, &controls)? {
         Some(p) => {
-            ctx.register_parquet(
-                "controls",
-                &crate::rundir::table_path(&p)?,
-                ParquetReadOptions::default(),
+            // bounded decoding, as case_results (src/engine/bounded.rs)
+            let table = crate::engine::bounded::BoundedRunTable::try_new(
+                &ctx,
+                crate::contract::arrow::controls_schema(),
+                &[p],
             )
-            .await?
+            .await?;
+            ctx.register_table("controls", Arc::new(table))?;
         }
         None => {
             let schema = crate::contract::arrow::controls_schema();
@@ -172,7 +174,7 @@ pub fn run_part(dir: &Path) -> Result<RunPart> {
 fn flips(a: &Path, b: &Path, limit: usize) -> Result<Vec<Value>> {
     let rt = crate::engine::runtime()?;
     rt.block_on(async {
-        let ctx = crate::engine::session();
+        let ctx = crate::engine::session_with_memory_limit(crate::engine::DEFAULT_MEMORY_LIMIT)?;
         for (name, dir) in [("a", a), ("b", b)] {
             let p = crate::rundir::parquet_artifact(dir, crate::rundir::CASE_RESULTS_PARQUET)?
                 .ok_or_else(|| {

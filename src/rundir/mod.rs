@@ -18,6 +18,7 @@
 //!
 //! The folder holding runs also holds `catalog.sqlite` (the run catalogue).
 
+pub mod bounds;
 pub mod checkpoint;
 pub mod manifest;
 
@@ -117,16 +118,15 @@ pub fn is_run_folder(dir: &Path) -> bool {
     std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir())
 }
 
-/// A run's Parquet artifact, checked readable (its footer and metadata parse) before a
-/// query scans it: a truncated file is an error naming it, not a panic mid-query.
+/// A run's Parquet artifact, checked readable (its footer and metadata parse, its chunks
+/// lie inside it) and within the decoding bounds ([`bounds::check_parquet`]) before a
+/// query scans it: a truncated file or a decompression bomb is an error naming it, not a
+/// panic or an abort mid-query.
 pub fn parquet_artifact(dir: &Path, name: &str) -> Result<Option<std::path::PathBuf>> {
     let Some(path) = artifact(dir, name)? else {
         return Ok(None);
     };
-    let file = crate::files::open_regular(&path, crate::files::Links::Refuse)?;
-    datafusion::parquet::file::metadata::ParquetMetaDataReader::new()
-        .parse_and_finish(&file)
-        .map_err(|e| Error::config(&path, format!("not a readable Parquet file: {e}")))?;
+    bounds::check_parquet(&path, &bounds::ParquetLimits::from_env()?)?;
     Ok(Some(path))
 }
 

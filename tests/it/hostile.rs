@@ -2166,3 +2166,456 @@ fn a_received_line_over_16_mib_is_a_clear_error() {
             .is_none_or(|t| t.len() < 1 << 20)
     }));
 }
+
+// Class 4, resource bombs (issue 27, item 7): a received Parquet file that decodes to far
+// more than it weighs, a rule pack too large to compile or that matches nothing in
+// particular, a labelled file too wide to read, a Parquet file whose pages are damaged
+// under an intact footer. Each is built here, in a temporary folder.
+
+use datafusion::arrow::array::{Array, RecordBatch, UInt32Array, builder::StringViewBuilder};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use datafusion::parquet::file::metadata::{ParquetMetaDataReader, ParquetMetaDataWriter};
+use std::sync::Arc;
+
+/// Rewrite a Parquet file's footer, its pages kept: `edit` may change each column chunk's
+/// metadata (what a hostile writer may declare).
+fn forge_footer(
+    path: &Path,
+    edit: impl Fn(
+        datafusion::parquet::file::metadata::ColumnChunkMetaData,
+    ) -> datafusion::parquet::file::metadata::ColumnChunkMetaData,
+) {
+    let bytes = std::fs::read(path).unwrap();
+    let footer = u32::from_le_bytes(bytes[bytes.len() - 8..bytes.len() - 4].try_into().unwrap());
+    let data_end = bytes.len() - 8 - footer as usize;
+    let meta = ParquetMetaDataReader::new()
+        .parse_and_finish(&std::fs::File::open(path).unwrap())
+        .unwrap();
+    let mut builder = meta.into_builder();
+    let groups = builder
+        .take_row_groups()
+        .into_iter()
+        .map(|rg| {
+            let columns = rg.columns().iter().cloned().map(&edit).collect();
+            rg.into_builder()
+                .set_column_metadata(columns)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let meta = builder.set_row_groups(groups).build();
+    let mut out = bytes[..data_end].to_vec();
+    ParquetMetaDataWriter::new(&mut out, &meta)
+        .finish()
+        .unwrap();
+    std::fs::write(path, out).unwrap();
+}
+
+/// A case_results.parquet of `rows` rows whose responses are one `value_bytes` value
+/// repeated (through a dictionary: the file stays small), built from a real run's rows.
+fn write_bomb(template: &Path, out: &Path, rows: usize, value_bytes: usize) {
+    let file = std::fs::File::open(template).unwrap();
+    let batch = ParquetRecordBatchReaderBuilder::try_new(file)
+        .unwrap()
+        .build()
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    let zeros = UInt32Array::from(vec![0u32; rows]);
+    let mut fields = Vec::new();
+    let mut columns = Vec::new();
+    for (f, c) in batch.schema().fields().iter().zip(batch.columns()) {
+        if f.name() == "response_text" {
+            let mut b = StringViewBuilder::new();
+            let block = b.append_block(vec![b'A'; value_bytes].into());
+            for _ in 0..rows {
+                b.try_append_view(block, 0, value_bytes as u32).unwrap();
+            }
+            fields.push(Field::new(f.name(), DataType::Utf8View, f.is_nullable()));
+            columns.push(Arc::new(b.finish()) as Arc<dyn Array>);
+        } else {
+            fields.push(f.as_ref().clone());
+            columns.push(datafusion::arrow::compute::take(c, &zeros, None).unwrap());
+        }
+    }
+    let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
+    let mut w =
+        ArrowWriter::try_new(std::fs::File::create(out).unwrap(), batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+/// A received case_results.parquet that decodes to far more than it weighs. The issue's
+/// shape (a small file declaring 103 GB of text) is refused from its footer alone, under
+/// the default limits: `sql` over every run leaves that run out with a warning naming it,
+/// `report` and `export` stop with an error naming the file. A bomb whose footer does not
+/// declare its text (scaled down: 128 KiB of file, 128 MiB of text, under a 32 MiB limit)
+/// is stopped while it decodes, the run and file named; under the default limit the same
+/// file is read whole, in bounded batches, and gives the right answer.
+#[test]
+fn decompression_bombs_in_run_tables_are_refused_with_the_run_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results");
+    let good = scored(&results, "good", &["PWNED", "no"]);
+    let bomb = scored(&results, "bomb", &["PWNED", "no", "x"]);
+    let parquet = bomb.join("case_results.parquet");
+    let template = dir.path().join("template.parquet");
+    std::fs::copy(good.join("case_results.parquet"), &template).unwrap();
+
+    // The issue's shape: the footer says 103 GB of response text.
+    write_bomb(&template, &parquet, 100_000, 16);
+    forge_footer(&parquet, |c| {
+        if c.column_path().string() == "response_text" {
+            c.into_builder()
+                .set_unencoded_byte_array_data_bytes(Some(103_000_000_000))
+                .build()
+                .unwrap()
+        } else {
+            c
+        }
+    });
+    let weight = std::fs::metadata(&parquet).unwrap().len();
+    assert!(weight < 1 << 20, "the bomb weighs {weight} bytes");
+    let start = std::time::Instant::now();
+    let sql = |query: &str, env: &[(&str, &str)]| {
+        run(pieval()
+            .args(["sql", "--format", "csv", "--results"])
+            .arg(&results)
+            .arg(query)
+            .envs(env.iter().copied()))
+    };
+    let r = sql("SELECT count(*) AS n FROM case_results", &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.stdout, "n\n2\n", "the bomb's run is left out");
+    assert!(
+        r.stderr.contains("warning: case_results: left out")
+            && r.stderr.contains(&parquet.display().to_string())
+            && r.stderr.contains("declares 9")
+            && r.stderr.contains("GiB of data once decoded")
+            && r.stderr.contains("PIEVAL_MAX_DECODED_BYTES"),
+        "{}",
+        r.stderr
+    );
+    let r = run(pieval().arg("report").arg(&bomb));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&parquet.display().to_string()) && r.stderr.contains("decoded"),
+        "{}",
+        r.stderr
+    );
+    let r = run(pieval()
+        .args(["export", "--to"])
+        .arg(dir.path().join("warehouse"))
+        .arg(&bomb));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&parquet.display().to_string()) && r.stderr.contains("decoded"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        start.elapsed().as_secs() < 60,
+        "refused from the footer, not decoded: {:?}",
+        start.elapsed()
+    );
+
+    // A bomb that does not declare its text: 1,024 rows of one 128 KiB value.
+    write_bomb(&template, &parquet, 1024, 128 << 10);
+    forge_footer(&parquet, |c| {
+        c.into_builder()
+            .set_unencoded_byte_array_data_bytes(None)
+            .build()
+            .unwrap()
+    });
+    let weight = std::fs::metadata(&parquet).unwrap().len();
+    assert!(weight < 512 << 10, "the bomb weighs {weight} bytes");
+    let total = "SELECT sum(length(response_text)) AS n FROM case_results";
+    let r = sql(total, &[("PIEVAL_MAX_DECODED_BYTES", "32M")]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("run bomb")
+            && r.stderr.contains(&parquet.display().to_string())
+            && r.stderr.contains("decodes to more than 32.0 MiB"),
+        "{}",
+        r.stderr
+    );
+    let r = run(pieval()
+        .arg("report")
+        .arg(&bomb)
+        .env("PIEVAL_MAX_DECODED_BYTES", "32M"));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&parquet.display().to_string()) && r.stderr.contains("32.0 MiB"),
+        "{}",
+        r.stderr
+    );
+    // Honest in size under the default limit: read whole, in bounded batches.
+    let r = sql(total, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.stdout,
+        format!("n\n{}\n", 1024 * (128 << 10) + "PWNEDno".len())
+    );
+    // A limit that does not parse is named.
+    let r = sql(total, &[("PIEVAL_MAX_DECODED_BYTES", "lots")]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("PIEVAL_MAX_DECODED_BYTES"),
+        "{}",
+        r.stderr
+    );
+}
+
+/// A Parquet file in a run folder whose footer is intact but whose pages, or page index,
+/// are damaged: a query over every run names the run and the file (a damaged page index,
+/// found from the footer, leaves the run out with a warning, as other corrupt runs are).
+#[test]
+fn damaged_pages_under_an_intact_footer_name_the_run_and_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results");
+    scored(&results, "good", &["PWNED", "no"]);
+    let bad = scored(&results, "bad", &["PWNED", "no", "x"]);
+    let parquet = bad.join("case_results.parquet");
+    let pristine = std::fs::read(&parquet).unwrap();
+    let meta = ParquetMetaDataReader::new()
+        .parse_and_finish(&std::fs::File::open(&parquet).unwrap())
+        .unwrap();
+    let query = "SELECT count(*) AS n, sum(length(response_text)) AS bytes FROM case_results";
+    let sql = || {
+        run(pieval()
+            .args(["sql", "--format", "csv", "--results"])
+            .arg(&results)
+            .arg(query))
+    };
+    // Garbage over the pages of every column chunk, the footer untouched.
+    let mut damaged = pristine.clone();
+    for c in meta.row_groups()[0].columns() {
+        let start = c.dictionary_page_offset().unwrap_or(c.data_page_offset()) as usize;
+        let len = c.compressed_size() as usize;
+        for b in &mut damaged[start..start + len] {
+            *b = 0xA5;
+        }
+    }
+    std::fs::write(&parquet, &damaged).unwrap();
+    let r = sql();
+    assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&parquet.display().to_string()) && r.stderr.contains("run bad"),
+        "the run and the file are named: {}",
+        r.stderr
+    );
+    assert!(r.code == 2 || r.stdout == "n,bytes\n2,7\n", "{}", r.stdout);
+
+    // The page index (what a query reads to find the pages) pointing past the pages: a
+    // page location out of place is how "Requested range was invalid" came, naming
+    // neither run nor file. The last column's first page location is rewritten in place:
+    // its offset, a zigzag varint (thrift compact: list header, then field 1, an i64),
+    // becomes the largest of its length, past every column's pages.
+    let c = meta.row_groups()[0]
+        .columns()
+        .iter()
+        .max_by_key(|c| c.data_page_offset())
+        .unwrap();
+    let (Some(start), Some(_)) = (c.offset_index_offset(), c.offset_index_length()) else {
+        panic!("pieval writes a page index");
+    };
+    let at = start as usize + 3;
+    let mut damaged = pristine.clone();
+    assert_eq!(
+        &damaged[at - 3..at],
+        &[0x19, 0x1C, 0x16],
+        "one page location"
+    );
+    let k = damaged[at..].iter().position(|b| b & 0x80 == 0).unwrap() + 1;
+    assert!(k >= 2, "an offset past the first 64 bytes");
+    for (i, b) in damaged[at..at + k].iter_mut().enumerate() {
+        *b = match i {
+            0 => 0xFE,
+            i if i + 1 == k => 0x7F,
+            _ => 0xFF,
+        };
+    }
+    let moved = ((1u64 << (7 * k)) - 2) / 2;
+    let pages_end = (c.data_page_offset() + c.compressed_size()) as u64;
+    assert!(moved > pages_end, "{moved} is past the pages ({pages_end})");
+    std::fs::write(&parquet, &damaged).unwrap();
+    let r = sql();
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.stdout, "n,bytes\n2,7\n", "the damaged run is left out");
+    assert!(
+        r.stderr.contains("warning: case_results: left out")
+            && r.stderr.contains(&parquet.display().to_string())
+            && r.stderr.contains("damaged"),
+        "{}",
+        r.stderr
+    );
+}
+
+/// A rule pack is bounded before any rule compiles (3,000 rules are refused at once, not
+/// compiled to gigabytes), a rule that can match the empty string is refused, and a
+/// `--rules` pack's examples are checked as the shipped packs' are: a rule that misses its
+/// example, or fires on a clean text, is an error naming the pack file.
+#[test]
+fn rule_packs_are_bounded_checked_and_meaningful() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules");
+    std::fs::create_dir(&rules).unwrap();
+    let pack = rules.join("injection.toml");
+    let rule = |id: &str, pattern: &str, example: &str| {
+        format!(
+            "[[rule]]\nid = \"{id}\"\nseverity = \"low\"\nscope = \"folded\"\ndescription = \"d\"\npattern = '''{pattern}'''\nexamples = [\"{example}\"]\n\n"
+        )
+    };
+    let write = |rules_text: String, clean: &str| {
+        std::fs::write(
+            &pack,
+            format!("version = \"1\"\n\n{rules_text}[pack]\nclean = [\"{clean}\"]\n"),
+        )
+        .unwrap();
+    };
+    let query = |q: &str| {
+        run(pieval().arg("--rules").arg(&rules).args([
+            "sql",
+            "--results",
+            "/nonexistent",
+            "--format",
+            "json",
+            q,
+        ]))
+    };
+    let check = |want: &str| {
+        let r = query("SELECT 1");
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        assert!(
+            r.stderr.contains(&pack.display().to_string()) && r.stderr.contains(want),
+            "{want}: {}",
+            r.stderr
+        );
+        assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+    };
+    // A pack of one's own works.
+    write(rule("zebra", r"\bzebra\b", "a zebra"), "a horse");
+    let r = query("SELECT pi_rule_hits('Look, a zebra crossing') AS hits");
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("zebra"), "{}", r.stdout);
+    // 3,000 rules (each would compile to megabytes): refused before any compiles.
+    let many: String = (0..3000)
+        .map(|i| {
+            rule(
+                &format!("r{i}"),
+                &format!(r"w{i}\w{{1,200}}[a-z]{{1,100}}"),
+                "x",
+            )
+        })
+        .collect();
+    write(many, "a horse");
+    let start = std::time::Instant::now();
+    check("3000 rules, more than the 1024");
+    assert!(start.elapsed().as_secs() < 20, "{:?}", start.elapsed());
+    // A rule that matches the empty string fires everywhere: refused.
+    for pattern in [r"(?:zebra)?", r"\b", r"x*|zebra", "(?m)^"] {
+        write(rule("empty", pattern, "a zebra"), "a horse");
+        check("rule empty: the pattern can match the empty string");
+    }
+    // Examples are checked: a rule that misses its own, a clean text that fires.
+    write(rule("zebra", r"\bzebra\b", "a giraffe"), "a horse");
+    check("rule zebra: does not fire on its example \"a giraffe\"");
+    write(rule("zebra", r"\bzebra\b", "a zebra"), "a zebra crossing");
+    check("rule zebra fires on the clean text");
+    // The refusal pack too: the shipped one with one example broken.
+    std::fs::remove_file(&pack).unwrap();
+    let refusal = std::fs::read_to_string(repo("data/rules/refusal.toml")).unwrap();
+    let broken = refusal.replacen("\"I can't help with that.\"", "\"Sure, here it is.\"", 1);
+    assert_ne!(broken, refusal);
+    let pack = rules.join("refusal.toml");
+    std::fs::write(&pack, broken).unwrap();
+    let r = query("SELECT 1");
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&pack.display().to_string())
+            && r.stderr
+                .contains("does not match its example \"Sure, here it is.\""),
+        "{}",
+        r.stderr
+    );
+}
+
+/// `detectors eval` on a labelled CSV of 50,000 columns (6.5 GB before) is refused from
+/// its header, naming the file; so is a line over 16 MiB, and a file larger than a
+/// quarter of `--memory-limit` (it is held in memory).
+#[test]
+fn wide_or_large_labelled_files_are_refused_by_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let eval = |labels: &Path, extra: &[&str]| {
+        run(pieval()
+            .args(["detectors", "eval", "--detector", "refusal", "--output"])
+            .arg(dir.path().join("out"))
+            .arg("--labels")
+            .arg(labels)
+            .args(extra))
+    };
+    let wide = dir.path().join("wide.csv");
+    let header: Vec<String> = ["response".to_owned(), "label".to_owned()]
+        .into_iter()
+        .chain((2..50_000).map(|i| format!("c{i}")))
+        .collect();
+    let row: Vec<&str> = ["I can't help with that.", "true"]
+        .into_iter()
+        .chain(std::iter::repeat_n("", 49_998))
+        .collect();
+    std::fs::write(&wide, format!("{}\n{}\n", header.join(","), row.join(","))).unwrap();
+    let start = std::time::Instant::now();
+    let r = eval(&wide, &[]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&wide.display().to_string())
+            && r.stderr.contains("more than 1024 columns"),
+        "{}",
+        r.stderr
+    );
+    assert!(start.elapsed().as_secs() < 20, "{:?}", start.elapsed());
+    // A JSONL file whose objects hold 50,000 keys.
+    let keys = dir.path().join("wide.jsonl");
+    let mut obj = serde_json::Map::new();
+    obj.insert("response".into(), json!("no"));
+    obj.insert("label".into(), json!(true));
+    for i in 0..50_000 {
+        obj.insert(format!("k{i}"), json!(1));
+    }
+    std::fs::write(&keys, format!("{}\n", Value::Object(obj))).unwrap();
+    let r = eval(&keys, &[]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&keys.display().to_string())
+            && r.stderr.contains("more than 1024 distinct fields"),
+        "{}",
+        r.stderr
+    );
+    // A line over 16 MiB.
+    let long = dir.path().join("long.csv");
+    let text = format!("response,label\n\"{}\",true\n", "a".repeat(17 << 20));
+    std::fs::write(&long, text).unwrap();
+    let r = eval(&long, &[]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&long.display().to_string())
+            && r.stderr.contains("a line longer than 16 MiB"),
+        "{}",
+        r.stderr
+    );
+    // The shipped labels are more than a quarter of 1 MiB.
+    let labels = repo("data/labels/refusal.jsonl");
+    let r = eval(&labels, &["--memory-limit", "1"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("refusal.jsonl") && r.stderr.contains("the 1 MiB memory limit"),
+        "{}",
+        r.stderr
+    );
+    let r = eval(&labels, &["--memory-limit", "0"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("--memory-limit"), "{}", r.stderr);
+}

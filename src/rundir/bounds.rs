@@ -1,0 +1,278 @@
+//! Bounds on what a received run table may make pieval decode. A run folder may come from
+//! someone else, and a Parquet file is compressed: a 119 KB `case_results.parquet` can
+//! declare a million-to-one expansion (one long value repeated through a dictionary, or a
+//! run-length-encoded column of billions of rows). Before any query reads a run's Parquet
+//! file, its footer is checked here against [`ParquetLimits`] — only the footer is read,
+//! nothing is decoded — and a file that declares more is an error naming it, so a query
+//! over every run leaves that run out with a warning (src/engine/catalog.rs), and
+//! `report` / `export` of it stop with the error. What the footer does not declare (a
+//! writer need not record the decoded size of text columns) is bounded again while the
+//! file is read (src/engine/bounded.rs): batches cut to [`BATCH_BYTES`] of decoded data,
+//! the file's decoded bytes counted against the same limit.
+
+use std::path::Path;
+
+use datafusion::parquet::basic::Type as PhysicalType;
+use datafusion::parquet::file::metadata::ParquetMetaData;
+
+use crate::error::{Error, Result};
+
+/// The variable that sets [`ParquetLimits::max_decoded_bytes`].
+pub const MAX_DECODED_ENV: &str = "PIEVAL_MAX_DECODED_BYTES";
+/// The variable that sets [`ParquetLimits::max_columns`].
+pub const MAX_COLUMNS_ENV: &str = "PIEVAL_MAX_PARQUET_COLUMNS";
+
+/// Default decoded bytes of one run file: 32 GiB (an honest run of a million cases with
+/// 8 KB responses decodes to about 10 GB).
+pub const DEFAULT_MAX_DECODED_BYTES: u64 = 32 << 30;
+/// Default columns (leaves) of one run file: pieval's widest table has 45.
+pub const DEFAULT_MAX_COLUMNS: usize = 1024;
+/// Row groups of one run file at most (pieval writes one per 1M rows or so).
+pub const MAX_ROW_GROUPS: usize = 1 << 16;
+/// The footer (the file metadata) at most: 64 MiB.
+pub const MAX_FOOTER_BYTES: u64 = 64 << 20;
+/// Decoded bytes of one batch handed to a query at most (a batch of 8,192 rows of 1 MiB
+/// responses is cut into 64 pieces): memory follows this, not the file's declared sizes.
+pub const BATCH_BYTES: u64 = 128 << 20;
+
+/// The limits in effect (the environment variables, or the defaults).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParquetLimits {
+    pub max_decoded_bytes: u64,
+    pub max_columns: usize,
+}
+
+impl ParquetLimits {
+    /// From `PIEVAL_MAX_DECODED_BYTES` (bytes, or with a K, M, G or T suffix: binary
+    /// units) and `PIEVAL_MAX_PARQUET_COLUMNS`; a value that does not parse is an error.
+    pub fn from_env() -> Result<Self> {
+        let max_decoded_bytes = match std::env::var(MAX_DECODED_ENV) {
+            Ok(v) => parse_bytes(&v).ok_or_else(|| {
+                Error::Usage(format!(
+                    "{MAX_DECODED_ENV}={:?}: give bytes, e.g. 68719476736 or 64G",
+                    crate::text::excerpt(&v, 40)
+                ))
+            })?,
+            Err(_) => DEFAULT_MAX_DECODED_BYTES,
+        };
+        let max_columns = match std::env::var(MAX_COLUMNS_ENV) {
+            Ok(v) => v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=1 << 20).contains(n))
+                .ok_or_else(|| {
+                    Error::Usage(format!(
+                        "{MAX_COLUMNS_ENV}={:?}: give a number of columns from 1 to 1048576",
+                        crate::text::excerpt(&v, 40)
+                    ))
+                })?,
+            Err(_) => DEFAULT_MAX_COLUMNS,
+        };
+        Ok(Self {
+            max_decoded_bytes,
+            max_columns,
+        })
+    }
+}
+
+/// `123`, `64K`, `512M`, `32G`, `1T` (binary units; `KiB`, `MiB` … and `B` accepted too).
+pub fn parse_bytes(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let digits = t.bytes().take_while(u8::is_ascii_digit).count();
+    let (num, unit) = t.split_at(digits);
+    let n: u64 = num.parse().ok()?;
+    let shift = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        _ => return None,
+    };
+    n.checked_mul(1u64 << shift).filter(|n| *n > 0)
+}
+
+/// Human bytes for messages: `103.0 GiB`.
+pub fn human(bytes: u64) -> String {
+    let b = bytes as f64;
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.1} GiB", b / (1u64 << 30) as f64)
+    } else if b >= (1u64 << 20) as f64 {
+        format!("{:.1} MiB", b / (1u64 << 20) as f64)
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
+/// Read and check a Parquet file's footer: it parses, it is at most [`MAX_FOOTER_BYTES`],
+/// every column chunk and page index lies inside the file, and the columns, row groups
+/// and decoded bytes it declares are within `limits`. Only the footer is read.
+pub fn check_parquet(path: &Path, limits: &ParquetLimits) -> Result<ParquetMetaData> {
+    use std::io::{Read, Seek, SeekFrom};
+    let bad = |m: String| Error::config(path, m);
+    // A run folder's file: regular, never through a link (src/files.rs).
+    let mut file = crate::files::open_regular(path, crate::files::Links::Refuse)?;
+    let len = file
+        .metadata()
+        .map_err(|e| Error::io(path, "cannot read", e))?
+        .len();
+    if len < 12 {
+        return Err(bad(
+            "not a readable Parquet file: shorter than a footer".into()
+        ));
+    }
+    let mut tail = [0u8; 8];
+    file.seek(SeekFrom::End(-8))
+        .and_then(|_| file.read_exact(&mut tail))
+        .map_err(|e| Error::io(path, "cannot read", e))?;
+    let footer = u32::from_le_bytes(tail[..4].try_into().expect("4 bytes")) as u64;
+    if footer > MAX_FOOTER_BYTES {
+        return Err(bad(format!(
+            "not a readable Parquet file: a footer of {} (at most {})",
+            human(footer),
+            human(MAX_FOOTER_BYTES)
+        )));
+    }
+    let meta = datafusion::parquet::file::metadata::ParquetMetaDataReader::new()
+        .parse_and_finish(&file)
+        .map_err(|e| bad(format!("not a readable Parquet file: {e}")))?;
+    // The data region: after the leading magic, before the footer.
+    let data_end = len.saturating_sub(8 + footer);
+    let columns = meta.file_metadata().schema_descr().num_columns();
+    if columns > limits.max_columns {
+        return Err(bad(format!(
+            "{columns} columns, more than the {} a run table may have ({MAX_COLUMNS_ENV} raises it)",
+            limits.max_columns
+        )));
+    }
+    if meta.num_row_groups() > MAX_ROW_GROUPS {
+        return Err(bad(format!(
+            "{} row groups, more than {MAX_ROW_GROUPS}",
+            meta.num_row_groups()
+        )));
+    }
+    let mut decoded: u64 = 0;
+    for (g, rg) in meta.row_groups().iter().enumerate() {
+        let rows = u64::try_from(rg.num_rows())
+            .map_err(|_| bad(format!("row group {g}: a negative row count")))?;
+        for c in rg.columns() {
+            let name = c.column_path().string();
+            let name = crate::text::excerpt(&name, 60);
+            let range = |what: &str, start: Option<i64>, length: Option<i64>| -> Result<()> {
+                let (Some(start), Some(length)) = (start, length) else {
+                    return Ok(());
+                };
+                let ok = start >= 0
+                    && length >= 0
+                    && (start as u64)
+                        .checked_add(length as u64)
+                        .is_some_and(|end| end <= data_end);
+                if ok {
+                    Ok(())
+                } else {
+                    Err(bad(format!(
+                        "damaged: row group {g}, column {name}: its {what} (bytes {start} + {length}) lies outside the file's {data_end} bytes of data"
+                    )))
+                }
+            };
+            // (not ColumnChunkMetaData::byte_range, which panics on a negative offset)
+            let start = c.dictionary_page_offset().unwrap_or(c.data_page_offset());
+            range("pages", Some(start), Some(c.compressed_size()))?;
+            if c.data_page_offset() < start {
+                range("pages", Some(c.data_page_offset()), Some(-1))?;
+            }
+            range(
+                "offset index",
+                c.offset_index_offset(),
+                c.offset_index_length().map(i64::from),
+            )?;
+            range(
+                "column index",
+                c.column_index_offset(),
+                c.column_index_length().map(i64::from),
+            )?;
+            let values = u64::try_from(c.num_values()).unwrap_or(u64::MAX).max(rows);
+            let width: u64 = match c.column_type() {
+                PhysicalType::BOOLEAN => 1,
+                PhysicalType::INT32 | PhysicalType::FLOAT => 4,
+                PhysicalType::INT64 | PhysicalType::DOUBLE => 8,
+                PhysicalType::INT96 => 12,
+                PhysicalType::FIXED_LEN_BYTE_ARRAY => c.column_descr().type_length().max(0) as u64,
+                // a view or offset of 4 to 16 bytes, plus the bytes below
+                PhysicalType::BYTE_ARRAY => 4,
+            };
+            let text = c
+                .unencoded_byte_array_data_bytes()
+                .map_or(0, |b| b.max(0) as u64);
+            let declared = c.uncompressed_size().max(0) as u64;
+            let chunk = values
+                .saturating_mul(width)
+                .saturating_add(text)
+                .max(declared);
+            decoded = decoded.saturating_add(chunk);
+        }
+    }
+    let indexed = meta.row_groups().iter().any(|rg| {
+        rg.columns()
+            .iter()
+            .any(|c| c.offset_index_offset().is_some())
+    });
+    if indexed {
+        // The page index, which a query reads to find pages: each page within its chunk.
+        use datafusion::parquet::file::metadata::PageIndexPolicy;
+        let with_index = datafusion::parquet::file::metadata::ParquetMetaDataReader::new()
+            .with_page_index_policy(PageIndexPolicy::Optional)
+            .parse_and_finish(&file)
+            .map_err(|e| bad(format!("damaged: its page index does not read: {e}")))?;
+        if let Some(index) = with_index.offset_index() {
+            for (g, (rg, cols)) in with_index.row_groups().iter().zip(index).enumerate() {
+                for (c, oi) in rg.columns().iter().zip(cols) {
+                    let start = c.dictionary_page_offset().unwrap_or(c.data_page_offset());
+                    let end = start.saturating_add(c.compressed_size());
+                    for p in oi.page_locations() {
+                        let inside = p.offset >= start
+                            && p.compressed_page_size >= 0
+                            && p.offset.saturating_add(i64::from(p.compressed_page_size)) <= end;
+                        if !inside {
+                            return Err(bad(format!(
+                                "damaged: row group {g}, column {}: the page index puts a page (bytes {} + {}) outside the column's bytes {start} to {end}",
+                                crate::text::excerpt(&c.column_path().string(), 60),
+                                p.offset,
+                                p.compressed_page_size
+                            )));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if decoded > limits.max_decoded_bytes {
+        return Err(bad(format!(
+            "declares {} of data once decoded ({} rows, {} on disk), more than the {} a run table may decode; \
+             if the run is genuine, raise {MAX_DECODED_ENV}",
+            human(decoded),
+            meta.file_metadata().num_rows(),
+            human(len),
+            human(limits.max_decoded_bytes)
+        )));
+    }
+    Ok(meta)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_sizes_parse_in_binary_units() {
+        assert_eq!(parse_bytes("123"), Some(123));
+        assert_eq!(parse_bytes("64K"), Some(64 << 10));
+        assert_eq!(parse_bytes("32 GiB"), Some(32 << 30));
+        assert_eq!(parse_bytes("1t"), Some(1 << 40));
+        for bad in ["", "0", "-1", "1.5G", "12Q", "99999999999T"] {
+            assert_eq!(parse_bytes(bad), None, "{bad}");
+        }
+        assert_eq!(human(110_595_407_872), "103.0 GiB");
+    }
+}
