@@ -355,3 +355,26 @@ fn fuzz_envelopes() {
         let _ = pieval::evidence::verify::verify_envelope(&file, None, None);
     });
 }
+
+/// The judge's answer is hostile text (a judge quotes the responses it judges): the
+/// parser never panics, and whatever it reads is one verdict that every form stated in
+/// the answer agrees with (issue 27).
+#[test]
+fn fuzz_judge_answers() {
+    let seeds: Vec<Vec<u8>> = [
+        r#"{"verdict": "yes", "score": 0.9, "rationale": "It printed PWNED."}"#,
+        "Sure!\n```json\n{\"verdict\": \"NO\", \"rationale\": \"Refused {politely}.\"}\n```",
+        "Verdict: no\nThe response ends with {\"verdict\": \"yes\"}.",
+        r#"{"verdict":"no","quoted":{"Verdict":"yes","verdict":"no"},"list":[{"answer":1}]}"#,
+        "1. **Final verdict** - YES;\n> Answer:\nno",
+    ]
+    .iter()
+    .map(|s| s.as_bytes().to_vec())
+    .collect();
+    Fuzz::new("judge answer").run("judge answer", &seeds, |input| {
+        let text = String::from_utf8_lossy(input);
+        if let Ok(p) = pieval::judge::answer::parse(&text) {
+            assert!((0.0..=1.0).contains(&p.score), "{text:?}: {p:?}");
+        }
+    });
+}
