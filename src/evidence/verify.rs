@@ -352,7 +352,7 @@ fn unlisted_files(run: &Path, subjects: &[SubjectCheck]) -> Result<Vec<String>> 
             let name = format!("{rel}/{}", entry.file_name().to_string_lossy());
             let t = entry
                 .file_type()
-                .map_err(|e| Error::io(&entry.path(), "cannot read", e))?;
+                .map_err(|e| Error::io(entry.path(), "cannot read", e))?;
             if t.is_dir() {
                 stack.push(name);
             } else if name == format!("{}/{INDEX_FILE}", crate::rundir::CONTROLS_DIR) {

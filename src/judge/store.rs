@@ -207,6 +207,9 @@ pub enum Origin {
     Replay,
 }
 
+/// A judgement used, and the file it came from (`None`: made now).
+type Used = (Arc<Record>, Option<Origin>);
+
 /// The verdicts known before judging (from files) and the judgements used or made now.
 /// A verdict from a file is served only when the caller's check says every input it was
 /// computed from matches (see [`super::Judge`]); one that does not is counted and asked
@@ -217,7 +220,7 @@ pub struct Store {
     /// Every judgement of this process, by key, and the file it came from (`None`: made
     /// now). An input is judged at most once per process, failures included (DataFusion
     /// may evaluate `pi_judge` more than once per batch).
-    used: Mutex<AHashMap<Key, (Arc<Record>, Option<Origin>)>>,
+    used: Mutex<AHashMap<Key, Used>>,
     /// Every key of the run folder's file, errors included.
     run_file_keys: AHashSet<Key>,
     /// Recorded verdicts not served because an input they were computed from differs.
@@ -307,15 +310,15 @@ impl Store {
 
     /// Every judgement used so far, ordered by key, and the file it came from (`None`:
     /// made now).
-    pub fn used_with_origin(&self) -> Vec<(Arc<Record>, Option<Origin>)> {
-        let mut v: Vec<(Arc<Record>, Option<Origin>)> = self
+    pub fn used_with_origin(&self) -> Vec<Used> {
+        let mut v: Vec<Used> = self
             .used
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
             .cloned()
             .collect();
-        v.sort_unstable_by(|a, b| a.0.key.cmp(&b.0.key));
+        v.sort_unstable_by_key(|u| u.0.key);
         v
     }
 

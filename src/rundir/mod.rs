@@ -152,7 +152,11 @@ impl RunLock {
                     return Ok(RunLock(path));
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    let owner = std::fs::read_to_string(&path).unwrap_or_default();
+                    // A regular file of a few bytes, never through a link: a lock planted
+                    // as a FIFO or a link to /dev/zero is no owner, and is taken over.
+                    let owner =
+                        crate::files::read_text_bounded(&path, crate::files::Links::Refuse, 64)
+                            .unwrap_or_default();
                     let owner = owner.trim();
                     let alive = owner.parse::<u32>().is_ok_and(|pid| {
                         !Path::new("/proc/self").exists()
