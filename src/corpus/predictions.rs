@@ -208,6 +208,12 @@ impl PredictionsReader {
         };
         let source = if is_parquet {
             stats.sha256 = crate::digest::sha256_file(path)?;
+            // Footer and page headers first: a decompression bomb is refused unread.
+            crate::rundir::bounds::check_parquet_file(
+                path,
+                crate::files::Links::Follow,
+                &crate::rundir::bounds::ParquetLimits::from_env()?,
+            )?;
             let reader = ParquetRecordBatchReaderBuilder::try_new(file)
                 .and_then(|b| b.with_batch_size(batch_size).build())
                 .map_err(|e| Error::config(path, format!("not a readable Parquet file: {e}")))?;

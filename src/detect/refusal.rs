@@ -107,6 +107,16 @@ impl RefusalDetector {
     pub fn from_toml(text: &str, origin: &str) -> Result<Self> {
         let mut pack: RefusalPack =
             toml::from_str(text).map_err(|e| Error::config(origin, e.to_string().trim_end()))?;
+        // A class without a rule would compile to the empty pattern, which matches
+        // everything.
+        for (class, rules) in [("refusal", &pack.refusal), ("compliance", &pack.compliance)] {
+            if rules.is_empty() {
+                return Err(Error::config(
+                    origin,
+                    format!("the pack has no {class} rule (an empty class would match every text)"),
+                ));
+            }
+        }
         // bounded before anything compiles (src/detect/rules.rs)
         let rules: Vec<&Rule> = pack
             .refusal
@@ -138,7 +148,31 @@ impl RefusalDetector {
             )?);
         }
         let build = |rules: &[Rule]| {
-            regex::RegexBuilder::new(&alternation(rules))
+            let joined = alternation(rules);
+            // Each rule must stay one branch of the alternation: a rule whose comment or
+            // flag reaches past its own pattern (`(?x)zzz#` swallowing the separator) would
+            // join its neighbours into a pattern no rule states, one that may match
+            // anything. Checked on the parsed syntax, which keeps every branch.
+            let branches = match &regex_syntax::ast::parse::Parser::new().parse(&joined) {
+                Ok(regex_syntax::ast::Ast::Alternation(a)) => a.asts.len(),
+                Ok(_) => 1,
+                Err(e) => {
+                    return Err(Error::config(
+                        origin,
+                        format!("rules do not compile together: {e}"),
+                    ));
+                }
+            };
+            if branches != rules.len() {
+                return Err(Error::config(
+                    origin,
+                    format!(
+                        "{} rules make {branches} branches together: a rule's comment or flag reaches past its own pattern",
+                        rules.len()
+                    ),
+                ));
+            }
+            regex::RegexBuilder::new(&joined)
                 .size_limit(1 << 24)
                 .build()
                 .map_err(|e| Error::config(origin, format!("rules do not compile together: {e}")))

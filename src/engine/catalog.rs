@@ -407,6 +407,12 @@ pub async fn register_file(ctx: &SessionContext, name: &str, path: &Path) -> Res
         .unwrap_or_default();
     match ext.as_str() {
         "parquet" => {
+            // Footer and page headers first: a decompression bomb is refused unread.
+            crate::rundir::bounds::check_parquet_file(
+                path,
+                crate::files::Links::Follow,
+                &crate::rundir::bounds::ParquetLimits::from_env()?,
+            )?;
             ctx.register_parquet(name, p, ParquetReadOptions::default())
                 .await?
         }

@@ -227,7 +227,7 @@ pub fn check_label_file(path: &Path, memory_limit: usize) -> Result<()> {
             max_decoded_bytes: budget,
             max_columns: MAX_LABEL_COLUMNS,
         };
-        crate::rundir::bounds::check_parquet(path, &limits)?;
+        crate::rundir::bounds::check_parquet_file(path, crate::files::Links::Follow, &limits)?;
         return Ok(());
     }
     let file = crate::files::open_input(path, "cannot open")?;

@@ -107,15 +107,32 @@ fn to_batch(records: &[Arc<Record>]) -> Result<RecordBatch> {
     Ok(RecordBatch::try_new(schema(), columns)?)
 }
 
+/// A judge question's bytes at most in a judgements file.
+const MAX_QUESTION_BYTES: usize = 64 << 10;
+/// The text a judgements file may hold in all: 1 GiB (a million verdicts of a kilobyte).
+const MAX_JUDGEMENTS_BYTES: usize = 1 << 30;
+
 /// Every record of a judgements file; a file that is not one is an error naming it.
+///
+/// A judgements file may come with a run folder: its footer and page headers are checked
+/// first (`rundir::bounds`), it is read 64 rows at a time (a dictionary value repeated on
+/// every row costs 64 copies, not a batch of 1,024), each field is bounded by what pieval
+/// writes, and all the text kept by [`MAX_JUDGEMENTS_BYTES`].
 pub fn read(path: &Path, links: crate::files::Links) -> Result<Vec<Record>> {
-    let file = crate::files::open_regular(path, links)?;
+    let limits = crate::rundir::bounds::ParquetLimits::from_env()?;
     let bad = |m: String| Error::config(path, format!("not a judgements file: {m}"));
+    crate::rundir::bounds::check_parquet_file(path, links, &limits).map_err(|e| match e {
+        Error::Config { message, .. } => bad(message),
+        other => other,
+    })?;
+    let file = crate::files::open_regular(path, links)?;
     let reader = ParquetRecordBatchReaderBuilder::try_new(file)
         .map_err(|e| bad(e.to_string()))?
+        .with_batch_size(64)
         .build()
         .map_err(|e| bad(e.to_string()))?;
     let mut out = Vec::new();
+    let mut kept: usize = 0;
     for batch in reader {
         let batch = batch.map_err(|e| bad(e.to_string()))?;
         let col = |name: &str| -> Result<ArrayRef> {
@@ -154,6 +171,35 @@ pub fn read(path: &Path, links: crate::files::Links) -> Result<Vec<Record>> {
         let latency = datafusion::arrow::compute::cast(&col("latency_ms")?, &DataType::Float64)?;
         let latency = latency.as_primitive::<datafusion::arrow::datatypes::Float64Type>();
         for i in 0..batch.num_rows() {
+            // Each field within what pieval writes (an answer of 2,000 characters, a
+            // rationale of at most 100,000, a question from a case's criteria).
+            for (name, a, max) in [
+                ("judge_model", &model, 4096),
+                ("judge_identity", &identity, 8192),
+                ("question", &question, MAX_QUESTION_BYTES),
+                ("rationale", &rationale, 400_000),
+                ("error", &error, 64 << 10),
+                ("answer", &answer, 64 << 10),
+                ("rubric_sha256", &rubric, 128),
+                ("prompt_sha256", &prompt, 128),
+                ("response_sha256", &response, 128),
+                ("judged_at", &judged_at, 64),
+                ("calibration_sha256", &calibration, 128),
+            ] {
+                if !a.is_null(i) && a.value(i).len() > max {
+                    return Err(bad(format!(
+                        "row {}: {name} is longer than pieval ever writes ({max} bytes)",
+                        out.len() + 1
+                    )));
+                }
+                kept += if a.is_null(i) { 0 } else { a.value(i).len() };
+            }
+            if kept > MAX_JUDGEMENTS_BYTES {
+                return Err(bad(format!(
+                    "more than {} MiB of text",
+                    MAX_JUDGEMENTS_BYTES >> 20
+                )));
+            }
             let mut k: Key = [0; 32];
             if key.is_null(i) || hex::decode_to_slice(key.value(i), &mut k).is_err() {
                 return Err(bad(format!(
@@ -443,6 +489,16 @@ mod tests {
             1
         );
         assert_eq!(read(&p, crate::files::Links::Follow).unwrap().len(), 2);
+        // A field longer than pieval writes (a dictionary value repeated on every row of a
+        // forged file would be one) is refused, naming the row and the field.
+        let mut long = (*rec(9, Some(true))).clone();
+        long.question = "q".repeat(100 << 10);
+        let forged = dir.path().join("forged.parquet");
+        write(&forged, &[Arc::new(long)]).unwrap();
+        let e = read(&forged, crate::files::Links::Refuse)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("row 1: question is longer"), "{e}");
         std::fs::write(dir.path().join("bad.parquet"), b"not parquet").unwrap();
         let e = Store::load(&[(dir.path().join("bad.parquet"), Origin::Shared)])
             .err()

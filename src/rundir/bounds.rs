@@ -29,8 +29,16 @@ pub const DEFAULT_MAX_DECODED_BYTES: u64 = 32 << 30;
 pub const DEFAULT_MAX_COLUMNS: usize = 1024;
 /// Row groups of one run file at most (pieval writes one per 1M rows or so).
 pub const MAX_ROW_GROUPS: usize = 1 << 16;
-/// The footer (the file metadata) at most: 64 MiB.
-pub const MAX_FOOTER_BYTES: u64 = 64 << 20;
+/// The footer (the file metadata) at most: 8 MiB. Decoded, a footer takes up to about 50
+/// times its size; pieval's own are a few hundred KiB (a 500,000-row run: about 0.5 MiB).
+pub const MAX_FOOTER_BYTES: u64 = 8 << 20;
+/// One page's declared size once decompressed, at most: the reader reserves it from the
+/// page header before decompressing, so a header that lies (a 244 KB file of 1 GiB pages)
+/// must be refused before any page is read. pieval's pages are at most a few MiB (one
+/// response is cut at 1 MiB).
+pub const MAX_PAGE_BYTES: u64 = 256 << 20;
+/// Pages of one file at most.
+pub const MAX_PAGES: u64 = 1 << 22;
 /// Decoded bytes of one batch handed to a query at most (a batch of 8,192 rows of 1 MiB
 /// responses is cut into 64 pieces): memory follows this, not the file's declared sizes.
 pub const BATCH_BYTES: u64 = 128 << 20;
@@ -109,10 +117,20 @@ pub fn human(bytes: u64) -> String {
 /// every column chunk and page index lies inside the file, and the columns, row groups
 /// and decoded bytes it declares are within `limits`. Only the footer is read.
 pub fn check_parquet(path: &Path, limits: &ParquetLimits) -> Result<ParquetMetaData> {
+    check_parquet_file(path, crate::files::Links::Refuse, limits)
+}
+
+/// [`check_parquet`] of a file that may be the user's own (a predictions file, labels, a
+/// `--table`): `links` says whether its name may be a symbolic link.
+pub fn check_parquet_file(
+    path: &Path,
+    links: crate::files::Links,
+    limits: &ParquetLimits,
+) -> Result<ParquetMetaData> {
     use std::io::{Read, Seek, SeekFrom};
     let bad = |m: String| Error::config(path, m);
-    // A run folder's file: regular, never through a link (src/files.rs).
-    let mut file = crate::files::open_regular(path, crate::files::Links::Refuse)?;
+    // Regular, and in a run folder never through a link (src/files.rs).
+    let mut file = crate::files::open_regular(path, links)?;
     let len = file
         .metadata()
         .map_err(|e| Error::io(path, "cannot read", e))?
@@ -247,6 +265,9 @@ pub fn check_parquet(path: &Path, limits: &ParquetLimits) -> Result<ParquetMetaD
             }
         }
     }
+    // Every page header (the footer does not bind them): each page's declared size, and
+    // their sum against the same limit.
+    decoded = decoded.max(check_pages(&mut file, path, &meta)?);
     if decoded > limits.max_decoded_bytes {
         return Err(bad(format!(
             "declares {} of data once decoded ({} rows, {} on disk), more than the {} a run table may decode; \
@@ -258,6 +279,208 @@ pub fn check_parquet(path: &Path, limits: &ParquetLimits) -> Result<ParquetMetaD
         )));
     }
     Ok(meta)
+}
+
+/// Walk every page header of every column chunk (a seek and a small read per page) and
+/// return the sum of their declared decompressed sizes; a page over [`MAX_PAGE_BYTES`], a
+/// header that does not parse, or a page that runs past its chunk is an error naming the
+/// file. Parquet's `PageHeader` is Thrift's compact protocol: fields 2 and 3 are the
+/// uncompressed and compressed sizes (parquet-format, `PageHeader`).
+fn check_pages(file: &mut std::fs::File, path: &Path, meta: &ParquetMetaData) -> Result<u64> {
+    use std::io::{Read, Seek, SeekFrom};
+    let bad = |m: String| Error::config(path, format!("damaged: {m}"));
+    let mut total: u64 = 0;
+    let mut pages: u64 = 0;
+    let mut buf = Vec::new();
+    for (g, rg) in meta.row_groups().iter().enumerate() {
+        for c in rg.columns() {
+            let start = c.dictionary_page_offset().unwrap_or(c.data_page_offset());
+            let end = start.saturating_add(c.compressed_size());
+            let mut pos = start;
+            while pos < end {
+                pages += 1;
+                if pages > MAX_PAGES {
+                    return Err(bad(format!("more than {MAX_PAGES} pages")));
+                }
+                // A header is small; statistics can make it longer: read more if needed.
+                let mut header = None;
+                for want in [4u64 << 10, 64 << 10, 1 << 20] {
+                    let n = want.min((end - pos) as u64);
+                    buf.resize(n as usize, 0);
+                    file.seek(SeekFrom::Start(pos as u64))
+                        .and_then(|_| file.read_exact(&mut buf))
+                        .map_err(|e| Error::io(path, "cannot read", e))?;
+                    match page_header(&buf) {
+                        Some(h) => {
+                            header = Some(h);
+                            break;
+                        }
+                        None if n < want => break,
+                        None => {}
+                    }
+                }
+                let name = || crate::text::excerpt(&c.column_path().string(), 60);
+                let Some((len, uncompressed, compressed)) = header else {
+                    return Err(bad(format!(
+                        "row group {g}, column {}: a page header at byte {pos} does not read",
+                        name()
+                    )));
+                };
+                if uncompressed < 0 || compressed < 0 {
+                    return Err(bad(format!(
+                        "row group {g}, column {}: a page at byte {pos} declares a negative size",
+                        name()
+                    )));
+                }
+                if uncompressed as u64 > MAX_PAGE_BYTES {
+                    return Err(Error::config(
+                        path,
+                        format!(
+                            "row group {g}, column {}: a page at byte {pos} declares {} once decompressed, more than the {} a page may hold (a decompression bomb, or not a file pieval reads)",
+                            name(),
+                            human(uncompressed as u64),
+                            human(MAX_PAGE_BYTES)
+                        ),
+                    ));
+                }
+                total = total.saturating_add(uncompressed as u64);
+                pos = pos
+                    .saturating_add(len as i64)
+                    .saturating_add(i64::from(compressed));
+            }
+            if pos != end {
+                return Err(bad(format!(
+                    "row group {g}, column {}: its pages run past the column's bytes",
+                    crate::text::excerpt(&c.column_path().string(), 60)
+                )));
+            }
+        }
+    }
+    Ok(total)
+}
+
+/// A page header in Thrift's compact protocol: (its length in bytes, uncompressed size,
+/// compressed size); `None` when `b` does not hold a whole, well-formed header.
+fn page_header(b: &[u8]) -> Option<(usize, i32, i32)> {
+    let mut r = Compact { b, at: 0 };
+    let (mut uncompressed, mut compressed) = (None, None);
+    let mut last = 0i16;
+    loop {
+        let byte = r.byte()?;
+        if byte == 0 {
+            break;
+        }
+        let kind = byte & 0x0f;
+        let delta = i16::from(byte >> 4);
+        let id = if delta == 0 {
+            r.zigzag()? as i16
+        } else {
+            last.checked_add(delta)?
+        };
+        last = id;
+        match (id, kind) {
+            (2, 5) => uncompressed = Some(i32::try_from(r.zigzag()?).ok()?),
+            (3, 5) => compressed = Some(i32::try_from(r.zigzag()?).ok()?),
+            _ => r.skip(kind, 0)?,
+        }
+    }
+    Some((r.at, uncompressed?, compressed?))
+}
+
+/// A reader of Thrift's compact protocol, enough to skip any value.
+struct Compact<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl Compact<'_> {
+    fn byte(&mut self) -> Option<u8> {
+        let v = *self.b.get(self.at)?;
+        self.at += 1;
+        Some(v)
+    }
+    fn varint(&mut self) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..70).step_by(7) {
+            let byte = self.byte()?;
+            v |= u64::from(byte & 0x7f).checked_shl(shift)?;
+            if byte & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    }
+    fn zigzag(&mut self) -> Option<i64> {
+        let v = self.varint()?;
+        Some((v >> 1) as i64 ^ -((v & 1) as i64))
+    }
+    fn take(&mut self, n: u64) -> Option<()> {
+        let end = self.at.checked_add(usize::try_from(n).ok()?)?;
+        (end <= self.b.len()).then(|| self.at = end)
+    }
+    /// Skip one value of compact type `kind` (nesting at most 32 deep).
+    fn skip(&mut self, kind: u8, depth: u8) -> Option<()> {
+        if depth > 32 {
+            return None;
+        }
+        match kind {
+            1 | 2 => Some(()),
+            3 => self.take(1),
+            4..=6 => self.varint().map(|_| ()),
+            7 => self.take(8),
+            8 => {
+                let n = self.varint()?;
+                self.take(n)
+            }
+            9 | 10 => {
+                let h = self.byte()?;
+                let n = match h >> 4 {
+                    15 => self.varint()?,
+                    n => u64::from(n),
+                };
+                let elem = h & 0x0f;
+                for _ in 0..n {
+                    // a boolean in a list is one byte
+                    if elem == 1 || elem == 2 {
+                        self.take(1)?;
+                    } else {
+                        self.skip(elem, depth + 1)?;
+                    }
+                }
+                Some(())
+            }
+            11 => {
+                let n = self.varint()?;
+                if n == 0 {
+                    return Some(());
+                }
+                let types = self.byte()?;
+                for _ in 0..n {
+                    self.skip(types >> 4, depth + 1)?;
+                    self.skip(types & 0x0f, depth + 1)?;
+                }
+                Some(())
+            }
+            12 => {
+                let mut last = 0i16;
+                loop {
+                    let byte = self.byte()?;
+                    if byte == 0 {
+                        return Some(());
+                    }
+                    let delta = i16::from(byte >> 4);
+                    last = if delta == 0 {
+                        self.zigzag()? as i16
+                    } else {
+                        last.checked_add(delta)?
+                    };
+                    let _ = last;
+                    self.skip(byte & 0x0f, depth + 1)?;
+                }
+            }
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -274,5 +497,66 @@ mod tests {
             assert_eq!(parse_bytes(bad), None, "{bad}");
         }
         assert_eq!(human(110_595_407_872), "103.0 GiB");
+    }
+
+    /// A file whose pages decompress to more than a page may hold is refused from its page
+    /// headers, before any page is read (the footer need not say so); an honest file of
+    /// several pages and a dictionary passes, its pages summed.
+    #[test]
+    fn page_headers_are_checked_before_any_page_is_read() {
+        use datafusion::arrow::array::{RecordBatch, StringArray};
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        use datafusion::parquet::arrow::ArrowWriter;
+        use datafusion::parquet::basic::{Compression, ZstdLevel};
+        use datafusion::parquet::file::properties::WriterProperties;
+        use std::sync::Arc;
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, values: Vec<String>| {
+            let path = dir.path().join(name);
+            let schema = Arc::new(Schema::new(vec![Field::new("t", DataType::Utf8, false)]));
+            let props = WriterProperties::builder()
+                .set_compression(Compression::ZSTD(ZstdLevel::default()))
+                .set_statistics_enabled(
+                    datafusion::parquet::file::properties::EnabledStatistics::None,
+                )
+                .build();
+            let file = std::fs::File::create(&path).unwrap();
+            let mut w = ArrowWriter::try_new(file, Arc::clone(&schema), Some(props)).unwrap();
+            let batch =
+                RecordBatch::try_new(schema, vec![Arc::new(StringArray::from(values))]).unwrap();
+            w.write(&batch).unwrap();
+            w.close().unwrap();
+            path
+        };
+        let limits = ParquetLimits {
+            max_decoded_bytes: DEFAULT_MAX_DECODED_BYTES,
+            max_columns: DEFAULT_MAX_COLUMNS,
+        };
+        // Honest: 20,000 rows over many pages, a dictionary among them.
+        let honest = write(
+            "honest.parquet",
+            (0..20_000)
+                .map(|i| format!("response {} {i}", i % 7))
+                .collect(),
+        );
+        check_parquet(&honest, &limits).unwrap();
+        let mut f = std::fs::File::open(&honest).unwrap();
+        let meta = check_parquet(&honest, &limits).unwrap();
+        let summed = check_pages(&mut f, &honest, &meta).unwrap();
+        assert!(summed > 100_000, "{summed}");
+        // A bomb: one value of 300 MiB, a few KiB on disk.
+        let bomb = write("bomb.parquet", vec!["a".repeat(300 << 20)]);
+        assert!(std::fs::metadata(&bomb).unwrap().len() < 1 << 20);
+        let e = check_parquet(&bomb, &limits).unwrap_err().to_string();
+        assert!(
+            e.contains("bomb.parquet") && e.contains("more than the 256.0 MiB a page may hold"),
+            "{e}"
+        );
+        // Headers that do not parse are not pages.
+        assert_eq!(page_header(&[0x15]), None);
+        assert_eq!(
+            page_header(&[0x15, 0x00, 0x15, 0x04, 0x15, 0x02, 0x00]),
+            Some((7, 2, 1))
+        );
     }
 }

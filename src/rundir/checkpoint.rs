@@ -38,6 +38,8 @@ pub const MAX_ATTEMPT_BYTES: u64 = 256 << 20;
 /// The key marking a line of a predictions file that is not a prediction, and its
 /// values: a turn of a multi-turn attempt, or a slice of a long turn's JSON.
 pub const RECORD_KEY: &str = "pieval_record";
+/// What a turn costs a reader besides its text, counted against the attempt's bound.
+const TURN_OVERHEAD_BYTES: u64 = 256;
 pub const TURN_LINE: &str = "turn";
 pub const TURN_PART_LINE: &str = "turn_part";
 /// A prediction line longer than [`MAX_LINE_BYTES`] (its request fields hold a huge
@@ -423,7 +425,9 @@ impl Group {
             }
             _ => return Err("not a turn line of this version".into()),
         };
-        self.bytes += turn.text_bytes();
+        // Text, plus a fixed cost per turn for what is not text (a million empty turns
+        // are not free).
+        self.bytes += turn.text_bytes() + TURN_OVERHEAD_BYTES;
         self.check()?;
         self.turns.push(turn);
         Ok(())
@@ -509,7 +513,11 @@ fn scan(
         }
         let line = &buf[..buf.len() - 1];
         let last = input.fill_buf().map_err(read_err)?.is_empty();
-        let kind = if line.starts_with(b"{\"case_id\"") {
+        // The fast paths are taken only when they give what reading the key would (a
+        // prediction line that also names a record kind is read by its key, as the
+        // predictions reader reads it: one rule for both readers).
+        let names_kind = memchr::memmem::find(line, b"\"pieval_record\"").is_some();
+        let kind = if line.starts_with(b"{\"case_id\"") && !names_kind {
             None
         } else if line.starts_with(b"{\"pieval_record\":\"turn\"") {
             Some(TURN_LINE.to_owned())
@@ -585,6 +593,9 @@ fn scan(
 
 /// Write `turns.parquet` from a run's checkpoint (atomically), when any attempt has
 /// turns; otherwise remove a stale one. Returns the rows written.
+/// Text bytes of `turns.parquet` held before a batch is written.
+const MAX_TURN_BATCH_BYTES: usize = 64 << 20;
+
 pub fn write_turns(dir: &Path) -> Result<u64> {
     use std::sync::Arc;
 
@@ -602,6 +613,8 @@ pub fn write_turns(dir: &Path) -> Result<u64> {
         flag: Vec<BooleanBuilder>,
         float: Vec<Float64Builder>,
         rows: usize,
+        /// Text bytes appended since the last flush.
+        bytes: usize,
     }
     let mut cols = Cols::default();
     let flush = |cols: &mut Cols, writer: &mut Option<crate::atomic::ParquetFile>| -> Result<()> {
@@ -636,6 +649,7 @@ pub fn write_turns(dir: &Path) -> Result<u64> {
         }
         writer.as_mut().expect("created").write(&batch)?;
         cols.rows = 0;
+        cols.bytes = 0;
         Ok(())
     };
     cols.text = (0..11).map(|_| StringBuilder::new()).collect();
@@ -668,6 +682,7 @@ pub fn write_turns(dir: &Path) -> Result<u64> {
                 t.blocked_by.as_deref(),
             ];
             for (b, v) in cols.text.iter_mut().zip(texts) {
+                cols.bytes += v.map_or(0, str::len);
                 b.append_option(v);
             }
             for (b, v) in cols.int.iter_mut().zip([
@@ -691,11 +706,15 @@ pub fn write_turns(dir: &Path) -> Result<u64> {
                 b.append_option(v);
             }
             cols.rows += 1;
-        }
-        if cols.rows >= 8192
-            && let Err(e) = flush(&mut cols, &mut writer)
-        {
-            failed = Some(e);
+            // By rows and by bytes, inside an attempt too: a column's text stays far
+            // below the 2 GiB its 32-bit offsets can address (a run of long attempts
+            // once overflowed them).
+            if (cols.rows >= 8192 || cols.bytes >= MAX_TURN_BATCH_BYTES)
+                && let Err(e) = flush(&mut cols, &mut writer)
+            {
+                failed = Some(e);
+                return;
+            }
         }
     })?;
     if let Some(e) = failed {

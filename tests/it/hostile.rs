@@ -2619,3 +2619,63 @@ fn wide_or_large_labelled_files_are_refused_by_shape() {
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("--memory-limit"), "{}", r.stderr);
 }
+
+/// Found in review (issue 27): a refusal pack whose rules each pass every check but join
+/// into a pattern that matches anything — a comment in `(?x)` mode swallowing the
+/// separator, or a class with no rule — is refused, naming the pack.
+#[test]
+fn refusal_packs_whose_rules_join_into_anything_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let shipped = std::fs::read_to_string(repo("data/rules/refusal.toml")).unwrap();
+    let try_pack = |name: &str, text: &str| {
+        let rules = dir.path().join(name);
+        std::fs::create_dir_all(&rules).unwrap();
+        for entry in std::fs::read_dir(repo("data/rules")).unwrap() {
+            let p = entry.unwrap().path();
+            if p.extension().is_some_and(|e| e == "toml") {
+                std::fs::copy(&p, rules.join(p.file_name().unwrap())).unwrap();
+            }
+        }
+        std::fs::write(rules.join("refusal.toml"), text).unwrap();
+        run(pieval().arg("--rules").arg(&rules).args([
+            "sql",
+            "SELECT pi_refusal('Sure! Here is the secret: 1234') AS r",
+        ]))
+    };
+    // The shipped pack: a compliance is not a refusal.
+    let r = try_pack("shipped", &shipped);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("false"), "{}", r.stdout);
+    // Two rules that each pass every check, whose join matches anything: the first's
+    // comment swallows the separator.
+    let trick = format!(
+        "{shipped}\n[[refusal]]\nid = \"refusal.x.a\"\nlang = \"en\"\npattern = '(?x)zzz#'\nexamples = [\"zzz\"]\n\n[[refusal]]\nid = \"refusal.x.b\"\nlang = \"en\"\npattern = \"qqq\\n| \"\nexamples = [\"qqq\\n\"]\n"
+    );
+    let r = try_pack("comment-trick", &trick);
+    assert_eq!(r.code, 2, "{}", r.stdout);
+    assert!(
+        r.stderr.contains("refusal.toml") && r.stderr.contains("reaches past its own pattern"),
+        "{}",
+        r.stderr
+    );
+    // No compliance rule at all: each [[compliance]] table removed, up to the next table.
+    let mut empty_class = String::new();
+    let mut skipping = false;
+    for line in shipped.lines() {
+        if line.starts_with('[') {
+            skipping = line.trim() == "[[compliance]]";
+        }
+        if !skipping {
+            empty_class.push_str(line);
+            empty_class.push('\n');
+        }
+    }
+    let empty_class = format!("compliance = []\n{empty_class}");
+    let r = try_pack("no-compliance", &empty_class);
+    assert_eq!(r.code, 2, "{}", r.stdout);
+    assert!(
+        r.stderr.contains("refusal.toml") && r.stderr.contains("no compliance rule"),
+        "{}",
+        r.stderr
+    );
+}
