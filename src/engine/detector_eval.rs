@@ -242,10 +242,32 @@ pub fn check_label_file(path: &Path, memory_limit: usize) -> Result<()> {
         )));
     }
     let csv = ext == "csv";
+    if csv {
+        // The header as the CSV reader itself parses it (a quote inside a field is text
+        // to it, so counting by hand would be fooled), read from at most one line's bound.
+        use std::io::Read;
+        let head = crate::files::open_input(path, "cannot open")?;
+        let (schema, _) = datafusion::arrow::csv::reader::Format::default()
+            .with_header(true)
+            .infer_schema(head.take(MAX_LABEL_LINE_BYTES + 1), Some(0))
+            .map_err(|e| {
+                Error::input(path, 1, None, format!("the CSV header does not read: {e}"))
+            })?;
+        if schema.fields().len() > MAX_LABEL_COLUMNS {
+            return Err(Error::input(
+                path,
+                1,
+                None,
+                format!("more than {MAX_LABEL_COLUMNS} columns in the header"),
+            ));
+        }
+    }
     let mut reader = BufReader::with_capacity(1 << 16, file);
     // the first record (CSV header) or the first 1,000 lines (JSONL keys)
     let mut line: Vec<u8> = Vec::new();
     let (mut line_no, mut width) = (1u64, 0u64);
+    // Non-blank JSONL lines read for their keys (schema inference skips blank ones).
+    let mut records = 0u64;
     let mut keys: HashSet<String> = HashSet::new();
     let mut columns = 1usize;
     let mut in_quotes = false;
@@ -276,9 +298,31 @@ pub fn check_label_file(path: &Path, memory_limit: usize) -> Result<()> {
                 }
             }
             if b == b'\n' {
-                if !csv && line_no <= 1000 {
-                    if let Ok(serde_json::Value::Object(m)) = serde_json::from_slice(&line) {
-                        keys.extend(m.into_iter().map(|(k, _)| k));
+                if !csv && records < 1000 {
+                    if !line.iter().all(u8::is_ascii_whitespace) {
+                        records += 1;
+                    }
+                    // Every key at every depth: a nested object's fields are columns
+                    // too, to the reader's schema inference.
+                    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&line) {
+                        fn walk(v: &serde_json::Value, at: &str, keys: &mut HashSet<String>) {
+                            match v {
+                                serde_json::Value::Object(m) => {
+                                    for (k, v) in m {
+                                        let path = format!("{at}.{k}");
+                                        walk(v, &path, keys);
+                                        keys.insert(path);
+                                    }
+                                }
+                                serde_json::Value::Array(a) => {
+                                    for v in a {
+                                        walk(v, &format!("{at}[]"), keys);
+                                    }
+                                }
+                                _ => {}
+                            }
+                        }
+                        walk(&v, "", &mut keys);
                     }
                     line.clear();
                     if keys.len() > MAX_LABEL_COLUMNS {
@@ -302,7 +346,7 @@ pub fn check_label_file(path: &Path, memory_limit: usize) -> Result<()> {
                         format!("a line longer than {} MiB", MAX_LABEL_LINE_BYTES >> 20),
                     ));
                 }
-                if !csv && line_no <= 1000 {
+                if !csv && records < 1000 {
                     line.push(b);
                 }
             }

@@ -2594,6 +2594,49 @@ fn wide_or_large_labelled_files_are_refused_by_shape() {
         "{}",
         r.stderr
     );
+    // Found in review: the same 50,000 keys nested under one field, or after 1,000 blank
+    // lines; and a CSV header whose quote inside a field once fooled the count.
+    let mut inner = serde_json::Map::new();
+    for i in 0..50_000 {
+        inner.insert(format!("k{i}"), json!(1));
+    }
+    let nested = dir.path().join("nested.jsonl");
+    std::fs::write(
+        &nested,
+        format!(
+            "{}\n",
+            json!({"response": "no", "label": true, "meta": Value::Object(inner.clone())})
+        ),
+    )
+    .unwrap();
+    let blank = dir.path().join("blank.jsonl");
+    let mut flat = inner;
+    flat.insert("response".into(), json!("no"));
+    flat.insert("label".into(), json!(true));
+    std::fs::write(
+        &blank,
+        format!("{}{}\n", "\n".repeat(1000), Value::Object(flat)),
+    )
+    .unwrap();
+    for file in [&nested, &blank] {
+        let r = eval(file, &[]);
+        assert_eq!(r.code, 2, "{}: {}", file.display(), r.stderr);
+        assert!(
+            r.stderr.contains("more than 1024 distinct fields"),
+            "{}",
+            r.stderr
+        );
+    }
+    let quoted = dir.path().join("quoted.csv");
+    let header: Vec<String> = ["response".to_owned(), "label".to_owned(), "x\"".to_owned()]
+        .into_iter()
+        .chain((3..50_000).map(|i| format!("c{i}")))
+        .chain(std::iter::once("y\"".to_owned()))
+        .collect();
+    std::fs::write(&quoted, format!("{}\nno,true\n", header.join(","))).unwrap();
+    let r = eval(&quoted, &[]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("more than 1024 columns"), "{}", r.stderr);
     // A line over 16 MiB.
     let long = dir.path().join("long.csv");
     let text = format!("response,label\n\"{}\",true\n", "a".repeat(17 << 20));
