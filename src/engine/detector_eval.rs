@@ -228,6 +228,74 @@ pub fn check_label_file(path: &Path, memory_limit: usize) -> Result<()> {
             max_columns: MAX_LABEL_COLUMNS,
         };
         crate::rundir::bounds::check_parquet_file(path, crate::files::Links::Follow, &limits)?;
+        // What a footer need not declare (one value repeated through a dictionary on every
+        // row): the text the rows decode to, summed over views that point into the file's
+        // pages (nothing is copied), against the same budget.
+        use datafusion::arrow::array::AsArray;
+        use datafusion::parquet::arrow::arrow_reader::{
+            ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+        };
+        let unreadable = |e: datafusion::parquet::errors::ParquetError| {
+            Error::config(path, format!("not a readable Parquet file: {e}"))
+        };
+        let schema = ParquetRecordBatchReaderBuilder::try_new(crate::files::open_input(
+            path,
+            "cannot open",
+        )?)
+        .map_err(unreadable)?
+        .schema()
+        .clone();
+        let views = std::sync::Arc::new(crate::engine::bounded::as_views(&schema));
+        let reader = ParquetRecordBatchReaderBuilder::try_new_with_options(
+            crate::files::open_input(path, "cannot open")?,
+            ArrowReaderOptions::new().with_schema(views),
+        )
+        .map_err(unreadable)?
+        .with_batch_size(1024)
+        .build()
+        .map_err(unreadable)?;
+        let mut text: u64 = 0;
+        for batch in reader {
+            let batch = batch
+                .map_err(|e| Error::config(path, format!("not a readable Parquet file: {e}")))?;
+            for col in batch.columns() {
+                if let Some(v) = col.as_string_view_opt() {
+                    text += v.views().iter().map(|x| u64::from(*x as u32)).sum::<u64>();
+                } else if let Some(d) = col.as_any_dictionary_opt() {
+                    // A dictionary column (the file's Arrow schema may ask for one): each
+                    // row costs its value's length once read.
+                    let values = d.values();
+                    let lens: Vec<u64> = match values.data_type() {
+                        datafusion::arrow::datatypes::DataType::Utf8 => {
+                            let v = values.as_string::<i32>();
+                            (0..v.len()).map(|i| v.value(i).len() as u64).collect()
+                        }
+                        datafusion::arrow::datatypes::DataType::LargeUtf8 => {
+                            let v = values.as_string::<i64>();
+                            (0..v.len()).map(|i| v.value(i).len() as u64).collect()
+                        }
+                        datafusion::arrow::datatypes::DataType::Utf8View => {
+                            let v = values.as_string_view();
+                            v.views().iter().map(|x| u64::from(*x as u32)).collect()
+                        }
+                        _ => Vec::new(),
+                    };
+                    if !lens.is_empty() {
+                        text += d
+                            .normalized_keys()
+                            .iter()
+                            .map(|k| lens.get(*k).copied().unwrap_or(0))
+                            .sum::<u64>();
+                    }
+                }
+            }
+            if text > budget {
+                return Err(too_big(format!(
+                    "text that decodes to more than {}",
+                    crate::rundir::bounds::human(budget)
+                )));
+            }
+        }
         return Ok(());
     }
     let file = crate::files::open_input(path, "cannot open")?;

@@ -2402,8 +2402,11 @@ fn damaged_pages_under_an_intact_footer_name_the_run_and_the_file() {
     std::fs::write(&parquet, &damaged).unwrap();
     let r = sql();
     assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+    // Named either while the pages are read ("run bad: …") or, since the page headers
+    // are checked first, as a run left out (its path names the run folder).
     assert!(
-        r.stderr.contains(&parquet.display().to_string()) && r.stderr.contains("run bad"),
+        r.stderr.contains(&parquet.display().to_string())
+            && (r.stderr.contains("run bad") || r.stderr.contains("left out")),
         "the run and the file are named: {}",
         r.stderr
     );
@@ -2637,6 +2640,49 @@ fn wide_or_large_labelled_files_are_refused_by_shape() {
     let r = eval(&quoted, &[]);
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("more than 1024 columns"), "{}", r.stderr);
+    // A labelled Parquet file of one 256 KiB response repeated through a dictionary on
+    // 5,000 rows: 260 KB on disk, 1.25 GB of text once read, over a 256 MiB budget.
+    let dict_bomb = dir.path().join("dict.parquet");
+    {
+        use datafusion::arrow::array::{BooleanArray, DictionaryArray, Int32Array, StringArray};
+        use datafusion::arrow::datatypes::Int32Type;
+        let values = StringArray::from(vec!["x".repeat(256 << 10)]);
+        let keys = Int32Array::from(vec![0; 5000]);
+        let dict = DictionaryArray::<Int32Type>::try_new(keys, Arc::new(values)).unwrap();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("response", dict.data_type().clone(), false),
+            Field::new("label", DataType::Boolean, false),
+        ]));
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(dict),
+                Arc::new(BooleanArray::from(vec![true; 5000])),
+            ],
+        )
+        .unwrap();
+        // No statistics: the footer then does not declare the text (as a hand-made file
+        // need not), and only reading the rows can tell.
+        let props = datafusion::parquet::file::properties::WriterProperties::builder()
+            .set_statistics_enabled(datafusion::parquet::file::properties::EnabledStatistics::None)
+            .build();
+        let mut w = ArrowWriter::try_new(
+            std::fs::File::create(&dict_bomb).unwrap(),
+            schema,
+            Some(props),
+        )
+        .unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+    }
+    assert!(std::fs::metadata(&dict_bomb).unwrap().len() < 1 << 20);
+    let r = eval(&dict_bomb, &["--memory-limit", "1024"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("dict.parquet") && r.stderr.contains("more than a quarter"),
+        "{}",
+        r.stderr
+    );
     // A line over 16 MiB.
     let long = dir.path().join("long.csv");
     let text = format!("response,label\n\"{}\",true\n", "a".repeat(17 << 20));
