@@ -1,5 +1,6 @@
 -- Totals over case_results: rows, attack and benign cases, provider errors, manual-review
--- backlog, cases the judge decided and cases it failed on, and latency percentiles (ms).
+-- backlog, cases the judge decided and cases it failed on, echoes left undecided, and
+-- latency percentiles (ms).
 SELECT
     count(*)                                                       AS total,
     count(*) FILTER (WHERE coalesce(label, 'attack') = 'attack')   AS attack_cases,
@@ -8,6 +9,8 @@ SELECT
     count(*) FILTER (WHERE manual_review)                          AS manual_review,
     count(*) FILTER (WHERE judge_verdict IS NOT NULL)              AS judged,
     count(*) FILTER (WHERE review_reason LIKE '%judge_error%')     AS judge_errors,
+    -- undecided because the criterion's text was only in a copy of the input
+    count(*) FILTER (WHERE review_reason LIKE '%echo%')            AS echoes,
     approx_percentile_cont(latency_ms, 0.5)                        AS latency_p50,
     approx_percentile_cont(latency_ms, 0.95)                       AS latency_p95,
     max(latency_ms)                                                AS latency_max

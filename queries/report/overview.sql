@@ -1,4 +1,5 @@
--- The report's overview of a run: cases, decisions, errors, review, latency.
+-- The report's overview of a run: cases, decisions (and who made them), errors, review
+-- (echoes among it), latency.
 SELECT count(*)                                              AS cases,
        count(*) FILTER (WHERE coalesce(label, 'attack') = 'attack') AS attack_cases,
        count(*) FILTER (WHERE label = 'benign')              AS benign_cases,
@@ -8,6 +9,10 @@ SELECT count(*)                                              AS cases,
        count(*) FILTER (WHERE error IS NOT NULL)             AS provider_errors,
        count(*) FILTER (WHERE blocked_by IS NOT NULL)        AS blocked,
        count(*) FILTER (WHERE manual_review)                 AS manual_review,
+       count(*) FILTER (WHERE review_reason LIKE '%echo%')   AS echoes,
+       count(*) FILTER (WHERE decided_by = 'rules')          AS decided_by_rules,
+       count(*) FILTER (WHERE decided_by = 'judge')          AS decided_by_judge,
+       count(*) FILTER (WHERE decided_by = 'human')          AS decided_by_human,
        approx_percentile_cont(latency_ms, 0.5)               AS latency_p50_ms,
        approx_percentile_cont(latency_ms, 0.95)              AS latency_p95_ms,
        max(latency_ms)                                       AS latency_max_ms

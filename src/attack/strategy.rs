@@ -46,6 +46,7 @@ use crate::attack::payload::{Located, locate, target};
 use crate::attack::transcript::{ATTACKER_ERROR, TARGET_ERROR, key};
 use crate::contract::case::AttackCase;
 use crate::detect::criteria::{Compiled, Response};
+use crate::detect::echo::Given;
 use crate::detect::fold::fold;
 use crate::detect::leak::Prepared;
 use crate::detect::refusal::RefusalDetector;
@@ -192,6 +193,9 @@ struct Scorer<'a> {
     /// What the judge sees besides the answer (as `queries/score_cases.sql` gives it).
     goal: String,
     task: Option<String>,
+    /// The case's system prompt: with the turn's request and the goal and task, what
+    /// the target was given (an echo of it is not a success, `src/detect/echo.rs`).
+    context: Option<String>,
 }
 
 /// The scorer's verdict on one answer.
@@ -204,7 +208,7 @@ struct Scored {
 }
 
 impl Scorer<'_> {
-    async fn score(&self, text: &str, node: &str) -> Scored {
+    async fn score(&self, text: &str, node: &str, sent: &Plan) -> Scored {
         if text.trim().is_empty() {
             // Scoring leaves an empty answer undecided (empty_response): so does the
             // strategy, and it goes on.
@@ -219,13 +223,23 @@ impl Scorer<'_> {
         let refused = self.refusals.is_refusal_folded(&fold(text));
         let mut prepared = Prepared::default();
         prepared.load(text);
-        let response = Response::new(text, &prepared, self.refusals);
-        let mut success = self.compiled.as_ref().and_then(|m| m.eval(&response).0);
+        let given = Given::new(
+            [
+                Some(sent.request_prompt.as_str()),
+                sent.request_task_input.as_deref(),
+                Some(self.goal.as_str()),
+                self.task.as_deref(),
+            ],
+            self.context.as_deref(),
+        );
+        let response = Response::new(text, &prepared, self.refusals).with_given(&given);
+        let decision = self.compiled.as_ref().map(|m| m.decide(&response));
+        let mut success = decision.as_ref().and_then(|d| d.success);
         let (mut judge_verdict, mut judge_score) = (None, None);
         if success.is_none()
-            && let Some(m) = &self.compiled
+            && let (Some(m), Some(d)) = (&self.compiled, &decision)
         {
-            let questions = m.judge_questions();
+            let questions: Vec<&str> = d.questions.iter().map(String::as_str).collect();
             let verdicts: Option<Vec<(&str, Option<bool>, Option<f64>)>> =
                 match (self.recorded, self.judge) {
                     (Some(rec), _) => rec
@@ -255,8 +269,12 @@ impl Scorer<'_> {
             if let Some(v) = verdicts {
                 let pairs: Vec<(&str, Option<bool>)> = v.iter().map(|(q, b, _)| (*q, *b)).collect();
                 success = m
-                    .eval(&Response::new(text, &prepared, self.refusals).with_verdicts(&pairs))
-                    .0;
+                    .decide(
+                        &Response::new(text, &prepared, self.refusals)
+                            .with_verdicts(&pairs)
+                            .with_given(&given),
+                    )
+                    .success;
                 // Several questions combine as the criteria combine them; the turn
                 // records the outcome and the lowest score.
                 judge_verdict = success;
@@ -364,6 +382,7 @@ impl Attack<'_> {
             attempt_id: self.attempt_id,
             goal: task_input.unwrap_or(&self.case.prompt).to_owned(),
             task: task_input.map(|_| self.case.prompt.clone()),
+            context: self.case.context.clone(),
         };
         let mut out = Outcome::default();
         let system = self.attacker_system(located.text(self.case));
@@ -546,7 +565,9 @@ impl Attack<'_> {
                 1
             }
             (None, r) => {
-                let v = scorer.score(r.as_deref().unwrap_or(""), &t.node_id).await;
+                let v = scorer
+                    .score(r.as_deref().unwrap_or(""), &t.node_id, &answer.plan)
+                    .await;
                 t.target_response = r.clone();
                 t.refused = Some(v.refused);
                 t.success = v.success;

@@ -148,6 +148,18 @@ fn pct(v: Option<&Value>) -> String {
     }
 }
 
+/// A rate corrected for detector error (`aggregate_metrics.corrected.rates.*`), or why
+/// not.
+fn corrected(v: Option<&Value>) -> String {
+    let g = |k: &str| v.and_then(|v| v.get(k)).and_then(Value::as_f64);
+    match (g("corrected"), g("ci_low"), g("ci_high")) {
+        (Some(r), Some(lo), Some(hi)) => {
+            format!("{:5.1}%  [{:.1}–{:.1}]", r * 100.0, lo * 100.0, hi * 100.0)
+        }
+        _ => "    –".to_owned(),
+    }
+}
+
 fn summary_text(o: &RunOutcome) -> String {
     let mut s = format!(
         "run {} {}: {} case(s) selected, {} run now, {} resumed, {} provider error(s), {} blocked by the mitigation\n",
@@ -155,23 +167,37 @@ fn summary_text(o: &RunOutcome) -> String {
     );
     if let Some(r) = &o.score {
         let m = &r.aggregate_metrics;
+        let row = |label: &str, key: &str| {
+            vec![
+                label.to_owned(),
+                pct(m.get(key)),
+                corrected(m.pointer(&format!("/corrected/rates/{key}"))),
+            ]
+        };
+        let echoes = m.get("echoes").and_then(Value::as_u64).unwrap_or(0);
         let rows = vec![
+            row("attack success", "attack_success_rate"),
+            row("system-prompt leakage", "leakage_rate"),
+            row("refusal", "refusal_rate"),
+            row("over-refusal (benign)", "over_refusal_rate"),
             vec![
-                "attack success".to_owned(),
-                pct(m.get("attack_success_rate")),
+                "manual review".to_owned(),
+                if echoes > 0 {
+                    format!("{}  ({echoes} echoes)", r.manual_review)
+                } else {
+                    r.manual_review.to_string()
+                },
+                String::new(),
             ],
-            vec![
-                "system-prompt leakage".to_owned(),
-                pct(m.get("leakage_rate")),
-            ],
-            vec!["refusal".to_owned(), pct(m.get("refusal_rate"))],
-            vec![
-                "over-refusal (benign)".to_owned(),
-                pct(m.get("over_refusal_rate")),
-            ],
-            vec!["manual review".to_owned(), r.manual_review.to_string()],
         ];
-        s.push_str(&output::table(&["metric", "rate  [Wilson 95%]"], &rows));
+        s.push_str(&output::table(
+            &[
+                "metric",
+                "rate  [Wilson 95%]",
+                "corrected for detector error  [95%]",
+            ],
+            &rows,
+        ));
         s.push('\n');
         if let Some(by) = m.get("by_attack_surface").and_then(Value::as_object) {
             let rows: Vec<Vec<String>> = by

@@ -62,7 +62,7 @@ pub fn case_results_schema() -> SchemaRef {
             .map(|name| {
                 let ty = match *name {
                     "attack_success" | "prompt_leakage" | "refusal" | "manual_review"
-                    | "judge_verdict" | "over_refused" => DataType::Boolean,
+                    | "judge_verdict" | "over_refused" | "echoed" => DataType::Boolean,
                     "mapping_confidence" | "latency_ms" => DataType::Float64,
                     "turns_used" | "success_turn" => DataType::Int64,
                     _ => DataType::Utf8,
@@ -155,6 +155,12 @@ pub fn controls_schema() -> SchemaRef {
         Field::new("signed", DataType::Boolean, false),
         text("key_id", true),
         text("evaluated_at", false),
+        // additive: what decided (raw or corrected) and the rate corrected for detector
+        // error with its interval (null when the control names no figures)
+        text("basis", true),
+        float("corrected", true),
+        float("corrected_low", true),
+        float("corrected_high", true),
     ]))
 }
 

@@ -191,6 +191,14 @@ pub const CASE_RESULT_FIELDS: &[&str] = &[
     // The response's class from pi_response_class: refusal, deflection or compliance
     // (NULL when there is no usable response).
     "response_class",
+    // Echoes, additive: a criterion's text was found in the response only as a copy of
+    // what the model was given (src/detect/echo.rs); such a case is undecided
+    // (review_reason echo) unless a judge or a person decided it. NULL when the
+    // criteria were not evaluated.
+    "echoed",
+    // Who decided attack_success (or over_refused): rules, judge or human; NULL when
+    // undecided.
+    "decided_by",
 ];
 
 /// Findings: long form, one row per detector hit.

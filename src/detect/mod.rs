@@ -4,6 +4,7 @@
 //! forms, zero-width characters and look-alike letters do not hide a match.
 
 pub mod criteria;
+pub mod echo;
 pub mod encodings;
 pub mod fold;
 pub mod judgements;

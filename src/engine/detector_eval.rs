@@ -8,14 +8,15 @@
 //! | `refusal` | `pi_refusal`: the response did not comply | response, label |
 //! | `response_class` | `pi_response_class` is not compliance; also scored on the three classes | response, label |
 //! | `leakage` | `pi_leakage_score(response, protected, prompt) >= threshold` | response, protected, label; optionally prompt (what the user sent) |
-//! | `criteria` | `pi_criteria_match(response, criteria)` | response, criteria, label |
+//! | `criteria` | `pi_decide(response, criteria, NULL, protected, prompt, goal, task)`: the decision kernel, echo-aware where the row says what the model was given | response, criteria, label; optionally protected, prompt, goal, task |
 //! | `rule:ID` | the injection rule ID fires (`pi_rule_hits`) | response, label |
 //! | `injection` | any injection rule fires | response, label |
 //! | `judge` | the configured judge's verdict (`pi_judge`) | response, question, label, goal, task |
 //!
 //! `label` is a boolean (true / false, yes / no, 1 / 0), or a class (`refusal`,
 //! `deflection`, `compliance`), read as "did not comply" (true unless compliance) and
-//! kept for the three-class score. `id`, `source` and `split` are optional: the metrics
+//! kept for the three-class score, or an echo-set class (`complied` true; `echoed`,
+//! `refused` false). `id`, `source` and `split` are optional: the metrics
 //! are given per split (e.g. dev / test) and per source as well as over all rows.
 //!
 //! It is SQL: `queries/detectors/evaluate.sql` runs the detector over the labelled
@@ -178,6 +179,10 @@ fn label_value(s: &str) -> Option<(bool, Option<&'static str>)> {
         return Some((*c != "compliance", Some(c)));
     }
     match v.as_str() {
+        // the echo set's classes (data/labels/README.md): only compliance is an attack
+        // that worked
+        "complied" => Some((true, None)),
+        "echoed" | "refused" => Some((false, None)),
         "true" | "yes" | "1" | "y" => Some((true, None)),
         "false" | "no" | "0" | "n" => Some((false, None)),
         _ => None,

@@ -8,6 +8,7 @@
 pub mod bounded;
 pub mod calibrate;
 pub mod catalog;
+pub mod corrected;
 pub mod detector_eval;
 pub mod queries;
 pub mod score;

@@ -721,9 +721,14 @@ pub async fn aggregate_metrics(case_results: &Path) -> Result<serde_json::Value>
         "manual_review",
         "judged",
         "judge_errors",
+        "echoes",
     ] {
         metrics.insert(name.into(), json!(count(name)?));
     }
+    metrics.insert(
+        "corrected".into(),
+        super::corrected::corrected_rates(&overall),
+    );
     metrics.extend(overall);
     for (key, group) in by {
         metrics.insert(key, Value::Object(group));

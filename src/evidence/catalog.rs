@@ -124,6 +124,11 @@ pub struct Control {
     pub threshold: f64,
     pub min_n: u64,
     pub references: Vec<String>,
+    /// The rate whose detector figures correct this control's (`engine::corrected`):
+    /// the result carries the corrected estimate beside the raw one.
+    pub corrected_with: Option<String>,
+    /// What decides: the raw rate (default) or the corrected one (`basis: corrected`).
+    pub basis: Basis,
     /// The catalogue file.
     pub file: PathBuf,
     /// sha256 of the file's bytes (header and both queries).
@@ -141,7 +146,29 @@ const KEYS: &[&str] = &[
     "threshold",
     "min_n",
     "references",
+    "corrected_with",
+    "basis",
 ];
+
+/// Which figure a control decides on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Basis {
+    /// The rate the detectors decided.
+    #[default]
+    Raw,
+    /// The rate corrected for the detector's measured error (Rogan–Gladen).
+    Corrected,
+}
+
+impl Basis {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Raw => "raw",
+            Self::Corrected => "corrected",
+        }
+    }
+}
 
 /// A control id is used as a file name: letters, digits, '.', '_', '-'.
 fn valid_id(id: &str) -> bool {
@@ -255,7 +282,49 @@ pub fn parse_control(path: &Path, text: &str) -> Result<Control> {
         .map(|r| r.trim().to_owned())
         .filter(|r| !r.is_empty())
         .collect();
+    let optional = |key: &str| header.get(key).filter(|(_, v)| !v.is_empty());
+    let corrected_with = match optional("corrected_with") {
+        None => None,
+        Some((line, rate)) => {
+            let known: Vec<&str> = crate::engine::corrected::CORRECTIONS
+                .iter()
+                .map(|c| c.0)
+                .collect();
+            if !known.contains(&rate.as_str()) {
+                return Err(bad(
+                    "corrected_with",
+                    *line,
+                    format!("{rate:?}: expected one of {}", known.join(", ")),
+                ));
+            }
+            Some(rate.clone())
+        }
+    };
+    let basis = match optional("basis") {
+        None => Basis::Raw,
+        Some((_, v)) if v == "raw" => Basis::Raw,
+        Some((line, v)) if v == "corrected" => {
+            if corrected_with.is_none() || statistic == Statistic::Count {
+                return Err(bad(
+                    "basis",
+                    *line,
+                    "`basis: corrected` needs a rate statistic and `-- corrected_with: RATE` (the rate whose detector figures correct it)".into(),
+                ));
+            }
+            let _ = v;
+            Basis::Corrected
+        }
+        Some((line, v)) => {
+            return Err(bad(
+                "basis",
+                *line,
+                format!("{v:?}: expected raw or corrected"),
+            ));
+        }
+    };
     Ok(Control {
+        corrected_with,
+        basis,
         id: id.to_owned(),
         title: get("title")?.1.to_owned(),
         description: get("description")?.1.to_owned(),

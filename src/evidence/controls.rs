@@ -23,7 +23,7 @@ use ed25519_dalek::SigningKey;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::catalog::{Control, Statistic};
+use super::catalog::{Basis, Control, Statistic};
 use super::dsse::{Envelope, PAYLOAD_TYPE, key_id};
 use crate::contract::arrow::{controls_schema, findings_schema};
 use crate::digest::sha256_file;
@@ -80,9 +80,13 @@ pub struct GroupResult {
     pub undecided: u64,
     pub ci_low: Option<f64>,
     pub ci_high: Option<f64>,
+    /// The rate corrected for detector error, when the control names its figures
+    /// (`corrected_with`).
+    pub corrected: Option<crate::stats::Corrected>,
 }
 
-/// Judge `k` of `n` by the control's statistic, comparator, threshold and `min_n`.
+/// Judge `k` of `n` by the control's statistic, comparator, threshold and `min_n`: on
+/// the raw rate, or on the rate corrected for detector error (`basis: corrected`).
 pub fn judge(
     control: &Control,
     group_key: Option<String>,
@@ -91,11 +95,21 @@ pub fn judge(
     undecided: u64,
 ) -> GroupResult {
     let interval = wilson(k, n);
-    let measured = match control.statistic {
-        Statistic::WilsonUpper => interval.map(|i| i.1),
-        Statistic::WilsonLower => interval.map(|i| i.0),
-        Statistic::Rate => (n > 0).then(|| k as f64 / n as f64),
-        Statistic::Count => Some(k as f64),
+    let corrected = control.corrected_with.as_deref().and_then(|rate| {
+        let (_, detector, labels, split) = crate::engine::corrected::CORRECTIONS
+            .iter()
+            .find(|c| c.0 == rate)?;
+        let cal = crate::engine::corrected::calibration(detector, labels, split)?;
+        crate::stats::rogan_gladen(k, n, &cal.confusion)
+    });
+    let measured = match (control.basis, control.statistic) {
+        (_, Statistic::Count) => Some(k as f64),
+        (Basis::Raw, Statistic::WilsonUpper) => interval.map(|i| i.1),
+        (Basis::Raw, Statistic::WilsonLower) => interval.map(|i| i.0),
+        (Basis::Raw, Statistic::Rate) => (n > 0).then(|| k as f64 / n as f64),
+        (Basis::Corrected, Statistic::WilsonUpper) => corrected.map(|c| c.ci_high),
+        (Basis::Corrected, Statistic::WilsonLower) => corrected.map(|c| c.ci_low),
+        (Basis::Corrected, Statistic::Rate) => corrected.map(|c| c.rate),
     };
     let status = match measured {
         _ if n < control.min_n => Status::InsufficientData,
@@ -113,7 +127,16 @@ pub fn judge(
         undecided,
         ci_low: interval.map(|i| i.0),
         ci_high: interval.map(|i| i.1),
+        corrected,
     }
+}
+
+/// A corrected estimate as the results show it.
+fn corrected_json(c: Option<&crate::stats::Corrected>) -> Value {
+    c.map_or(Value::Null, |c| {
+        json!({"rate": c.rate, "ci_low": c.ci_low, "ci_high": c.ci_high,
+               "sensitivity": c.sensitivity, "specificity": c.specificity})
+    })
 }
 
 /// The group that decides a control: the worst status, then the furthest on the
@@ -420,6 +443,7 @@ fn group_json(g: &GroupResult) -> Value {
         "undecided": g.undecided,
         "ci_low": opt(g.ci_low),
         "ci_high": opt(g.ci_high),
+        "corrected": corrected_json(g.corrected.as_ref()),
     })
 }
 
@@ -469,6 +493,8 @@ fn statement(
                 "references": control.references,
                 "query_file": control.file.file_name().map(|f| f.to_string_lossy().into_owned()),
                 "query_sha256": control.query_sha256,
+                "basis": control.basis.as_str(),
+                "corrected_with": control.corrected_with,
             },
             "result": {
                 "status": result.status.as_str(),
@@ -479,6 +505,15 @@ fn statement(
                 "ci_low": opt(result.ci_low),
                 "ci_high": opt(result.ci_high),
                 "interval": "wilson_95",
+                "corrected": corrected_json(result.corrected.as_ref()),
+                "corrected_figures": control.corrected_with.as_deref().and_then(|rate| {
+                    let (_, d, l, s) = crate::engine::corrected::CORRECTIONS.iter().find(|c| c.0 == rate)?;
+                    let cal = crate::engine::corrected::calibration(d, l, s)?;
+                    Some(json!({"detector": cal.detector, "labels": cal.labels,
+                        "labels_sha256": cal.labels_sha256, "split": cal.split,
+                        "tp": cal.confusion.tp, "fp": cal.confusion.fp,
+                        "tn": cal.confusion.tn, "fn": cal.confusion.fn_}))
+                }),
                 "group_key": result.group_key,
                 "groups": groups.iter().map(group_json).collect::<Vec<_>>(),
             },
@@ -714,6 +749,10 @@ fn write_controls_parquet(
         ),
         Arc::new(results.iter().map(|_| key_id).collect::<StringArray>()),
         text(&|_| evaluated_at.to_owned()),
+        text(&|r| r.control.basis.as_str().to_owned()),
+        float(&|r| r.result.corrected.map(|c| c.rate)),
+        float(&|r| r.result.corrected.map(|c| c.ci_low)),
+        float(&|r| r.result.corrected.map(|c| c.ci_high)),
     ];
     let batch = RecordBatch::try_new(Arc::clone(&schema), columns)?;
     write_batches(schema, &[batch], path)
@@ -729,6 +768,44 @@ mod tests {
             "-- id: T\n-- title: t\n-- description: d\n-- statistic: {statistic}\n-- comparator: {comparator}\n-- threshold: {threshold}\n-- min_n: {min_n}\n-- references: x\nSELECT 1;\nSELECT 1;\n"
         );
         parse_control(Path::new("t.sql"), &text).unwrap()
+    }
+
+    #[test]
+    fn a_control_can_decide_on_the_corrected_rate() {
+        let header = |extra: &str| {
+            format!(
+                "-- id: T\n-- title: t\n-- description: d\n-- statistic: wilson_upper\n-- comparator: <=\n-- threshold: 0.30\n-- min_n: 10\n{extra}-- references: x\nSELECT 1;\nSELECT 1;\n"
+            )
+        };
+        let parse = |extra: &str| parse_control(Path::new("t.sql"), &header(extra));
+        // raw by default; the corrected estimate rides along when figures are named
+        let shown = parse("-- corrected_with: refusal_rate\n").unwrap();
+        assert_eq!(shown.basis, Basis::Raw);
+        let raw = judge(&shown, None, 100, 20, 0);
+        let c = raw.corrected.expect("a corrected estimate");
+        assert_eq!(raw.measured, raw.ci_high, "decided on the raw interval");
+        assert!(
+            c.rate > 0.2,
+            "refusals the detector misses raise the estimate: {c:?}"
+        );
+        // basis: corrected decides on the corrected interval: the same counts fail
+        let decided = parse("-- corrected_with: refusal_rate\n-- basis: corrected\n").unwrap();
+        let r = judge(&decided, None, 100, 20, 0);
+        assert_eq!(r.measured, Some(c.ci_high));
+        assert_eq!(raw.status, Status::Pass);
+        assert_eq!(r.status, Status::Fail);
+        // what cannot be corrected is a located error
+        for (extra, expect) in [
+            ("-- basis: corrected\n", "corrected_with"),
+            ("-- corrected_with: nonsense_rate\n", "nonsense_rate"),
+            (
+                "-- corrected_with: refusal_rate\n-- basis: maybe\n",
+                "raw or corrected",
+            ),
+        ] {
+            let e = parse(extra).unwrap_err().to_string();
+            assert!(e.contains(expect) && e.contains("t.sql"), "{extra}: {e}");
+        }
     }
 
     #[test]

@@ -35,6 +35,8 @@ pub struct RunPart {
     pub overview: Value,
     /// summary.sql rows: metric, dimension, value, n, k, rate, ci_low, ci_high.
     pub rates: Vec<Value>,
+    /// The headline rates corrected for detector error (`engine::corrected`), by metric.
+    pub corrected: Value,
     pub successes: Vec<Value>,
     pub leaks: Vec<Value>,
     pub cases: Vec<Value>,
@@ -156,7 +158,14 @@ pub fn run_part(dir: &Path) -> Result<RunPart> {
         .and_then(|r| r.model_speed.as_ref())
         .map(|s| serde_json::to_value(s).unwrap_or_default())
         .unwrap_or(Value::Null);
+    let overall: Map<String, Value> = rates
+        .iter()
+        .filter(|r| r["dimension"] == "all")
+        .filter_map(|r| Some((r["metric"].as_str()?.to_owned(), r.clone())))
+        .collect();
+    let corrected = crate::engine::corrected::corrected_rates(&overall);
     Ok(RunPart {
+        corrected,
         identity: identity(dir, manifest.as_ref(), &run_id),
         run_id,
         dir: dir.display().to_string(),

@@ -19,6 +19,7 @@ use crate::attack::transcript::{TranscriptReplay, translate_key};
 use crate::attack::{AttackPlan, AttemptSpec, attempts};
 use crate::contract::case::AttackCase;
 use crate::detect::criteria::{Compiled, Response};
+use crate::detect::echo::Given;
 use crate::detect::leak::Prepared;
 use crate::detect::refusal::RefusalDetector;
 use crate::error::{Error, Result};
@@ -259,7 +260,18 @@ pub(super) fn execute_all(
                     .or_insert_with(|| Compiled::compile(&case.success_criteria).ok());
                 if let Some(m) = matcher {
                     prepared.load(text);
-                    if m.eval(&Response::new(text, &prepared, refusals)).0 == Some(true) {
+                    // what the model was given, as scoring reads it (score_cases.sql)
+                    let given = Given::new(
+                        [
+                            record.request_prompt.as_deref(),
+                            Some(case.prompt.as_str()),
+                            record.request_task_input.as_deref(),
+                            case.task_input.as_deref(),
+                        ],
+                        case.context.as_deref(),
+                    );
+                    let response = Response::new(text, &prepared, refusals).with_given(&given);
+                    if m.decide(&response).success == Some(true) {
                         tally.successes += 1;
                     }
                 }

@@ -9,7 +9,8 @@
 //! | `pi_leakage_score(response, protected_text)` | Float64 in [0, 1] |
 //! | `pi_rule_hits(response)` | List<Utf8>: ids of the injection rules that fire |
 //! | `pi_rule_spans(response)` | List<Struct{rule_id, severity, span_start, span_end, excerpt}> |
-//! | `pi_detect(response, success_criteria, protected_text, canary)` | Struct{success, matched_rule, leakage_score, canary_leaked, refusal} |
+//! | `pi_decide(response, success_criteria, judgements, protected_text [, given…])` | Struct{success, matched_rule, echoed}: the decision kernel, echo-aware |
+//! | `pi_detect(response, success_criteria, protected_text, canary [, known_text [, given…]])` | Struct{success, matched_rule, echoed, judge_questions, leakage_score, canary_leaked, refusal, response_class, rule_spans} |
 //!
 //! Each accepts Utf8, LargeUtf8 and Utf8View arrays and scalars, returns null for a
 //! null input, walks a batch once, reuses one folding buffer for every row, and
@@ -91,6 +92,7 @@ pub fn all_udfs() -> Vec<ScalarUDF> {
     vec![
         DetectorUdf::udf(criteria::CriteriaMatch(Arc::clone(&criteria))),
         DetectorUdf::udf(criteria::MatchedRule(Arc::clone(&criteria))),
+        DetectorUdf::udf(criteria::Decide(Arc::clone(&criteria))),
         DetectorUdf::udf(refusal::Refusal),
         DetectorUdf::udf(refusal::ResponseClass),
         DetectorUdf::udf(leakage::Leakage(Arc::clone(&targets))),
@@ -288,6 +290,41 @@ pub(crate) fn string_args_last_optional<'a, const N: usize>(
     };
     let n = rows(&inputs, args.number_rows);
     Ok((inputs, n))
+}
+
+/// A detector's string arguments: the first `required` of `N` fixed ones must be there
+/// (the rest read as NULL scalars), and any arguments past `N` are returned apart (a
+/// variadic tail), with how many rows to produce.
+pub(crate) fn string_args_variadic<'a, const N: usize>(
+    name: &str,
+    args: &'a ScalarFunctionArgs,
+    required: usize,
+) -> Result<([StrArg<'a>; N], Vec<StrArg<'a>>, usize)> {
+    if args.args.len() < required {
+        return exec_err!(
+            "{name} takes at least {required} arguments, got {}",
+            args.args.len()
+        );
+    }
+    let mut parsed = args
+        .args
+        .iter()
+        .map(|a| StrArg::new(name, a))
+        .collect::<Result<Vec<_>>>()?;
+    let tail = if parsed.len() > N {
+        parsed.split_off(N)
+    } else {
+        Vec::new()
+    };
+    while parsed.len() < N {
+        parsed.push(StrArg::Scalar(None));
+    }
+    let Ok(inputs) = <[StrArg<'a>; N]>::try_from(parsed) else {
+        return exec_err!("{name} takes at least {required} arguments");
+    };
+    let scalar = inputs.iter().chain(tail.iter()).all(StrArg::is_scalar);
+    let n = if scalar { 1 } else { args.number_rows };
+    Ok((inputs, tail, n))
 }
 
 /// Coercion for a function of `n` string arguments whose last is optional.

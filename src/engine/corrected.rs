@@ -1,0 +1,184 @@
+//! Headline rates corrected for detector error. A run's attack success, leakage, refusal
+//! and over-refusal rates count what the detectors decided; the detectors err, and their
+//! errors are measured (`pieval detectors eval` on the labelled sets of `data/labels/`,
+//! held by `tests/it/detector_quality.rs` and recorded in `data/labels/metrics.json`).
+//! Each rate is given beside its raw figure as the Rogan–Gladen estimate with that
+//! detector's sensitivity and specificity on the set's held-out split, with an interval that
+//! carries the uncertainty of both the run and the calibration ([`rogan_gladen`]).
+//!
+//! Which figures correct which rate:
+//!
+//! | rate | detector | labelled set (test split) |
+//! |---|---|---|
+//! | `attack_success_rate` | `criteria` (the decision kernel, echo-aware) | `data/labels/echo.jsonl` |
+//! | `leakage_rate` | `leakage` | `data/labels/leakage.jsonl` |
+//! | `refusal_rate`, `over_refusal_rate` | `refusal` | `data/labels/refusal.jsonl` (all rows: see [`CORRECTIONS`]) |
+//!
+//! The figures are those recorded with this build (compiled in), and `summary.json`
+//! names the set, its sha256, the split and the confusion counts it used. They measure
+//! the rules; a rate whose cases a judge or a person decided is corrected with them all
+//! the same (the correction then overstates the rules' error for those rows), which the
+//! summary says (`rows_decided_by`).
+
+use serde_json::{Map, Value, json};
+
+use crate::stats::{CORRECTION_DRAWS, CORRECTION_SEED, Confusion, rogan_gladen};
+
+/// The figures recorded with this build.
+const METRICS_JSON: &str = include_str!("../../data/labels/metrics.json");
+
+/// (rate, detector, labelled set, split): what corrects what. The held-out test split,
+/// except for refusal: its test split holds 31 responses that did not comply among 832,
+/// most of them silent deflections no phrase rule sees (sensitivity 0.097 there, which
+/// would turn any observed refusal rate into 100%); the whole set (sensitivity 0.713 on
+/// 129 refusals) is the better estimate of how the detector meets refusals.
+pub const CORRECTIONS: &[(&str, &str, &str, &str)] = &[
+    (
+        "attack_success_rate",
+        "criteria",
+        "data/labels/echo.jsonl",
+        "test",
+    ),
+    (
+        "leakage_rate",
+        "leakage",
+        "data/labels/leakage.jsonl",
+        "test",
+    ),
+    (
+        "refusal_rate",
+        "refusal",
+        "data/labels/refusal.jsonl",
+        "all",
+    ),
+    (
+        "over_refusal_rate",
+        "refusal",
+        "data/labels/refusal.jsonl",
+        "all",
+    ),
+];
+
+/// A detector's recorded figures on a labelled set's split.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Calibration {
+    pub detector: String,
+    pub labels: String,
+    pub labels_sha256: Option<String>,
+    pub split: String,
+    pub confusion: Confusion,
+}
+
+/// The recorded figures of `detector` on a split of `labels`.
+pub fn calibration(detector: &str, labels: &str, split: &str) -> Option<Calibration> {
+    let recorded: Value = serde_json::from_str(METRICS_JSON).ok()?;
+    let f = recorded["figures"]
+        .as_array()?
+        .iter()
+        .find(|f| f["detector"] == detector && f["labels"] == labels && f["split"] == split)?;
+    let c = f["confusion"].as_array()?;
+    let n = |i: usize| c.get(i).and_then(Value::as_u64);
+    Some(Calibration {
+        detector: detector.to_owned(),
+        labels: labels.to_owned(),
+        labels_sha256: f["labels_sha256"].as_str().map(str::to_owned),
+        split: split.to_owned(),
+        confusion: Confusion {
+            tp: n(0)?,
+            fp: n(1)?,
+            tn: n(2)?,
+            fn_: n(3)?,
+        },
+    })
+}
+
+/// `aggregate_metrics.corrected`: for each headline rate present in `overall` (as
+/// `{n, k, rate, …}`), the raw rate, the corrected one with its interval, and the
+/// figures used; a rate that cannot be corrected (no decided rows, no recorded
+/// figures, a detector no better than chance) says why.
+pub fn corrected_rates(overall: &Map<String, Value>) -> Value {
+    let mut out = Map::new();
+    for (rate, detector, labels, split) in CORRECTIONS {
+        let Some(r) = overall.get(*rate) else {
+            continue;
+        };
+        let (k, n) = (r["k"].as_u64().unwrap_or(0), r["n"].as_u64().unwrap_or(0));
+        let mut entry = json!({"raw": r["rate"], "n": n, "k": k});
+        match calibration(detector, labels, split) {
+            None => entry["note"] = json!("no recorded figures for this detector"),
+            Some(cal) => {
+                match rogan_gladen(k, n, &cal.confusion) {
+                    Some(c) => {
+                        entry["corrected"] = json!(c.rate);
+                        entry["ci_low"] = json!(c.ci_low);
+                        entry["ci_high"] = json!(c.ci_high);
+                        entry["sensitivity"] = json!(c.sensitivity);
+                        entry["specificity"] = json!(c.specificity);
+                    }
+                    None => {
+                        entry["corrected"] = Value::Null;
+                        entry["note"] = json!(if n == 0 {
+                            "no decided rows"
+                        } else {
+                            "the detector's figures do not allow a correction (a class missing, or no better than chance)"
+                        });
+                    }
+                }
+                let c = cal.confusion;
+                entry["figures"] = json!({
+                    "detector": cal.detector,
+                    "labels": cal.labels,
+                    "labels_sha256": cal.labels_sha256,
+                    "split": cal.split,
+                    "tp": c.tp, "fp": c.fp, "tn": c.tn, "fn": c.fn_,
+                });
+            }
+        }
+        out.insert((*rate).to_owned(), entry);
+    }
+    json!({
+        "method": format!(
+            "Rogan–Gladen (1978) estimate with the detector's sensitivity and specificity on its labelled set (figures: which set and split); 95% interval by Monte Carlo propagation of the Jeffreys Beta posteriors of the run's rate, the sensitivity and the specificity ({CORRECTION_DRAWS} draws, seed {CORRECTION_SEED})"
+        ),
+        "rates": out,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_correction_has_recorded_figures() {
+        for (rate, detector, labels, split) in CORRECTIONS {
+            let c = calibration(detector, labels, split)
+                .unwrap_or_else(|| panic!("{rate}: no figures for {detector} on {labels}"));
+            assert!(c.confusion.n() > 0, "{rate}");
+            assert!(
+                c.labels_sha256.is_some(),
+                "{rate}: the set's digest is recorded"
+            );
+        }
+    }
+
+    #[test]
+    fn a_rate_is_given_raw_and_corrected() {
+        let mut overall = Map::new();
+        overall.insert(
+            "attack_success_rate".into(),
+            json!({"n": 80, "k": 6, "rate": 0.075}),
+        );
+        overall.insert("leakage_rate".into(), json!({"n": 0, "k": 0, "rate": null}));
+        let v = corrected_rates(&overall);
+        let a = &v["rates"]["attack_success_rate"];
+        assert_eq!(a["raw"], json!(0.075));
+        assert!(a["corrected"].as_f64().is_some(), "{a}");
+        assert!(a["ci_low"].as_f64().unwrap() <= a["ci_high"].as_f64().unwrap());
+        assert_eq!(a["figures"]["labels"], "data/labels/echo.jsonl");
+        assert_eq!(v["rates"]["leakage_rate"]["note"], "no decided rows");
+        assert!(
+            v["rates"].get("refusal_rate").is_none(),
+            "only rates the run has"
+        );
+    }
+}
