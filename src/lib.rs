@@ -48,6 +48,7 @@ pub mod mitigation;
 pub mod model;
 pub mod provider;
 pub mod report;
+pub mod review;
 pub mod rundir;
 pub mod runner;
 pub mod stats;

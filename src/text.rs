@@ -126,6 +126,19 @@ pub fn utc_rfc3339(secs: u64) -> String {
     format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
 }
 
+/// Now, RFC 3339 in UTC with microseconds (`2026-12-03T10:00:00.123456Z`): fixed width,
+/// so the text orders as the time does (the latest of two verdicts in one second).
+pub fn utc_rfc3339_millis() -> String {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let (y, mo, day, h, mi, s) = civil(d.as_secs());
+    format!(
+        "{y:04}-{mo:02}-{day:02}T{h:02}:{mi:02}:{s:02}.{:06}Z",
+        d.subsec_micros()
+    )
+}
+
 /// Seconds since the Unix epoch, now.
 pub fn unix_now() -> u64 {
     std::time::SystemTime::now()

@@ -10,7 +10,11 @@ SELECT
     count(*) FILTER (WHERE judge_verdict IS NOT NULL)              AS judged,
     count(*) FILTER (WHERE review_reason LIKE '%judge_error%')     AS judge_errors,
     -- undecided because the criterion's text was only in a copy of the input
-    count(*) FILTER (WHERE review_reason LIKE '%echo%')            AS echoes,
+    count(*) FILTER (WHERE review_reason LIKE '%echo%' AND manual_review) AS echoes,
+    -- who decided: a reviewer's verdict (pieval review), the judge, the rules
+    count(*) FILTER (WHERE decided_by = 'human')                   AS decided_by_human,
+    count(*) FILTER (WHERE decided_by = 'judge')                   AS decided_by_judge,
+    count(*) FILTER (WHERE decided_by = 'rules')                   AS decided_by_rules,
     approx_percentile_cont(latency_ms, 0.5)                        AS latency_p50,
     approx_percentile_cont(latency_ms, 0.95)                       AS latency_p95,
     max(latency_ms)                                                AS latency_max

@@ -14,6 +14,7 @@ mod keygen;
 mod model;
 pub mod output;
 mod report;
+mod review;
 mod run;
 mod runs;
 mod score;
@@ -89,6 +90,10 @@ enum Command {
     /// Write a run's report: one self-contained HTML file (rates with intervals, charts,
     /// controls, successful attacks, leaks), optionally comparing runs.
     Report(report::Args),
+    /// Decide what no rule or judge can: serve the run's review queue (undecided cases,
+    /// echoes, judge errors, disagreements, an audit sample) on a local page; verdicts go
+    /// to the run's reviews.parquet.
+    Review(review::Args),
     /// Local models: pull (fetch and verify) and list.
     #[command(subcommand)]
     Model(model::Command),
@@ -132,6 +137,7 @@ pub fn main() -> Result<u8> {
         Command::Verify(args) => verify::run(args),
         Command::Export(args) => export::run(args),
         Command::Report(args) => report::run(args),
+        Command::Review(args) => review::run(args),
         Command::Model(cmd) => model::run(cmd),
         Command::Judge(cmd) => judge::run(cmd),
         Command::Detectors(cmd) => detectors::run(cmd),

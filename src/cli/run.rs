@@ -270,6 +270,12 @@ pub struct ReplayArgs {
     /// it the run's verdicts are not used: the judge is asked again.
     #[arg(long, requires = "rescore")]
     trust_judgements: bool,
+    /// With --rescore: apply the reviewers' verdicts in the run's reviews.parquet
+    /// (`pieval review`; the latest per case, each only on the response it was given
+    /// on), which take precedence over the judge and the rules. Without it they are not
+    /// applied (a run folder is not trusted) and a note says how many were left.
+    #[arg(long, requires = "rescore")]
+    trust_reviews: bool,
     /// Confirm that pieval may use the local files the run's config names outside the
     /// run folder (its corpus, a model file, a judge's rubric, calibration, cache or
     /// replay file), as the refusal lists them. Without it such a run is refused: give
@@ -407,6 +413,20 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
     }
     if args.rescore {
         let notes = progress(false);
+        let reviews =
+            crate::rundir::reviews::read(&dir.join(crate::rundir::reviews::REVIEWS_FILE))?;
+        if !reviews.is_empty() && !args.trust_reviews {
+            output::stderr_line(&format!(
+                "note: the run's {} reviewer verdict(s) in {} were not applied (a run folder is not trusted); --trust-reviews applies them",
+                reviews.len(),
+                crate::rundir::reviews::REVIEWS_FILE
+            ));
+        }
+        let reviews = if args.trust_reviews {
+            reviews
+        } else {
+            Vec::new()
+        };
         let scored = runner::score_run(
             &dir,
             &run_id,
@@ -419,6 +439,7 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
                 serve: args.trust_judgements,
                 merge: args.trust_judgements,
             },
+            reviews,
         )?;
         if let Some(j) = scored.judge.as_ref().filter(|j| j.run_verdicts_unused > 0) {
             output::stderr_line(&format!(

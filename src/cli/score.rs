@@ -43,6 +43,11 @@ pub struct Args {
     /// inputs (default: the output folder); removed when scoring ends.
     #[arg(long, value_name = "DIR", requires = "cluster")]
     staging: Option<PathBuf>,
+    /// Reviewers' verdicts to apply (a `reviews.parquet` that `pieval review` wrote):
+    /// the latest per case, each only on the response it was given on, taking
+    /// precedence over the judge and the rules (`decided_by = human`).
+    #[arg(long, value_name = "FILE")]
+    reviews: Option<PathBuf>,
     /// Print the report as one JSON document.
     #[arg(long)]
     json: bool,
@@ -69,6 +74,15 @@ pub fn run(args: Args) -> Result<u8> {
     opts.mitigation = args.mitigation;
     opts.leakage_threshold = args.leakage_threshold;
     opts.judge = judge;
+    if let Some(path) = &args.reviews {
+        if !path.is_file() {
+            return Err(crate::error::Error::NotFound(format!(
+                "--reviews {}: no such file",
+                path.display()
+            )));
+        }
+        opts.reviews = crate::rundir::reviews::read(path)?;
+    }
     opts.cluster = args
         .cluster
         .as_deref()

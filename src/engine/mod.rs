@@ -64,6 +64,7 @@ pub fn register_functions(ctx: &SessionContext) {
     crate::detect::register_udfs(ctx);
     crate::judge::udf::register(ctx, None);
     wilson::register(ctx);
+    wilson::register_sha256(ctx);
 }
 
 /// The names of the scalar functions [`register_functions`] adds to DataFusion's, sorted.

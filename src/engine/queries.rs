@@ -48,6 +48,9 @@ pub const REPORT_LEAKS: Query = query!("report/leaks.sql");
 pub const REPORT_CASES: Query = query!("report/cases.sql");
 pub const REPORT_CONTROLS: Query = query!("report/controls.sql");
 
+/// `pieval review`: the cases a person should decide.
+pub const REVIEW_QUEUE: Query = query!("review/queue.sql");
+
 /// The built-in control catalogue (`pieval controls`), in id order.
 pub const CONTROLS: [Query; 11] = [
     query!("controls/01_asr_critical.sql"),
@@ -83,6 +86,7 @@ pub fn all() -> Vec<Query> {
         REPORT_LEAKS,
         REPORT_CASES,
         REPORT_CONTROLS,
+        REVIEW_QUEUE,
     ];
     all.extend(CONTROLS);
     all

@@ -50,6 +50,9 @@ pub struct ScoreOptions {
     /// With `cluster`: the folder the validated inputs are staged in, which the
     /// scheduler and every executor must see (default: the output folder).
     pub staging: Option<PathBuf>,
+    /// Reviewers' verdicts to apply (human > judge > rules; `src/review/mod.rs`): a
+    /// rescore passes the run's `reviews.parquet` when the user trusts it.
+    pub reviews: Vec<crate::rundir::reviews::Review>,
 }
 
 impl ScoreOptions {
@@ -65,6 +68,7 @@ impl ScoreOptions {
             judge: None,
             cluster: None,
             staging: None,
+            reviews: Vec::new(),
         }
     }
 }
@@ -237,6 +241,61 @@ fn score_params(ctx: &datafusion::prelude::SessionContext, opts: &ScoreOptions) 
     Ok(())
 }
 
+/// Register `reviews` (the latest verdict per case, `rundir::reviews::latest`) on a scoring session,
+/// as a VALUES view so a cluster can ship it; empty without reviews.
+pub fn register_reviews(
+    ctx: &datafusion::prelude::SessionContext,
+    reviews: &[crate::rundir::reviews::Review],
+) -> Result<()> {
+    use datafusion::logical_expr::{LogicalPlanBuilder, lit};
+    use datafusion::prelude::col;
+    use datafusion::scalar::ScalarValue;
+    let s = |v: Option<&str>| lit(ScalarValue::Utf8(v.map(str::to_owned)));
+    let latest = crate::rundir::reviews::latest(reviews);
+    let empty = latest.is_empty();
+    let rows: Vec<Vec<datafusion::logical_expr::Expr>> = if empty {
+        vec![vec![
+            s(None),
+            s(None),
+            lit(ScalarValue::Boolean(None)),
+            s(None),
+            s(None),
+        ]]
+    } else {
+        latest
+            .iter()
+            .map(|r| {
+                vec![
+                    s(Some(&r.case_id)),
+                    s(r.attempt_id.as_deref()),
+                    lit(ScalarValue::Boolean(Some(r.verdict))),
+                    s(Some(&r.response_sha256)),
+                    s(Some(&r.reviewer)),
+                ]
+            })
+            .collect()
+    };
+    let names = [
+        "case_id",
+        "attempt_id",
+        "verdict",
+        "response_sha256",
+        "reviewer",
+    ];
+    let mut plan = LogicalPlanBuilder::values(rows)?.project(
+        names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| col(format!("column{}", i + 1)).alias(*n)),
+    )?;
+    if empty {
+        plan = plan.filter(lit(false))?;
+    }
+    let df = datafusion::dataframe::DataFrame::new(ctx.state(), plan.build()?);
+    ctx.register_table("reviews", df.into_view())?;
+    Ok(())
+}
+
 /// A scoring session, where it runs, and its staged inputs (a cluster's).
 type OpenSession = (
     datafusion::prelude::SessionContext,
@@ -380,6 +439,7 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
         crate::judge::udf::register(&ctx, opts.judge.clone());
     }
     score_params(&ctx, opts)?;
+    register_reviews(&ctx, &opts.reviews)?;
 
     let mut report = ScoreReport {
         run_id: opts.run_id.clone(),
@@ -722,6 +782,9 @@ pub async fn aggregate_metrics(case_results: &Path) -> Result<serde_json::Value>
         "judged",
         "judge_errors",
         "echoes",
+        "decided_by_human",
+        "decided_by_judge",
+        "decided_by_rules",
     ] {
         metrics.insert(name.into(), json!(count(name)?));
     }

@@ -2,7 +2,7 @@
 //! interval of k successes in n (Wilson 1927, "Probable inference, the law of succession,
 //! and statistical inference"), computed by [`crate::stats::wilson`] — the one
 //! implementation, used by `queries/summary.sql`, the controls and calibration alike.
-//! NULL when n is 0 or either argument is NULL.
+//! NULL when n is 0 or either argument is NULL. Also `pi_sha256(text)` ([`register_sha256`]).
 
 use std::sync::Arc;
 
@@ -45,4 +45,34 @@ pub fn register(ctx: &SessionContext) {
             Arc::new(f),
         ));
     }
+}
+
+/// `pi_sha256(text)`: the hex sha256 of a text's UTF-8 bytes ([`crate::digest::sha256_hex`],
+/// the digest `reviews.parquet` records of a response); NULL for NULL. Scoring computes it
+/// only for the rows a reviewer's verdict names.
+pub fn register_sha256(ctx: &SessionContext) {
+    use datafusion::arrow::array::StringArray;
+    let f = |args: &[ColumnarValue]| -> datafusion::error::Result<ColumnarValue> {
+        let arrays = ColumnarValue::values_to_arrays(args)?;
+        let a = datafusion::arrow::compute::cast(&arrays[0], &DataType::Utf8)?;
+        let out: StringArray = a
+            .as_string::<i32>()
+            .iter()
+            .map(|t| t.map(|t| crate::digest::sha256_hex(t.as_bytes())))
+            .collect();
+        let out: ArrayRef = Arc::new(out);
+        Ok(match &args[0] {
+            ColumnarValue::Scalar(_) => {
+                ColumnarValue::Scalar(datafusion::scalar::ScalarValue::try_from_array(&out, 0)?)
+            }
+            ColumnarValue::Array(_) => ColumnarValue::Array(out),
+        })
+    };
+    ctx.register_udf(create_udf(
+        "pi_sha256",
+        vec![DataType::Utf8],
+        DataType::Utf8,
+        Volatility::Immutable,
+        Arc::new(f),
+    ));
 }

@@ -196,7 +196,7 @@ impl ControlsReport {
 /// (and the signed index binds: one present but not listed fails verification).
 /// The HTML report is not among them: it is a rendering, made again from the verified
 /// tables with `pieval report`.
-pub const RUN_SUBJECTS: [&str; 9] = [
+pub const RUN_SUBJECTS: [&str; 10] = [
     crate::rundir::CASE_RESULTS_PARQUET,
     crate::rundir::MANIFEST_FILE,
     crate::rundir::CASES_FILE,
@@ -206,6 +206,8 @@ pub const RUN_SUBJECTS: [&str; 9] = [
     crate::rundir::TURNS_FILE,
     crate::rundir::PREDICTIONS_FILE,
     crate::rundir::CASE_RESULTS_JSONL,
+    // the reviewers' verdicts (`pieval review`): who decided which case
+    crate::rundir::reviews::REVIEWS_FILE,
 ];
 
 /// The files of a run that every envelope names as subjects, with their digests: the

@@ -45,7 +45,7 @@ pub struct RunPart {
 }
 
 /// Batches as JSON rows (Arrow's JSON writer: nulls kept, numbers as numbers).
-fn rows(batches: &[RecordBatch]) -> Result<Vec<Value>> {
+pub(crate) fn rows(batches: &[RecordBatch]) -> Result<Vec<Value>> {
     let mut buf = Vec::new();
     {
         let mut w = datafusion::arrow::json::WriterBuilder::new()
@@ -243,18 +243,10 @@ fn safe_link_id(id: &str) -> bool {
         && !id.starts_with('.')
 }
 
-/// Render the report of `runs[0]` (compared with the others when there are more), to be
-/// saved at `output` (links to the run's files are made relative to it).
-pub fn render(runs: &[PathBuf], output: &Path) -> Result<String> {
-    let Some(first) = runs.first() else {
-        return Err(Error::Usage("give a run to report on".into()));
-    };
-    let parts: Vec<RunPart> = runs.iter().map(|d| run_part(d)).collect::<Result<_>>()?;
-    let comparisons: Vec<Value> = runs[1..]
-        .iter()
-        .zip(&parts[1..])
-        .map(|(dir, part)| Ok(json!({"run_id": part.run_id, "flips": flips(first, dir, 200)?})))
-        .collect::<Result<_>>()?;
+/// The template environment of pieval's HTML pages (the report, the review page): strict
+/// about undefined values, HTML auto-escaping by a template's `.html` name, bidi
+/// overrides escaped before that, and the `pct` and `num` filters.
+pub fn html_env() -> minijinja::Environment<'static> {
     let mut env = minijinja::Environment::new();
     env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
     // HTML escaping leaves bidirectional overrides, which reorder what the reader sees
@@ -285,6 +277,22 @@ pub fn render(runs: &[PathBuf], output: &Path) -> Result<String> {
             Some(x) => format!("{x:.1}"),
         }
     });
+    env
+}
+
+/// Render the report of `runs[0]` (compared with the others when there are more), to be
+/// saved at `output` (links to the run's files are made relative to it).
+pub fn render(runs: &[PathBuf], output: &Path) -> Result<String> {
+    let Some(first) = runs.first() else {
+        return Err(Error::Usage("give a run to report on".into()));
+    };
+    let parts: Vec<RunPart> = runs.iter().map(|d| run_part(d)).collect::<Result<_>>()?;
+    let comparisons: Vec<Value> = runs[1..]
+        .iter()
+        .zip(&parts[1..])
+        .map(|(dir, part)| Ok(json!({"run_id": part.run_id, "flips": flips(first, dir, 200)?})))
+        .collect::<Result<_>>()?;
+    let mut env = html_env();
     env.add_filter("linkable", |v: String| -> bool { safe_link_id(&v) });
     // The name decides the escaping: `.html` is HTML auto-escaped (text and attributes).
     env.add_template("report.html", TEMPLATE)

@@ -21,6 +21,7 @@
 pub mod bounds;
 pub mod checkpoint;
 pub mod manifest;
+pub mod reviews;
 
 use std::path::Path;
 

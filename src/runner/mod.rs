@@ -252,6 +252,7 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
         opts.progress.as_ref(),
         None,
         crate::judge::RunVerdicts::Own,
+        Vec::new(),
     ) {
         Ok(r) => r,
         // The predictions stay: `pieval replay --rescore` scores them once the cause
@@ -290,6 +291,7 @@ pub fn score_run(
     progress: Option<&Progress>,
     cluster: Option<(&str, Option<&Path>)>,
     verdicts: crate::judge::RunVerdicts,
+    reviews: Vec<crate::rundir::reviews::Review>,
 ) -> Result<ScoreReport> {
     // The run folder's inputs: regular files, never through a link (a received folder's
     // `predictions.jsonl -> /dev/zero` is an error here, not a read that never ends).
@@ -305,6 +307,7 @@ pub fn score_run(
     opts.mitigation = Some(cfg.mitigation.name.as_str().to_owned());
     opts.leakage_threshold = cfg.evaluation.leakage_threshold;
     opts.experiment_name = Some(cfg.experiment.name.clone());
+    opts.reviews = reviews;
     if let Some((url, staging)) = cluster {
         opts.cluster = Some(crate::cluster::scoring(url)?);
         opts.staging = staging.map(Path::to_path_buf);

@@ -160,6 +160,7 @@ fn modules_import_only_downward() {
     const ORDER: &[&str] = &[
         "main",
         "cli",
+        "review",
         "runner",
         "cluster",
         "report",

@@ -22,6 +22,7 @@ mod layout;
 mod local_model;
 mod pinning;
 mod report;
+mod review;
 mod rundir;
 mod runner;
 mod score;

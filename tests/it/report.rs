@@ -13,7 +13,7 @@ const MARK: &str = "document.documentElement.setAttribute('data-xss','1')";
 /// Cross-site scripting vectors: script tags, event handlers, `javascript:` URLs, SVG and
 /// MathML tricks, broken-out attributes and elements, CSS, Unicode tricks, and requests to
 /// `PORT` (a listener the test owns).
-fn vectors(port: u16) -> Vec<String> {
+pub(crate) fn vectors(port: u16) -> Vec<String> {
     let s = MARK;
     let b64 = {
         use base64::Engine;

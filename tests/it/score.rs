@@ -404,6 +404,7 @@ fn the_scoring_plan_folds_once_and_queues_nothing() {
             Arc::new(MemTable::try_new(params, vec![vec![row]]).unwrap()),
         )
         .unwrap();
+        pieval::engine::score::register_reviews(&ctx, &[]).unwrap();
         let df = ctx
             .sql(pieval::engine::score::SCORE_CASES_SQL)
             .await

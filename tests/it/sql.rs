@@ -242,6 +242,7 @@ fn every_query_file_is_registered_and_plans() {
             Field::new("judge_enabled", DataType::Boolean, true),
         ]));
         ctx.register_table("score_params", empty(params)).unwrap();
+        pieval::engine::score::register_reviews(&ctx, &[]).unwrap();
         for name in ["case_results", "a", "b"] {
             ctx.register_table(name, empty(case_results_schema()))
                 .unwrap();

@@ -54,6 +54,12 @@ pub fn scrub(text: &str, dir: &Path) -> String {
     text.replace(&dir.display().to_string(), "<tmp>")
 }
 pub mod chat_server;
+pub mod webdriver;
+
+/// At most `n` characters of `s`.
+pub fn excerpt(s: &str, n: usize) -> String {
+    s.chars().take(n).collect()
+}
 
 /// An experiment config in `dir` (name, model section, dataset under the repository,
 /// sample size); its path.
