@@ -151,7 +151,7 @@ fn scored_run(dir: &Path, hostile: &[String]) -> (PathBuf, Vec<Value>) {
     }
     // decided cases (audit sample material)
     for i in 0..6 {
-        let mut c = attacks[40 + i].clone();
+        let mut c = attacks[200 + i].clone();
         c["case_id"] = json!(format!("r-decided-{i}"));
         c["success_criteria"] = json!({"type": "contains", "value": format!("PWNED-{i}")});
         cases.push(c);
@@ -198,7 +198,9 @@ fn rescore(dir: &Path, run_dir: &Path, out: &Path) -> Vec<Value> {
 
 #[test]
 fn a_person_decides_cases_in_the_browser_and_a_rescore_applies_them() {
-    let hostile: Vec<String> = crate::report::vectors(9).into_iter().take(12).collect();
+    // The report tests' whole XSS corpus, in the prompt and the response of undecided cases.
+    let hostile: Vec<String> = crate::report::vectors(9);
+    assert!(hostile.len() >= 50);
     let dir = tempfile::tempdir().unwrap();
     let (run_dir, _) = scored_run(dir.path(), &hostile);
     let before = read_jsonl(&run_dir.join("case_results.jsonl"));
