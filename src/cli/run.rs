@@ -423,7 +423,7 @@ pub fn replay(args: ReplayArgs) -> Result<u8> {
             ));
         }
         let reviews = if args.trust_reviews {
-            reviews
+            super::score::this_runs_reviews(reviews, &run_id)
         } else {
             Vec::new()
         };

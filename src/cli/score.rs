@@ -81,7 +81,7 @@ pub fn run(args: Args) -> Result<u8> {
                 path.display()
             )));
         }
-        opts.reviews = crate::rundir::reviews::read(path)?;
+        opts.reviews = this_runs_reviews(crate::rundir::reviews::read(path)?, &opts.run_id);
     }
     opts.cluster = args
         .cluster
@@ -126,4 +126,21 @@ pub fn run(args: Args) -> Result<u8> {
     }
     output::stdout_line(text.trim_end())?;
     Ok(0)
+}
+
+/// The verdicts given on run `run_id` (a reviews file may be another run's: its verdicts
+/// are not applied here, and a note says how many).
+pub(crate) fn this_runs_reviews(
+    reviews: Vec<crate::rundir::reviews::Review>,
+    run_id: &str,
+) -> Vec<crate::rundir::reviews::Review> {
+    let total = reviews.len();
+    let kept: Vec<_> = reviews.into_iter().filter(|r| r.run_id == run_id).collect();
+    if kept.len() < total {
+        output::stderr_line(&format!(
+            "note: {} reviewer verdict(s) were given on another run than {run_id} and are not applied",
+            total - kept.len()
+        ));
+    }
+    kept
 }

@@ -370,17 +370,26 @@ impl Compiled {
                 if r.given.is_none() {
                     return hit(true, rule);
                 }
-                // Each match, as folded text: the model's own when one is not a copy.
+                // Each distinct match, as folded text (at most MAX_OCCURRENCES of them):
+                // the model's own when one is not a copy.
+                let mut seen: Vec<String> = Vec::new();
                 let mut own = false;
                 for m in re
                     .find_iter(folded)
                     .map(|m| m.as_str().to_owned())
                     .chain(re.find_iter(r.original).map(|m| fold(m.as_str())))
                 {
+                    if seen.contains(&m) {
+                        continue;
+                    }
+                    if seen.len() == super::echo::MAX_OCCURRENCES {
+                        break;
+                    }
                     if r.echo_of(Side::All, &m) != Some(true) {
                         own = true;
                         break;
                     }
+                    seen.push(m);
                 }
                 if own {
                     hit(true, rule)

@@ -4,7 +4,8 @@
 //!   port (a DNS-rebinding page cannot reach it under another name).
 //! - A one-time token (256 random bits, new each start) is in the URL it prints; every
 //!   request must carry it (links carry it in the query, forms in a hidden field), and a
-//!   request without it, or with another, is refused (403) before anything is read.
+//!   request without it, or with another, is refused (403) before anything is looked
+//!   up or written (a form body, at most 64 KiB, is parsed first).
 //! - A verdict is a form POST whose body carries the token: a page of another origin
 //!   cannot forge one without knowing it; a POST whose `Origin` or `Sec-Fetch-Site` says
 //!   it came from elsewhere is refused as well.
@@ -97,6 +98,8 @@ impl Served {
             .route("/", get(list))
             .route("/case/{index}", get(show).post(decide))
             .fallback(not_found)
+            // a verdict's form is a few kilobytes: nothing larger is read
+            .layer(axum::extract::DefaultBodyLimit::max(64 << 10))
             .with_state(self.state);
         axum::serve(self.listener, app)
             .with_graceful_shutdown(shutdown)
@@ -207,11 +210,12 @@ fn recorded(state: &AppState) -> std::result::Result<Vec<Review>, String> {
     super::read(&state.opts.run_dir.join(super::REVIEWS_FILE)).map_err(|e| e.to_string())
 }
 
+/// The latest verdict on an item: the last in the file (as a rescore reads them).
 fn latest_for<'a>(reviews: &'a [Review], item: &Item) -> Option<&'a Review> {
     reviews
         .iter()
-        .filter(|r| r.case_id == item.case_id && r.attempt_id == item.attempt_id)
-        .max_by(|a, b| a.reviewed_at.cmp(&b.reviewed_at))
+        .rev()
+        .find(|r| r.case_id == item.case_id && r.attempt_id == item.attempt_id)
 }
 
 async fn list(

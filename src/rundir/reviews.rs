@@ -184,10 +184,46 @@ pub fn read(path: &Path) -> Result<Vec<Review>> {
                     verdict.value(i)
                 },
             };
+            let hex = |v: &str| v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit());
+            if !hex(&r.shown_sha256) || !hex(&r.response_sha256) {
+                return Err(bad(format!(
+                    "row {row}: shown_sha256 and response_sha256 are 64 hex digits"
+                )));
+            }
+            if !rfc3339_utc(&r.reviewed_at) {
+                return Err(bad(format!(
+                    "row {row}: reviewed_at {:?} is not a UTC time (YYYY-MM-DDTHH:MM:SS[.ffffff]Z)",
+                    crate::text::excerpt(&r.reviewed_at, 40)
+                )));
+            }
+            if let Err(Error::Usage(m)) = check(&r) {
+                return Err(bad(format!("row {row}: {m}")));
+            }
             out.push(r);
         }
     }
     Ok(out)
+}
+
+/// `YYYY-MM-DDTHH:MM:SS` with optional fractional seconds and `Z`.
+fn rfc3339_utc(v: &str) -> bool {
+    let b = v.as_bytes();
+    let digits =
+        |r: std::ops::Range<usize>| b.get(r).is_some_and(|s| s.iter().all(u8::is_ascii_digit));
+    b.len() >= 20
+        && digits(0..4)
+        && b[4] == b'-'
+        && digits(5..7)
+        && b[7] == b'-'
+        && digits(8..10)
+        && b[10] == b'T'
+        && digits(11..13)
+        && b[13] == b':'
+        && digits(14..16)
+        && b[16] == b':'
+        && digits(17..19)
+        && b[b.len() - 1] == b'Z'
+        && (b.len() == 20 || (b[19] == b'.' && digits(20..b.len() - 1) && b.len() > 21))
 }
 
 /// An exclusive lock on a run folder's [`LOCK_FILE`] (flock), released when dropped.
@@ -253,23 +289,25 @@ fn check(r: &Review) -> Result<()> {
     if r.reviewer.trim().is_empty() || r.reviewer.len() > MAX_REVIEWER_BYTES {
         return bad("a reviewer's name is 1 to 128 bytes");
     }
+    // a name is shown to others: no control or bidirectional characters in it
+    if r.reviewer.chars().any(|c| {
+        c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}')
+    }) {
+        return bad("a reviewer's name holds no control or direction characters");
+    }
     if r.note.as_ref().is_some_and(|n| n.len() > MAX_NOTE_BYTES) {
         return bad("a note is at most 4,096 bytes");
     }
     Ok(())
 }
 
-/// The latest verdict of each (case, attempt), as a rescore applies them.
+/// The latest verdict of each (case, attempt), as a rescore applies them: the last in
+/// the file (verdicts are appended under the lock, so the file's order is the order they
+/// were given in; a clock, or a `reviewed_at` written by someone else, does not decide).
 pub fn latest(reviews: &[Review]) -> Vec<&Review> {
     let mut by: HashMap<(&str, Option<&str>), &Review> = HashMap::new();
     for r in reviews {
-        let key = (r.case_id.as_str(), r.attempt_id.as_deref());
-        match by.get(&key) {
-            Some(prev) if prev.reviewed_at > r.reviewed_at => {}
-            _ => {
-                by.insert(key, r);
-            }
-        }
+        by.insert((r.case_id.as_str(), r.attempt_id.as_deref()), r);
     }
     let mut out: Vec<&Review> = by.into_values().collect();
     out.sort_by(|a, b| (&a.case_id, &a.attempt_id).cmp(&(&b.case_id, &b.attempt_id)));
@@ -307,10 +345,18 @@ mod tests {
         let l = latest(&all);
         assert_eq!(l.len(), 2);
         assert!(!l[0].verdict && l[0].case_id == "c1", "the latest for c1");
-        let mut long = review("c3", "x", true);
+        let mut long = review("c3", "2026-12-03T10:03:00Z", true);
         long.note = Some("n".repeat(MAX_NOTE_BYTES + 1));
         assert!(append(dir.path(), long).is_err());
         assert_eq!(read(&dir.path().join(REVIEWS_FILE)).unwrap().len(), 3);
+        let mut odd = review("c3", "2026-12-03T10:03:00Z", true);
+        odd.reviewer = "ana\u{202e}".into();
+        assert!(
+            append(dir.path(), odd).is_err(),
+            "no direction characters in a name"
+        );
+        assert!(!rfc3339_utc("9999") && !rfc3339_utc("2026-12-03T10:00:00"));
+        assert!(rfc3339_utc("2026-12-03T10:00:00.123456Z") && rfc3339_utc("2026-12-03T10:00:00Z"));
     }
 
     #[test]
@@ -322,7 +368,11 @@ mod tests {
                 let p = path.clone();
                 std::thread::spawn(move || {
                     for i in 0..10 {
-                        append(&p, review(&format!("c{t}-{i}"), "2026", true)).unwrap();
+                        append(
+                            &p,
+                            review(&format!("c{t}-{i}"), "2026-12-03T10:00:00Z", true),
+                        )
+                        .unwrap();
                     }
                 })
             })

@@ -261,7 +261,15 @@ fn a_person_decides_cases_in_the_browser_and_a_rescore_applies_them() {
     // Every hostile page: its text is shown as text, and nothing ran.
     for (i, vector) in hostile.iter().enumerate() {
         browser.go(&page(at(&format!("r-hostile-{i}"))));
-        assert!(browser.text("#response").contains(vector), "case {i}");
+        // shown as text: every piece between the characters the page escapes or a
+        // browser's text normalises (direction overrides, line separators)
+        let text = browser.text("#response");
+        for piece in vector
+            .split(['\u{202e}', '\u{2028}'])
+            .filter(|p| !p.is_empty())
+        {
+            assert!(text.contains(piece), "case {i}: {piece:?} not in {text:?}");
+        }
         let xss = browser.eval("return document.documentElement.getAttribute('data-xss')");
         assert_eq!(xss, Value::Null, "vector {i} ran: {vector}");
         assert_eq!(
@@ -588,11 +596,12 @@ fn a_rescore_applies_a_runs_reviews_only_when_trusted() {
         .find(|r| r["label"] == "attack" && !r["response_text"].is_null())
         .expect("an attack row with a response");
     let case_id = row["case_id"].as_str().unwrap().to_owned();
+    let run_id = row["run_id"].as_str().unwrap().to_owned();
     let verdict = !row["attack_success"].as_bool().unwrap_or(false);
     pieval::rundir::reviews::append(
         &run_dir,
         pieval::rundir::reviews::Review {
-            run_id: "x".into(),
+            run_id: run_id.clone(),
             case_id: case_id.clone(),
             attempt_id: None,
             verdict,
