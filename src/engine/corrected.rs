@@ -10,7 +10,7 @@
 //!
 //! | rate | detector | labelled set (test split) |
 //! |---|---|---|
-//! | `attack_success_rate` | `criteria` (the decision kernel, echo-aware) | `data/labels/echo.jsonl` |
+//! | `attack_success_rate` | `criteria` (the decision kernel, echo-aware) | `data/labels/echo.jsonl` and `data/labels/criteria.jsonl`, pooled |
 //! | `leakage_rate` | `leakage` | `data/labels/leakage.jsonl` |
 //! | `refusal_rate`, `over_refusal_rate` | `refusal` | `data/labels/refusal.jsonl` (all rows: see [`CORRECTIONS`]) |
 //!
@@ -27,59 +27,83 @@ use crate::stats::{CORRECTION_DRAWS, CORRECTION_SEED, Confusion, rogan_gladen};
 /// The figures recorded with this build.
 const METRICS_JSON: &str = include_str!("../../data/labels/metrics.json");
 
-/// (rate, detector, labelled set, split): what corrects what. The held-out test split,
-/// except for refusal: its test split holds 31 responses that did not comply among 832,
-/// most of them silent deflections no phrase rule sees (sensitivity 0.097 there, which
-/// would turn any observed refusal rate into 100%); the whole set (sensitivity 0.713 on
-/// 129 refusals) is the better estimate of how the detector meets refusals.
-pub const CORRECTIONS: &[(&str, &str, &str, &str)] = &[
+/// (rate, detector, labelled sets and splits): what corrects what, the sets' figures
+/// pooled. Attack success pools the two sets of the `criteria` detector's test splits:
+/// `echo.jsonl` (responses whose target is in the request: the rule's false successes)
+/// and `criteria.jsonl` (spikee's canaries: its misses), so the correction can move a
+/// rate either way. Leakage: its test split. Refusal: the whole set, dev split included
+/// (which the rules were written on): its test split holds 31 responses that did not
+/// comply among 832, most of them silent deflections no phrase rule sees (sensitivity
+/// 0.097 there, which would turn any observed refusal rate into 100%); the whole set
+/// (sensitivity 0.713 on 129 refusals) is the better estimate, and optimistic.
+pub const CORRECTIONS: &[(&str, &str, &[(&str, &str)])] = &[
     (
         "attack_success_rate",
         "criteria",
-        "data/labels/echo.jsonl",
-        "test",
+        &[
+            ("data/labels/echo.jsonl", "test"),
+            ("data/labels/criteria.jsonl", "test"),
+        ],
     ),
     (
         "leakage_rate",
         "leakage",
-        "data/labels/leakage.jsonl",
-        "test",
+        &[("data/labels/leakage.jsonl", "test")],
     ),
     (
         "refusal_rate",
         "refusal",
-        "data/labels/refusal.jsonl",
-        "all",
+        &[("data/labels/refusal.jsonl", "all")],
     ),
     (
         "over_refusal_rate",
         "refusal",
-        "data/labels/refusal.jsonl",
-        "all",
+        &[("data/labels/refusal.jsonl", "all")],
     ),
 ];
 
-/// A detector's recorded figures on a labelled set's split.
+/// One labelled set's recorded figures.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Calibration {
-    pub detector: String,
+pub struct Source {
     pub labels: String,
     pub labels_sha256: Option<String>,
     pub split: String,
     pub confusion: Confusion,
 }
 
+/// A detector's recorded figures, pooled over its sets.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Calibration {
+    pub detector: String,
+    pub sources: Vec<Source>,
+    pub confusion: Confusion,
+}
+
+impl Calibration {
+    /// As `summary.json` and the envelopes record it.
+    pub fn to_json(&self) -> Value {
+        let c = self.confusion;
+        json!({
+            "detector": self.detector,
+            "tp": c.tp, "fp": c.fp, "tn": c.tn, "fn": c.fn_,
+            "sets": self.sources.iter().map(|s| json!({
+                "labels": s.labels, "labels_sha256": s.labels_sha256, "split": s.split,
+                "tp": s.confusion.tp, "fp": s.confusion.fp, "tn": s.confusion.tn,
+                "fn": s.confusion.fn_,
+            })).collect::<Vec<_>>(),
+        })
+    }
+}
+
 /// The recorded figures of `detector` on a split of `labels`.
-pub fn calibration(detector: &str, labels: &str, split: &str) -> Option<Calibration> {
-    let recorded: Value = serde_json::from_str(METRICS_JSON).ok()?;
+fn source(recorded: &Value, detector: &str, labels: &str, split: &str) -> Option<Source> {
     let f = recorded["figures"]
         .as_array()?
         .iter()
         .find(|f| f["detector"] == detector && f["labels"] == labels && f["split"] == split)?;
     let c = f["confusion"].as_array()?;
     let n = |i: usize| c.get(i).and_then(Value::as_u64);
-    Some(Calibration {
-        detector: detector.to_owned(),
+    Some(Source {
         labels: labels.to_owned(),
         labels_sha256: f["labels_sha256"].as_str().map(str::to_owned),
         split: split.to_owned(),
@@ -92,19 +116,41 @@ pub fn calibration(detector: &str, labels: &str, split: &str) -> Option<Calibrat
     })
 }
 
+/// The figures that correct `rate` (one of [`CORRECTIONS`]), pooled.
+pub fn calibration(rate: &str) -> Option<Calibration> {
+    let (_, detector, sets) = CORRECTIONS.iter().find(|c| c.0 == rate)?;
+    let recorded: Value = serde_json::from_str(METRICS_JSON).ok()?;
+    let sources = sets
+        .iter()
+        .map(|(l, s)| source(&recorded, detector, l, s))
+        .collect::<Option<Vec<_>>>()?;
+    let mut confusion = Confusion::default();
+    for s in &sources {
+        confusion.tp += s.confusion.tp;
+        confusion.fp += s.confusion.fp;
+        confusion.tn += s.confusion.tn;
+        confusion.fn_ += s.confusion.fn_;
+    }
+    Some(Calibration {
+        detector: (*detector).to_owned(),
+        sources,
+        confusion,
+    })
+}
+
 /// `aggregate_metrics.corrected`: for each headline rate present in `overall` (as
 /// `{n, k, rate, …}`), the raw rate, the corrected one with its interval, and the
 /// figures used; a rate that cannot be corrected (no decided rows, no recorded
 /// figures, a detector no better than chance) says why.
 pub fn corrected_rates(overall: &Map<String, Value>) -> Value {
     let mut out = Map::new();
-    for (rate, detector, labels, split) in CORRECTIONS {
+    for (rate, _, _) in CORRECTIONS {
         let Some(r) = overall.get(*rate) else {
             continue;
         };
         let (k, n) = (r["k"].as_u64().unwrap_or(0), r["n"].as_u64().unwrap_or(0));
         let mut entry = json!({"raw": r["rate"], "n": n, "k": k});
-        match calibration(detector, labels, split) {
+        match calibration(rate) {
             None => entry["note"] = json!("no recorded figures for this detector"),
             Some(cal) => {
                 match rogan_gladen(k, n, &cal.confusion) {
@@ -124,14 +170,7 @@ pub fn corrected_rates(overall: &Map<String, Value>) -> Value {
                         });
                     }
                 }
-                let c = cal.confusion;
-                entry["figures"] = json!({
-                    "detector": cal.detector,
-                    "labels": cal.labels,
-                    "labels_sha256": cal.labels_sha256,
-                    "split": cal.split,
-                    "tp": c.tp, "fp": c.fp, "tn": c.tn, "fn": c.fn_,
-                });
+                entry["figures"] = cal.to_json();
             }
         }
         out.insert((*rate).to_owned(), entry);
@@ -150,15 +189,18 @@ mod tests {
 
     #[test]
     fn every_correction_has_recorded_figures() {
-        for (rate, detector, labels, split) in CORRECTIONS {
-            let c = calibration(detector, labels, split)
-                .unwrap_or_else(|| panic!("{rate}: no figures for {detector} on {labels}"));
+        for (rate, _, sets) in CORRECTIONS {
+            let c = calibration(rate).unwrap_or_else(|| panic!("{rate}: no figures"));
+            assert_eq!(c.sources.len(), sets.len());
             assert!(c.confusion.n() > 0, "{rate}");
             assert!(
-                c.labels_sha256.is_some(),
-                "{rate}: the set's digest is recorded"
+                c.sources.iter().all(|s| s.labels_sha256.is_some()),
+                "{rate}: the sets' digests are recorded"
             );
         }
+        // attack success pools two sets: the rule's false successes and its misses
+        let a = calibration("attack_success_rate").unwrap();
+        assert!(a.confusion.fp > 0 && a.confusion.fn_ > 0, "{a:?}");
     }
 
     #[test]
@@ -174,7 +216,7 @@ mod tests {
         assert_eq!(a["raw"], json!(0.075));
         assert!(a["corrected"].as_f64().is_some(), "{a}");
         assert!(a["ci_low"].as_f64().unwrap() <= a["ci_high"].as_f64().unwrap());
-        assert_eq!(a["figures"]["labels"], "data/labels/echo.jsonl");
+        assert_eq!(a["figures"]["sets"][0]["labels"], "data/labels/echo.jsonl");
         assert_eq!(v["rates"]["leakage_rate"]["note"], "no decided rows");
         assert!(
             v["rates"].get("refusal_rate").is_none(),

@@ -96,10 +96,7 @@ pub fn judge(
 ) -> GroupResult {
     let interval = wilson(k, n);
     let corrected = control.corrected_with.as_deref().and_then(|rate| {
-        let (_, detector, labels, split) = crate::engine::corrected::CORRECTIONS
-            .iter()
-            .find(|c| c.0 == rate)?;
-        let cal = crate::engine::corrected::calibration(detector, labels, split)?;
+        let cal = crate::engine::corrected::calibration(rate)?;
         crate::stats::rogan_gladen(k, n, &cal.confusion)
     });
     let measured = match (control.basis, control.statistic) {
@@ -508,14 +505,11 @@ fn statement(
                 "ci_high": opt(result.ci_high),
                 "interval": "wilson_95",
                 "corrected": corrected_json(result.corrected.as_ref()),
-                "corrected_figures": control.corrected_with.as_deref().and_then(|rate| {
-                    let (_, d, l, s) = crate::engine::corrected::CORRECTIONS.iter().find(|c| c.0 == rate)?;
-                    let cal = crate::engine::corrected::calibration(d, l, s)?;
-                    Some(json!({"detector": cal.detector, "labels": cal.labels,
-                        "labels_sha256": cal.labels_sha256, "split": cal.split,
-                        "tp": cal.confusion.tp, "fp": cal.confusion.fp,
-                        "tn": cal.confusion.tn, "fn": cal.confusion.fn_}))
-                }),
+                "corrected_figures": control
+                    .corrected_with
+                    .as_deref()
+                    .and_then(crate::engine::corrected::calibration)
+                    .map(|c| c.to_json()),
                 "group_key": result.group_key,
                 "groups": groups.iter().map(group_json).collect::<Vec<_>>(),
             },
