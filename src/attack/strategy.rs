@@ -208,7 +208,8 @@ struct Scored {
 }
 
 impl Scorer<'_> {
-    async fn score(&self, text: &str, node: &str, sent: &Plan) -> Scored {
+    /// `earlier`: the conversation's earlier user turns the target was given (Crescendo).
+    async fn score(&self, text: &str, node: &str, sent: &Plan, earlier: &[&str]) -> Scored {
         if text.trim().is_empty() {
             // Scoring leaves an empty answer undecided (empty_response): so does the
             // strategy, and it goes on.
@@ -229,7 +230,9 @@ impl Scorer<'_> {
                 sent.request_task_input.as_deref(),
                 Some(self.goal.as_str()),
                 self.task.as_deref(),
-            ],
+            ]
+            .into_iter()
+            .chain(earlier.iter().map(|e| Some(*e))),
             self.context.as_deref(),
         );
         let response = Response::new(text, &prepared, self.refusals).with_given(&given);
@@ -555,7 +558,12 @@ impl Attack<'_> {
     }
 
     /// Fill a turn's verdict from an answer; its score.
-    async fn judge(scorer: &Scorer<'_>, answer: &Answered, t: &mut TurnRecord) -> u32 {
+    async fn judge(
+        scorer: &Scorer<'_>,
+        answer: &Answered,
+        t: &mut TurnRecord,
+        earlier: &[&str],
+    ) -> u32 {
         match (&answer.plan.blocked_by, &answer.response) {
             (Some(_), _) => {
                 t.refused = Some(true);
@@ -566,7 +574,12 @@ impl Attack<'_> {
             }
             (None, r) => {
                 let v = scorer
-                    .score(r.as_deref().unwrap_or(""), &t.node_id, &answer.plan)
+                    .score(
+                        r.as_deref().unwrap_or(""),
+                        &t.node_id,
+                        &answer.plan,
+                        earlier,
+                    )
                     .await;
                 t.target_response = r.clone();
                 t.refused = Some(v.refused);
@@ -647,7 +660,7 @@ impl Attack<'_> {
                 Ok(a) => a,
                 Err((p, e, latency)) => return self.failed(out, t, p, e, latency),
             };
-            let score = Self::judge(scorer, &answer, &mut t).await;
+            let score = Self::judge(scorer, &answer, &mut t, &[]).await;
             let success = t.success == Some(true);
             self.push_turn(out, t);
             let fb = Self::feedback(&answer, score);
@@ -730,7 +743,9 @@ impl Attack<'_> {
                 Ok(a) => a,
                 Err((p, e, latency)) => return self.failed(out, t, p, e, latency),
             };
-            let score = Self::judge(scorer, &answer, &mut t).await;
+            // the earlier questions of the conversation were given to the target too
+            let earlier: Vec<&str> = accepted.iter().map(|(q, _)| q.as_str()).collect();
+            let score = Self::judge(scorer, &answer, &mut t, &earlier).await;
             let success = t.success == Some(true);
             let blocked = answer.plan.blocked_by.is_some();
             let fb = Self::feedback(&answer, score);
@@ -975,7 +990,7 @@ impl Attack<'_> {
                     }
                     Ok(answer) => {
                         out.turns_used += u32::from(answer.plan.blocked_by.is_none());
-                        let score = Self::judge(scorer, &answer, t).await;
+                        let score = Self::judge(scorer, &answer, t, &[]).await;
                         if t.success == Some(true) && success_row.is_none() {
                             success_row = Some(r);
                         }

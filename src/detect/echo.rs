@@ -50,8 +50,8 @@ const STOPWORDS: &[&str] = &[
 
 /// What the model was given, as the echo check reads it: the user's side (what the
 /// caller passes: scoring gives the prompt and task input as sent and as the case has
-/// them; a multi-turn strategy the turn's request and the case's goal and task — not yet
-/// the earlier turns) and the system side (the system prompt,
+/// them; a multi-turn strategy the turn's request, the case's goal and task, and
+/// Crescendo's earlier questions of the conversation) and the system side (the system prompt,
 /// which is also what a leak reveals, so a canary is checked against the user's side
 /// only). Folded once, on the first occurrence that needs it.
 #[derive(Default)]
