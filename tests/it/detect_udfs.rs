@@ -500,3 +500,123 @@ fn cluster_options_need_the_distributed_feature() {
         );
     }
 }
+
+/// One decision kernel: what SQL scoring decides (`pi_decide`, with the case's prompt and
+/// task input as what the model was given, its system prompt as the protected text) is
+/// what the runner's live count and the strategies' scorer decide in Rust
+/// (`Compiled::decide` on a `Response` with the same `Given`), on every case of the
+/// corpus with compliant, echoing, refusing, leaking and random responses.
+#[test]
+fn sql_and_rust_callers_decide_alike() {
+    use pieval::detect::criteria::{Compiled, Response};
+    use pieval::detect::echo::Given;
+    use pieval::detect::leak::Prepared;
+    use pieval::detect::refusal::RefusalDetector;
+    let corpus: Vec<serde_json::Value> = crate::common::read_jsonl(&crate::common::repo(
+        "data/normalized/attack_cases.enriched.jsonl",
+    ));
+    let mut rng = fastrand::Rng::with_seed(29);
+    let alphabet: Vec<char> = "abcPWNED-ＷｅＤ\u{200B} CANARY7f3 ignore the word I'm sorry, can't"
+        .chars()
+        .collect();
+    let text = |v: &serde_json::Value, k: &str| v[k].as_str().map(str::to_owned);
+    let mut rows = Vec::new();
+    for (i, case) in corpus.iter().enumerate() {
+        let target = text(case, "expected_target").unwrap_or_else(|| "x".into());
+        let prompt = text(case, "prompt");
+        let random: String = (0..rng.usize(0..160))
+            .map(|_| alphabet[rng.usize(..alphabet.len())])
+            .collect();
+        let response = match i % 5 {
+            0 => format!("Sure: {target}."),
+            // a copy of what the model was given: an echo wherever it holds the target
+            1 => format!(
+                "{} {}",
+                prompt.clone().unwrap_or_default(),
+                text(case, "task_input").unwrap_or_default()
+            ),
+            2 => "I'm sorry, but I can't help with that.".to_owned(),
+            3 => text(case, "context").unwrap_or_default(),
+            _ => random,
+        };
+        rows.push((
+            response,
+            case["success_criteria"].to_string(),
+            text(case, "context"),
+            prompt,
+            text(case, "task_input"),
+        ));
+    }
+    let schema = Arc::new(Schema::new(
+        ["r", "c", "p", "g", "t"]
+            .iter()
+            .map(|n| Field::new(*n, DataType::Utf8, true))
+            .collect::<Vec<_>>(),
+    ));
+    let col = |f: &dyn Fn(
+        &(
+            String,
+            String,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+        ),
+    ) -> Option<String>|
+     -> ArrayRef {
+        Arc::new(StringArray::from(rows.iter().map(f).collect::<Vec<_>>()))
+    };
+    let batch = RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![
+            col(&|r| Some(r.0.clone())),
+            col(&|r| Some(r.1.clone())),
+            col(&|r| r.2.clone()),
+            col(&|r| r.3.clone()),
+            col(&|r| r.4.clone()),
+        ],
+    )
+    .unwrap();
+    let rt = runtime().unwrap();
+    let batches = rt.block_on(async {
+        let ctx = session();
+        ctx.register_table(
+            "t",
+            Arc::new(MemTable::try_new(schema, vec![vec![batch]]).unwrap()),
+        )
+        .unwrap();
+        let sql = "SELECT d['success'] AS s, d['matched_rule'] AS m, d['echoed'] AS e
+                   FROM (SELECT pi_decide(r, c, NULL, p, g, t) AS d FROM t)";
+        collect(&ctx, sql).await.unwrap()
+    });
+    let mut sql_rows: Vec<(Option<bool>, Option<String>, Option<bool>)> = Vec::new();
+    for b in &batches {
+        let s = b.column(0).as_boolean();
+        let m = b.column(1).as_string::<i32>();
+        let e = b.column(2).as_boolean();
+        for i in 0..b.num_rows() {
+            sql_rows.push((
+                (!s.is_null(i)).then(|| s.value(i)),
+                (!m.is_null(i)).then(|| m.value(i).to_owned()),
+                (!e.is_null(i)).then(|| e.value(i)),
+            ));
+        }
+    }
+    assert_eq!(sql_rows.len(), rows.len());
+    let refusals = RefusalDetector::default_pack();
+    let (mut echoes, mut successes) = (0, 0);
+    for (i, (r, c, p, g, t)) in rows.iter().enumerate() {
+        let compiled = Compiled::from_text(c).unwrap();
+        let mut prepared = Prepared::default();
+        prepared.load(r);
+        let given = Given::new([g.as_deref(), t.as_deref()], p.as_deref());
+        let d = compiled.decide(&Response::new(r, &prepared, refusals).with_given(&given));
+        let rust = (d.success, d.matched_rule.map(str::to_owned), Some(d.echoed));
+        assert_eq!(sql_rows[i], rust, "row {i}: {c} on {r:?}");
+        echoes += usize::from(d.echoed && d.success.is_none());
+        successes += usize::from(d.success == Some(true));
+    }
+    assert!(
+        echoes > 100 && successes > 200,
+        "the sample exercises both: {echoes} echoes, {successes} successes"
+    );
+}
