@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     match pieval::cli::main() {
-        Ok(code) => ExitCode::from(code),
+        Ok(status) => ExitCode::from(status.code()),
         Err(e) => {
             if is_broken_pipe(&e) {
                 // `pieval validate | head` is not an error.

@@ -1,6 +1,7 @@
 //! `pieval cluster scheduler|executor|info`: the processes of a Ballista cluster with
 //! pieval's functions registered (docs/cluster.md; feature `distributed`).
 
+use crate::cli::ExitStatus;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -49,12 +50,12 @@ pub enum Command {
 }
 
 #[cfg(not(feature = "distributed"))]
-pub fn run(_cmd: Command) -> Result<u8> {
+pub fn run(_cmd: Command) -> Result<ExitStatus> {
     Err(crate::cluster::not_built())
 }
 
 #[cfg(feature = "distributed")]
-pub fn run(cmd: Command) -> Result<u8> {
+pub fn run(cmd: Command) -> Result<ExitStatus> {
     use crate::cluster::{ClusterInfo, ExecutorOptions, SchedulerOptions};
     let rt = crate::engine::runtime()?;
     match cmd {
@@ -70,7 +71,7 @@ pub fn run(cmd: Command) -> Result<u8> {
                 bind,
                 external_host,
             }))?;
-            Ok(0)
+            Ok(ExitStatus::Success)
         }
         Command::Executor {
             scheduler,
@@ -97,7 +98,7 @@ pub fn run(cmd: Command) -> Result<u8> {
                 concurrency: concurrency.map(|n| n as usize),
                 work_dir,
             }))?;
-            Ok(0)
+            Ok(ExitStatus::Success)
         }
         Command::Info { scheduler } => {
             let (host, port) = crate::cluster::parse_url(&scheduler)?;
@@ -109,7 +110,11 @@ pub fn run(cmd: Command) -> Result<u8> {
                 "matches_this_pieval": mismatch.is_none(),
                 "mismatch": mismatch,
             }))?;
-            Ok(if mismatch.is_some() { 1 } else { 0 })
+            Ok(if mismatch.is_some() {
+                ExitStatus::Failure
+            } else {
+                ExitStatus::Success
+            })
         }
     }
 }

@@ -1,5 +1,6 @@
 //! `pieval controls RUN [--catalog DIR] [--sign-key KEY] [--fail-on STATUS,...]`.
 
+use crate::cli::ExitStatus;
 use std::path::{Path, PathBuf};
 
 use crate::cli::output;
@@ -39,7 +40,7 @@ fn value(v: Option<f64>, count: bool) -> String {
     }
 }
 
-pub fn run(args: Args) -> Result<u8> {
+pub fn run(args: Args) -> Result<ExitStatus> {
     let dir = run_dir(&args.run, &args.results)?;
     let catalog = match &args.catalog {
         Some(d) => load_catalog(d)?,
@@ -121,5 +122,9 @@ pub fn run(args: Args) -> Result<u8> {
         text.push_str(&format!("artifacts: {}", report.dir.display()));
         output::stdout_line(&text)?;
     }
-    Ok(if failing { 1 } else { 0 })
+    Ok(if failing {
+        ExitStatus::Failure
+    } else {
+        ExitStatus::Success
+    })
 }

@@ -1,5 +1,6 @@
 //! `pieval corpus synth | stats`.
 
+use crate::cli::ExitStatus;
 use std::path::PathBuf;
 
 use crate::atomic::write_lines;
@@ -34,7 +35,7 @@ pub enum Command {
     },
 }
 
-pub fn run(cmd: Command) -> Result<u8> {
+pub fn run(cmd: Command) -> Result<ExitStatus> {
     match cmd {
         Command::Synth {
             seed,
@@ -49,7 +50,7 @@ pub fn run(cmd: Command) -> Result<u8> {
                 "wrote {n} cases ({benign} benign controls) to {}",
                 out.display()
             ));
-            Ok(0)
+            Ok(ExitStatus::Success)
         }
         Command::Stats { path, json } => {
             let stats = corpus_stats(&path)?;
@@ -59,9 +60,9 @@ pub fn run(cmd: Command) -> Result<u8> {
                     "{}: {} invalid record(s) skipped; run `pieval validate {}` for the details",
                     stats.path, stats.invalid_records, stats.path
                 ));
-                1
+                ExitStatus::Failure
             } else {
-                0
+                ExitStatus::Success
             };
             if json {
                 output::json(&stats)?;

@@ -1,6 +1,7 @@
 //! `pieval detectors eval`: a detector measured against labelled responses
 //! (src/engine/detector_eval.rs, queries/detectors/).
 
+use crate::cli::ExitStatus;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -51,13 +52,13 @@ pub struct EvalArgs {
     memory_limit: usize,
 }
 
-pub fn run(cmd: Command) -> Result<u8> {
+pub fn run(cmd: Command) -> Result<ExitStatus> {
     match cmd {
         Command::Eval(args) => run_eval(args),
     }
 }
 
-fn run_eval(args: EvalArgs) -> Result<u8> {
+fn run_eval(args: EvalArgs) -> Result<ExitStatus> {
     if !(0.0..=1.0).contains(&args.threshold) {
         return Err(crate::error::Error::Usage(format!(
             "--threshold {}: a leakage score threshold is between 0 and 1",
@@ -113,10 +114,10 @@ fn run_eval(args: EvalArgs) -> Result<u8> {
     })?;
     if args.json {
         output::json(&eval)?;
-        return Ok(0);
+        return Ok(ExitStatus::Success);
     }
     output::stdout_line(&render(&eval))?;
-    Ok(0)
+    Ok(ExitStatus::Success)
 }
 
 /// The evaluation as a table: one row per group (all, each split, each source).

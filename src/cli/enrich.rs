@@ -1,5 +1,6 @@
 //! `pieval enrich`: canonical corpus → taxonomy-enriched derivative.
 
+use crate::cli::ExitStatus;
 use std::path::PathBuf;
 
 use crate::atomic::write_lines;
@@ -25,7 +26,7 @@ pub struct Args {
     json: bool,
 }
 
-pub fn run(args: Args) -> Result<u8> {
+pub fn run(args: Args) -> Result<ExitStatus> {
     let taxonomy = Taxonomy::load(&args.taxonomy)?;
     let mut reader = CorpusReader::open(&args.input, ReadOptions::default())?;
     let mut lines = Vec::new();
@@ -43,7 +44,7 @@ pub fn run(args: Args) -> Result<u8> {
     if !report.is_valid() {
         // Nothing is written from an invalid corpus.
         crate::cli::output::stderr_line(&format!("{}", validate::render(&report)));
-        return report.into_result().map(|_| 1);
+        return report.into_result().map(|_| ExitStatus::Failure);
     }
     write_lines(&args.output, lines)?;
     if args.json {
@@ -60,5 +61,5 @@ pub fn run(args: Args) -> Result<u8> {
             args.output.display()
         ));
     }
-    Ok(0)
+    Ok(ExitStatus::Success)
 }

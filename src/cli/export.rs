@@ -1,5 +1,6 @@
 //! `pieval export [RUN...] --to DIR [--format parquet|sqlite]`.
 
+use crate::cli::ExitStatus;
 use std::path::PathBuf;
 
 use crate::cli::output;
@@ -28,7 +29,7 @@ pub struct Args {
     json: bool,
 }
 
-pub fn run(args: Args) -> Result<u8> {
+pub fn run(args: Args) -> Result<ExitStatus> {
     let runs: Vec<PathBuf> = if args.runs.is_empty() {
         crate::engine::catalog::run_dirs(&args.results)
     } else {
@@ -56,12 +57,12 @@ pub fn run(args: Args) -> Result<u8> {
                 output::stderr_line(&format!("FAIL  {p}"));
             }
             output::stderr_line("nothing was exported: the evidence above does not verify");
-            return Ok(1);
+            return Ok(ExitStatus::Failure);
         }
     }
     let report = export(&runs, &args.to, args.format)?;
     if args.json {
-        return output::json(&report).map(|_| 0);
+        return output::json(&report).map(|_| ExitStatus::Success);
     }
     let rows: Vec<Vec<String>> = report
         .runs
@@ -82,5 +83,5 @@ pub fn run(args: Args) -> Result<u8> {
         Format::Sqlite => format!("\nSQLite: {}", args.to.join(SQLITE_FILE).display()),
     });
     output::stdout_line(&text)?;
-    Ok(0)
+    Ok(ExitStatus::Success)
 }

@@ -1,6 +1,7 @@
 //! `pieval ingest SOURCE PATH... [--output P] [--map FIELD=COLUMN ...] [--set FIELD=VALUE ...]
 //! [--source-name NAME] [--skip-invalid]`.
 
+use crate::cli::ExitStatus;
 use std::path::PathBuf;
 
 use crate::cli::output;
@@ -52,7 +53,7 @@ fn pairs(flag: &str, items: &[String]) -> Result<Vec<(String, String)>> {
         .collect()
 }
 
-pub fn run(args: Args) -> Result<u8> {
+pub fn run(args: Args) -> Result<ExitStatus> {
     let opts = Options {
         maps: pairs("--map", &args.maps)?,
         sets: pairs("--set", &args.sets)?,
@@ -110,5 +111,5 @@ pub fn run(args: Args) -> Result<u8> {
     } else {
         crate::cli::output::stderr_line(&format!("{text}"));
     }
-    Ok(0)
+    Ok(ExitStatus::Success)
 }

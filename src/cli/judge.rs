@@ -1,6 +1,7 @@
 //! `pieval judge calibrate` and `pieval judge prompt`, and the `--judge FILE` option that
 //! `score`, `sql` and `replay --rescore` share.
 
+use crate::cli::ExitStatus;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -79,7 +80,7 @@ pub struct PromptArgs {
     task: Option<String>,
 }
 
-pub fn run(cmd: Command) -> Result<u8> {
+pub fn run(cmd: Command) -> Result<ExitStatus> {
     match cmd {
         Command::Calibrate(args) => run_calibrate(args),
         Command::Prompt(args) => {
@@ -103,7 +104,7 @@ pub fn run(cmd: Command) -> Result<u8> {
                 Error::config(section.rubric.as_deref().unwrap_or(Path::new("rubric")), e)
             })?;
             output::stdout_line(&text)?;
-            Ok(0)
+            Ok(ExitStatus::Success)
         }
     }
 }
@@ -116,7 +117,7 @@ pub(crate) fn pct(e: &Estimate) -> String {
     }
 }
 
-fn run_calibrate(args: CalibrateArgs) -> Result<u8> {
+fn run_calibrate(args: CalibrateArgs) -> Result<ExitStatus> {
     let section = args.source.section()?;
     let mapping = Mapping::default().with(&args.map)?;
     let out = args.output.unwrap_or_else(|| {
@@ -132,7 +133,7 @@ fn run_calibrate(args: CalibrateArgs) -> Result<u8> {
     })?;
     if args.json {
         output::json(&cal)?;
-        return Ok(0);
+        return Ok(ExitStatus::Success);
     }
     let c = &cal.confusion;
     let rows = vec![
@@ -183,7 +184,7 @@ fn run_calibrate(args: CalibrateArgs) -> Result<u8> {
         cal.files["calibration"].display()
     ));
     output::stdout_line(&text)?;
-    Ok(0)
+    Ok(ExitStatus::Success)
 }
 
 /// One line on what the judge did.

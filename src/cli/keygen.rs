@@ -1,5 +1,6 @@
 //! `pieval keygen --output KEY`: an Ed25519 key pair for signing control envelopes.
 
+use crate::cli::ExitStatus;
 use std::path::PathBuf;
 
 use crate::cli::output;
@@ -16,7 +17,7 @@ pub struct Args {
     json: bool,
 }
 
-pub fn run(args: Args) -> Result<u8> {
+pub fn run(args: Args) -> Result<ExitStatus> {
     let key = generate_key()?;
     write_key_pair(&args.output, &key)?;
     let id = key_id(&key.verifying_key());
@@ -34,5 +35,5 @@ pub fn run(args: Args) -> Result<u8> {
             public.display()
         ))?;
     }
-    Ok(0)
+    Ok(ExitStatus::Success)
 }

@@ -26,6 +26,30 @@ use clap::{Parser, Subcommand};
 
 use crate::error::Result;
 
+/// How a command ended, as the process's exit code tells it (docs/cli.md, "Exit status
+/// and output"); mapped to the code in one place ([`ExitStatus::code`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    /// 0: done, and nothing checked failed.
+    Success,
+    /// 1: done, and what was checked failed (invalid records, a failing control, a
+    /// signature that does not verify, a regression with --fail-on-regression).
+    Failure,
+    /// 2: not done (bad input or usage, an interrupted run); errors end with it too.
+    Error,
+}
+
+impl ExitStatus {
+    /// The process exit code.
+    pub fn code(self) -> u8 {
+        match self {
+            ExitStatus::Success => 0,
+            ExitStatus::Failure => 1,
+            ExitStatus::Error => 2,
+        }
+    }
+}
+
 /// Default paths, relative to the repository root (docs/cli.md: commands work from there).
 pub mod paths {
     pub const CORPUS: &str = "data/normalized/attack_cases.jsonl";
@@ -110,13 +134,17 @@ enum Command {
 }
 
 /// Parse the command line and run; `Ok` carries the exit code.
-pub fn main() -> Result<u8> {
+pub fn main() -> Result<ExitStatus> {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
             // clap prints help/version to stdout (exit 0) and usage errors to stderr.
             let _ = e.print();
-            return Ok(if e.use_stderr() { 2 } else { 0 });
+            return Ok(if e.use_stderr() {
+                ExitStatus::Error
+            } else {
+                ExitStatus::Success
+            });
         }
     };
     if let Some(dir) = &cli.rules {

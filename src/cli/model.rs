@@ -1,5 +1,6 @@
 //! `pieval model pull [NAME]` and `pieval model list`.
 
+use crate::cli::ExitStatus;
 use crate::cli::output;
 use crate::error::Result;
 use crate::model;
@@ -21,7 +22,7 @@ pub enum Command {
     },
 }
 
-pub fn run(cmd: Command) -> Result<u8> {
+pub fn run(cmd: Command) -> Result<ExitStatus> {
     match cmd {
         Command::Pull { name, json } => {
             let spec = model::spec(&name)?;
@@ -39,13 +40,13 @@ pub fn run(cmd: Command) -> Result<u8> {
                     spec.sha256
                 ))?;
             }
-            Ok(0)
+            Ok(ExitStatus::Success)
         }
         Command::List { json } => {
             let models = model::list();
             if json {
                 output::json(&models)?;
-                return Ok(0);
+                return Ok(ExitStatus::Success);
             }
             let rows: Vec<Vec<String>> = models
                 .iter()
@@ -63,7 +64,7 @@ pub fn run(cmd: Command) -> Result<u8> {
                 &["model", "state", "size", "license", "path"],
                 &rows,
             ))?;
-            Ok(0)
+            Ok(ExitStatus::Success)
         }
     }
 }

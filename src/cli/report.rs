@@ -1,5 +1,6 @@
 //! `pieval report RUN [--compare RUN ...] [--output FILE]`.
 
+use crate::cli::ExitStatus;
 use std::path::PathBuf;
 
 use crate::cli::output;
@@ -21,7 +22,7 @@ pub struct Args {
     results: PathBuf,
 }
 
-pub fn run(args: Args) -> Result<u8> {
+pub fn run(args: Args) -> Result<ExitStatus> {
     let mut runs = vec![run_dir(&args.run, &args.results)?];
     for r in &args.compare {
         runs.push(run_dir(r, &args.results)?);
@@ -31,5 +32,5 @@ pub fn run(args: Args) -> Result<u8> {
         .unwrap_or_else(|| runs[0].join(crate::rundir::REPORT_FILE));
     let path = crate::report::write(&runs, &output)?;
     output::stdout_line(&format!("report: {}", path.display()))?;
-    Ok(0)
+    Ok(ExitStatus::Success)
 }

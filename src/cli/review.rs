@@ -1,6 +1,7 @@
 //! `pieval review RUN [--reviewer NAME] [--sample N] [--seed S] [--port P]`: serve the
 //! run's review queue on a local page until interrupted (`src/review/`).
 
+use crate::cli::ExitStatus;
 use std::path::PathBuf;
 
 use crate::cli::output;
@@ -28,7 +29,7 @@ pub struct Args {
     results: PathBuf,
 }
 
-pub fn run(args: Args) -> Result<u8> {
+pub fn run(args: Args) -> Result<ExitStatus> {
     let dir = run_dir(&args.run, &args.results)?;
     let (run_id, dir) = crate::review::open_run(&dir)?;
     let items = crate::review::queue(&dir, args.sample, args.seed)?;
@@ -60,5 +61,5 @@ pub fn run(args: Args) -> Result<u8> {
             })
             .await
     })?;
-    Ok(0)
+    Ok(ExitStatus::Success)
 }

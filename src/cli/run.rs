@@ -1,6 +1,7 @@
 //! `pieval run CONFIG [--sample-size N] [--output-dir DIR] [--resume RUN_ID] [--dry-run]`
 //! and `pieval replay RUN [--rescore]`.
 
+use crate::cli::ExitStatus;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -92,7 +93,7 @@ fn progress(bar: bool) -> runner::Progress {
     })
 }
 
-pub fn run(args: Args) -> Result<u8> {
+pub fn run(args: Args) -> Result<ExitStatus> {
     let mut opts = options(args.config, args.output_dir, args.json);
     opts.sample_size = args.sample_size;
     opts.resume = args.resume;
@@ -102,7 +103,7 @@ pub fn run(args: Args) -> Result<u8> {
 }
 
 /// The end-of-run summary (table or JSON); exit 2 when interrupted.
-fn report(mut outcome: RunOutcome, json: bool) -> Result<u8> {
+fn report(mut outcome: RunOutcome, json: bool) -> Result<ExitStatus> {
     // A scored run gets its HTML report; a report that cannot be written does not undo
     // the run (its artifacts are there), it is said.
     if outcome.score.is_some() {
@@ -126,9 +127,9 @@ fn report(mut outcome: RunOutcome, json: bool) -> Result<u8> {
             "error: run {} was interrupted; continue it with: pieval run <CONFIG> --resume {}",
             outcome.run_id, outcome.run_id
         ));
-        return Ok(2);
+        return Ok(ExitStatus::Error);
     }
-    Ok(0)
+    Ok(ExitStatus::Success)
 }
 
 fn pct(v: Option<&Value>) -> String {
@@ -319,7 +320,7 @@ pub fn run_dir(spec: &str, results: &Path) -> Result<PathBuf> {
     }
 }
 
-pub fn replay(args: ReplayArgs) -> Result<u8> {
+pub fn replay(args: ReplayArgs) -> Result<ExitStatus> {
     let dir = run_dir(&args.run, &args.results)?;
     let manifest = Manifest::read(&dir)?;
     let mpath = dir.join(crate::rundir::MANIFEST_FILE);

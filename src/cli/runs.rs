@@ -1,5 +1,6 @@
 //! `pieval runs list | show RUN | diff RUN_A RUN_B`.
 
+use crate::cli::ExitStatus;
 use std::path::PathBuf;
 
 use serde_json::Value;
@@ -58,7 +59,7 @@ fn rate(v: Option<f64>) -> String {
     v.map_or("–".into(), |r| format!("{:.1}%", r * 100.0))
 }
 
-pub fn run(cmd: Command) -> Result<u8> {
+pub fn run(cmd: Command) -> Result<ExitStatus> {
     match cmd {
         Command::List(a) => {
             let catalog = Catalog::open(&a.results)?;
@@ -66,7 +67,7 @@ pub fn run(cmd: Command) -> Result<u8> {
             let runs = catalog.list()?;
             if a.json {
                 output::json(&runs)?;
-                return Ok(0);
+                return Ok(ExitStatus::Success);
             }
             let rows: Vec<Vec<String>> = runs
                 .iter()
@@ -102,7 +103,7 @@ pub fn run(cmd: Command) -> Result<u8> {
                 ],
                 &rows,
             ))?;
-            Ok(0)
+            Ok(ExitStatus::Success)
         }
         Command::Show(a) => {
             let dir = run_dir(&a.run, &a.results)?;
@@ -120,7 +121,7 @@ pub fn run(cmd: Command) -> Result<u8> {
                     doc["summary"] = s;
                 }
                 output::json(&doc)?;
-                return Ok(0);
+                return Ok(ExitStatus::Success);
             }
             // Absent: "–"; recorded as null: "null" (as the manifest says).
             let opt = |v: Option<&str>| v.map_or_else(|| "–".to_owned(), str::to_owned);
@@ -164,7 +165,7 @@ pub fn run(cmd: Command) -> Result<u8> {
             }
             text.push_str(&format!("folder         {}", dir.display()));
             output::stdout_line(&text)?;
-            Ok(0)
+            Ok(ExitStatus::Success)
         }
         Command::Diff(a) => {
             let (da, db) = (
@@ -223,9 +224,9 @@ pub fn run(cmd: Command) -> Result<u8> {
                 output::stdout_line(text.trim_end())?;
             }
             Ok(if a.fail_on_regression && d.regression {
-                1
+                ExitStatus::Failure
             } else {
-                0
+                ExitStatus::Success
             })
         }
     }

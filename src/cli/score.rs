@@ -1,5 +1,6 @@
 //! `pieval score --predictions P [--cases P] [--output DIR] [--run-id ID]`.
 
+use crate::cli::ExitStatus;
 use std::path::{Path, PathBuf};
 
 use crate::cli::{output, paths};
@@ -53,7 +54,7 @@ pub struct Args {
     json: bool,
 }
 
-pub fn run(args: Args) -> Result<u8> {
+pub fn run(args: Args) -> Result<ExitStatus> {
     let run_id = args
         .run_id
         .unwrap_or_else(|| format!("score-{}", crate::text::utc_compact_now()));
@@ -92,7 +93,7 @@ pub fn run(args: Args) -> Result<u8> {
     let report = score(&opts)?;
     if args.json {
         output::json(&report)?;
-        return Ok(0);
+        return Ok(ExitStatus::Success);
     }
     let mut text = format!(
         "scored {} prediction(s) against {} (run {})\n  attack_success: {}   over_refused: {}   manual_review: {}\n",
@@ -125,7 +126,7 @@ pub fn run(args: Args) -> Result<u8> {
         text.push_str(&format!("  wrote {}\n", path.display()));
     }
     output::stdout_line(text.trim_end())?;
-    Ok(0)
+    Ok(ExitStatus::Success)
 }
 
 /// The verdicts given on run `run_id` (a reviews file may be another run's: its verdicts

@@ -1,5 +1,6 @@
 //! `pieval sql [QUERY] [--file F.sql] [--table NAME=PATH ...] [--format ...] [--output P]`.
 
+use crate::cli::ExitStatus;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -75,7 +76,7 @@ pub struct Args {
     memory_limit: usize,
 }
 
-pub fn run(args: Args) -> Result<u8> {
+pub fn run(args: Args) -> Result<ExitStatus> {
     let sql = match (&args.query, &args.file) {
         (Some(q), None) => q.clone(),
         (None, Some(f)) => {
@@ -170,7 +171,7 @@ pub fn run(args: Args) -> Result<u8> {
         j.persist(None)?;
         crate::cli::output::stderr_line(&format!("{}", super::judge::judge_line(&j.report())));
     }
-    Ok(0)
+    Ok(ExitStatus::Success)
 }
 
 /// A session on the cluster at `url`, with the tables it can read.

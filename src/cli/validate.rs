@@ -1,5 +1,6 @@
 //! `pieval validate [PATH...]`: the contract check.
 
+use crate::cli::ExitStatus;
 use std::path::PathBuf;
 
 use crate::cli::output;
@@ -24,7 +25,7 @@ pub struct Args {
     json: bool,
 }
 
-pub fn run(args: Args) -> Result<u8> {
+pub fn run(args: Args) -> Result<ExitStatus> {
     let opts = ReadOptions {
         max_line_bytes: args.max_line_bytes,
         max_reported: args.max_errors,
@@ -42,9 +43,9 @@ pub fn run(args: Args) -> Result<u8> {
         }
     }
     Ok(if reports.iter().all(ValidationReport::is_valid) {
-        0
+        ExitStatus::Success
     } else {
-        1
+        ExitStatus::Failure
     })
 }
 

@@ -1,5 +1,6 @@
 //! `pieval verify ENVELOPE... [--public-key KEY] [--run-dir DIR]`.
 
+use crate::cli::ExitStatus;
 use std::path::PathBuf;
 
 use crate::cli::output;
@@ -28,7 +29,7 @@ pub struct Args {
     json: bool,
 }
 
-pub fn run(args: Args) -> Result<u8> {
+pub fn run(args: Args) -> Result<ExitStatus> {
     let key = args
         .public_key
         .as_deref()
@@ -87,5 +88,9 @@ pub fn run(args: Args) -> Result<u8> {
         }
         output::stdout_line(&lines.join("\n"))?;
     }
-    Ok(if ok { 0 } else { 1 })
+    Ok(if ok {
+        ExitStatus::Success
+    } else {
+        ExitStatus::Failure
+    })
 }

@@ -62,10 +62,13 @@ pub struct Given<'a> {
     all_folded: OnceCell<Text>,
     /// The input's occurrences of each needle looked for, with their words (read once
     /// per needle, however many occurrences the response holds).
-    occurrences: RefCell<Vec<(Side, String, Rc<Vec<Occurrence>>)>>,
+    occurrences: RefCell<Vec<Occurrences>>,
     /// The input asks for a translation (an echo in translation is possible).
     translating: OnceCell<bool>,
 }
+
+/// The input's occurrences of one needle, on one side.
+type Occurrences = (Side, String, Rc<Vec<Occurrence>>);
 
 /// One occurrence of a needle in the input: the words around it, nearest first, split
 /// into those inside the text the attacker asked to be output (the quoted string or the

@@ -27,6 +27,13 @@ use crate::stats::{CORRECTION_DRAWS, CORRECTION_SEED, Confusion, rogan_gladen};
 /// The figures recorded with this build.
 const METRICS_JSON: &str = include_str!("../../data/labels/metrics.json");
 
+/// A rate, the detector whose figures correct it, and its labelled sets with their splits.
+pub type Correction = (
+    &'static str,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+);
+
 /// (rate, detector, labelled sets and splits): what corrects what, the sets' figures
 /// pooled. Attack success pools the two sets of the `criteria` detector's test splits:
 /// `echo.jsonl` (responses whose target is in the request: the rule's false successes)
@@ -36,7 +43,7 @@ const METRICS_JSON: &str = include_str!("../../data/labels/metrics.json");
 /// comply among 832, most of them silent deflections no phrase rule sees (sensitivity
 /// 0.097 there, which would turn any observed refusal rate into 100%); the whole set
 /// (sensitivity 0.713 on 129 refusals) is the better estimate, and optimistic.
-pub const CORRECTIONS: &[(&str, &str, &[(&str, &str)])] = &[
+pub const CORRECTIONS: &[Correction] = &[
     (
         "attack_success_rate",
         "criteria",

@@ -553,16 +553,14 @@ fn sql_and_rust_callers_decide_alike() {
             .map(|n| Field::new(*n, DataType::Utf8, true))
             .collect::<Vec<_>>(),
     ));
-    let col = |f: &dyn Fn(
-        &(
-            String,
-            String,
-            Option<String>,
-            Option<String>,
-            Option<String>,
-        ),
-    ) -> Option<String>|
-     -> ArrayRef {
+    type Row = (
+        String,
+        String,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+    );
+    let col = |f: &dyn Fn(&Row) -> Option<String>| -> ArrayRef {
         Arc::new(StringArray::from(rows.iter().map(f).collect::<Vec<_>>()))
     };
     let batch = RecordBatch::try_new(
