@@ -148,7 +148,7 @@ pub fn main() -> Result<ExitStatus> {
         }
     };
     if let Some(dir) = &cli.rules {
-        crate::detect::packs::install_dir(dir)?;
+        crate::detect::install_rules(dir)?;
     }
     match cli.command {
         Command::Validate(args) => validate::run(args),

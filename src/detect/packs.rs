@@ -10,6 +10,13 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 
+/// The shipped injection-rule pack, and where it lives in the repository.
+pub const INJECTION_PACK: &str = include_str!("../../data/rules/injection.toml");
+pub(crate) const INJECTION_PACK_PATH: &str = "data/rules/injection.toml";
+/// The shipped refusal pack, and where it lives in the repository.
+pub const REFUSAL_PACK: &str = include_str!("../../data/rules/refusal.toml");
+pub(crate) const REFUSAL_PACK_PATH: &str = "data/rules/refusal.toml";
+
 /// A pack's text and where it came from (named in errors).
 #[derive(Clone, Debug)]
 pub struct PackText {
@@ -28,12 +35,12 @@ static INSTALLED: OnceLock<Packs> = OnceLock::new();
 fn packs() -> &'static Packs {
     INSTALLED.get_or_init(|| Packs {
         injection: PackText {
-            text: super::rules::DEFAULT_PACK.to_owned(),
-            origin: super::rules::DEFAULT_PACK_PATH.to_owned(),
+            text: INJECTION_PACK.to_owned(),
+            origin: INJECTION_PACK_PATH.to_owned(),
         },
         refusal: PackText {
-            text: super::refusal::DEFAULT_PACK.to_owned(),
-            origin: super::refusal::DEFAULT_PACK_PATH.to_owned(),
+            text: REFUSAL_PACK.to_owned(),
+            origin: REFUSAL_PACK_PATH.to_owned(),
         },
     })
 }
@@ -48,10 +55,10 @@ pub fn refusal() -> &'static PackText {
     &packs().refusal
 }
 
-/// Use the packs of `dir` (`injection.toml`, `refusal.toml`; a file it lacks stays the
-/// shipped one) for the rest of the process. Each is compiled here, so a bad pack is an
-/// error naming its file before anything runs; an error too once a detector has run.
-pub fn install_dir(dir: &Path) -> Result<()> {
+/// The packs of `dir` (`injection.toml`, `refusal.toml`; a file it lacks stays the
+/// shipped one): (injection, refusal), read and bounded, not yet compiled
+/// (`detect::install_rules` compiles them, then [`install`]s them).
+pub fn read_dir(dir: &Path) -> Result<(PackText, PackText)> {
     // Without a trailing separator, which would follow a symbolic link.
     let dir: std::path::PathBuf = dir.components().collect();
     let dir = dir.as_path();
@@ -101,18 +108,14 @@ pub fn install_dir(dir: &Path) -> Result<()> {
             }
         }
     };
-    let injection = read(
-        "injection.toml",
-        super::rules::DEFAULT_PACK,
-        super::rules::DEFAULT_PACK_PATH,
-    )?;
-    let refusal = read(
-        "refusal.toml",
-        super::refusal::DEFAULT_PACK,
-        super::refusal::DEFAULT_PACK_PATH,
-    )?;
-    super::rules::RulePack::from_toml(&injection.text, &injection.origin)?;
-    super::refusal::RefusalDetector::from_toml(&refusal.text, &refusal.origin)?;
+    let injection = read("injection.toml", INJECTION_PACK, INJECTION_PACK_PATH)?;
+    let refusal = read("refusal.toml", REFUSAL_PACK, REFUSAL_PACK_PATH)?;
+    Ok((injection, refusal))
+}
+
+/// Use these packs for the rest of the process (already checked by the caller); an
+/// error once a detector has run.
+pub fn install(injection: PackText, refusal: PackText) -> Result<()> {
     INSTALLED.set(Packs { injection, refusal }).map_err(|_| {
         Error::Internal("the rule packs were already in use when --rules was read".into())
     })
@@ -141,6 +144,6 @@ mod tests {
         let d = digest();
         assert!(d.starts_with("sha256:") && d.len() == 71, "{d}");
         assert_eq!(d, digest());
-        assert_eq!(injection().text, super::super::rules::DEFAULT_PACK);
+        assert_eq!(injection().text, INJECTION_PACK);
     }
 }

@@ -20,8 +20,6 @@ use serde::Deserialize;
 use crate::error::{Error, Result};
 
 /// The default pack, as shipped in `data/rules/`.
-pub const DEFAULT_PACK: &str = include_str!("../../data/rules/refusal.toml");
-pub(crate) const DEFAULT_PACK_PATH: &str = "data/rules/refusal.toml";
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -317,7 +315,7 @@ mod tests {
 
     #[test]
     fn every_rule_matches_its_examples_and_the_pack_its_counter_examples() {
-        let pack: RefusalPack = toml::from_str(DEFAULT_PACK).unwrap();
+        let pack: RefusalPack = toml::from_str(crate::detect::packs::REFUSAL_PACK).unwrap();
         let d = RefusalDetector::default_pack();
         let langs: std::collections::BTreeSet<&str> =
             pack.refusal.iter().map(|r| r.lang.as_str()).collect();
@@ -428,7 +426,7 @@ mod tests {
     #[test]
     fn a_broken_pack_is_a_named_error() {
         let err = RefusalDetector::from_toml(
-            &DEFAULT_PACK.replacen("(?:sorry", "(?:sorry(", 1),
+            &crate::detect::packs::REFUSAL_PACK.replacen("(?:sorry", "(?:sorry(", 1),
             "x.toml",
         )
         .unwrap_err();

@@ -10,9 +10,6 @@ use serde::Deserialize;
 use super::fold::{fold_into, fold_with_offsets};
 use crate::error::{Error, Result};
 
-pub const DEFAULT_PACK: &str = include_str!("../../data/rules/injection.toml");
-pub(crate) const DEFAULT_PACK_PATH: &str = "data/rules/injection.toml";
-
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InjectionPackFile {
@@ -381,7 +378,7 @@ mod tests {
 
     #[test]
     fn every_rule_fires_on_its_examples_and_none_on_clean_text() {
-        let file: InjectionPackFile = toml::from_str(DEFAULT_PACK).unwrap();
+        let file: InjectionPackFile = toml::from_str(crate::detect::packs::INJECTION_PACK).unwrap();
         for r in &file.rule {
             for ex in &r.examples {
                 assert!(
@@ -435,7 +432,11 @@ mod tests {
     #[test]
     fn a_broken_pack_is_a_named_error() {
         let err = RulePack::from_toml(
-            &DEFAULT_PACK.replacen("severity = \"medium\"", "severity = \"meh\"", 1),
+            &crate::detect::packs::INJECTION_PACK.replacen(
+                "severity = \"medium\"",
+                "severity = \"meh\"",
+                1,
+            ),
             "r.toml",
         )
         .unwrap_err();
