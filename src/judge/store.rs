@@ -17,7 +17,6 @@ use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, Float64Array, RecordBatch, StringArray,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use crate::error::{Error, Result};
 
@@ -119,18 +118,8 @@ const MAX_JUDGEMENTS_BYTES: usize = 1 << 30;
 /// every row costs 64 copies, not a batch of 1,024), each field is bounded by what pieval
 /// writes, and all the text kept by [`MAX_JUDGEMENTS_BYTES`].
 pub fn read(path: &Path, links: crate::files::Links) -> Result<Vec<Record>> {
-    let limits = crate::rundir::bounds::ParquetLimits::from_env()?;
     let bad = |m: String| Error::config(path, format!("not a judgements file: {m}"));
-    crate::rundir::bounds::check_parquet_file(path, links, &limits).map_err(|e| match e {
-        Error::Config { message, .. } => bad(message),
-        other => other,
-    })?;
-    let file = crate::files::open_regular(path, links)?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-        .map_err(|e| bad(e.to_string()))?
-        .with_batch_size(64)
-        .build()
-        .map_err(|e| bad(e.to_string()))?;
+    let reader = crate::rundir::bounds::own_file_reader(path, links, "judgements", 64)?;
     let mut out = Vec::new();
     let mut kept: usize = 0;
     for batch in reader {

@@ -72,7 +72,7 @@ async fn query(ctx: &SessionContext, q: Query) -> Result<Vec<Value>> {
 }
 
 /// The session a run is reported from: its `case_results`, `findings` and `controls`.
-async fn run_session(dir: &Path) -> Result<SessionContext> {
+pub(crate) async fn run_session(dir: &Path) -> Result<SessionContext> {
     let ctx = crate::engine::session_with_memory_limit(crate::engine::DEFAULT_MEMORY_LIMIT)?;
     let results = crate::rundir::parquet_artifact(dir, crate::rundir::CASE_RESULTS_PARQUET)?
         .ok_or_else(|| {

@@ -95,22 +95,10 @@ impl Item {
 /// disagreements), then `sample` decided cases drawn with `seed` for audit. Prompt,
 /// system prompt and task input are the request as sent, else the run's `cases.jsonl`.
 pub fn queue(dir: &Path, sample: usize, seed: u64) -> Result<Vec<Item>> {
-    let results = crate::rundir::parquet_artifact(dir, crate::rundir::CASE_RESULTS_PARQUET)?
-        .ok_or_else(|| {
-            Error::State(format!(
-                "{}: no case_results.parquet; score the run first",
-                dir.display()
-            ))
-        })?;
     let rt = crate::engine::runtime()?;
     let rows: Vec<Value> = rt.block_on(async {
-        let ctx = crate::engine::session_with_memory_limit(crate::engine::DEFAULT_MEMORY_LIMIT)?;
-        crate::engine::register_case_results(
-            &ctx,
-            "case_results",
-            &crate::rundir::table_path(&results)?,
-        )
-        .await?;
+        // the run's tables as the report reads them
+        let ctx = crate::report::run_session(dir).await?;
         let batches = crate::engine::collect(&ctx, crate::engine::queries::REVIEW_QUEUE.sql)
             .await
             .map_err(|e| Error::Query(format!("queries/review/queue.sql: {e}")))?;

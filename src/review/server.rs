@@ -164,6 +164,22 @@ fn refuse(state: &AppState, status: StatusCode, why: &str) -> Response {
     r
 }
 
+/// Every request's check: this server by its own name (no DNS rebinding), and the
+/// token; the refusal when either fails.
+fn gate(state: &AppState, headers: &HeaderMap, token: Option<&str>) -> Option<Response> {
+    if !right_host(state, headers) {
+        return Some(refuse(state, StatusCode::FORBIDDEN, "wrong host"));
+    }
+    if !same_token(token, &state.token) {
+        return Some(refuse(
+            state,
+            StatusCode::FORBIDDEN,
+            "a valid token is required",
+        ));
+    }
+    None
+}
+
 /// The request is for this server by its own name (no DNS rebinding).
 fn right_host(state: &AppState, headers: &HeaderMap) -> bool {
     headers
@@ -223,11 +239,8 @@ async fn list(
     headers: HeaderMap,
     Query(q): Query<TokenQuery>,
 ) -> Response {
-    if !right_host(&state, &headers) {
-        return refuse(&state, StatusCode::FORBIDDEN, "wrong host");
-    }
-    if !same_token(q.token.as_deref(), &state.token) {
-        return refuse(&state, StatusCode::FORBIDDEN, "a valid token is required");
+    if let Some(refused) = gate(&state, &headers, q.token.as_deref()) {
+        return refused;
     }
     let reviews = match recorded(&state) {
         Ok(r) => r,
@@ -265,11 +278,8 @@ async fn show(
     UrlPath(index): UrlPath<usize>,
     Query(q): Query<TokenQuery>,
 ) -> Response {
-    if !right_host(&state, &headers) {
-        return refuse(&state, StatusCode::FORBIDDEN, "wrong host");
-    }
-    if !same_token(q.token.as_deref(), &state.token) {
-        return refuse(&state, StatusCode::FORBIDDEN, "a valid token is required");
+    if let Some(refused) = gate(&state, &headers, q.token.as_deref()) {
+        return refused;
     }
     let Some(item) = state.opts.items.get(index) else {
         return refuse(&state, StatusCode::NOT_FOUND, "no such case in the queue");
@@ -311,11 +321,8 @@ async fn decide(
     UrlPath(index): UrlPath<usize>,
     Form(d): Form<Decision>,
 ) -> Response {
-    if !right_host(&state, &headers) {
-        return refuse(&state, StatusCode::FORBIDDEN, "wrong host");
-    }
-    if !same_token(d.token.as_deref(), &state.token) {
-        return refuse(&state, StatusCode::FORBIDDEN, "a valid token is required");
+    if let Some(refused) = gate(&state, &headers, d.token.as_deref()) {
+        return refused;
     }
     // A form posted from another origin (a forged request) is refused even with a token.
     let origin_ok = headers

@@ -120,6 +120,30 @@ pub fn check_parquet(path: &Path, limits: &ParquetLimits) -> Result<ParquetMetaD
     check_parquet_file(path, crate::files::Links::Refuse, limits)
 }
 
+/// A run-folder Parquet file pieval wrote itself (`what`: "judgements", "reviews"),
+/// checked first ([`check_parquet_file`]), opened without following links and read
+/// `batch` rows at a time. Errors name the file: "not a {what} file: …".
+pub fn own_file_reader(
+    path: &Path,
+    links: crate::files::Links,
+    what: &str,
+    batch: usize,
+) -> Result<datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReader> {
+    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let limits = ParquetLimits::from_env()?;
+    let bad = |m: String| Error::config(path, format!("not a {what} file: {m}"));
+    check_parquet_file(path, links, &limits).map_err(|e| match e {
+        Error::Config { message, .. } => bad(message),
+        other => other,
+    })?;
+    let file = crate::files::open_regular(path, links)?;
+    ParquetRecordBatchReaderBuilder::try_new(file)
+        .map_err(|e| bad(e.to_string()))?
+        .with_batch_size(batch)
+        .build()
+        .map_err(|e| bad(e.to_string()))
+}
+
 /// [`check_parquet`] of a file that may be the user's own (a predictions file, labels, a
 /// `--table`): `links` says whether its name may be a symbolic link.
 pub fn check_parquet_file(

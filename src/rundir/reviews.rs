@@ -13,7 +13,6 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
@@ -110,18 +109,8 @@ pub fn read(path: &Path) -> Result<Vec<Review>> {
         }
         Ok(_) => {}
     }
-    let limits = crate::rundir::bounds::ParquetLimits::from_env()?;
     let bad = |m: String| Error::config(path, format!("not a reviews file: {m}"));
-    crate::rundir::bounds::check_parquet_file(path, links, &limits).map_err(|e| match e {
-        Error::Config { message, .. } => bad(message),
-        other => other,
-    })?;
-    let file = crate::files::open_regular(path, links)?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-        .map_err(|e| bad(e.to_string()))?
-        .with_batch_size(256)
-        .build()
-        .map_err(|e| bad(e.to_string()))?;
+    let reader = crate::rundir::bounds::own_file_reader(path, links, "reviews", 256)?;
     let mut out = Vec::new();
     for b in reader {
         let b = b.map_err(|e| bad(e.to_string()))?;
@@ -357,6 +346,29 @@ mod tests {
         );
         assert!(!rfc3339_utc("9999") && !rfc3339_utc("2026-12-03T10:00:00"));
         assert!(rfc3339_utc("2026-12-03T10:00:00.123456Z") && rfc3339_utc("2026-12-03T10:00:00Z"));
+    }
+
+    #[test]
+    fn a_forged_reviews_file_is_a_named_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(REVIEWS_FILE);
+        for (field, mut r) in [
+            ("reviewed_at", review("c1", "9999", true)),
+            ("sha256", review("c1", "2026-12-03T10:00:00Z", true)),
+            ("reviewer", review("c1", "2026-12-03T10:00:00Z", true)),
+        ] {
+            match field {
+                "sha256" => r.response_sha256 = "not hex".into(),
+                "reviewer" => r.reviewer = "ana\n".into(),
+                _ => {}
+            }
+            crate::atomic::write_batches(reviews_schema(), &[batch(&[r]).unwrap()], &path).unwrap();
+            let e = read(&path).unwrap_err().to_string();
+            assert!(
+                e.contains("not a reviews file") && e.contains("row 1") && e.contains(REVIEWS_FILE),
+                "{field}: {e}"
+            );
+        }
     }
 
     #[test]
