@@ -1,4 +1,4 @@
-//! Criterion benches of the converters (src/attack/convert.rs): each step, and a
+//! Criterion benches of the converters (src/attack/convert/): each step, and a
 //! composed pipeline, on 1,024 payloads of ~1 KB (English and French, with a target to
 //! keep): `cargo bench --bench converters`. Throughput is input bytes per second on one
 //! core (the converters are pure functions; a run applies them in its async tasks).

@@ -56,7 +56,7 @@ fn main() {
     let plans: Vec<_> = selected
         .indexes
         .iter()
-        .map(|&i| pieval::mitigation::plan(&corpus.cases[i], &Mitigation::None, 7))
+        .map(|&i| pieval::mitigation::plan(&corpus.cases[i], &Mitigation::none(), 7))
         .collect();
     let wall = std::time::Instant::now();
     let results: Vec<(usize, f64, usize, f64)> = std::thread::scope(|s| {

@@ -46,6 +46,7 @@ pub mod ingest;
 pub mod judge;
 pub mod mitigation;
 pub mod model;
+pub mod params;
 pub mod provider;
 pub mod report;
 pub mod review;

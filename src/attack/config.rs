@@ -21,6 +21,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::convert::{Pipeline, Step};
+use super::strategy::Strategy;
 use crate::provider::config::{ModelSection, ProviderKind};
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -52,21 +53,70 @@ fn yes() -> bool {
     true
 }
 
-#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Hash)]
-#[serde(rename_all = "snake_case")]
-pub enum StrategyName {
-    Crescendo,
-    Pair,
-    Tap,
-}
+/// A strategy's name, one of the registry's ([`super::strategy::STRATEGIES`]): read from
+/// the config (an unknown one is refused with the list, as an enum would be) and written
+/// back as the name.
+#[derive(Clone, Copy)]
+pub struct StrategyName(&'static dyn Strategy);
 
 impl StrategyName {
+    /// The strategy called `name`.
+    pub fn parse(name: &str) -> Option<StrategyName> {
+        super::strategy::strategy(name).map(StrategyName)
+    }
+
     pub fn as_str(self) -> &'static str {
-        match self {
-            StrategyName::Crescendo => "crescendo",
-            StrategyName::Pair => "pair",
-            StrategyName::Tap => "tap",
-        }
+        self.0.name()
+    }
+
+    /// The strategy itself.
+    pub fn strategy(self) -> &'static dyn Strategy {
+        self.0
+    }
+
+    /// Every name, for messages.
+    pub fn names() -> &'static [&'static str] {
+        static NAMES: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
+            super::strategy::STRATEGIES
+                .iter()
+                .map(|s| s.name())
+                .collect()
+        });
+        &NAMES
+    }
+}
+
+impl std::fmt::Debug for StrategyName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq for StrategyName {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for StrategyName {}
+
+impl std::hash::Hash for StrategyName {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.as_str().hash(h);
+    }
+}
+
+impl Serialize for StrategyName {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for StrategyName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        StrategyName::parse(&name)
+            .ok_or_else(|| serde::de::Error::unknown_variant(&name, StrategyName::names()))
     }
 }
 
@@ -124,12 +174,7 @@ impl AttackPlan {
                 steps.push(step);
             }
             let p = Pipeline { steps };
-            if p.steps
-                .iter()
-                .filter(|s| matches!(s, Step::Translate { .. }))
-                .count()
-                > 1
-            {
+            if p.steps.iter().filter(|s| s.translation().is_some()).count() > 1 {
                 return Err((key, "a pipeline translates at most once".into()));
             }
             if p.translation().is_some() && s.translator.is_none() {
@@ -196,21 +241,24 @@ impl AttackPlan {
                         "a strategy and converters cannot be combined in one run: run them as two experiments".into(),
                     ));
                 }
-                let tap = name == StrategyName::Tap;
+                let strategy = name.strategy();
                 for (key, set) in [
                     ("branching", s.branching.is_some()),
                     ("width", s.width.is_some()),
                     ("depth", s.depth.is_some()),
+                    ("max_backtracks", s.max_backtracks.is_some()),
                 ] {
-                    if set && !tap {
-                        return Err((key.into(), "only used with strategy: tap".into()));
+                    if set && !strategy.keys().contains(&key) {
+                        let takers: Vec<&str> = super::strategy::STRATEGIES
+                            .iter()
+                            .filter(|s| s.keys().contains(&key))
+                            .map(|s| s.name())
+                            .collect();
+                        return Err((
+                            key.into(),
+                            format!("only used with strategy: {}", takers.join(" or ")),
+                        ));
                     }
-                }
-                if s.max_backtracks.is_some() && name != StrategyName::Crescendo {
-                    return Err((
-                        "max_backtracks".into(),
-                        "only used with strategy: crescendo".into(),
-                    ));
                 }
                 let bound = |key: &str, v: Option<u32>, default: u32, max: u32| match v {
                     None => Ok(default),
@@ -222,12 +270,7 @@ impl AttackPlan {
                     bound("width", s.width, 4, 64)?,
                     bound("depth", s.depth, 5, 32)?,
                 );
-                // TAP's default budget is its whole tree, within the same bound.
-                let default_turns = if tap {
-                    (branching * width * depth).min(1000)
-                } else {
-                    5
-                };
+                let default_turns = strategy.default_turns(branching, width, depth);
                 Some(StrategySpec {
                     name,
                     max_turns: bound("max_turns", s.max_turns, default_turns, 1000)?,

@@ -254,7 +254,9 @@ impl Config {
                     return bad(&format!("attack.{key}.{k}"), message);
                 }
             }
-            if plan.strategy.is_some() && mitigation == crate::mitigation::Mitigation::KnownAnswer {
+            if plan.strategy.is_some()
+                && matches!(mitigation, crate::mitigation::Mitigation::KnownAnswer(_))
+            {
                 return bad(
                     "attack.strategy",
                     "multi-turn strategies cannot run against known_answer yet (its detection call is per request, not per turn): pick another mitigation".into(),
@@ -399,7 +401,7 @@ evaluation: {leakage_threshold: 0.5}
         let c = parse(GOOD).unwrap();
         assert_eq!(c.experiment.seed, 7);
         assert_eq!(c.model.provider, ProviderKind::Openai);
-        assert_eq!(c.mitigation.name, MitigationName::Sandwich);
+        assert_eq!(c.mitigation.name.as_str(), "sandwich");
         assert_eq!(c.selection.stratify_by, ["attack_family"]);
         assert_eq!(c.model.requests_per_minute, Some(600));
     }

@@ -1972,7 +1972,7 @@ fn tap_attempt(answer_bytes: usize) -> (pieval::attack::strategy::Outcome, Sized
             .find(|c| c.case_id == "syn-en-naive-emit_target-user_prompt-0")
             .unwrap();
     let spec = StrategySpec {
-        name: StrategyName::Tap,
+        name: StrategyName::parse("tap").unwrap(),
         max_turns: 1000,
         max_backtracks: 3,
         branching: 16,
@@ -1992,7 +1992,7 @@ fn tap_attempt(answer_bytes: usize) -> (pieval::attack::strategy::Outcome, Sized
             case: &case,
             attempt_id: "tap-big#tap",
             spec: &spec,
-            mitigation: &pieval::mitigation::Mitigation::None,
+            mitigation: &pieval::mitigation::Mitigation::none(),
             seed: 5,
             attacker: &attacker,
             target: &target,

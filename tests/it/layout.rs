@@ -171,6 +171,7 @@ fn modules_import_only_downward() {
         "attack",
         "judge",
         "mitigation",
+        "params",
         "provider",
         "model",
         "ingest",

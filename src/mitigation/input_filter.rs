@@ -1,0 +1,43 @@
+//! `input_filter`: the injection rules (`data/rules/injection.toml`, or `rules: [ids]`) run
+//! on the untrusted text; when one fires the request is not sent and the case is recorded
+//! as blocked (`blocked_by: input_filter:<rule ids>`).
+
+use super::{Defence, Entry, Mitigation, Request};
+use crate::detect::fold::fold;
+use crate::detect::rules::RulePack;
+use crate::params::Param;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct InputFilter {
+    /// The rules that block (default: all of them).
+    pub rules: Option<Vec<String>>,
+}
+
+pub const ENTRY: Entry = Entry {
+    name: "input_filter",
+    params: &[Param::rule_ids("rules")],
+    what: "runs the injection rules on the untrusted text; when one fires the request is not sent (`blocked_by: input_filter:<rule ids>`)",
+    build: |a| {
+        Mitigation::InputFilter(InputFilter {
+            rules: a.ids("rules").map(<[String]>::to_vec),
+        })
+    },
+};
+
+impl Defence for InputFilter {
+    fn apply(&self, r: &mut Request<'_>) -> Result<(), String> {
+        let pack = RulePack::default_pack();
+        let mut hits = Vec::new();
+        pack.hits(r.raw_untrusted, &fold(r.raw_untrusted), &mut hits);
+        let fired: Vec<&str> = hits
+            .iter()
+            .map(|&i| pack.rules[i].id.as_str())
+            .filter(|id| self.rules.as_ref().is_none_or(|o| o.iter().any(|r| r == id)))
+            .collect();
+        if fired.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("input_filter:{}", fired.join(",")))
+        }
+    }
+}
