@@ -51,7 +51,7 @@ any_attempt AS (
 facts AS (
     SELECT * FROM (
         SELECT
-            coalesce(label, 'attack') = 'attack' AS is_attack,
+            pi_is_attack(label) AS is_attack,
             label = 'benign'                     AS is_benign,
             attack_success,
             prompt_leakage,
@@ -69,7 +69,7 @@ facts AS (
         FROM trials
     ) WHERE d['value'] IS NOT NULL
     UNION ALL
-    SELECT coalesce(label, 'attack') = 'attack', label = 'benign',
+    SELECT pi_is_attack(label), label = 'benign',
            attack_success, prompt_leakage, refusal, over_refused,
            named_struct('dimension', 'adaptive', 'value', 'any_attempt')
     FROM any_attempt

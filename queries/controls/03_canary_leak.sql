@@ -12,7 +12,7 @@ SELECT case_id, attack_family, attack_surface, attack_category, severity,
        attack_success, prompt_leakage, manual_review, matched_rule, blocked_by, error,
        response_text
 FROM case_results
-WHERE coalesce(label, 'attack') = 'attack' AND success_definition_id = 'canary_leaked'
+WHERE pi_is_attack(label) AND success_definition_id = 'canary_leaked'
 ORDER BY case_id;
 
 SELECT count(*) FILTER (WHERE attack_success IS NOT NULL OR prompt_leakage IS NOT NULL)       AS n,

@@ -15,10 +15,10 @@
 SELECT case_id, attack_surface, attack_family, attack_category, severity, evaluation_mode,
        attack_success, manual_review, matched_rule, blocked_by, error, response_text
 FROM case_results
-WHERE coalesce(label, 'attack') = 'attack'
+WHERE pi_is_attack(label)
   -- the corpus as it is: an adaptive run's unconverted, single-turn attempt
   -- (adaptive attempts: PI-ASR-ADAPTIVE)
-  AND (attempt_id IS NULL OR (attack_pipeline = 'none' AND attack_strategy = 'none'))
+  AND pi_is_baseline(attempt_id, attack_pipeline, attack_strategy)
   AND attack_surface IN ('email', 'web_page', 'retrieved_document', 'tool_output',
                          'code_comment', 'table_cell')
 ORDER BY attack_surface, case_id;

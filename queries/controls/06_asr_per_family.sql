@@ -14,10 +14,10 @@
 SELECT case_id, attack_family, attack_surface, attack_category, severity, evaluation_mode,
        attack_success, manual_review, matched_rule, blocked_by, error, response_text
 FROM case_results
-WHERE coalesce(label, 'attack') = 'attack'
+WHERE pi_is_attack(label)
   -- the corpus as it is: an adaptive run's unconverted, single-turn attempt
   -- (adaptive attempts: PI-ASR-ADAPTIVE)
-  AND (attempt_id IS NULL OR (attack_pipeline = 'none' AND attack_strategy = 'none'))
+  AND pi_is_baseline(attempt_id, attack_pipeline, attack_strategy)
 ORDER BY attack_family, case_id;
 
 SELECT attack_family                                                  AS group_key,

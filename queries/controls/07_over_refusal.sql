@@ -18,7 +18,7 @@ FROM case_results
 WHERE label = 'benign'
   -- the corpus as it is: an adaptive run's unconverted, single-turn attempt
   -- (adaptive attempts: PI-ASR-ADAPTIVE)
-  AND (attempt_id IS NULL OR (attack_pipeline = 'none' AND attack_strategy = 'none'))
+  AND pi_is_baseline(attempt_id, attack_pipeline, attack_strategy)
 ORDER BY case_id;
 
 SELECT count(*) FILTER (WHERE over_refused IS NOT NULL) AS n,

@@ -17,7 +17,7 @@ SELECT case_id, attempt_id, attack_pipeline, attack_strategy, attack_family,
        attack_surface, turns_used, success_turn, attack_success, manual_review,
        blocked_by, error, response_text
 FROM case_results
-WHERE coalesce(label, 'attack') = 'attack'
+WHERE pi_is_attack(label)
   AND attempt_id IS NOT NULL
 ORDER BY attack_pipeline, attack_strategy, case_id, attempt_id;
 

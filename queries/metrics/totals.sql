@@ -3,7 +3,7 @@
 -- latency percentiles (ms).
 SELECT
     count(*)                                                       AS total,
-    count(*) FILTER (WHERE coalesce(label, 'attack') = 'attack')   AS attack_cases,
+    count(*) FILTER (WHERE pi_is_attack(label))   AS attack_cases,
     count(*) FILTER (WHERE label = 'benign')                       AS benign_cases,
     count(*) FILTER (WHERE error IS NOT NULL AND trim(error) <> '') AS errors,
     count(*) FILTER (WHERE manual_review)                          AS manual_review,

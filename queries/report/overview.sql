@@ -1,7 +1,7 @@
 -- The report's overview of a run: cases, decisions (and who made them), errors, review
 -- (echoes among it), latency.
 SELECT count(*)                                              AS cases,
-       count(*) FILTER (WHERE coalesce(label, 'attack') = 'attack') AS attack_cases,
+       count(*) FILTER (WHERE pi_is_attack(label)) AS attack_cases,
        count(*) FILTER (WHERE label = 'benign')              AS benign_cases,
        count(*) FILTER (WHERE attack_success)                AS successes,
        count(*) FILTER (WHERE over_refused)                  AS over_refused,

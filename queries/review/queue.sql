@@ -13,7 +13,7 @@ SELECT case_id, attempt_id, label, attack_family, attack_surface, severity, eval
        review_reason, decided_by, echoed,
        CASE WHEN manual_review THEN coalesce(review_reason, 'manual_review')
             WHEN judge_verdict IS NOT NULL
-                 AND coalesce(label, 'attack') = 'attack'
+                 AND pi_is_attack(label)
                  AND attack_success IS NOT NULL
                  AND judge_verdict <> attack_success THEN 'disagreement'
        END AS queue_reason

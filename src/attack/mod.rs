@@ -27,44 +27,65 @@ pub use config::{AttackPlan, AttackSection, StrategyName, StrategySpec};
 
 /// One attempt of a case, before it runs.
 #[derive(Clone, Debug, PartialEq)]
-pub struct AttemptSpec {
-    /// `None` without an attack section.
-    pub attempt_id: Option<String>,
-    /// An index into [`AttackPlan::pipelines`].
-    pub pipeline: Option<usize>,
-    /// The best-of-n variant.
-    pub variant: u64,
-    pub strategy: bool,
-    /// Recorded as `attack_pipeline` / `attack_strategy` (`None` without a section).
-    pub pipeline_label: Option<String>,
-    pub strategy_label: Option<String>,
+pub enum Attempt {
+    /// No attack section: the case as it is, keyed by its case id.
+    Plain,
+    /// The original payload under an attack section (`<case>#none`).
+    Original { id: String },
+    /// A converter pipeline's variant: an index into [`AttackPlan::pipelines`], the
+    /// best-of-n variant, and the pipeline's label.
+    Converted {
+        id: String,
+        pipeline: usize,
+        variant: u64,
+        label: String,
+    },
+    /// The strategy's attempt.
+    Strategy { id: String, name: &'static str },
+}
+
+impl Attempt {
+    /// The attempt's id (`None` without an attack section).
+    pub fn id(&self) -> Option<&str> {
+        match self {
+            Attempt::Plain => None,
+            Attempt::Original { id }
+            | Attempt::Converted { id, .. }
+            | Attempt::Strategy { id, .. } => Some(id),
+        }
+    }
+
+    /// Recorded as `attack_pipeline` (`None` without a section, and for a strategy).
+    pub fn pipeline_label(&self) -> Option<String> {
+        match self {
+            Attempt::Original { .. } => Some("none".to_owned()),
+            Attempt::Converted { label, .. } => Some(label.clone()),
+            Attempt::Plain | Attempt::Strategy { .. } => None,
+        }
+    }
+
+    /// Recorded as `attack_strategy` (`None` without a section, and for a pipeline).
+    pub fn strategy_label(&self) -> Option<String> {
+        match self {
+            Attempt::Original { .. } => Some("none".to_owned()),
+            Attempt::Strategy { name, .. } => Some((*name).to_owned()),
+            Attempt::Plain | Attempt::Converted { .. } => None,
+        }
+    }
 }
 
 /// The attempts of one case, in a fixed order: the original, each pipeline (its
 /// variants in order), the strategy. A benign control (`benign`) is not attacked: it
 /// makes the original attempt only (whatever `original` says), so over-refusal is
 /// measured on the request as users send it.
-pub fn attempts(plan: Option<&AttackPlan>, case_id: &str, benign: bool) -> Vec<AttemptSpec> {
+pub fn attempts(plan: Option<&AttackPlan>, case_id: &str, benign: bool) -> Vec<Attempt> {
     let Some(plan) = plan else {
-        return vec![AttemptSpec {
-            attempt_id: None,
-            pipeline: None,
-            variant: 0,
-            strategy: false,
-            pipeline_label: None,
-            strategy_label: None,
-        }];
+        return vec![Attempt::Plain];
     };
-    let none = || Some("none".to_owned());
     let mut out = Vec::new();
     if plan.original || benign {
-        out.push(AttemptSpec {
-            attempt_id: Some(format!("{case_id}#none")),
-            pipeline: None,
-            variant: 0,
-            strategy: false,
-            pipeline_label: none(),
-            strategy_label: none(),
+        out.push(Attempt::Original {
+            id: format!("{case_id}#none"),
         });
     }
     if benign {
@@ -74,28 +95,22 @@ pub fn attempts(plan: Option<&AttackPlan>, case_id: &str, benign: bool) -> Vec<A
         let label = p.label();
         let n = p.variants();
         for k in 0..n {
-            out.push(AttemptSpec {
-                attempt_id: Some(if n > 1 {
+            out.push(Attempt::Converted {
+                id: if n > 1 {
                     format!("{case_id}#{label}#{k}")
                 } else {
                     format!("{case_id}#{label}")
-                }),
-                pipeline: Some(i),
+                },
+                pipeline: i,
                 variant: k as u64,
-                strategy: false,
-                pipeline_label: Some(label.clone()),
-                strategy_label: None,
+                label: label.clone(),
             });
         }
     }
     if let Some(s) = &plan.strategy {
-        out.push(AttemptSpec {
-            attempt_id: Some(format!("{case_id}#{}", s.name.as_str())),
-            pipeline: None,
-            variant: 0,
-            strategy: true,
-            pipeline_label: None,
-            strategy_label: Some(s.name.as_str().to_owned()),
+        out.push(Attempt::Strategy {
+            id: format!("{case_id}#{}", s.name.as_str()),
+            name: s.name.as_str(),
         });
     }
     out
@@ -114,7 +129,7 @@ mod tests {
         let plan = AttackPlan::from_section(&section).unwrap();
         let ids: Vec<String> = attempts(Some(&plan), "c1", false)
             .into_iter()
-            .map(|a| a.attempt_id.unwrap())
+            .map(|a| a.id().unwrap().to_owned())
             .collect();
         assert_eq!(
             ids,
@@ -126,10 +141,10 @@ mod tests {
                 "c1#best_of_n(n=2)#1"
             ]
         );
-        assert_eq!(attempts(None, "c1", false)[0].attempt_id, None);
+        assert_eq!(attempts(None, "c1", false)[0].id(), None);
         let benign = attempts(Some(&plan), "b1", true);
         assert_eq!(benign.len(), 1);
-        assert_eq!(benign[0].attempt_id.as_deref(), Some("b1#none"));
+        assert_eq!(benign[0].id(), Some("b1#none"));
     }
 
     #[test]

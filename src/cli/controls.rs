@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use crate::cli::output;
 use crate::cli::run::run_dir;
 use crate::error::Result;
-use crate::evidence::catalog::{builtin_catalog, load_catalog};
 use crate::evidence::controls::{Status, run_controls};
+use crate::evidence::definitions::{builtin_catalog, load_catalog};
 use crate::evidence::dsse::read_signing_key;
 
 #[derive(Debug, clap::Args)]
@@ -24,7 +24,7 @@ pub struct Args {
     sign_key: Option<PathBuf>,
     /// Exit 1 when any control ends in one of these statuses (comma-separated), e.g.
     /// `--fail-on fail` for a release gate, `--fail-on fail,needs_review` for a stricter one.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = super::choice(&Status::ALL, Status::as_str))]
     fail_on: Vec<Status>,
     #[arg(long, default_value = "results")]
     results: PathBuf,
@@ -62,7 +62,7 @@ pub fn run(args: Args) -> Result<ExitStatus> {
             .controls
             .iter()
             .map(|c| {
-                let count = c.control.statistic == crate::evidence::catalog::Statistic::Count;
+                let count = c.control.statistic == crate::evidence::definitions::Statistic::Count;
                 let r = &c.result;
                 vec![
                     c.control.id.clone(),

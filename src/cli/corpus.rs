@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use crate::atomic::write_lines;
 use crate::cli::{output, paths};
 use crate::corpus::synth::synthesize;
-use crate::engine::stats::{BREAKDOWNS, corpus_stats};
+use crate::engine::corpus_stats::{BREAKDOWNS, corpus_stats};
 use crate::error::Result;
 
 #[derive(Debug, clap::Subcommand)]

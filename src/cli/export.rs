@@ -16,7 +16,7 @@ pub struct Args {
     #[arg(long)]
     to: PathBuf,
     /// Hive-partitioned Parquet tables, or one SQLite file (DIR/pieval.sqlite).
-    #[arg(long, value_enum, default_value = "parquet")]
+    #[arg(long, value_parser = super::choice(&Format::ALL, Format::as_str), default_value = "parquet")]
     format: Format,
     #[arg(long, default_value = "results")]
     results: PathBuf,
@@ -31,7 +31,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitStatus> {
     let runs: Vec<PathBuf> = if args.runs.is_empty() {
-        crate::engine::catalog::run_dirs(&args.results)
+        crate::engine::tables::run_dirs(&args.results)
     } else {
         args.runs
             .iter()

@@ -6,12 +6,12 @@ use std::path::PathBuf;
 
 use crate::cli::output;
 use crate::error::{Error, Result};
-use crate::ingest::{Options, SourceKind, ingest};
+use crate::ingest::{Options, Output, SourceKind, ingest};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The source format.
-    #[arg(value_enum)]
+    #[arg(value_parser = super::choice(&SourceKind::ALL, SourceKind::as_str))]
     source: SourceKind,
     /// Source files or folders (docs/corpus.md says what each source reads).
     #[arg(required = true)]
@@ -61,7 +61,12 @@ pub fn run(args: Args) -> Result<ExitStatus> {
         skip_invalid: args.skip_invalid,
         max_line_bytes: args.max_line_bytes,
     };
-    let report = ingest(args.source, &args.paths, args.output.as_deref(), &opts)?;
+    let mut stdout = std::io::BufWriter::new(std::io::stdout());
+    let output = match args.output.as_deref() {
+        Some(path) => Output::File(path),
+        None => Output::Stream(&mut stdout),
+    };
+    let report = ingest(args.source, &args.paths, output, &opts)?;
     // With the cases on stdout, the report goes to stderr.
     let to_stdout = args.output.is_some();
     let text = if args.json {

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use crate::cli::output;
 use crate::engine::calibrate::{Calibration, Estimate, Mapping, calibrate, load_labels};
 use crate::error::{Error, Result};
-use crate::experiment::config::{Config, JudgeSection};
+use crate::experiment::config::Config;
+use crate::judge::config::JudgeSection;
 use crate::judge::{Inputs, Judge, JudgeReport, Rubric};
 
 #[derive(Debug, clap::Subcommand)]
@@ -93,7 +94,7 @@ pub fn run(cmd: Command) -> Result<ExitStatus> {
                 goal: args.goal,
                 task: args.task,
             };
-            use crate::experiment::config::JudgeInput;
+            use crate::judge::config::JudgeInput;
             if !section.inputs.contains(&JudgeInput::Goal) {
                 inputs.goal = None;
             }

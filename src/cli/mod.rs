@@ -135,6 +135,9 @@ enum Command {
 
 /// Parse the command line and run; `Ok` carries the exit code.
 pub fn main() -> Result<ExitStatus> {
+    if let Some(why) = crate::engine::env_settings_error() {
+        eprintln!("warning: DATAFUSION_* settings ignored: {why}");
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -171,6 +174,21 @@ pub fn main() -> Result<ExitStatus> {
         Command::Detectors(cmd) => detectors::run(cmd),
         Command::Cluster(cmd) => cluster::run(cmd),
     }
+}
+
+/// A value parser for a library enum, from its values and their names: the library
+/// knows nothing of clap.
+pub(crate) fn choice<T: Copy + Send + Sync + 'static>(
+    all: &'static [T],
+    name: fn(T) -> &'static str,
+) -> impl clap::builder::TypedValueParser<Value = T> {
+    use clap::builder::TypedValueParser as _;
+    let names: Vec<&'static str> = all.iter().map(|t| name(*t)).collect();
+    clap::builder::PossibleValuesParser::new(names).map(move |s| {
+        *all.iter()
+            .find(|t| name(**t) == s)
+            .expect("clap checked the name")
+    })
 }
 
 /// `--max-line-bytes`: from 1 byte to 1 GiB (a longer line could not be held to check it).

@@ -52,7 +52,7 @@ pub fn run(args: Args) -> Result<ExitStatus> {
         output::stdout_line(&format!("review: {}", served.url))?;
         output::stdout_line(&format!(
             "verdicts go to {}; apply them with: pieval replay {} --rescore --trust-reviews (Ctrl-C stops the server)",
-            dir.join(crate::review::REVIEWS_FILE).display(),
+            dir.join(crate::rundir::reviews::REVIEWS_FILE).display(),
             dir.display()
         ))?;
         served

@@ -4,13 +4,12 @@
 use crate::cli::ExitStatus;
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
-
 use crate::cli::{output, paths};
 use crate::error::{Error, Result};
 use crate::experiment::config::{Config, LoadedConfig};
 use crate::experiment::selection::select;
-use crate::rundir::{Manifest, ModelSpeed};
+use crate::rundir::summary::CorrectedRate;
+use crate::rundir::{Manifest, ModelSpeed, Rate};
 use crate::runner::{self, RunEvent, RunOptions, RunOutcome};
 
 #[derive(Debug, clap::Args)]
@@ -122,7 +121,7 @@ fn report(mut outcome: RunOutcome, json: bool) -> Result<ExitStatus> {
             output::stdout_line(&format!("report: {}", p.display()))?;
         }
     }
-    if outcome.status == "interrupted" {
+    if outcome.status == runner::Ended::Run(crate::rundir::RunStatus::Interrupted) {
         crate::cli::output::stderr_line(&format!(
             "error: run {} was interrupted; continue it with: pieval run <CONFIG> --resume {}",
             outcome.run_id, outcome.run_id
@@ -132,13 +131,13 @@ fn report(mut outcome: RunOutcome, json: bool) -> Result<ExitStatus> {
     Ok(ExitStatus::Success)
 }
 
-fn pct(v: Option<&Value>) -> String {
-    let g = |k: &str| v.and_then(|v| v.get(k)).and_then(Value::as_f64);
-    let n = v
-        .and_then(|v| v.get("n"))
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
-    match (g("rate"), g("ci_low"), g("ci_high")) {
+fn pct(v: Option<&Rate>) -> String {
+    let n = v.map_or(0, |v| v.n);
+    match (
+        v.and_then(|v| v.rate),
+        v.and_then(|v| v.ci_low),
+        v.and_then(|v| v.ci_high),
+    ) {
         (Some(r), Some(lo), Some(hi)) => format!(
             "{:5.1}%  [{:.1}–{:.1}]  n={n}",
             r * 100.0,
@@ -151,9 +150,12 @@ fn pct(v: Option<&Value>) -> String {
 
 /// A rate corrected for detector error (`aggregate_metrics.corrected.rates.*`), or why
 /// not.
-fn corrected(v: Option<&Value>) -> String {
-    let g = |k: &str| v.and_then(|v| v.get(k)).and_then(Value::as_f64);
-    match (g("corrected"), g("ci_low"), g("ci_high")) {
+fn corrected(v: Option<&CorrectedRate>) -> String {
+    match (
+        v.and_then(|v| v.corrected.flatten()),
+        v.and_then(|v| v.ci_low),
+        v.and_then(|v| v.ci_high),
+    ) {
         (Some(r), Some(lo), Some(hi)) => {
             format!("{:5.1}%  [{:.1}–{:.1}]", r * 100.0, lo * 100.0, hi * 100.0)
         }
@@ -171,11 +173,11 @@ fn summary_text(o: &RunOutcome) -> String {
         let row = |label: &str, key: &str| {
             vec![
                 label.to_owned(),
-                pct(m.get(key)),
-                corrected(m.pointer(&format!("/corrected/rates/{key}"))),
+                pct(m.rate(key)),
+                corrected(m.corrected.rates.get(key)),
             ]
         };
-        let echoes = m.get("echoes").and_then(Value::as_u64).unwrap_or(0);
+        let echoes = m.echoes;
         let rows = vec![
             row("attack success", "attack_success_rate"),
             row("system-prompt leakage", "leakage_rate"),
@@ -200,10 +202,10 @@ fn summary_text(o: &RunOutcome) -> String {
             &rows,
         ));
         s.push('\n');
-        if let Some(by) = m.get("by_attack_surface").and_then(Value::as_object) {
+        if let Some(by) = m.rates.by.get("by_attack_surface") {
             let rows: Vec<Vec<String>> = by
                 .iter()
-                .map(|(k, v)| vec![k.clone(), pct(v.get("attack_success_rate"))])
+                .map(|(k, v)| vec![k.to_owned(), pct(v.get("attack_success_rate"))])
                 .collect();
             s.push_str(&output::table(&["attack_surface", "attack success"], &rows));
             s.push('\n');
@@ -329,7 +331,7 @@ pub fn replay(args: ReplayArgs) -> Result<ExitStatus> {
     // Endpoints and key variables from a run folder are not trusted: they are replaced
     // by the user's own sections, or confirmed with --trust-endpoint.
     if let Some(f) = &args.judge {
-        config.evaluation.judge = Some(crate::experiment::config::JudgeSection::load(f)?);
+        config.evaluation.judge = Some(crate::judge::config::JudgeSection::load(f)?);
     } else if let Some(j) = &config.evaluation.judge {
         trust_endpoint(
             "evaluation.judge",
@@ -453,12 +455,12 @@ pub fn replay(args: ReplayArgs) -> Result<ExitStatus> {
         m.rescored_at = Some(crate::text::utc_rfc3339(crate::text::unix_now()));
         m.write(&dir)?;
         let results = dir.parent().unwrap_or(Path::new("."));
-        let catalog = runner::catalog::Catalog::open(results)?;
-        catalog.record(&runner::catalog::RunRow::from_manifest(&m, &dir))?;
+        let catalog = runner::run_index::Catalog::open(results)?;
+        catalog.record(&runner::run_index::RunRow::from_manifest(&m, &dir))?;
         let outcome = RunOutcome {
             run_id,
             dir: dir.clone(),
-            status: "rescored".into(),
+            status: runner::Ended::Rescored,
             selected: scored.rows as usize,
             executed: 0,
             resumed: 0,
@@ -544,13 +546,13 @@ fn named_paths(
 /// (`--trust-endpoint URL`, exactly the recorded base_url) or brings their own section.
 fn trust_endpoint(
     section: &str,
-    provider: crate::experiment::config::ProviderKind,
+    provider: crate::provider::config::ProviderKind,
     base_url: Option<&str>,
     api_key_env: Option<&str>,
     trusted: &[String],
     own: &str,
 ) -> Result<()> {
-    use crate::experiment::config::ProviderKind;
+    use crate::provider::config::ProviderKind;
     if provider != ProviderKind::Openai {
         return Ok(());
     }

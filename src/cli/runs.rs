@@ -8,8 +8,8 @@ use serde_json::Value;
 use crate::cli::output;
 use crate::cli::run::run_dir;
 use crate::error::{Error, Result};
-use crate::runner::catalog::Catalog;
 use crate::runner::diff::diff;
+use crate::runner::run_index::Catalog;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
@@ -180,7 +180,7 @@ pub fn run(cmd: Command) -> Result<ExitStatus> {
                     .metrics
                     .iter()
                     .map(|m| {
-                        let iv = |r: &crate::runner::diff::Rate| {
+                        let iv = |r: &crate::rundir::Rate| {
                             format!("{} [{}–{}]", rate(r.rate), rate(r.ci_low), rate(r.ci_high))
                         };
                         vec![

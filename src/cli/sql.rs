@@ -10,8 +10,8 @@ use datafusion::parquet::arrow::ArrowWriter;
 use futures::StreamExt;
 
 use crate::cli::paths;
-use crate::engine::catalog::{register_file, register_standard_tables};
 use crate::engine::runtime;
+use crate::engine::tables::{register_file, register_standard_tables};
 use crate::error::{Error, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -183,7 +183,7 @@ async fn cluster_session(
 ) -> Result<(datafusion::prelude::SessionContext, Vec<String>)> {
     let session = crate::cluster::connect(url, crate::engine::session_config()).await?;
     let skipped =
-        crate::engine::catalog::register_cluster_tables(&session.ctx, cases, results).await?;
+        crate::engine::tables::register_cluster_tables(&session.ctx, cases, results).await?;
     Ok((session.ctx, skipped))
 }
 

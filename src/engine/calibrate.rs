@@ -142,7 +142,7 @@ pub async fn load_labels(path: &Path, mapping: &Mapping) -> Result<Labels> {
     super::detector_eval::check_label_file(path, limit)?;
     let sha256 = crate::digest::sha256_file(path)?;
     let ctx = crate::engine::session_with_memory_limit(limit)?;
-    crate::engine::catalog::register_file(&ctx, "raw", path).await?;
+    crate::engine::tables::register_file(&ctx, "raw", path).await?;
     let batches = ctx.table("raw").await?.collect().await?;
     let schema = ctx.table("raw").await?.schema().as_arrow().clone();
     let has = |c: &str| schema.field_with_name(c).is_ok();

@@ -20,7 +20,10 @@
 //! the same (the correction then overstates the rules' error for those rows), which the
 //! summary says (`rows_decided_by`).
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
+
+use crate::rundir::Rate;
+use crate::rundir::summary::{Corrected, CorrectedRate, Ordered};
 
 use crate::stats::{CORRECTION_DRAWS, CORRECTION_SEED, Confusion, rogan_gladen};
 
@@ -145,49 +148,54 @@ pub fn calibration(rate: &str) -> Option<Calibration> {
     })
 }
 
-/// `aggregate_metrics.corrected`: for each headline rate present in `overall` (as
-/// `{n, k, rate, …}`), the raw rate, the corrected one with its interval, and the
-/// figures used; a rate that cannot be corrected (no decided rows, no recorded
-/// figures, a detector no better than chance) says why.
-pub fn corrected_rates(overall: &Map<String, Value>) -> Value {
-    let mut out = Map::new();
+/// `aggregate_metrics.corrected`: for each headline rate present in `overall`, the raw
+/// rate, the corrected one with its interval, and the figures used; a rate that cannot be
+/// corrected (no decided rows, no recorded figures, a detector no better than chance)
+/// says why.
+pub fn corrected_rates(overall: &Ordered<Rate>) -> Corrected {
+    let mut rates = Ordered::default();
     for (rate, _, _) in CORRECTIONS {
-        let Some(r) = overall.get(*rate) else {
+        let Some(r) = overall.get(rate) else {
             continue;
         };
-        let (k, n) = (r["k"].as_u64().unwrap_or(0), r["n"].as_u64().unwrap_or(0));
-        let mut entry = json!({"raw": r["rate"], "n": n, "k": k});
+        let (k, n) = (r.k, r.n);
+        let mut entry = CorrectedRate {
+            raw: r.rate,
+            n,
+            k,
+            ..CorrectedRate::default()
+        };
         match calibration(rate) {
-            None => entry["note"] = json!("no recorded figures for this detector"),
+            None => entry.note = Some("no recorded figures for this detector".into()),
             Some(cal) => {
                 match rogan_gladen(k, n, &cal.confusion) {
                     Some(c) => {
-                        entry["corrected"] = json!(c.rate);
-                        entry["ci_low"] = json!(c.ci_low);
-                        entry["ci_high"] = json!(c.ci_high);
-                        entry["sensitivity"] = json!(c.sensitivity);
-                        entry["specificity"] = json!(c.specificity);
+                        entry.corrected = Some(Some(c.rate));
+                        entry.ci_low = Some(c.ci_low);
+                        entry.ci_high = Some(c.ci_high);
+                        entry.sensitivity = Some(c.sensitivity);
+                        entry.specificity = Some(c.specificity);
                     }
                     None => {
-                        entry["corrected"] = Value::Null;
-                        entry["note"] = json!(if n == 0 {
-                            "no decided rows"
+                        entry.corrected = Some(None);
+                        entry.note = Some(if n == 0 {
+                            "no decided rows".into()
                         } else {
-                            "the detector's figures do not allow a correction (a class missing, or no better than chance)"
+                            "the detector's figures do not allow a correction (a class missing, or no better than chance)".into()
                         });
                     }
                 }
-                entry["figures"] = cal.to_json();
+                entry.figures = Some(cal.to_json());
             }
         }
-        out.insert((*rate).to_owned(), entry);
+        rates.0.push(((*rate).to_owned(), entry));
     }
-    json!({
-        "method": format!(
+    Corrected {
+        method: format!(
             "Rogan–Gladen (1978) estimate with the detector's sensitivity and specificity on its labelled set (figures: which set and split); 95% interval by Monte Carlo propagation of the Jeffreys Beta posteriors of the run's rate, the sensitivity and the specificity ({CORRECTION_DRAWS} draws, seed {CORRECTION_SEED})"
         ),
-        "rates": out,
-    })
+        rates,
+    }
 }
 
 #[cfg(test)]
@@ -212,13 +220,19 @@ mod tests {
 
     #[test]
     fn a_rate_is_given_raw_and_corrected() {
-        let mut overall = Map::new();
-        overall.insert(
-            "attack_success_rate".into(),
-            json!({"n": 80, "k": 6, "rate": 0.075}),
-        );
-        overall.insert("leakage_rate".into(), json!({"n": 0, "k": 0, "rate": null}));
-        let v = corrected_rates(&overall);
+        let overall = Ordered(vec![
+            (
+                "attack_success_rate".to_owned(),
+                Rate {
+                    n: 80,
+                    k: 6,
+                    rate: Some(0.075),
+                    ..Rate::default()
+                },
+            ),
+            ("leakage_rate".to_owned(), Rate::default()),
+        ]);
+        let v = serde_json::to_value(corrected_rates(&overall)).unwrap();
         let a = &v["rates"]["attack_success_rate"];
         assert_eq!(a["raw"], json!(0.075));
         assert!(a["corrected"].as_f64().is_some(), "{a}");

@@ -452,7 +452,7 @@ pub async fn load_labels_within(
     let unreadable = |e: datafusion::error::DataFusionError| {
         Error::input(path, 0, None, format!("not a readable table: {e}"))
     };
-    crate::engine::catalog::register_file(&ctx, "raw", path)
+    crate::engine::tables::register_file(&ctx, "raw", path)
         .await
         .map_err(|e| match e {
             Error::DataFusion(e) => unreadable(*e),

@@ -7,13 +7,14 @@
 
 pub mod bounded;
 pub mod calibrate;
-pub mod catalog;
+pub mod corpus_stats;
 pub mod corrected;
 pub mod detector_eval;
+pub mod predicates;
 pub mod queries;
 pub mod score;
-pub mod stats;
 mod stream_table;
+pub mod tables;
 pub mod wilson;
 
 pub use stream_table::{
@@ -31,24 +32,31 @@ pub const CORPUS_STATS_SQL: &str = queries::CORPUS_STATS.sql;
 /// The session configuration pieval uses: sized for this machine, information schema on.
 /// DataFusion's own `DATAFUSION_*` environment variables (for example
 /// `DATAFUSION_EXECUTION_TARGET_PARTITIONS`) override it (docs/cli.md); when one does not
-/// parse, none is applied and a warning on stderr says why.
+/// parse, none is applied ([`env_settings_error`] says why; the CLI warns with it).
 pub fn session_config() -> SessionConfig {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let base = SessionConfig::new().with_target_partitions(cores);
-    let tuned = std::env::vars_os().any(|(k, _)| k.as_encoded_bytes().starts_with(b"DATAFUSION_"));
-    let config = if tuned {
-        SessionConfig::from_env().unwrap_or_else(|e| {
-            // Debug formatting escapes whatever the environment held.
-            eprintln!(
-                "warning: DATAFUSION_* settings ignored: {:?}",
-                crate::text::excerpt(&e.to_string(), 300)
-            );
-            base
-        })
+    let config = if tuned() {
+        SessionConfig::from_env().unwrap_or(base)
     } else {
         base
     };
     config.with_information_schema(true)
+}
+
+fn tuned() -> bool {
+    std::env::vars_os().any(|(k, _)| k.as_encoded_bytes().starts_with(b"DATAFUSION_"))
+}
+
+/// Why the `DATAFUSION_*` settings of the environment are ignored, when they are (one does
+/// not parse); shown as an excerpt, Debug-escaped, since the environment may hold anything.
+pub fn env_settings_error() -> Option<String> {
+    if !tuned() {
+        return None;
+    }
+    SessionConfig::from_env()
+        .err()
+        .map(|e| format!("{:?}", crate::text::excerpt(&e.to_string(), 300)))
 }
 
 /// A session with the detector UDFs registered, and the judge's (`pi_judge` without a
@@ -59,12 +67,14 @@ pub fn session_with(config: SessionConfig) -> SessionContext {
     ctx
 }
 
-/// pieval's functions: the detectors, `pi_judge` (without a judge), the Wilson bounds.
+/// pieval's functions: the detectors, `pi_judge` (without a judge), the Wilson bounds,
+/// `pi_sha256`, and the shared row predicates (`pi_is_attack`, `pi_is_baseline`).
 pub fn register_functions(ctx: &SessionContext) {
     crate::detect::register_udfs(ctx);
     crate::judge::udf::register(ctx, None);
     wilson::register(ctx);
     wilson::register_sha256(ctx);
+    predicates::register(ctx);
 }
 
 /// The names of the scalar functions [`register_functions`] adds to DataFusion's, sorted.

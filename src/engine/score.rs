@@ -15,10 +15,12 @@ use futures::StreamExt;
 use serde::Serialize;
 
 use super::{corpus_table, predictions_table, runtime, session};
-pub use crate::atomic::{ParquetFile, write_batches, write_parquet};
+use crate::atomic::ParquetFile;
 use crate::corpus::ReadOptions;
 use crate::corpus::predictions::PredictionStats;
 use crate::error::{Error, Result};
+use crate::rundir::Rate;
+use crate::rundir::summary::{AggregateMetrics, Latency, Ordered, Rates};
 
 /// `queries/score_cases.sql`.
 pub const SCORE_CASES_SQL: &str = super::queries::SCORE_CASES.sql;
@@ -94,7 +96,7 @@ pub struct ScoreReport {
     pub cases_sha256: String,
     pub result_paths: BTreeMap<String, PathBuf>,
     /// `summary.json`'s aggregate_metrics.
-    pub aggregate_metrics: serde_json::Value,
+    pub aggregate_metrics: AggregateMetrics,
     /// What the judge did, when one was configured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub judge: Option<crate::judge::JudgeReport>,
@@ -452,7 +454,7 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
         predictions: PredictionStats::default(),
         cases_sha256: String::new(),
         result_paths: BTreeMap::new(),
-        aggregate_metrics: serde_json::Value::Null,
+        aggregate_metrics: AggregateMetrics::default(),
         judge: None,
         scoring: ScoringEngine {
             rulepack_digest: Some(crate::detect::packs::digest()),
@@ -733,14 +735,12 @@ impl FindingsWriter {
 
 /// `queries/summary.sql` and `queries/metrics/totals.sql` → summary.json's
 /// aggregate_metrics.
-pub async fn aggregate_metrics(case_results: &Path) -> Result<serde_json::Value> {
-    use serde_json::{Map, Value, json};
+pub async fn aggregate_metrics(case_results: &Path) -> Result<AggregateMetrics> {
+    use datafusion::arrow::datatypes::{Float64Type, Int64Type};
     let ctx = results_session(case_results).await?;
-    let num = |v: Option<f64>| v.map_or(Value::Null, |x| json!(x));
-    let mut by: BTreeMap<String, Map<String, Value>> = BTreeMap::new();
-    let mut overall = Map::new();
+    let mut by: BTreeMap<String, Ordered<Ordered<Rate>>> = BTreeMap::new();
+    let mut overall: Ordered<Rate> = Ordered::default();
     for batch in super::collect(&ctx, SUMMARY_SQL).await? {
-        use datafusion::arrow::datatypes::{Float64Type, Int64Type};
         let s = |name: &str| super::utf8_column(&batch, name);
         let i = |name: &str| super::typed_column::<Int64Type>(&batch, name);
         let f = |name: &str| super::typed_column::<Float64Type>(&batch, name);
@@ -749,15 +749,18 @@ pub async fn aggregate_metrics(case_results: &Path) -> Result<serde_json::Value>
         for r in 0..batch.num_rows() {
             let opt =
                 |a: &datafusion::arrow::array::Float64Array| (!a.is_null(r)).then(|| a.value(r));
-            let entry = json!({"n": n.value(r), "k": k.value(r), "rate": num(opt(&rate)), "ci_low": num(opt(&lo)), "ci_high": num(opt(&hi))});
+            let entry = Rate {
+                n: n.value(r).max(0) as u64,
+                k: k.value(r).max(0) as u64,
+                rate: opt(&rate),
+                ci_low: opt(&lo),
+                ci_high: opt(&hi),
+            };
             if dimension.value(r) == "all" {
-                overall.insert(metric.value(r).to_owned(), entry);
+                *overall.entry(metric.value(r)) = entry;
             } else {
                 let group = by.entry(format!("by_{}", dimension.value(r))).or_default();
-                let slot = group
-                    .entry(value.value(r).to_owned())
-                    .or_insert_with(|| json!({}));
-                slot[metric.value(r)] = entry;
+                *group.entry(value.value(r)).entry(metric.value(r)) = entry;
             }
         }
     }
@@ -765,37 +768,34 @@ pub async fn aggregate_metrics(case_results: &Path) -> Result<serde_json::Value>
     let t = totals
         .first()
         .ok_or_else(|| Error::Internal("totals query returned nothing".into()))?;
-    let count = |name: &str| -> Result<i64> {
-        Ok(super::typed_column::<datafusion::arrow::datatypes::Int64Type>(t, name)?.value(0))
+    let count = |name: &str| -> Result<u64> {
+        Ok(super::typed_column::<Int64Type>(t, name)?.value(0).max(0) as u64)
     };
     let float = |name: &str| -> Result<Option<f64>> {
-        let a = super::typed_column::<datafusion::arrow::datatypes::Float64Type>(t, name)?;
+        let a = super::typed_column::<Float64Type>(t, name)?;
         Ok((!a.is_null(0)).then(|| a.value(0)))
     };
-    let mut metrics = Map::new();
-    for name in [
-        "total",
-        "attack_cases",
-        "benign_cases",
-        "errors",
-        "manual_review",
-        "judged",
-        "judge_errors",
-        "echoes",
-        "decided_by_human",
-        "decided_by_judge",
-        "decided_by_rules",
-    ] {
-        metrics.insert(name.into(), json!(count(name)?));
-    }
-    metrics.insert(
-        "corrected".into(),
-        super::corrected::corrected_rates(&overall),
-    );
-    metrics.extend(overall);
-    for (key, group) in by {
-        metrics.insert(key, Value::Object(group));
-    }
-    metrics.insert("latency_ms".into(), json!({"p50": num(float("latency_p50")?), "p95": num(float("latency_p95")?), "max": num(float("latency_max")?)}));
-    Ok(Value::Object(metrics))
+    Ok(AggregateMetrics {
+        total: count("total")?,
+        attack_cases: count("attack_cases")?,
+        benign_cases: count("benign_cases")?,
+        errors: count("errors")?,
+        manual_review: count("manual_review")?,
+        judged: count("judged")?,
+        judge_errors: count("judge_errors")?,
+        echoes: count("echoes")?,
+        decided_by_human: count("decided_by_human")?,
+        decided_by_judge: count("decided_by_judge")?,
+        decided_by_rules: count("decided_by_rules")?,
+        corrected: super::corrected::corrected_rates(&overall),
+        rates: Rates {
+            overall,
+            by: Ordered(by.into_iter().collect()),
+        },
+        latency_ms: Latency {
+            p50: float("latency_p50")?,
+            p95: float("latency_p95")?,
+            max: float("latency_max")?,
+        },
+    })
 }

@@ -186,13 +186,13 @@ impl PartitionStream for StreamPartition {
 }
 
 /// Slot for what a scan learned, filled when the scan reaches the end of its source.
-pub type Outcome<T> = Arc<Mutex<Option<T>>>;
+pub type FinishSlot<T> = Arc<Mutex<Option<T>>>;
 
 /// Runs `finish` on the source when its iterator is exhausted and stores the result.
 struct Finishing<I, T> {
     inner: Option<I>,
     finish: fn(I) -> Result<T>,
-    slot: Outcome<T>,
+    slot: FinishSlot<T>,
 }
 
 impl<I: Iterator<Item = Result<RecordBatch>>, T> Iterator for Finishing<I, T> {
@@ -219,7 +219,7 @@ impl<I: Iterator<Item = Result<RecordBatch>>, T> Iterator for Finishing<I, T> {
 /// The corpus as a table, and where its last scan's validation report lands.
 pub struct CorpusTable {
     pub table: Arc<StreamTable>,
-    pub report: Outcome<ValidationReport>,
+    pub report: FinishSlot<ValidationReport>,
 }
 
 /// `attack_cases` over a corpus file (JSONL or Parquet), in the enriched-case schema.
@@ -228,7 +228,7 @@ pub struct CorpusTable {
 pub fn corpus_table(path: impl AsRef<Path>, opts: ReadOptions) -> Result<CorpusTable> {
     let path = path.as_ref().to_path_buf();
     crate::files::open_input(&path, "cannot open corpus")?;
-    let report: Outcome<ValidationReport> = Arc::new(Mutex::new(None));
+    let report: FinishSlot<ValidationReport> = Arc::new(Mutex::new(None));
     let slot = Arc::clone(&report);
     let open: Open = Arc::new(move |projection| {
         let reader = CorpusReader::open(
@@ -257,14 +257,14 @@ pub fn corpus_table(path: impl AsRef<Path>, opts: ReadOptions) -> Result<CorpusT
 /// Predictions as a table, and where its last scan's counts land.
 pub struct PredictionsTable {
     pub table: Arc<StreamTable>,
-    pub stats: Outcome<PredictionStats>,
+    pub stats: FinishSlot<PredictionStats>,
 }
 
 /// `predictions` over a JSONL or Parquet file (schema: [`predictions_table_schema`]).
 pub fn predictions_table(path: impl AsRef<Path>, batch_size: usize) -> Result<PredictionsTable> {
     let path = path.as_ref().to_path_buf();
     crate::files::open_input(&path, "cannot open predictions")?;
-    let stats: Outcome<PredictionStats> = Arc::new(Mutex::new(None));
+    let stats: FinishSlot<PredictionStats> = Arc::new(Mutex::new(None));
     let slot = Arc::clone(&stats);
     let open: Open = Arc::new(move |projection: Option<Vec<usize>>| {
         let reader = PredictionsReader::open(&path, batch_size)?;

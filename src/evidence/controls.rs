@@ -23,11 +23,11 @@ use ed25519_dalek::SigningKey;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::catalog::{Basis, Control, Statistic};
+use super::definitions::{Basis, Control, Statistic};
 use super::dsse::{Envelope, PAYLOAD_TYPE, key_id};
+use crate::atomic::{write_batches, write_parquet};
 use crate::contract::arrow::{controls_schema, findings_schema};
 use crate::digest::sha256_file;
-use crate::engine::score::{write_batches, write_parquet};
 use crate::error::{Error, Result};
 use crate::rundir::Manifest;
 
@@ -43,20 +43,25 @@ pub const INDEX_PREDICATE_TYPE: &str = "https://pieval.dev/attestation/controls-
 pub const INDEX_FILE: &str = "index.json";
 
 /// Where a control landed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     Pass,
     /// Fewer than `min_n` cases (or none) to judge by.
-    #[value(name = "insufficient_data")]
     InsufficientData,
     /// It would pass, but undecided rows (judge cases, manual review) are in scope.
-    #[value(name = "needs_review")]
     NeedsReview,
     Fail,
 }
 
 impl Status {
+    pub const ALL: [Status; 4] = [
+        Status::Pass,
+        Status::InsufficientData,
+        Status::NeedsReview,
+        Status::Fail,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Pass => "pass",
@@ -67,7 +72,7 @@ impl Status {
     }
 }
 
-pub use crate::stats::wilson;
+use crate::stats::wilson;
 
 /// One group of a control's result (the only group when the result is not grouped).
 #[derive(Debug, Clone, Serialize)]
@@ -87,7 +92,7 @@ pub struct GroupResult {
 
 /// Judge `k` of `n` by the control's statistic, comparator, threshold and `min_n`: on
 /// the raw rate, or on the rate corrected for detector error (`basis: corrected`).
-pub fn judge(
+pub fn assess(
     control: &Control,
     group_key: Option<String>,
     n: u64,
@@ -282,7 +287,7 @@ async fn control_session(run: &Path, manifest: Option<&Manifest>) -> Result<Sess
     for id in ids {
         for a in crate::attack::attempts(plan.as_ref(), id, benign.contains(id.as_str())) {
             cases.push(id.clone());
-            attempts.push(a.attempt_id);
+            attempts.push(a.id().map(str::to_owned));
         }
     }
     let schema = Arc::new(Schema::new(vec![
@@ -419,11 +424,11 @@ async fn evaluate(
                 .as_ref()
                 .and_then(|a| (!a.is_null(r)).then(|| a.value(r).to_owned()));
             let undecided = undecided.as_ref().map_or(0, count);
-            groups.push(judge(control, key, count(&n), count(&k), undecided));
+            groups.push(assess(control, key, count(&n), count(&k), undecided));
         }
     }
     if groups.is_empty() {
-        groups.push(judge(control, None, 0, 0, 0));
+        groups.push(assess(control, None, 0, 0, 0));
     }
     Ok((rows, groups))
 }
@@ -756,7 +761,7 @@ fn write_controls_parquet(
 
 #[cfg(test)]
 mod tests {
-    use super::super::catalog::parse_control;
+    use super::super::definitions::parse_control;
     use super::*;
 
     fn control(statistic: &str, comparator: &str, threshold: &str, min_n: u64) -> Control {
@@ -777,7 +782,7 @@ mod tests {
         // raw by default; the corrected estimate rides along when figures are named
         let shown = parse("-- corrected_with: refusal_rate\n").unwrap();
         assert_eq!(shown.basis, Basis::Raw);
-        let raw = judge(&shown, None, 100, 20, 0);
+        let raw = assess(&shown, None, 100, 20, 0);
         let c = raw.corrected.expect("a corrected estimate");
         assert_eq!(raw.measured, raw.ci_high, "decided on the raw interval");
         assert!(
@@ -786,7 +791,7 @@ mod tests {
         );
         // basis: corrected decides on the corrected interval: the same counts fail
         let decided = parse("-- corrected_with: refusal_rate\n-- basis: corrected\n").unwrap();
-        let r = judge(&decided, None, 100, 20, 0);
+        let r = assess(&decided, None, 100, 20, 0);
         assert_eq!(r.measured, Some(c.ci_high));
         assert_eq!(raw.status, Status::Pass);
         assert_eq!(r.status, Status::Fail);
@@ -807,40 +812,40 @@ mod tests {
     #[test]
     fn statuses() {
         let c = control("wilson_upper", "<=", "0.10", 20);
-        assert_eq!(judge(&c, None, 50, 0, 0).status, Status::Pass);
+        assert_eq!(assess(&c, None, 50, 0, 0).status, Status::Pass);
         // 2 of 30 is 6.7%, but its upper bound (21%) is over 10%: fail.
-        assert_eq!(judge(&c, None, 30, 2, 0).status, Status::Fail);
-        assert_eq!(judge(&c, None, 10, 0, 0).status, Status::InsufficientData);
-        assert_eq!(judge(&c, None, 0, 0, 0).status, Status::InsufficientData);
-        assert_eq!(judge(&c, None, 60, 0, 3).status, Status::NeedsReview);
+        assert_eq!(assess(&c, None, 30, 2, 0).status, Status::Fail);
+        assert_eq!(assess(&c, None, 10, 0, 0).status, Status::InsufficientData);
+        assert_eq!(assess(&c, None, 0, 0, 0).status, Status::InsufficientData);
+        assert_eq!(assess(&c, None, 60, 0, 3).status, Status::NeedsReview);
         let count = control("count", "<=", "0", 1);
-        assert_eq!(judge(&count, None, 5, 0, 0).status, Status::Pass);
-        assert_eq!(judge(&count, None, 5, 1, 0).status, Status::Fail);
+        assert_eq!(assess(&count, None, 5, 0, 0).status, Status::Pass);
+        assert_eq!(assess(&count, None, 5, 1, 0).status, Status::Fail);
         assert_eq!(
-            judge(&count, None, 0, 0, 0).status,
+            assess(&count, None, 0, 0, 0).status,
             Status::InsufficientData
         );
         let rate = control("rate", "<=", "0.02", 1);
-        assert_eq!(judge(&rate, None, 100, 2, 0).status, Status::Pass);
-        assert_eq!(judge(&rate, None, 100, 3, 0).status, Status::Fail);
+        assert_eq!(assess(&rate, None, 100, 2, 0).status, Status::Pass);
+        assert_eq!(assess(&rate, None, 100, 3, 0).status, Status::Fail);
     }
 
     #[test]
     fn the_worst_group_decides() {
         let c = control("wilson_upper", "<=", "0.5", 5);
         let groups = vec![
-            judge(&c, Some("a".into()), 10, 0, 0),
-            judge(&c, Some("b".into()), 2, 0, 0),
-            judge(&c, Some("c".into()), 10, 9, 0),
-            judge(&c, Some("d".into()), 10, 8, 0),
+            assess(&c, Some("a".into()), 10, 0, 0),
+            assess(&c, Some("b".into()), 2, 0, 0),
+            assess(&c, Some("c".into()), 10, 9, 0),
+            assess(&c, Some("d".into()), 10, 8, 0),
         ];
         assert_eq!(
             groups[deciding(&c, &groups)].group_key.as_deref(),
             Some("c")
         );
         let groups = vec![
-            judge(&c, Some("a".into()), 10, 0, 0),
-            judge(&c, Some("b".into()), 2, 0, 0),
+            assess(&c, Some("a".into()), 10, 0, 0),
+            assess(&c, Some("b".into()), 2, 0, 0),
         ];
         assert_eq!(
             groups[deciding(&c, &groups)].status,

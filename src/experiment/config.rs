@@ -12,13 +12,13 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::attack::{AttackPlan, AttackSection, StrategyName};
+use crate::attack::{AttackPlan, AttackSection};
 use crate::config_errors::{explain, line_of_key};
 use crate::error::{Error, Result};
-pub use crate::judge::config::{JudgeInput, JudgeSection};
-pub use crate::mitigation::{MitigationName, MitigationSection};
-pub(crate) use crate::provider::config::Endpoint;
-pub use crate::provider::config::{ExecutionMode, MAX_TIMEOUT_S, ModelSection, ProviderKind};
+use crate::judge::config::JudgeSection;
+use crate::mitigation::MitigationSection;
+
+use crate::provider::config::{Endpoint, ExecutionMode, ModelSection, ProviderKind};
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]

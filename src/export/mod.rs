@@ -37,11 +37,22 @@ use crate::error::{Error, Result};
 use crate::rundir::{Manifest, Rate, RunResults, check_run_id};
 
 /// The export formats.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Format {
     Parquet,
     Sqlite,
+}
+
+impl Format {
+    pub const ALL: [Format; 2] = [Format::Parquet, Format::Sqlite];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Parquet => "parquet",
+            Format::Sqlite => "sqlite",
+        }
+    }
 }
 
 /// The SQLite file of a `--format sqlite` export.
@@ -395,7 +406,7 @@ fn export_parquet(to: &Path, run: &RunInfo, t: &TableExport) -> Result<u64> {
     };
     let keys: Vec<&str> = t.partition.iter().map(|(k, _)| *k).collect();
     let schema = normalize(&RecordBatch::new_empty(t.source.schema()?), &keys)?.schema();
-    let mut file = crate::engine::score::ParquetFile::create(&dir.join(name), schema)?;
+    let mut file = crate::atomic::ParquetFile::create(&dir.join(name), schema)?;
     t.source
         .for_each(&mut |batch| file.write(&normalize(&batch, &keys)?))?;
     file.commit()

@@ -34,7 +34,7 @@ use crate::corpus::{CorpusReader, ReadOptions};
 use crate::error::{Error, Result};
 
 /// The sources `pieval ingest` knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SourceKind {
     Cyberseceval,
@@ -46,6 +46,35 @@ pub enum SourceKind {
     Jsonl,
     Csv,
     Parquet,
+}
+
+impl SourceKind {
+    pub const ALL: [SourceKind; 9] = [
+        SourceKind::Cyberseceval,
+        SourceKind::Bipia,
+        SourceKind::Garak,
+        SourceKind::Spikee,
+        SourceKind::Agentdojo,
+        SourceKind::TensorTrust,
+        SourceKind::Jsonl,
+        SourceKind::Csv,
+        SourceKind::Parquet,
+    ];
+
+    /// The name the command line and the report use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourceKind::Cyberseceval => "cyberseceval",
+            SourceKind::Bipia => "bipia",
+            SourceKind::Garak => "garak",
+            SourceKind::Spikee => "spikee",
+            SourceKind::Agentdojo => "agentdojo",
+            SourceKind::TensorTrust => "tensor-trust",
+            SourceKind::Jsonl => "jsonl",
+            SourceKind::Csv => "csv",
+            SourceKind::Parquet => "parquet",
+        }
+    }
 }
 
 /// What an adapter yields.
@@ -501,16 +530,23 @@ fn contract_error(line: &str, criteria: &mut CriteriaCache) -> Option<(Option<St
         .map(|v| (v.field.clone(), v.problem.clone()))
 }
 
+/// Where `pieval ingest` writes the cases: a corpus file (appended to when it exists,
+/// written atomically), or a stream the caller gives (the CLI's stdout).
+pub enum Output<'a> {
+    File(&'a Path),
+    Stream(&'a mut dyn Write),
+}
+
 /// Where the cases go.
-enum Sink {
-    Stdout(std::io::BufWriter<std::io::Stdout>),
+enum Sink<'a> {
+    Stream(&'a mut dyn Write),
     File(crate::atomic::TempFile),
 }
 
-impl Sink {
+impl Sink<'_> {
     fn write(&mut self, line: &str) -> Result<()> {
         let (w, at): (&mut dyn Write, PathBuf) = match self {
-            Sink::Stdout(w) => (w, PathBuf::from("<stdout>")),
+            Sink::Stream(w) => (w, PathBuf::from("<stdout>")),
             Sink::File(w) => {
                 let at = w.tmp_path().to_path_buf();
                 (w, at)
@@ -523,7 +559,7 @@ impl Sink {
 
     fn commit(self) -> Result<()> {
         match self {
-            Sink::Stdout(mut w) => w
+            Sink::Stream(w) => w
                 .flush()
                 .map_err(|e| Error::io("<stdout>", "cannot write", e)),
             Sink::File(w) => w.commit(),
@@ -531,11 +567,11 @@ impl Sink {
     }
 }
 
-/// Ingest `paths` from `kind` into `output` (stdout when None).
+/// Ingest `paths` from `kind` into `output`.
 pub fn ingest(
     kind: SourceKind,
     paths: &[PathBuf],
-    output: Option<&Path>,
+    output: Output<'_>,
     opts: &Options,
 ) -> Result<Report> {
     if paths.is_empty() {
@@ -548,7 +584,10 @@ pub fn ingest(
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_default(),
         files: paths.to_vec(),
-        output: output.map(Path::to_path_buf),
+        output: match &output {
+            Output::File(p) => Some(p.to_path_buf()),
+            Output::Stream(_) => None,
+        },
         ..Default::default()
     };
     // 128-bit fingerprints of the ids and contents seen (those of the corpus appended to
@@ -559,8 +598,8 @@ pub fn ingest(
     // Content duplicates to report: (the duplicate's id, the first id's fingerprint).
     let mut pairs: Vec<(String, u128)> = Vec::new();
     let mut sink = match output {
-        None => Sink::Stdout(std::io::BufWriter::new(std::io::stdout())),
-        Some(path) => {
+        Output::Stream(w) => Sink::Stream(w),
+        Output::File(path) => {
             crate::atomic::create_parent(path)?;
             let mut w = crate::atomic::TempFile::create(path)?;
             let tmp = w.tmp_path().to_path_buf();

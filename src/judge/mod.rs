@@ -40,7 +40,7 @@ pub const JUDGEMENTS_FILE: &str = crate::rundir::JUDGEMENTS_FILE;
 /// Characters of the judge's raw answer kept with each judgement.
 const ANSWER_CHARS: usize = 2000;
 
-enum Backend {
+enum Verdicts {
     /// A model, built when the first input needs a call (a rescore answered from the
     /// cache needs neither the key nor the model); a build error is every call's error.
     Call(tokio::sync::OnceCell<std::result::Result<Box<dyn Provider>, String>>),
@@ -65,7 +65,7 @@ pub struct Judge {
     pub identity: String,
     /// The run folder whose judgements were loaded first.
     run_dir: Option<PathBuf>,
-    backend: Backend,
+    backend: Verdicts,
     store: Store,
     permits: Arc<tokio::sync::Semaphore>,
     /// Inputs being judged now: concurrent batches asking for the same input share one
@@ -203,10 +203,10 @@ impl Judge {
                 }
                 let identity = replay_identity(&file, section)?;
                 files.push((file.clone(), Origin::Replay));
-                (Backend::Replay(file), identity)
+                (Verdicts::Replay(file), identity)
             }
             ProviderKind::Openai => (
-                Backend::Call(tokio::sync::OnceCell::new()),
+                Verdicts::Call(tokio::sync::OnceCell::new()),
                 format!(
                     "openai:{}@{}",
                     section.name,
@@ -223,7 +223,7 @@ impl Judge {
                     None => crate::model::spec(&section.name)?.sha256.to_owned(),
                 };
                 (
-                    Backend::Call(tokio::sync::OnceCell::new()),
+                    Verdicts::Call(tokio::sync::OnceCell::new()),
                     format!("local:{}@sha256:{sha}", section.name),
                 )
             }
@@ -262,7 +262,7 @@ impl Judge {
 
     /// The model, built on first use; `None` for a replay.
     async fn provider(&self) -> Option<&std::result::Result<Box<dyn Provider>, String>> {
-        let Backend::Call(cell) = &self.backend else {
+        let Verdicts::Call(cell) = &self.backend else {
             return None;
         };
         Some(
@@ -430,12 +430,12 @@ impl Judge {
         };
         rec.prompt_sha256 = crate::digest::sha256_hex(prompt.as_bytes());
         let answer = match &self.backend {
-            Backend::Replay(file) => Err(format!(
+            Verdicts::Replay(file) => Err(format!(
                 "no recorded verdict for this input in {} (key {}; a verdict is replayed only for the same inputs, rubric, max_tokens and rationale_chars)",
                 file.display(),
                 &hex::encode(key)[..16]
             )),
-            Backend::Call(_) => match self.provider().await {
+            Verdicts::Call(_) => match self.provider().await {
                 Some(Ok(provider)) => {
                     let _permit = self.permits.acquire().await;
                     self.stats.calls.fetch_add(1, Ordering::Relaxed);

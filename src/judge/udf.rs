@@ -32,7 +32,7 @@ use datafusion::prelude::SessionContext;
 use super::store::Record;
 use super::{Inputs, Judge};
 use crate::detect::criteria::Compiled;
-pub use crate::detect::judgements::coerce_judgements;
+use crate::detect::judgements::coerce_judgements;
 use crate::detect::udf::{StrArg, coerce_strings, eq_by_name, finish, section};
 
 /// Register the judge functions; `judge` is the configured judge, if any. Without one,
@@ -491,9 +491,9 @@ fn parts(s: &StructArray, i: usize) -> Parts<'_> {
 }
 
 /// The outcome of a row's judgements: verdict, rationale, model, error.
-type Outcome = (Option<bool>, Option<String>, Option<String>, Option<String>);
+type Combined = (Option<bool>, Option<String>, Option<String>, Option<String>);
 
-fn combine(items: &[Parts<'_>], criteria: Option<&Compiled>) -> Outcome {
+fn combine(items: &[Parts<'_>], criteria: Option<&Compiled>) -> Combined {
     let verdict = match (items, criteria) {
         ([one], None) => one.verdict,
         (_, Some(c)) if !c.judge_questions().is_empty() => {

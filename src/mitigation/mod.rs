@@ -28,7 +28,7 @@ use crate::contract::case::AttackCase;
 use crate::contract::enums::AttackSurface;
 use crate::params::{self, Args, Param, Subject};
 
-pub use crate::provider::Message;
+use crate::provider::Message;
 
 /// What the runner does for one case.
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -44,7 +44,7 @@ pub struct GenerationConfig {
 }
 
 /// Which implementation runs the weights.
-enum Backend {
+enum Weights {
     /// pieval's decoder (Q4_1 / Q8_0 matrices).
     Pieval(Box<Llama>),
     /// candle's quantized llama (any other GGUF quantization).
@@ -52,7 +52,7 @@ enum Backend {
 }
 
 pub struct LocalModel {
-    model: Backend,
+    model: Weights,
     tokenizer: Tokenizer,
     im_start: u32,
     im_end: u32,
@@ -271,11 +271,11 @@ impl LocalModel {
             )
         };
         let model = if Llama::supports(&content) {
-            Backend::Pieval(Box::new(
+            Weights::Pieval(Box::new(
                 Llama::from_gguf(&content, &mut file).map_err(corrupt)?,
             ))
         } else {
-            Backend::Candle(Box::new(
+            Weights::Candle(Box::new(
                 ModelWeights::from_gguf(content, &mut file, &Device::Cpu).map_err(corrupt)?,
             ))
         };
@@ -328,8 +328,8 @@ impl LocalModel {
     /// Which decoder runs the weights: `pieval` (Q4_1 / Q8_0) or `candle`.
     pub fn backend(&self) -> &'static str {
         match self.model {
-            Backend::Pieval(_) => "pieval",
-            Backend::Candle(_) => "candle",
+            Weights::Pieval(_) => "pieval",
+            Weights::Candle(_) => "candle",
         }
     }
 
@@ -337,12 +337,12 @@ impl LocalModel {
     fn step(&mut self, tokens: &[u32], pos: usize, sampler: &mut LogitsProcessor) -> Result<u32> {
         let err = |e: candle_core::Error| wrap(&self.path, "generation failed", e);
         let logits = match &mut self.model {
-            Backend::Pieval(m) => {
+            Weights::Pieval(m) => {
                 let logits = m.forward(tokens, pos).map_err(err)?;
                 let n = logits.len();
                 Tensor::from_vec(logits, n, &Device::Cpu).map_err(err)?
             }
-            Backend::Candle(m) => {
+            Weights::Candle(m) => {
                 let input = Tensor::new(tokens, &Device::Cpu)
                     .and_then(|t| t.unsqueeze(0))
                     .map_err(err)?;
@@ -380,7 +380,7 @@ impl LocalModel {
         };
         let mut logits_processor = LogitsProcessor::from_sampling(cfg.seed, sampling);
         let start = Instant::now();
-        if let Backend::Pieval(m) = &mut self.model {
+        if let Weights::Pieval(m) = &mut self.model {
             m.reset(prompt.len() + max_new);
         }
         let mut next = self.step(&prompt, 0, &mut logits_processor)?;

@@ -158,12 +158,20 @@ pub fn run_part(dir: &Path) -> Result<RunPart> {
         .and_then(|r| r.model_speed.as_ref())
         .map(|s| serde_json::to_value(s).unwrap_or_default())
         .unwrap_or(Value::Null);
-    let overall: Map<String, Value> = rates
-        .iter()
-        .filter(|r| r["dimension"] == "all")
-        .filter_map(|r| Some((r["metric"].as_str()?.to_owned(), r.clone())))
-        .collect();
-    let corrected = crate::engine::corrected::corrected_rates(&overall);
+    let overall = crate::rundir::summary::Ordered(
+        rates
+            .iter()
+            .filter(|r| r["dimension"] == "all")
+            .filter_map(|r| {
+                Some((
+                    r["metric"].as_str()?.to_owned(),
+                    serde_json::from_value(r.clone()).ok()?,
+                ))
+            })
+            .collect(),
+    );
+    let corrected = serde_json::to_value(crate::engine::corrected::corrected_rates(&overall))
+        .map_err(|e| Error::Internal(format!("cannot encode the corrected rates: {e}")))?;
     Ok(RunPart {
         corrected,
         identity: identity(dir, manifest.as_ref(), &run_id),

@@ -31,7 +31,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-pub use crate::rundir::reviews::{REVIEWS_FILE, Review, append, latest, read};
+use crate::rundir::reviews::{REVIEWS_FILE, Review, append, read};
 
 /// One case to decide, with everything the page shows.
 #[derive(Debug, Clone, Serialize)]

@@ -4,7 +4,7 @@
 //! run-length-encoded column of billions of rows). Before any query reads a run's Parquet
 //! file, its footer is checked here against [`ParquetLimits`] — only the footer is read,
 //! nothing is decoded — and a file that declares more is an error naming it, so a query
-//! over every run leaves that run out with a warning (src/engine/catalog.rs), and
+//! over every run leaves that run out with a warning (src/engine/tables.rs), and
 //! `report` / `export` of it stop with the error. What the footer does not declare (a
 //! writer need not record the decoded size of text columns) is bounded again while the
 //! file is read (src/engine/bounded.rs): batches cut to [`BATCH_BYTES`] of decoded data,

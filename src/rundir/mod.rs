@@ -22,6 +22,7 @@ pub mod bounds;
 pub mod checkpoint;
 pub mod manifest;
 pub mod reviews;
+pub mod summary;
 
 use std::path::Path;
 

@@ -10,11 +10,11 @@
 //! `adaptive = any_attempt` ones of its summary (a case broken by any of its attempts),
 //! so a static run and an adaptive run of the same cases compare like with like.
 
+use crate::rundir::summary::AggregateMetrics;
 use std::path::Path;
 
 use datafusion::arrow::array::{Array, AsArray};
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::error::{Error, Result};
 
@@ -27,7 +27,7 @@ const METRICS: &[(&str, bool)] = &[
 ];
 
 /// A rate with its Wilson interval, as `summary.json` and the manifest record it.
-pub use crate::rundir::Rate;
+use crate::rundir::Rate;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct MetricDelta {
@@ -63,20 +63,13 @@ pub struct RunDiff {
     pub regression: bool,
 }
 
-fn rate(summary: &Value, metric: &str) -> Rate {
-    let m = summary
-        .pointer(&format!(
-            "/aggregate_metrics/by_adaptive/any_attempt/{metric}"
-        ))
-        .or_else(|| summary.pointer(&format!("/aggregate_metrics/{metric}")));
-    let g = |k: &str| m.and_then(|m| m.get(k));
-    Rate {
-        n: g("n").and_then(Value::as_u64).unwrap_or(0),
-        k: g("k").and_then(Value::as_u64).unwrap_or(0),
-        rate: g("rate").and_then(Value::as_f64),
-        ci_low: g("ci_low").and_then(Value::as_f64),
-        ci_high: g("ci_high").and_then(Value::as_f64),
-    }
+/// A metric as a diff compares it: over every attempt of a case when the run attacked
+/// adaptively (`by_adaptive.any_attempt`), else over every row.
+fn rate(m: &AggregateMetrics, metric: &str) -> Rate {
+    m.group("adaptive", "any_attempt", metric)
+        .or_else(|| m.rate(metric))
+        .cloned()
+        .unwrap_or_default()
 }
 
 /// Two-proportion z statistic (pooled); None when undefined.
@@ -94,7 +87,7 @@ pub fn z_two_proportions(a: &Rate, b: &Rate) -> Option<f64> {
     Some((pb - pa) / se)
 }
 
-fn read_summary(dir: &Path) -> Result<Value> {
+fn read_summary(dir: &Path) -> Result<AggregateMetrics> {
     let path = dir.join(crate::rundir::SUMMARY_FILE);
     let text = crate::rundir::read_artifact(
         dir,
@@ -107,7 +100,7 @@ fn read_summary(dir: &Path) -> Result<Value> {
             path.display()
         ))
     })?;
-    serde_json::from_slice(&text)
+    crate::rundir::summary::metrics_of(&text)
         .map_err(|e| Error::input(&path, e.line() as u64, None, format!("not JSON: {e}")))
 }
 

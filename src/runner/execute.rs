@@ -16,16 +16,17 @@ use super::{Progress, RunEvent, notes};
 use crate::attack::convert::{Ctx, translation_request};
 use crate::attack::payload::{locate, target};
 use crate::attack::transcript::{TranscriptReplay, translate_key};
-use crate::attack::{AttackPlan, AttemptSpec, attempts};
+use crate::attack::{AttackPlan, Attempt, attempts};
 use crate::contract::case::AttackCase;
 use crate::detect::criteria::{Compiled, Response};
 use crate::detect::echo::Given;
 use crate::detect::leak::Prepared;
 use crate::detect::refusal::RefusalDetector;
 use crate::error::{Error, Result};
-use crate::experiment::config::{Config, ExecutionMode, ProviderKind};
+use crate::experiment::config::Config;
 use crate::mitigation::{Mitigation, Plan, plan, probe_passes};
 use crate::provider::config::ModelSection;
+use crate::provider::config::{ExecutionMode, ProviderKind};
 use crate::provider::replay::{ReplayProvider, resolve_source};
 use crate::provider::{CallError, Message, Provider};
 use crate::rundir::{ModelSpeed, PredictionRecord};
@@ -40,7 +41,7 @@ pub(super) struct Tally {
     pub speed: ModelSpeed,
 }
 
-enum Backend {
+enum Answers {
     Call(Box<dyn Provider>),
     /// Single-turn answers by attempt or case; a multi-turn run's target turns.
     Replay(ReplayProvider, Option<TranscriptReplay>),
@@ -75,23 +76,23 @@ fn helper(
     }
 }
 
-fn backend(cfg: &Config, progress: Option<&Progress>) -> Result<Backend> {
+fn backend(cfg: &Config, progress: Option<&Progress>) -> Result<Answers> {
     if cfg.model.execution_mode == ExecutionMode::DryRun {
-        return Ok(Backend::DryRun);
+        return Ok(Answers::DryRun);
     }
     match cfg.model.provider {
         ProviderKind::Replay => {
             let spec = cfg.model.replay_from.as_deref().unwrap_or_default();
             let source = resolve_source(spec, &cfg.experiment.output_dir)?;
             let multi_turn = cfg.attack.as_ref().is_some_and(|a| a.strategy.is_some());
-            Ok(Backend::Replay(
+            Ok(Answers::Replay(
                 ReplayProvider::open(&source)?,
                 multi_turn
                     .then(|| TranscriptReplay::open(&source))
                     .transpose()?,
             ))
         }
-        ProviderKind::Openai | ProviderKind::Local => Ok(Backend::Call(crate::provider::build(
+        ProviderKind::Openai | ProviderKind::Local => Ok(Answers::Call(crate::provider::build(
             &cfg.model,
             cfg.experiment.seed,
             &mut |line| {
@@ -108,7 +109,7 @@ pub(super) fn pending_attempts<'c>(
     cfg: &Config,
     cases: &'c [AttackCase],
     done: &std::collections::HashSet<String>,
-) -> Result<Vec<(&'c AttackCase, AttemptSpec)>> {
+) -> Result<Vec<(&'c AttackCase, Attempt)>> {
     let plan = attack_plan(cfg)?;
     Ok(cases
         .iter()
@@ -121,7 +122,7 @@ pub(super) fn pending_attempts<'c>(
             .into_iter()
             .map(move |a| (c, a))
         })
-        .filter(|(c, a)| !done.contains(a.attempt_id.as_deref().unwrap_or(&c.case_id)))
+        .filter(|(c, a)| !done.contains(a.id().unwrap_or(&c.case_id)))
         .collect())
 }
 
@@ -140,7 +141,7 @@ fn attack_plan(cfg: &Config) -> Result<Option<AttackPlan>> {
 pub(super) fn execute_all(
     cfg: &Config,
     run_id: &str,
-    pending: &[(&AttackCase, AttemptSpec)],
+    pending: &[(&AttackCase, Attempt)],
     dir: &Path,
     progress: Option<&Progress>,
 ) -> Result<(Tally, bool)> {
@@ -203,11 +204,11 @@ pub(super) fn execute_all(
     let call_start = std::time::Instant::now();
     rt.block_on(async {
         let mut tally = Tally::default();
-        if let Backend::Call(provider) = backend.as_ref() {
+        if let Answers::Call(provider) = backend.as_ref() {
             tally.speed.backend = provider.backend();
             tally.speed.instances = tally.speed.backend.as_ref().map(|_| provider.instances());
         }
-        let attempt = Attempt {
+        let attempt = AttemptRunner {
             cfg,
             run_id,
             plan: plan.as_ref(),
@@ -303,7 +304,7 @@ pub(super) fn execute_all(
 }
 
 /// What every attempt shares.
-struct Attempt<'a> {
+struct AttemptRunner<'a> {
     cfg: &'a Config,
     run_id: &'a str,
     plan: Option<&'a AttackPlan>,
@@ -311,12 +312,12 @@ struct Attempt<'a> {
     judge: Option<&'a crate::judge::Judge>,
 }
 
-impl Attempt<'_> {
+impl AttemptRunner<'_> {
     async fn run(
         &self,
         case: &AttackCase,
-        spec: &AttemptSpec,
-        backend: Arc<Backend>,
+        spec: &Attempt,
+        backend: Arc<Answers>,
         helpers: Arc<Helpers>,
     ) -> PredictionRecord {
         let cfg = self.cfg;
@@ -328,16 +329,13 @@ impl Attempt<'_> {
             model_name: cfg.model.name.clone(),
             execution_mode: cfg.model.execution_mode.as_str().to_owned(),
             mitigation: cfg.mitigation.name.as_str().to_owned(),
-            attempt_id: spec.attempt_id.clone(),
-            attack_pipeline: spec.pipeline_label.clone(),
-            attack_strategy: spec.strategy_label.clone(),
+            attempt_id: spec.id().map(str::to_owned),
+            attack_pipeline: spec.pipeline_label(),
+            attack_strategy: spec.strategy_label(),
             ..PredictionRecord::default()
         };
-        let key = spec
-            .attempt_id
-            .clone()
-            .unwrap_or_else(|| case.case_id.clone());
-        if spec.strategy {
+        let key = spec.id().unwrap_or(&case.case_id).to_owned();
+        if matches!(spec, Attempt::Strategy { .. }) {
             self.strategy(case, &key, &mut rec, &backend, &helpers)
                 .await;
             rec.completed_at = crate::text::utc_rfc3339(crate::text::unix_now());
@@ -345,14 +343,22 @@ impl Attempt<'_> {
         }
         // The case as sent: its payload converted by the attempt's pipeline.
         let mut sent = std::borrow::Cow::Borrowed(case);
-        if let (Some(attack), Some(i)) = (self.plan, spec.pipeline) {
-            let pipeline = &attack.pipelines[i];
+        if let (
+            Some(attack),
+            Attempt::Converted {
+                pipeline: i,
+                variant,
+                ..
+            },
+        ) = (self.plan, spec)
+        {
+            let pipeline = &attack.pipelines[*i];
             let located = locate(case);
             rec.payload_located = Some(located.how.to_owned());
             let ctx = Ctx {
                 seed,
                 case_id: &case.case_id,
-                variant: spec.variant,
+                variant: *variant,
                 target: target(case),
             };
             let (before, after) = pipeline.split_at_translate();
@@ -402,23 +408,23 @@ impl Attempt<'_> {
         case: &AttackCase,
         key: &str,
         rec: &mut PredictionRecord,
-        backend: &Backend,
+        backend: &Answers,
         helpers: &Helpers,
     ) {
         let Some(spec) = self.plan.and_then(|p| p.strategy.as_ref()) else {
             return;
         };
         let target: &dyn Provider = match backend {
-            Backend::DryRun => {
+            Answers::DryRun => {
                 let p = plan(case, self.mitigation, self.cfg.experiment.seed);
                 rec.request_prompt = Some(p.request_prompt);
                 rec.request_context = p.request_context;
                 rec.request_task_input = p.request_task_input;
                 return;
             }
-            Backend::Call(p) => p.as_ref(),
-            Backend::Replay(_, Some(t)) => t,
-            Backend::Replay(_, None) => {
+            Answers::Call(p) => p.as_ref(),
+            Answers::Replay(_, Some(t)) => t,
+            Answers::Replay(_, None) => {
                 rec.error = Some("replay: the recorded run holds no transcripts".into());
                 return;
             }
@@ -438,7 +444,7 @@ impl Attempt<'_> {
             judge: self.judge,
             // The verdicts recorded with the target's answers, when they are replayed.
             recorded: match backend {
-                Backend::Replay(_, Some(t)) => Some(t),
+                Answers::Replay(_, Some(t)) => Some(t),
                 _ => None,
             },
             held: crate::attack::strategy::Held::new(crate::rundir::checkpoint::MAX_ATTEMPT_BYTES),
@@ -465,7 +471,7 @@ impl Attempt<'_> {
 async fn execute_one(
     key: &str,
     plan: Plan,
-    backend: &Backend,
+    backend: &Answers,
     mut rec: PredictionRecord,
 ) -> PredictionRecord {
     rec.request_prompt = Some(plan.request_prompt.clone());
@@ -479,8 +485,8 @@ async fn execute_one(
     };
     match backend {
         _ if plan.blocked_by.is_some() => {}
-        Backend::DryRun => {}
-        Backend::Replay(r, _) => match r.recorded(key) {
+        Answers::DryRun => {}
+        Answers::Replay(r, _) => match r.recorded(key) {
             Some(recorded) => {
                 rec.response_text = recorded.response_text.clone();
                 rec.error = recorded.error.clone();
@@ -493,7 +499,7 @@ async fn execute_one(
                 Err(e) => fail(&mut rec, e, ""),
             },
         },
-        Backend::Call(p) => {
+        Answers::Call(p) => {
             let mut go = true;
             if let Some((probe, probe_key)) = &plan.probe {
                 match p.complete(key, probe).await {

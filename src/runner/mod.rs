@@ -7,9 +7,9 @@
 //! - [`catalog`]: `catalog.sqlite`, every run of a results folder;
 //! - [`diff`]: two runs compared.
 
-pub mod catalog;
 pub mod diff;
 mod execute;
+pub mod run_index;
 mod setup;
 
 use std::collections::HashSet;
@@ -21,8 +21,9 @@ use serde::Serialize;
 use crate::contract::case::AttackCase;
 use crate::engine::score::{ScoreOptions, ScoreReport, score};
 use crate::error::{Error, Result};
-use crate::experiment::config::{Config, ExecutionMode, LoadedConfig, ProviderKind};
+use crate::experiment::config::{Config, LoadedConfig};
 use crate::experiment::selection::select;
+use crate::provider::config::{ExecutionMode, ProviderKind};
 use crate::rundir::{
     Manifest, ModelSpeed, RunResults, RunStatus, check_run_id, new_run_id, read_checkpoint,
 };
@@ -75,12 +76,41 @@ pub struct RunOptions {
     pub taxonomy: PathBuf,
 }
 
+/// How an invocation of `run`, `replay` or a rescore ended: the run's status, or a
+/// rescore of a finished run (its status stays as it was).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    Run(RunStatus),
+    Rescored,
+}
+
+impl Ended {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ended::Run(s) => s.as_str(),
+            Ended::Rescored => "rescored",
+        }
+    }
+}
+
+impl std::fmt::Display for Ended {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Ended {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
 /// What a run did.
 #[derive(Debug, Serialize)]
 pub struct RunOutcome {
     pub run_id: String,
     pub dir: PathBuf,
-    pub status: String,
+    pub status: Ended,
     pub selected: usize,
     /// Cases finished by this invocation (not counting those resumed from the checkpoint).
     pub executed: usize,
@@ -196,8 +226,8 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
     }
     manifest.write(&dir)?;
     new_folder.0 = None;
-    let catalog = catalog::Catalog::open(&output_dir)?;
-    catalog.record(&catalog::RunRow::from_manifest(&manifest, &dir))?;
+    let catalog = run_index::Catalog::open(&output_dir)?;
+    catalog.record(&run_index::RunRow::from_manifest(&manifest, &dir))?;
 
     let pending = match execute::pending_attempts(cfg, &cases, &resumed_ids) {
         Ok(p) => p,
@@ -216,7 +246,7 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
         manifest.status = Some(RunStatus::Failed);
         manifest.error = Some(e.to_string());
         manifest.write(&dir)?;
-        catalog.record(&catalog::RunRow::from_manifest(manifest, &dir))?;
+        catalog.record(&run_index::RunRow::from_manifest(manifest, &dir))?;
         Err(e)
     };
     let execution = execute::execute_all(cfg, &run_id, &pending, &dir, opts.progress.as_ref());
@@ -227,7 +257,7 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
     let mut outcome = RunOutcome {
         run_id: run_id.clone(),
         dir: dir.clone(),
-        status: String::new(),
+        status: Ended::Run(RunStatus::Running),
         selected: cases.len(),
         executed: tally.done as usize,
         resumed: resumed_ids.len(),
@@ -241,8 +271,8 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
         manifest.status = Some(RunStatus::Interrupted);
         manifest.finished_at = Some(crate::text::utc_rfc3339(crate::text::unix_now()));
         manifest.write(&dir)?;
-        catalog.record(&catalog::RunRow::from_manifest(&manifest, &dir))?;
-        outcome.status = "interrupted".into();
+        catalog.record(&run_index::RunRow::from_manifest(&manifest, &dir))?;
+        outcome.status = Ended::Run(RunStatus::Interrupted);
         return Ok(outcome);
     }
     let report = match score_run(
@@ -264,8 +294,8 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
         results.model_speed = Some(outcome.speed.clone());
     }
     manifest.write(&dir)?;
-    catalog.record(&catalog::RunRow::from_manifest(&manifest, &dir))?;
-    outcome.status = "completed".into();
+    catalog.record(&run_index::RunRow::from_manifest(&manifest, &dir))?;
+    outcome.status = Ended::Run(RunStatus::Completed);
     outcome.errors = report.predictions.provider_errors;
     outcome.score = Some(report);
     Ok(outcome)
@@ -331,10 +361,7 @@ pub fn finish_manifest(manifest: &mut Manifest, report: &ScoreReport) {
     manifest.status = Some(RunStatus::Completed);
     manifest.finished_at = Some(crate::text::utc_rfc3339(crate::text::unix_now()));
     let m = &report.aggregate_metrics;
-    let rate = |name: &str| {
-        m.get(name)
-            .and_then(|v| serde_json::from_value(v.clone()).ok())
-    };
+    let rate = |name: &str| m.rate(name).cloned();
     manifest.results = Some(RunResults {
         rows: report.rows,
         attack_success: report.attack_success,

@@ -4,7 +4,7 @@
 
 use crate::common;
 
-use pieval::mitigation::Message;
+use pieval::provider::Message;
 use pieval::provider::local::{GenerationConfig, LocalModel};
 
 fn model_path() -> std::path::PathBuf {

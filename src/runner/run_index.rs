@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 
-pub use crate::rundir::CATALOG_FILE;
+use crate::rundir::CATALOG_FILE;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS runs (
@@ -250,7 +250,7 @@ impl Catalog {
 
     /// Add run folders whose manifest is not catalogued (or changed status).
     pub fn sync(&self, results: &Path) -> Result<()> {
-        for dir in crate::engine::catalog::run_dirs(results) {
+        for dir in crate::engine::tables::run_dirs(results) {
             if let Ok(m) = Manifest::read(&dir) {
                 let row = RunRow::from_manifest(&m, &dir);
                 if row.run_id.is_empty() {

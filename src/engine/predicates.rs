@@ -1,0 +1,123 @@
+//! The row predicates every query shares, written once:
+//!
+//! - `pi_is_attack(label)`: a labelled attack — `label` is `attack`, or missing (a case
+//!   without a label is an attack, docs/contract.md). Never NULL.
+//! - `pi_is_baseline(attempt_id, attack_pipeline, attack_strategy)`: the case as the
+//!   corpus has it — no attack section (`attempt_id` NULL), or the original attempt of
+//!   one (`none` / `none`). The controls judge this attempt, so a run with converters or a
+//!   strategy is gated on what it would have been gated on without them. Never NULL.
+//!
+//! Each takes Utf8 (other string types are cast) and returns Boolean.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray};
+use datafusion::arrow::datatypes::DataType;
+use datafusion::logical_expr::{ColumnarValue, Volatility, create_udf};
+use datafusion::prelude::SessionContext;
+
+/// Whether a row's label makes it a labelled attack.
+pub fn is_attack(label: Option<&str>) -> bool {
+    label.is_none_or(|l| l == "attack")
+}
+
+/// Whether a row is the baseline attempt of its case.
+pub fn is_baseline(
+    attempt_id: Option<&str>,
+    pipeline: Option<&str>,
+    strategy: Option<&str>,
+) -> bool {
+    attempt_id.is_none() || (pipeline == Some("none") && strategy == Some("none"))
+}
+
+/// Register `pi_is_attack` and `pi_is_baseline`.
+pub fn register(ctx: &SessionContext) {
+    let attack = |args: &[ColumnarValue]| -> datafusion::error::Result<ColumnarValue> {
+        let arrays = strings(args)?;
+        let label = arrays[0].as_string::<i32>();
+        let out: BooleanArray = (0..label.len())
+            .map(|i| Some(is_attack(label.is_valid(i).then(|| label.value(i)))))
+            .collect();
+        finish(args, out)
+    };
+    ctx.register_udf(create_udf(
+        "pi_is_attack",
+        vec![DataType::Utf8],
+        DataType::Boolean,
+        Volatility::Immutable,
+        Arc::new(attack),
+    ));
+    let baseline = |args: &[ColumnarValue]| -> datafusion::error::Result<ColumnarValue> {
+        let arrays = strings(args)?;
+        let (a, p, s) = (
+            arrays[0].as_string::<i32>(),
+            arrays[1].as_string::<i32>(),
+            arrays[2].as_string::<i32>(),
+        );
+        fn get(c: &datafusion::arrow::array::StringArray, i: usize) -> Option<&str> {
+            c.is_valid(i).then(|| c.value(i))
+        }
+        let out: BooleanArray = (0..a.len())
+            .map(|i| Some(is_baseline(get(a, i), get(p, i), get(s, i))))
+            .collect();
+        finish(args, out)
+    };
+    ctx.register_udf(create_udf(
+        "pi_is_baseline",
+        vec![DataType::Utf8, DataType::Utf8, DataType::Utf8],
+        DataType::Boolean,
+        Volatility::Immutable,
+        Arc::new(baseline),
+    ));
+}
+
+/// The arguments as Utf8 arrays of one length.
+fn strings(args: &[ColumnarValue]) -> datafusion::error::Result<Vec<ArrayRef>> {
+    ColumnarValue::values_to_arrays(args)?
+        .iter()
+        .map(|a| datafusion::arrow::compute::cast(a, &DataType::Utf8).map_err(Into::into))
+        .collect()
+}
+
+/// A scalar for scalar arguments, else the array.
+fn finish(args: &[ColumnarValue], out: BooleanArray) -> datafusion::error::Result<ColumnarValue> {
+    let out: ArrayRef = Arc::new(out);
+    Ok(
+        if args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_))) {
+            ColumnarValue::Scalar(datafusion::scalar::ScalarValue::try_from_array(&out, 0)?)
+        } else {
+            ColumnarValue::Array(out)
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_predicates_in_sql_are_the_rust_ones() {
+        let ctx = SessionContext::new();
+        register(&ctx);
+        let rows = ctx
+            .sql(
+                "SELECT pi_is_attack(l) AS a, pi_is_baseline(i, p, s) AS b FROM (VALUES \
+                 (NULL, NULL, NULL, NULL), ('attack', 'c#none', 'none', 'none'), \
+                 ('benign', 'c#base64', 'base64', NULL), ('attack', 'c#pair', NULL, 'pair')) \
+                 AS t(l, i, p, s)",
+            )
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let a = rows[0].column(0).as_boolean();
+        let b = rows[0].column(1).as_boolean();
+        let got: Vec<(bool, bool)> = (0..a.len()).map(|i| (a.value(i), b.value(i))).collect();
+        assert_eq!(
+            got,
+            [(true, true), (true, true), (false, false), (true, false)]
+        );
+        assert!(a.null_count() == 0 && b.null_count() == 0);
+    }
+}
