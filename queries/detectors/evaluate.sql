@@ -1,7 +1,7 @@
 -- `pieval detectors eval`, step 1: one detector over every labelled row.
 --
 -- Inputs
---   labels       one row per labelled response (src/engine/detector_eval.rs): id,
+--   labels       one row per labelled response (src/ops/detector_eval.rs): id,
 --                source, split, response, label (true: the detector should fire),
 --                class (refusal / deflection / compliance, when the labels are classes),
 --                protected (the system prompt or secret), prompt (what the user sent:

@@ -21,7 +21,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::convert::{Pipeline, Step};
-use super::strategy::Strategy;
+use super::strategy::{StrategyName, StrategySpec};
 use crate::provider::config::{ModelSection, ProviderKind};
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -51,85 +51,6 @@ pub struct AttackSection {
 
 fn yes() -> bool {
     true
-}
-
-/// A strategy's name, one of the registry's ([`super::strategy::STRATEGIES`]): read from
-/// the config (an unknown one is refused with the list, as an enum would be) and written
-/// back as the name.
-#[derive(Clone, Copy)]
-pub struct StrategyName(&'static dyn Strategy);
-
-impl StrategyName {
-    /// The strategy called `name`.
-    pub fn parse(name: &str) -> Option<StrategyName> {
-        super::strategy::strategy(name).map(StrategyName)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        self.0.name()
-    }
-
-    /// The strategy itself.
-    pub fn strategy(self) -> &'static dyn Strategy {
-        self.0
-    }
-
-    /// Every name, for messages.
-    pub fn names() -> &'static [&'static str] {
-        static NAMES: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
-            super::strategy::STRATEGIES
-                .iter()
-                .map(|s| s.name())
-                .collect()
-        });
-        &NAMES
-    }
-}
-
-impl std::fmt::Debug for StrategyName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl PartialEq for StrategyName {
-    fn eq(&self, other: &Self) -> bool {
-        self.as_str() == other.as_str()
-    }
-}
-
-impl Eq for StrategyName {}
-
-impl std::hash::Hash for StrategyName {
-    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        self.as_str().hash(h);
-    }
-}
-
-impl Serialize for StrategyName {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.as_str())
-    }
-}
-
-impl<'de> Deserialize<'de> for StrategyName {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let name = String::deserialize(d)?;
-        StrategyName::parse(&name)
-            .ok_or_else(|| serde::de::Error::unknown_variant(&name, StrategyName::names()))
-    }
-}
-
-/// A multi-turn strategy with its budget.
-#[derive(Clone, Debug, PartialEq)]
-pub struct StrategySpec {
-    pub name: StrategyName,
-    /// Target queries per attempt.
-    pub max_turns: u32,
-    pub max_backtracks: u32,
-    pub branching: u32,
-    pub width: u32,
-    pub depth: u32,
 }
 
 /// The attack plan of a run: the pipelines (each one attempt per case, `best_of_n`

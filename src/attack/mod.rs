@@ -23,7 +23,8 @@ pub mod payload;
 pub mod strategy;
 pub mod transcript;
 
-pub use config::{AttackPlan, AttackSection, StrategyName, StrategySpec};
+pub use config::{AttackPlan, AttackSection};
+pub use strategy::{StrategyName, StrategySpec};
 
 /// One attempt of a case, before it runs.
 #[derive(Clone, Debug, PartialEq)]

@@ -14,7 +14,6 @@
 //!    itself; for an indirect one the carrier goes with it, and the attempt records so.
 
 use crate::contract::case::AttackCase;
-use crate::contract::enums::AttackSurface;
 use crate::detect::fold::fold;
 use crate::detect::rules::RulePack;
 
@@ -71,9 +70,7 @@ pub fn target(case: &AttackCase) -> Option<&str> {
 
 /// Find the payload (see the module documentation).
 pub fn locate(case: &AttackCase) -> Located {
-    let indirect = AttackSurface::parse(&case.attack_surface)
-        .is_some_and(AttackSurface::is_indirect)
-        && case.task_input.is_some();
+    let indirect = case.attack_surface.is_indirect() && case.task_input.is_some();
     let field = if indirect {
         Field::TaskInput
     } else {
@@ -180,14 +177,15 @@ fn segments(text: &str) -> Vec<(usize, usize)> {
 mod tests {
     use super::*;
     use crate::contract::criteria::SuccessCriteria;
+    use crate::contract::enums::{AttackSurface, SourceType};
 
     fn case(surface: &str, prompt: &str, task_input: Option<&str>, target: &str) -> AttackCase {
         let mut c = AttackCase::new(
             "c1".into(),
             "t".into(),
-            "synthetic".into(),
+            SourceType::Synthetic,
             "naive".into(),
-            surface.into(),
+            AttackSurface::parse(surface).unwrap(),
             prompt.into(),
             SuccessCriteria::Contains {
                 value: target.into(),

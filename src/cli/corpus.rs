@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use crate::atomic::write_lines;
 use crate::cli::{output, paths};
 use crate::corpus::synth::synthesize;
-use crate::engine::corpus_stats::{BREAKDOWNS, corpus_stats};
 use crate::error::Result;
+use crate::ops::corpus_stats::{BREAKDOWNS, corpus_stats};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {

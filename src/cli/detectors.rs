@@ -1,5 +1,5 @@
 //! `pieval detectors eval`: a detector measured against labelled responses
-//! (src/engine/detector_eval.rs, queries/detectors/).
+//! (src/ops/detector_eval.rs, queries/detectors/).
 
 use crate::cli::ExitStatus;
 use std::path::PathBuf;
@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use crate::cli::judge::{JudgeSource, pct};
 use crate::cli::output;
-use crate::engine::detector_eval::{Detector, Evaluation, Mapping, evaluate, load_labels_within};
 use crate::error::Result;
+use crate::ops::detector_eval::{Detector, Evaluation, Mapping, evaluate, load_labels_within};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {

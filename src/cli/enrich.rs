@@ -35,7 +35,11 @@ pub fn run(args: Args) -> Result<ExitStatus> {
         for case in AttackCase::from_batch(&batch?)? {
             let enriched = taxonomy.enrich(&case);
             *counts
-                .entry(enriched.attack_category.clone().unwrap_or_default())
+                .entry(
+                    enriched
+                        .attack_category
+                        .map_or_else(String::new, |c| c.as_str().to_owned()),
+                )
                 .or_default() += 1;
             lines.push(enriched.to_json_line());
         }

@@ -6,11 +6,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::cli::output;
-use crate::engine::calibrate::{Calibration, Estimate, Mapping, calibrate, load_labels};
 use crate::error::{Error, Result};
 use crate::experiment::config::Config;
 use crate::judge::config::JudgeSection;
 use crate::judge::{Inputs, Judge, JudgeReport, Rubric};
+use crate::ops::calibrate::{Calibration, Mapping, calibrate, load_labels};
+use crate::ops::labels::Estimate;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {

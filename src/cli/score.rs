@@ -4,8 +4,8 @@ use crate::cli::ExitStatus;
 use std::path::{Path, PathBuf};
 
 use crate::cli::{output, paths};
-use crate::engine::score::{ScoreOptions, score};
 use crate::error::Result;
+use crate::ops::score::{ScoreOptions, score};
 use crate::rundir::check_run_id;
 
 #[derive(Debug, clap::Args)]
@@ -129,18 +129,14 @@ pub fn run(args: Args) -> Result<ExitStatus> {
     Ok(ExitStatus::Success)
 }
 
-/// The verdicts given on run `run_id` (a reviews file may be another run's: its verdicts
-/// are not applied here, and a note says how many).
-pub(crate) fn this_runs_reviews(
+fn this_runs_reviews(
     reviews: Vec<crate::rundir::reviews::Review>,
     run_id: &str,
 ) -> Vec<crate::rundir::reviews::Review> {
-    let total = reviews.len();
-    let kept: Vec<_> = reviews.into_iter().filter(|r| r.run_id == run_id).collect();
-    if kept.len() < total {
+    let (kept, other) = crate::rundir::reviews::of_run(reviews, run_id);
+    if other > 0 {
         output::stderr_line(&format!(
-            "note: {} reviewer verdict(s) were given on another run than {run_id} and are not applied",
-            total - kept.len()
+            "note: {other} reviewer verdict(s) were given on another run than {run_id} and are not applied"
         ));
     }
     kept

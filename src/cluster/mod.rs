@@ -178,11 +178,11 @@ pub fn parse_url(url: &str) -> Result<(String, u16)> {
 /// What `pieval score --cluster URL` (and `replay --rescore --cluster`) hands scoring:
 /// a connection to the scheduler at `url`, made when scoring opens its session (the
 /// address is checked here).
-pub fn scoring(url: &str) -> Result<crate::engine::score::ClusterConnect> {
+pub fn scoring(url: &str) -> Result<crate::ops::score::ClusterConnect> {
     parse_url(url)?;
     #[cfg(feature = "distributed")]
     {
-        use crate::engine::score::ScoringEngine;
+        use crate::ops::score::ScoringEngine;
         let url = url.to_owned();
         Ok(std::sync::Arc::new(move |config| {
             let url = url.clone();

@@ -20,7 +20,9 @@ use sha2::{Digest, Sha256};
 use super::obfuscate::{self, transform_except};
 use super::templates::{Carrier, Goal, GoalCriterion, Strategy, Task, Templates, Transform};
 use crate::contract::record::{CriteriaCache, RawRecord, check_record};
-use crate::contract::{AttackCase, AttackSurface, Level, SuccessCriteria};
+use crate::contract::{
+    AttackCase, AttackSurface, BenchmarkSplit, Label, Level, SourceType, SuccessCriteria,
+};
 use crate::corpus::load_corpus;
 use crate::error::{Error, Result};
 
@@ -300,16 +302,16 @@ impl<'t> Generator<'t> {
         self.out.push(AttackCase {
             case_id,
             source_name: self.t.manifest.source_name.clone(),
-            source_type: "synthetic".into(),
+            source_type: SourceType::Synthetic,
             attack_family: a.family.to_owned(),
-            attack_surface: a.surface.as_str().to_owned(),
+            attack_surface: a.surface,
             prompt,
             success_criteria: criteria,
             attack_subtype: Some(a.subtype.to_owned()),
             context: Some(context),
             task_input,
             expected_target: Some(expected_target),
-            label: Some("attack".into()),
+            label: Some(Label::Attack),
             severity_level: None,
             benchmark_split: None,
             source_reference: Some(format!(
@@ -364,16 +366,16 @@ impl<'t> Generator<'t> {
         self.out.push(AttackCase {
             case_id,
             source_name: self.t.manifest.source_name.clone(),
-            source_type: "synthetic".into(),
+            source_type: SourceType::Synthetic,
             attack_family: "benign_control".into(),
-            attack_surface: surface.as_str().to_owned(),
+            attack_surface: surface,
             prompt,
             success_criteria: SuccessCriteria::NotRefused,
             attack_subtype: Some(task.id.clone()),
             context: Some(context),
             task_input,
             expected_target: None,
-            label: Some("benign".into()),
+            label: Some(Label::Benign),
             severity_level: None,
             benchmark_split: None,
             source_reference: Some(format!("data/templates/tasks.toml#{}", task.id)),
@@ -436,9 +438,9 @@ fn blank_enrichment() -> AttackCase {
     AttackCase::new(
         String::new(),
         String::new(),
+        SourceType::Synthetic,
         String::new(),
-        String::new(),
-        String::new(),
+        AttackSurface::UserPrompt,
         String::new(),
         SuccessCriteria::NotRefused,
     )
@@ -452,7 +454,10 @@ fn read_handwritten(path: &Path) -> Result<Vec<AttackCase>> {
     for batch in &loaded.batches {
         out.extend(AttackCase::from_batch(batch)?);
     }
-    if let Some(bad) = out.iter().find(|c| c.source_type != "handwritten") {
+    if let Some(bad) = out
+        .iter()
+        .find(|c| c.source_type != SourceType::Handwritten)
+    {
         return Err(Error::config(
             path,
             format!(
@@ -483,7 +488,8 @@ pub fn synthesize(templates_dir: impl AsRef<Path>, seed: Option<u64>) -> Result<
     let mut problems = Vec::new();
     for case in &mut cases {
         if case.benchmark_split.is_none() {
-            case.benchmark_split = Some(split_for(&case.case_id, t.manifest.dev_share).to_owned());
+            case.benchmark_split =
+                BenchmarkSplit::parse(split_for(&case.case_id, t.manifest.dev_share));
         }
         if !ids.insert(case.case_id.clone()) {
             return Err(Error::Internal(format!(

@@ -6,13 +6,8 @@
 //! from user input.
 
 pub mod bounded;
-pub mod calibrate;
-pub mod corpus_stats;
-pub mod corrected;
-pub mod detector_eval;
 pub mod predicates;
 pub mod queries;
-pub mod score;
 mod stream_table;
 pub mod tables;
 pub mod wilson;
@@ -189,6 +184,10 @@ pub async fn register_case_results(
 /// recorded an answered control as `attack_success = true`: such a row reads as
 /// `attack_success` NULL and `over_refused = NOT` the stored value. Rows written since
 /// already have that shape and read unchanged.
+///
+/// `review_reasons` is the stored `review_reason` (comma-separated, as the contract
+/// writes it) as a list, for every run old or new: queries test a reason with
+/// `array_has(review_reasons, 'echo')`, never by matching text.
 pub fn case_results_as_read(
     df: datafusion::dataframe::DataFrame,
 ) -> Result<datafusion::dataframe::DataFrame> {
@@ -211,5 +210,8 @@ pub fn case_results_as_read(
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(df.select(exprs)?)
+    let reasons = df
+        .parse_sql_expr("string_to_array(review_reason, ',')")?
+        .alias("review_reasons");
+    Ok(df.select(exprs.into_iter().chain([reasons]).collect::<Vec<_>>())?)
 }

@@ -38,7 +38,7 @@ pub fn register(ctx: &SessionContext) {
         let out: BooleanArray = (0..label.len())
             .map(|i| Some(is_attack(label.is_valid(i).then(|| label.value(i)))))
             .collect();
-        finish(args, out)
+        columnar(args, Arc::new(out))
     };
     ctx.register_udf(create_udf(
         "pi_is_attack",
@@ -60,7 +60,7 @@ pub fn register(ctx: &SessionContext) {
         let out: BooleanArray = (0..a.len())
             .map(|i| Some(is_baseline(get(a, i), get(p, i), get(s, i))))
             .collect();
-        finish(args, out)
+        columnar(args, Arc::new(out))
     };
     ctx.register_udf(create_udf(
         "pi_is_baseline",
@@ -79,9 +79,12 @@ fn strings(args: &[ColumnarValue]) -> datafusion::error::Result<Vec<ArrayRef>> {
         .collect()
 }
 
-/// A scalar for scalar arguments, else the array.
-fn finish(args: &[ColumnarValue], out: BooleanArray) -> datafusion::error::Result<ColumnarValue> {
-    let out: ArrayRef = Arc::new(out);
+/// A scalar UDF's result: a scalar when every argument is one, else the array (pieval's
+/// row functions here and in `wilson.rs`).
+pub(crate) fn columnar(
+    args: &[ColumnarValue],
+    out: ArrayRef,
+) -> datafusion::error::Result<ColumnarValue> {
     Ok(
         if args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_))) {
             ColumnarValue::Scalar(datafusion::scalar::ScalarValue::try_from_array(&out, 0)?)

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, AsArray, Float64Array};
+use datafusion::arrow::array::{AsArray, Float64Array};
 use datafusion::arrow::datatypes::{DataType, Int64Type};
 use datafusion::logical_expr::{ColumnarValue, Volatility, create_udf};
 use datafusion::prelude::SessionContext;
@@ -28,14 +28,7 @@ pub fn register(ctx: &SessionContext) {
                     crate::stats::wilson(k.min(n), n).map(|(lo, hi)| if high { hi } else { lo })
                 })
                 .collect();
-            let out: ArrayRef = Arc::new(out);
-            Ok(
-                if args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_))) {
-                    ColumnarValue::Scalar(datafusion::scalar::ScalarValue::try_from_array(&out, 0)?)
-                } else {
-                    ColumnarValue::Array(out)
-                },
-            )
+            super::predicates::columnar(args, Arc::new(out))
         };
         ctx.register_udf(create_udf(
             name,
@@ -60,13 +53,7 @@ pub fn register_sha256(ctx: &SessionContext) {
             .iter()
             .map(|t| t.map(|t| crate::digest::sha256_hex(t.as_bytes())))
             .collect();
-        let out: ArrayRef = Arc::new(out);
-        Ok(match &args[0] {
-            ColumnarValue::Scalar(_) => {
-                ColumnarValue::Scalar(datafusion::scalar::ScalarValue::try_from_array(&out, 0)?)
-            }
-            ColumnarValue::Array(_) => ColumnarValue::Array(out),
-        })
+        super::predicates::columnar(args, Arc::new(out))
     };
     ctx.register_udf(create_udf(
         "pi_sha256",

@@ -101,7 +101,7 @@ pub fn assess(
 ) -> GroupResult {
     let interval = wilson(k, n);
     let corrected = control.corrected_with.as_deref().and_then(|rate| {
-        let cal = crate::engine::corrected::calibration(rate)?;
+        let cal = crate::ops::corrected::calibration(rate)?;
         crate::stats::rogan_gladen(k, n, &cal.confusion)
     });
     let measured = match (control.basis, control.statistic) {
@@ -513,7 +513,7 @@ fn statement(
                 "corrected_figures": control
                     .corrected_with
                     .as_deref()
-                    .and_then(crate::engine::corrected::calibration)
+                    .and_then(crate::ops::corrected::calibration)
                     .map(|c| c.to_json()),
                 "group_key": result.group_key,
                 "groups": groups.iter().map(group_json).collect::<Vec<_>>(),

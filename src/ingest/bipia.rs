@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 
 use super::{Emit, Item, Options, SourceInfo, for_each_jsonl, read_json};
 use crate::contract::criteria::SuccessCriteria;
+use crate::contract::enums::{AttackSurface, BenchmarkSplit, EvaluationMode};
 use crate::error::{Error, Result};
 
 const POSITIONS: [&str; 3] = ["start", "middle", "end"];
@@ -44,11 +45,11 @@ fn system_prompt(task: &str) -> &'static str {
     }
 }
 
-fn surface(task: &str) -> &'static str {
+fn surface(task: &str) -> AttackSurface {
     match task {
-        "email" => "email",
-        "table" => "table_cell",
-        _ => "web_page",
+        "email" => AttackSurface::Email,
+        "table" => AttackSurface::TableCell,
+        _ => AttackSurface::WebPage,
     }
 }
 
@@ -238,9 +239,9 @@ fn ingest_contexts(file: &Path, opts: &Options, emit: &mut Emit<'_>) -> Result<(
                 case.context = Some(system_prompt(&task).to_owned());
                 case.task_input = Some(insert(&context, attack, position));
                 case.attack_subtype = Some(format!("insert_{position}"));
-                case.benchmark_split = Some(split.clone());
+                case.benchmark_split = BenchmarkSplit::parse(&split);
                 case.language = Some("en".into());
-                case.evaluation_mode = Some("judge".into());
+                case.evaluation_mode = Some(EvaluationMode::Judge);
                 emit(Item::Case(Box::new(case)))?;
             }
         }

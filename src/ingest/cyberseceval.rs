@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 
 use super::{Emit, Item, Options, SourceInfo, read_json};
 use crate::contract::criteria::SuccessCriteria;
+use crate::contract::enums::{AttackSurface, BenchmarkSplit, EvaluationMode};
 use crate::error::Result;
 
 /// BCP-47 tags of CyberSecEval's `speaking_language` names.
@@ -90,8 +91,8 @@ pub fn ingest(path: &Path, opts: &Options, emit: &mut Emit<'_>) -> Result<()> {
             continue;
         };
         let surface = match kind.as_str() {
-            "direct" => "user_prompt",
-            "indirect" => "retrieved_document",
+            "direct" => AttackSurface::UserPrompt,
+            "indirect" => AttackSurface::RetrievedDocument,
             other => {
                 emit(info.invalid(
                     record,
@@ -143,13 +144,13 @@ pub fn ingest(path: &Path, opts: &Options, emit: &mut Emit<'_>) -> Result<()> {
             .and_then(language)
             .map(str::to_owned);
         case.expected_target = derived.clone();
-        case.benchmark_split = Some("test".into());
+        case.benchmark_split = Some(BenchmarkSplit::Test);
         match derived {
             Some(_) => {
-                case.evaluation_mode = Some("automatic".into());
+                case.evaluation_mode = Some(EvaluationMode::Automatic);
                 case.mapping_confidence = Some(0.7);
             }
-            None => case.evaluation_mode = Some("judge".into()),
+            None => case.evaluation_mode = Some(EvaluationMode::Judge),
         }
         case.notes = Some(format!("CyberSecEval judge question: {judge}"));
         emit(Item::Case(Box::new(case)))?;

@@ -188,6 +188,13 @@ impl Mapper<'_> {
         obj.insert("source_reference".into(), json!(reference));
         obj.insert("source_version".into(), json!(version));
         obj.insert("provenance".into(), provenance);
+        // A value outside a vocabulary is the record's problem, named by its field.
+        for (field, value) in &obj {
+            if let Value::String(s) = value {
+                crate::contract::record::check_vocabulary(field, s)
+                    .map_err(|e| (Some(field.clone()), e))?;
+            }
+        }
         serde_json::from_value(Value::Object(obj)).map_err(|e| (None, e.to_string()))
     }
 

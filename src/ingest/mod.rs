@@ -29,6 +29,9 @@ use sha2::{Digest, Sha256};
 
 use crate::contract::case::AttackCase;
 use crate::contract::criteria::SuccessCriteria;
+use crate::contract::enums::{
+    AttackCategory, AttackSurface, BenchmarkSplit, EvaluationMode, Label, Severity, SourceType,
+};
 use crate::contract::record::{CriteriaCache, Level, RawRecord, check_record};
 use crate::corpus::{CorpusReader, ReadOptions};
 use crate::error::{Error, Result};
@@ -213,7 +216,7 @@ impl SourceInfo {
         case_id: String,
         record: &str,
         attack_family: &str,
-        attack_surface: &str,
+        attack_surface: AttackSurface,
         prompt: String,
         success_criteria: SuccessCriteria,
         extra: Value,
@@ -233,13 +236,13 @@ impl SourceInfo {
         let mut case = AttackCase::new(
             case_id,
             self.source_name.clone(),
-            "public_benchmark".into(),
+            SourceType::PublicBenchmark,
             attack_family.to_owned(),
-            attack_surface.to_owned(),
+            attack_surface,
             prompt,
             success_criteria,
         );
-        case.label = Some("attack".into());
+        case.label = Some(Label::Attack);
         case.source_reference = Some(reference);
         case.source_version = Some(self.version.clone());
         case.provenance = Some(provenance);
@@ -446,6 +449,7 @@ fn compile_sets(sets: &[(String, String)]) -> Result<Vec<SetOp>> {
                     .iter()
                     .any(|s| s.name == f) =>
                 {
+                    crate::contract::record::check_vocabulary(f, value).map_err(bad)?;
                     SetOp::Text(f.to_owned(), value.clone())
                 }
                 other => {
@@ -487,29 +491,39 @@ fn apply_sets(case: &mut AttackCase, ops: &[SetOp]) {
                     p.insert(f.clone(), json!(value));
                 }
                 let v = value.clone();
+                // Vocabulary values were checked when the --set was read.
+                fn vocab<T>(v: &str, parse: fn(&str) -> Option<T>) -> T {
+                    parse(v).expect("checked by compile_sets")
+                }
                 match f.as_str() {
                     "case_id" => case.case_id = v,
                     "source_name" => case.source_name = v,
-                    "source_type" => case.source_type = v,
+                    "source_type" => case.source_type = vocab(&v, SourceType::parse),
                     "attack_family" => case.attack_family = v,
-                    "attack_surface" => case.attack_surface = v,
+                    "attack_surface" => case.attack_surface = vocab(&v, AttackSurface::parse),
                     "prompt" => case.prompt = v,
                     "attack_subtype" => case.attack_subtype = Some(v),
                     "context" => case.context = Some(v),
                     "task_input" => case.task_input = Some(v),
                     "expected_target" => case.expected_target = Some(v),
-                    "label" => case.label = Some(v),
-                    "severity_level" => case.severity_level = Some(v),
-                    "benchmark_split" => case.benchmark_split = Some(v),
+                    "label" => case.label = Some(vocab(&v, Label::parse)),
+                    "severity_level" => case.severity_level = Some(vocab(&v, Severity::parse)),
+                    "benchmark_split" => {
+                        case.benchmark_split = Some(vocab(&v, BenchmarkSplit::parse))
+                    }
                     "source_reference" => case.source_reference = Some(v),
                     "source_version" => case.source_version = Some(v),
                     "language" => case.language = Some(v),
                     "created_at" => case.created_at = Some(v),
                     "notes" => case.notes = Some(v),
-                    "attack_category" => case.attack_category = Some(v),
+                    "attack_category" => {
+                        case.attack_category = Some(vocab(&v, AttackCategory::parse))
+                    }
                     "success_definition_id" => case.success_definition_id = Some(v),
-                    "severity" => case.severity = Some(v),
-                    "evaluation_mode" => case.evaluation_mode = Some(v),
+                    "severity" => case.severity = Some(vocab(&v, Severity::parse)),
+                    "evaluation_mode" => {
+                        case.evaluation_mode = Some(vocab(&v, EvaluationMode::parse))
+                    }
                     _ => {}
                 }
             }

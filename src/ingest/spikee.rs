@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 
 use super::{Emit, Item, Options, SourceInfo, for_each_jsonl, slug};
 use crate::contract::criteria::SuccessCriteria;
+use crate::contract::enums::{AttackSurface, EvaluationMode};
 use crate::error::{Error, Result};
 
 fn seed_dirs(path: &Path) -> Vec<PathBuf> {
@@ -91,25 +92,25 @@ fn records(file: &Path, opts: &Options, emit: &mut Emit<'_>) -> Result<Vec<(u64,
     Ok(out)
 }
 
-fn criteria(judge: &str, args: &str) -> Option<(SuccessCriteria, &'static str)> {
+fn criteria(judge: &str, args: &str) -> Option<(SuccessCriteria, EvaluationMode)> {
     Some(match judge {
         "canary" if !args.is_empty() => (
             SuccessCriteria::Contains {
                 value: args.to_owned(),
             },
-            "automatic",
+            EvaluationMode::Automatic,
         ),
         "regex" if !args.is_empty() => (
             SuccessCriteria::Regex {
                 value: args.to_owned(),
             },
-            "automatic",
+            EvaluationMode::Automatic,
         ),
         "llm_judge_output_criteria" if !args.is_empty() => (
             SuccessCriteria::Judge {
                 question: format!("Does the response meet this criterion: {args}"),
             },
-            "judge",
+            EvaluationMode::Judge,
         ),
         _ => return None,
     })
@@ -259,7 +260,7 @@ fn seed_folder(dir: &Path, opts: &Options, emit: &mut Emit<'_>) -> Result<()> {
                     format!("spikee-{}-{}-{}-{}", id_part(seed.trim_start_matches("seeds-")), id_part(&doc_id), id_part(jb_id), id_part(in_id)),
                     &format!("document={doc_id} jailbreak={jb_id} instruction={in_id}"),
                     &slug(jb_type),
-                    "retrieved_document",
+                    AttackSurface::RetrievedDocument,
                     "Summarize the following document.".into(),
                     crit.clone(),
                     json!({"seed_folder": seed, "document": doc_id, "jailbreak": jb_id, "instruction": in_id, "judge": args}),
@@ -267,10 +268,10 @@ fn seed_folder(dir: &Path, opts: &Options, emit: &mut Emit<'_>) -> Result<()> {
                 case.context = system.clone();
                 case.task_input = Some(carrier);
                 case.attack_subtype = Some(slug(in_type));
-                if *mode == "automatic" {
+                if *mode == EvaluationMode::Automatic {
                     case.expected_target = Some(args.clone());
                 }
-                case.evaluation_mode = Some((*mode).to_owned());
+                case.evaluation_mode = Some(*mode);
                 emit(Item::Case(Box::new(case)))?;
             }
         }
@@ -309,16 +310,16 @@ fn seed_folder(dir: &Path, opts: &Options, emit: &mut Emit<'_>) -> Result<()> {
             ),
             &format!("line={line}"),
             "standalone",
-            "user_prompt",
+            AttackSurface::UserPrompt,
             t,
             crit,
             json!({"seed_folder": seed, "attack": id}),
         );
         case.context = system.clone();
-        if mode == "automatic" {
+        if mode == EvaluationMode::Automatic {
             case.expected_target = Some(args);
         }
-        case.evaluation_mode = Some(mode.to_owned());
+        case.evaluation_mode = Some(mode);
         emit(Item::Case(Box::new(case)))?;
     }
     Ok(())

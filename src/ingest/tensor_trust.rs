@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 
 use super::{Emit, Item, Options, SourceInfo, for_each_jsonl};
 use crate::contract::criteria::SuccessCriteria;
+use crate::contract::enums::AttackSurface;
 use crate::error::Result;
 
 /// Tensor Trust's hijacking judge: the whole answer is "access granted" up to case,
@@ -104,7 +105,7 @@ pub fn ingest(path: &Path, opts: &Options, emit: &mut Emit<'_>) -> Result<()> {
                 ),
                 &format!("line={line} sample_id={sample}"),
                 if extraction { "prompt_extraction" } else { "access_hijacking" },
-                "user_prompt",
+                AttackSurface::UserPrompt,
                 prompt,
                 criteria,
                 json!({"benchmark": kind, "sample_id": sample, "access_code": code, "post_prompt_in": "prompt, after the attack"}),

@@ -47,13 +47,13 @@ pub struct Plan {
 }
 
 /// The untrusted-content header for an indirect surface.
-fn carrier_label(surface: &str) -> &'static str {
+fn carrier_label(surface: AttackSurface) -> &'static str {
     match surface {
-        "email" => "Email",
-        "web_page" => "Web page",
-        "tool_output" => "Tool output",
-        "code_comment" => "Code",
-        "table_cell" => "Table",
+        AttackSurface::Email => "Email",
+        AttackSurface::WebPage => "Web page",
+        AttackSurface::ToolOutput => "Tool output",
+        AttackSurface::CodeComment => "Code",
+        AttackSurface::TableCell => "Table",
         _ => "Document",
     }
 }
@@ -202,11 +202,10 @@ pub fn docs_table() -> String {
 
 /// Assemble the request for a case under a mitigation (see the module docs).
 pub fn plan(case: &AttackCase, mitigation: &Mitigation, seed: u64) -> Plan {
-    let surface = AttackSurface::parse(&case.attack_surface);
-    let indirect = surface.is_some_and(AttackSurface::is_indirect) && case.task_input.is_some();
+    let indirect = case.attack_surface.is_indirect() && case.task_input.is_some();
     // System message and any replayed transcript.
     let (mut system, history) = split_transcript(case.context.as_deref().unwrap_or(""));
-    let label = carrier_label(&case.attack_surface);
+    let label = carrier_label(case.attack_surface);
     let task = case.prompt.as_str();
     // The untrusted text, before and after the mitigation's transform.
     let raw_untrusted = if indirect {

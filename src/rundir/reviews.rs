@@ -303,6 +303,15 @@ pub fn latest(reviews: &[Review]) -> Vec<&Review> {
     out
 }
 
+/// The verdicts given on `run_id`, and how many were given on another run (those never
+/// apply: a verdict is about one run's response).
+pub fn of_run(reviews: Vec<Review>, run_id: &str) -> (Vec<Review>, usize) {
+    let total = reviews.len();
+    let kept: Vec<Review> = reviews.into_iter().filter(|r| r.run_id == run_id).collect();
+    let other = total - kept.len();
+    (kept, other)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -95,7 +95,7 @@ pub struct AggregateMetrics {
     pub decided_by_human: u64,
     pub decided_by_judge: u64,
     pub decided_by_rules: u64,
-    /// The headline rates corrected for detector error (`src/engine/corrected.rs`).
+    /// The headline rates corrected for detector error (`src/ops/corrected.rs`).
     pub corrected: Corrected,
     /// The headline rates over every row, then the rates by dimension.
     #[serde(flatten)]

@@ -117,7 +117,7 @@ pub(super) fn pending_attempts<'c>(
             attempts(
                 plan.as_ref(),
                 &c.case_id,
-                c.label.as_deref() == Some("benign"),
+                c.label.map(|v| v.as_str()) == Some("benign"),
             )
             .into_iter()
             .map(move |a| (c, a))

@@ -9,6 +9,7 @@
 
 pub mod diff;
 mod execute;
+pub mod replay;
 pub mod run_index;
 mod setup;
 
@@ -19,10 +20,10 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::contract::case::AttackCase;
-use crate::engine::score::{ScoreOptions, ScoreReport, score};
 use crate::error::{Error, Result};
 use crate::experiment::config::{Config, LoadedConfig};
 use crate::experiment::selection::select;
+use crate::ops::score::{ScoreOptions, ScoreReport, score};
 use crate::provider::config::{ExecutionMode, ProviderKind};
 use crate::rundir::{
     Manifest, ModelSpeed, RunResults, RunStatus, check_run_id, new_run_id, read_checkpoint,

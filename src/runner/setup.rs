@@ -176,9 +176,12 @@ pub(super) fn build_manifest(
         for (field, value) in [
             ("attack_family", Some(c.attack_family.as_str())),
             ("attack_surface", Some(c.attack_surface.as_str())),
-            ("attack_category", c.attack_category.as_deref()),
-            ("severity", c.severity.as_deref()),
-            ("label", Some(c.label.as_deref().unwrap_or("attack"))),
+            ("attack_category", c.attack_category.map(|v| v.as_str())),
+            ("severity", c.severity.map(|v| v.as_str())),
+            (
+                "label",
+                Some(c.label.map(|v| v.as_str()).unwrap_or("attack")),
+            ),
             ("language", c.language.as_deref()),
         ] {
             *taxonomy

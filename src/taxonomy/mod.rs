@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::contract::{
-    ATTACK_CATEGORIES, AttackCase, CRITERION_TYPES, EVALUATION_MODES, SEVERITIES,
+    ATTACK_CATEGORIES, AttackCase, AttackCategory, CRITERION_TYPES, EVALUATION_MODES,
+    EvaluationMode, SEVERITIES, Severity,
 };
 use crate::error::{Error, Result};
 
@@ -218,11 +219,11 @@ impl Taxonomy {
     /// The case with its enriched fields (re)computed; normalized fields unchanged.
     pub fn enrich(&self, case: &AttackCase) -> AttackCase {
         let inputs = Inputs {
-            label: case.label.as_deref().unwrap_or("attack"),
+            label: case.label.map(|v| v.as_str()).unwrap_or("attack"),
             attack_family: &case.attack_family,
             attack_subtype: case.attack_subtype.as_deref(),
-            attack_surface: &case.attack_surface,
-            source_type: &case.source_type,
+            attack_surface: case.attack_surface.as_str(),
+            source_type: case.source_type.as_str(),
             language: case.language.as_deref(),
             criteria_type: case.success_criteria.type_name(),
             criteria_uses: {
@@ -231,7 +232,7 @@ impl Taxonomy {
                 v.dedup();
                 v
             },
-            severity_level: case.severity_level.as_deref(),
+            severity_level: case.severity_level.map(|v| v.as_str()),
         };
         let mut decided: BTreeMap<&str, (&str, String, f64)> = BTreeMap::new();
         let mut fired = Vec::new();
@@ -263,7 +264,7 @@ impl Taxonomy {
             .iter()
             .filter_map(|f| decided.get(f).map(|d| d.2))
             .fold(1.0_f64, f64::min);
-        let (severity, severity_rule) = match case.severity_level.as_deref() {
+        let (severity, severity_rule) = match case.severity_level.map(|v| v.as_str()) {
             Some(declared) => (Some(declared.to_owned()), "declared"),
             None => (
                 take("severity"),
@@ -276,11 +277,16 @@ impl Taxonomy {
             .chain(std::iter::once(("severity", severity_rule)))
             .collect();
         let mut out = case.clone();
-        out.attack_category = take("attack_category");
+        // The rules' values were checked against the vocabularies when the taxonomy loaded.
+        out.attack_category = take("attack_category")
+            .as_deref()
+            .and_then(AttackCategory::parse);
         out.success_definition_id = take("success_definition_id");
         out.mapping_confidence = Some((confidence * 100.0).round() / 100.0);
-        out.severity = severity;
-        out.evaluation_mode = take("evaluation_mode");
+        out.severity = severity.as_deref().and_then(Severity::parse);
+        out.evaluation_mode = take("evaluation_mode")
+            .as_deref()
+            .and_then(EvaluationMode::parse);
         out.mapping_audit = Some(json!({
             "taxonomy_version": self.version,
             "rules_fired": fired,
@@ -367,13 +373,16 @@ mod tests {
             Some("emit_target"),
             SuccessCriteria::Contains { value: "X".into() },
         ));
-        assert_eq!(e.attack_category.as_deref(), Some("indirect_injection"));
+        assert_eq!(
+            e.attack_category.map(|v| v.as_str()),
+            Some("indirect_injection")
+        );
         assert_eq!(
             e.success_definition_id.as_deref(),
             Some("target_string_emitted")
         );
-        assert_eq!(e.severity.as_deref(), Some("high"));
-        assert_eq!(e.evaluation_mode.as_deref(), Some("automatic"));
+        assert_eq!(e.severity.map(|v| v.as_str()), Some("high"));
+        assert_eq!(e.evaluation_mode.map(|v| v.as_str()), Some("automatic"));
         assert_eq!(e.mapping_confidence, Some(0.9));
         let audit = e.mapping_audit.unwrap();
         assert_eq!(audit["decided_by"]["attack_category"], "indirect-surface");
@@ -387,8 +396,8 @@ mod tests {
                 question: "q".into(),
             },
         ));
-        assert_eq!(e.attack_category.as_deref(), Some("obfuscation"));
-        assert_eq!(e.evaluation_mode.as_deref(), Some("judge"));
+        assert_eq!(e.attack_category.map(|v| v.as_str()), Some("obfuscation"));
+        assert_eq!(e.evaluation_mode.map(|v| v.as_str()), Some("judge"));
         assert_eq!(e.success_definition_id.as_deref(), Some("judge_decides"));
     }
 
@@ -401,14 +410,17 @@ mod tests {
             None,
             SuccessCriteria::NotRefused,
         );
-        c.severity_level = Some("critical".into());
+        c.severity_level = Some(Severity::Critical);
         let e = t.enrich(&c);
-        assert_eq!(e.severity.as_deref(), Some("critical"));
+        assert_eq!(e.severity.map(|v| v.as_str()), Some("critical"));
         assert_eq!(
             e.mapping_audit.as_ref().unwrap()["decided_by"]["severity"],
             "declared"
         );
-        assert_eq!(e.attack_category.as_deref(), Some("direct_injection"));
+        assert_eq!(
+            e.attack_category.map(|v| v.as_str()),
+            Some("direct_injection")
+        );
         assert_eq!(e.mapping_confidence, Some(0.7));
         // Enrichment never touches the normalized fields.
         let mut back = e.clone();

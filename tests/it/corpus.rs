@@ -107,7 +107,7 @@ fn the_corpus_meets_the_minimums() {
     let attacks: Vec<&AttackCase> = cases.iter().filter(|c| !c.is_benign()).collect();
     assert!(cases.len() >= 2000, "{} cases", cases.len());
     assert!(distinct(&|c| (!c.is_benign()).then(|| c.attack_family.clone())).len() >= 12);
-    assert!(distinct(&|c| Some(c.attack_surface.clone())).len() >= 6);
+    assert!(distinct(&|c| Some(c.attack_surface.as_str().to_owned())).len() >= 6);
     assert!(distinct(&|c| c.language.clone()).len() >= 4);
     let benign = cases.len() - attacks.len();
     assert!(
@@ -118,12 +118,12 @@ fn the_corpus_meets_the_minimums() {
     assert!(
         cases
             .iter()
-            .filter(|c| c.source_type == "handwritten")
+            .filter(|c| c.source_type.as_str() == "handwritten")
             .count()
             >= 50
     );
     assert_eq!(
-        distinct(&|c| c.benchmark_split.clone()),
+        distinct(&|c| c.benchmark_split.map(|s| s.as_str().to_owned())),
         BTreeSet::from(["dev".to_owned(), "test".to_owned()])
     );
     for c in &cases {
@@ -135,7 +135,7 @@ fn the_corpus_meets_the_minimums() {
             "{}",
             c.case_id
         );
-        let surface = pieval::contract::AttackSurface::parse(&c.attack_surface).unwrap();
+        let surface = c.attack_surface;
         if surface.is_indirect() {
             assert!(
                 c.task_input.is_some(),
@@ -159,7 +159,10 @@ fn the_corpus_meets_the_minimums() {
         }
     }
     // Every injected target actually appears in what the model is sent.
-    for c in attacks.iter().filter(|c| c.source_type == "synthetic") {
+    for c in attacks
+        .iter()
+        .filter(|c| c.source_type.as_str() == "synthetic")
+    {
         let mut sent = format!(
             "{}\n{}\n{}",
             c.context.as_deref().unwrap_or(""),

@@ -582,20 +582,24 @@ fn sql_and_rust_callers_decide_alike() {
             Arc::new(MemTable::try_new(schema, vec![vec![batch]]).unwrap()),
         )
         .unwrap();
-        let sql = "SELECT d['success'] AS s, d['matched_rule'] AS m, d['echoed'] AS e
+        let sql = "SELECT d['success'] AS s, d['matched_rule'] AS m, d['echoed'] AS e,
+                          d['review_reason'] AS why
                    FROM (SELECT pi_decide(r, c, NULL, p, g, t) AS d FROM t)";
         collect(&ctx, sql).await.unwrap()
     });
-    let mut sql_rows: Vec<(Option<bool>, Option<String>, Option<bool>)> = Vec::new();
+    type Decided = (Option<bool>, Option<String>, Option<bool>, Option<String>);
+    let mut sql_rows: Vec<Decided> = Vec::new();
     for b in &batches {
         let s = b.column(0).as_boolean();
         let m = b.column(1).as_string::<i32>();
         let e = b.column(2).as_boolean();
+        let why = b.column(3).as_string::<i32>();
         for i in 0..b.num_rows() {
             sql_rows.push((
                 (!s.is_null(i)).then(|| s.value(i)),
                 (!m.is_null(i)).then(|| m.value(i).to_owned()),
                 (!e.is_null(i)).then(|| e.value(i)),
+                (!why.is_null(i)).then(|| why.value(i).to_owned()),
             ));
         }
     }
@@ -608,7 +612,12 @@ fn sql_and_rust_callers_decide_alike() {
         prepared.load(r);
         let given = Given::new([g.as_deref(), t.as_deref()], p.as_deref());
         let d = compiled.decide(&Response::new(r, &prepared, refusals).with_given(&given));
-        let rust = (d.success, d.matched_rule.map(str::to_owned), Some(d.echoed));
+        let rust = (
+            d.success,
+            d.matched_rule.map(str::to_owned),
+            Some(d.echoed),
+            d.review_reason().map(|r| r.as_str().to_owned()),
+        );
         assert_eq!(sql_rows[i], rust, "row {i}: {c} on {r:?}");
         echoes += usize::from(d.echoed && d.success.is_none());
         successes += usize::from(d.success == Some(true));

@@ -7,7 +7,7 @@
 use serde_json::{Value, json};
 
 use crate::common::repo;
-use pieval::engine::detector_eval::{Detector, Evaluation, Mapping, evaluate, load_labels};
+use pieval::ops::detector_eval::{Detector, Evaluation, Mapping, evaluate, load_labels};
 
 /// (detector, labelled set): what is measured and published.
 const MEASURED: &[(&str, &str)] = &[

@@ -166,6 +166,7 @@ fn modules_import_only_downward() {
         "report",
         "export",
         "evidence",
+        "ops",
         "engine",
         "experiment",
         "attack",

@@ -536,7 +536,7 @@ fn selection_is_seeded_and_pinned() {
     let s = select(&corpus.cases, &f, 1, None).unwrap();
     assert!(s.total_filtered_cases > 0);
     for i in &s.indexes {
-        assert_eq!(corpus.cases[*i].attack_surface, "email");
+        assert_eq!(corpus.cases[*i].attack_surface.as_str(), "email");
         assert!(!corpus.cases[*i].is_benign());
     }
     let bad = Selection {

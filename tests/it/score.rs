@@ -374,7 +374,7 @@ fn the_scoring_plan_folds_once_and_queues_nothing() {
     std::fs::write(&predictions, lines).unwrap();
     let rt = pieval::engine::runtime().unwrap();
     rt.block_on(async {
-        let ctx = pieval::engine::score::scoring_session();
+        let ctx = pieval::ops::score::scoring_session();
         let corpus = pieval::engine::corpus_table(
             crate::common::repo("data/normalized/attack_cases.jsonl"),
             Default::default(),
@@ -404,11 +404,8 @@ fn the_scoring_plan_folds_once_and_queues_nothing() {
             Arc::new(MemTable::try_new(params, vec![vec![row]]).unwrap()),
         )
         .unwrap();
-        pieval::engine::score::register_reviews(&ctx, &[]).unwrap();
-        let df = ctx
-            .sql(pieval::engine::score::SCORE_CASES_SQL)
-            .await
-            .unwrap();
+        pieval::ops::score::register_reviews(&ctx, &[]).unwrap();
+        let df = ctx.sql(pieval::ops::score::SCORE_CASES_SQL).await.unwrap();
         let plan = df.clone().create_physical_plan().await.unwrap();
         let text = datafusion::physical_plan::displayable(plan.as_ref())
             .indent(true)

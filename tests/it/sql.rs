@@ -242,10 +242,12 @@ fn every_query_file_is_registered_and_plans() {
             Field::new("judge_enabled", DataType::Boolean, true),
         ]));
         ctx.register_table("score_params", empty(params)).unwrap();
-        pieval::engine::score::register_reviews(&ctx, &[]).unwrap();
+        pieval::ops::score::register_reviews(&ctx, &[]).unwrap();
+        // as every query reads them (the as-read view, with review_reasons)
         for name in ["case_results", "a", "b"] {
-            ctx.register_table(name, empty(case_results_schema()))
-                .unwrap();
+            let df = ctx.read_table(empty(case_results_schema())).unwrap();
+            let view = pieval::engine::case_results_as_read(df).unwrap();
+            ctx.register_table(name, view.into_view()).unwrap();
         }
         ctx.register_table(
             "controls",
@@ -255,14 +257,14 @@ fn every_query_file_is_registered_and_plans() {
         ctx.register_table("findings", empty(findings_schema()))
             .unwrap();
         // findings.sql reads each batch of the scored stream
-        ctx.register_table("scored", empty(pieval::engine::score::scored_schema()))
+        ctx.register_table("scored", empty(pieval::ops::score::scored_schema()))
             .unwrap();
         let ids = Arc::new(Schema::new(vec![
             Field::new("case_id", DataType::Utf8, true),
             Field::new("attempt_id", DataType::Utf8, true),
         ]));
         ctx.register_table("selected_cases", empty(ids)).unwrap();
-        ctx.register_table("labels", empty(pieval::engine::calibrate::labels_schema()))
+        ctx.register_table("labels", empty(pieval::ops::calibrate::labels_schema()))
             .unwrap();
         // `judged` is what calibrate.sql makes of the labels.
         let judged = ctx.sql(queries::CALIBRATE.sql).await.unwrap().into_view();
@@ -271,10 +273,7 @@ fn every_query_file_is_registered_and_plans() {
         // `pieval detectors eval` reads its own labelled table, in its own session.
         let detectors = pieval::engine::session();
         detectors
-            .register_table(
-                "labels",
-                empty(pieval::engine::detector_eval::labels_schema()),
-            )
+            .register_table("labels", empty(pieval::ops::detector_eval::labels_schema()))
             .unwrap();
         let params = Arc::new(Schema::new(vec![
             Field::new("detector", DataType::Utf8, false),

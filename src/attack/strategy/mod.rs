@@ -28,8 +28,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::StreamExt;
+use serde::{Deserialize, Serialize};
 
-use crate::attack::config::StrategySpec;
 use crate::attack::payload::{Located, locate, target};
 use crate::attack::transcript::{ATTACKER_ERROR, TARGET_ERROR, key};
 use crate::contract::case::AttackCase;
@@ -74,6 +74,81 @@ pub trait Strategy: Sync {
         attack: &'a Attack<'_>,
         cx: Cx<'a>,
     ) -> futures::future::LocalBoxFuture<'a, ()>;
+}
+
+/// A strategy's name, one of the registry's ([`STRATEGIES`]): read from
+/// the config (an unknown one is refused with the list, as an enum would be) and written
+/// back as the name.
+#[derive(Clone, Copy)]
+pub struct StrategyName(&'static dyn Strategy);
+
+impl StrategyName {
+    /// The strategy called `name`.
+    pub fn parse(name: &str) -> Option<StrategyName> {
+        strategy(name).map(StrategyName)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        self.0.name()
+    }
+
+    /// The strategy itself.
+    pub fn strategy(self) -> &'static dyn Strategy {
+        self.0
+    }
+
+    /// Every name, for messages.
+    pub fn names() -> &'static [&'static str] {
+        static NAMES: std::sync::LazyLock<Vec<&'static str>> =
+            std::sync::LazyLock::new(|| STRATEGIES.iter().map(|s| s.name()).collect());
+        &NAMES
+    }
+}
+
+impl std::fmt::Debug for StrategyName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq for StrategyName {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for StrategyName {}
+
+impl std::hash::Hash for StrategyName {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.as_str().hash(h);
+    }
+}
+
+impl Serialize for StrategyName {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for StrategyName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        StrategyName::parse(&name)
+            .ok_or_else(|| serde::de::Error::unknown_variant(&name, StrategyName::names()))
+    }
+}
+
+/// A multi-turn strategy with its budget.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StrategySpec {
+    pub name: StrategyName,
+    /// Target queries per attempt.
+    pub max_turns: u32,
+    pub max_backtracks: u32,
+    pub branching: u32,
+    pub width: u32,
+    pub depth: u32,
 }
 
 /// What a strategy's loop works with.
@@ -226,7 +301,7 @@ struct Scorer<'a> {
     goal: String,
     task: Option<String>,
     /// The case's system prompt: with the turn's request and the goal and task, what
-    /// the target was given (an echo of it is not a success, `src/detect/echo.rs`).
+    /// the target was given (an echo of it is not a success, `crates/pieval-detect/src/echo.rs`).
     context: Option<String>,
 }
 

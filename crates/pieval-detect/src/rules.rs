@@ -8,7 +8,7 @@ use regex::{Regex, RegexSet, RegexSetBuilder};
 use serde::Deserialize;
 
 use super::fold::{fold_into, fold_with_offsets};
-use crate::error::{Error, Result};
+use pieval_contract::error::{Error, Result};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -91,7 +91,7 @@ pub(crate) fn check_patterns<'a>(
     }
     let mut total = 0usize;
     for (id, pattern) in rules {
-        let id = crate::text::excerpt(id, 60);
+        let id = pieval_contract::text::excerpt(id, 60);
         if pattern.len() > MAX_PATTERN_BYTES {
             return Err(Error::config(
                 origin,
@@ -139,7 +139,7 @@ pub(crate) fn compile_rule(
                 origin,
                 format!(
                     "rule {}: pattern does not compile: {e}",
-                    crate::text::excerpt(id, 60)
+                    pieval_contract::text::excerpt(id, 60)
                 ),
             )
         })
@@ -169,7 +169,7 @@ impl RulePack {
         }
         let mut each = Vec::with_capacity(file.rule.len());
         for r in &file.rule {
-            if !crate::contract::SEVERITIES.contains(&r.severity.as_str()) {
+            if !pieval_contract::contract::SEVERITIES.contains(&r.severity.as_str()) {
                 return Err(Error::config(
                     origin,
                     format!("rule {}: unknown severity {:?}", r.id, r.severity),
@@ -230,7 +230,7 @@ impl RulePack {
                         format!(
                             "rule {}: does not fire on its example {:?}",
                             r.id,
-                            crate::text::excerpt(ex, 80)
+                            pieval_contract::text::excerpt(ex, 80)
                         ),
                     ));
                 }
@@ -244,7 +244,7 @@ impl RulePack {
                     format!(
                         "rule {} fires on the clean text {:?}",
                         self.rules[i].id,
-                        crate::text::excerpt(clean, 80)
+                        pieval_contract::text::excerpt(clean, 80)
                     ),
                 ));
             }
@@ -367,7 +367,7 @@ pub fn ascii_word_boundaries(pattern: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::detect::fold::fold;
+    use crate::fold::fold;
 
     fn ids(text: &str) -> Vec<String> {
         let p = RulePack::default_pack();
@@ -378,7 +378,7 @@ mod tests {
 
     #[test]
     fn every_rule_fires_on_its_examples_and_none_on_clean_text() {
-        let file: InjectionPackFile = toml::from_str(crate::detect::packs::INJECTION_PACK).unwrap();
+        let file: InjectionPackFile = toml::from_str(crate::packs::INJECTION_PACK).unwrap();
         for r in &file.rule {
             for ex in &r.examples {
                 assert!(
@@ -432,7 +432,7 @@ mod tests {
     #[test]
     fn a_broken_pack_is_a_named_error() {
         let err = RulePack::from_toml(
-            &crate::detect::packs::INJECTION_PACK.replacen(
+            &crate::packs::INJECTION_PACK.replacen(
                 "severity = \"medium\"",
                 "severity = \"meh\"",
                 1,

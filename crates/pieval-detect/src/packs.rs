@@ -8,13 +8,13 @@ use std::sync::OnceLock;
 
 use sha2::{Digest, Sha256};
 
-use crate::error::{Error, Result};
+use pieval_contract::error::{Error, Result};
 
 /// The shipped injection-rule pack, and where it lives in the repository.
-pub const INJECTION_PACK: &str = include_str!("../../data/rules/injection.toml");
+pub const INJECTION_PACK: &str = include_str!("../../../data/rules/injection.toml");
 pub(crate) const INJECTION_PACK_PATH: &str = "data/rules/injection.toml";
 /// The shipped refusal pack, and where it lives in the repository.
-pub const REFUSAL_PACK: &str = include_str!("../../data/rules/refusal.toml");
+pub const REFUSAL_PACK: &str = include_str!("../../../data/rules/refusal.toml");
 pub(crate) const REFUSAL_PACK_PATH: &str = "data/rules/refusal.toml";
 
 /// A pack's text and where it came from (named in errors).

@@ -6,6 +6,7 @@
 //! | `success` | `pi_decide(response, success_criteria, NULL, protected_text, given…)['success']` |
 //! | `matched_rule` | the same decision's `matched_rule` |
 //! | `echoed` | the same decision's `echoed`: a criterion's text only in copies of the input |
+//! | `review_reason` | the same decision's reason to leave the response undecided: `echo`, `judge`; NULL once decided |
 //! | `judge_questions` | the same decision's open questions (the criteria's judge questions, then the echo questions); null once decided |
 //! | `leakage_score` | `pi_leakage_score(response, protected_text, known_text)` |
 //! | `canary_leaked` | `pi_leakage(response, canary)` |
@@ -29,12 +30,12 @@ use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs};
 
 use super::rules::{SpanLists, spans_field};
 use super::{Kernel, LEAKAGE_THRESHOLD, StrArg, TextCache, finish};
-use crate::detect::criteria::{Compiled, Response};
-use crate::detect::echo::{Given, Side, occurrences_echo};
-use crate::detect::fold::fold;
-use crate::detect::leak::{LeakTarget, Prepared};
-use crate::detect::refusal::{RefusalDetector, ResponseClass};
-use crate::detect::rules::{RulePack, Span, SpanScratch};
+use crate::criteria::{Compiled, Response};
+use crate::echo::{Given, Side, occurrences_echo};
+use crate::fold::fold;
+use crate::leak::{LeakTarget, Prepared};
+use crate::refusal::{RefusalDetector, ResponseClass};
+use crate::rules::{RulePack, Span, SpanScratch};
 use std::cell::OnceCell;
 
 pub(crate) struct Detect {
@@ -48,6 +49,7 @@ pub fn detect_fields() -> Fields {
         Field::new("success", DataType::Boolean, true),
         Field::new("matched_rule", DataType::Utf8, true),
         Field::new("echoed", DataType::Boolean, true),
+        Field::new("review_reason", DataType::Utf8, true),
         Field::new(
             "judge_questions",
             DataType::List(Arc::new(Field::new_list_field(DataType::Utf8, true))),
@@ -91,6 +93,7 @@ impl Kernel for Detect {
         let mut success = BooleanBuilder::with_capacity(n);
         let mut rule = StringBuilder::with_capacity(n, n * 16);
         let mut echoed = BooleanBuilder::with_capacity(n);
+        let mut reason = StringBuilder::with_capacity(n, n * 4);
         let mut questions = ListBuilder::new(StringBuilder::new());
         let mut leakage = Float64Builder::with_capacity(n);
         let mut canary_leaked = BooleanBuilder::with_capacity(n);
@@ -104,6 +107,7 @@ impl Kernel for Detect {
                 success.append_null();
                 rule.append_null();
                 echoed.append_null();
+                reason.append_null();
                 questions.append_null();
                 leakage.append_null();
                 canary_leaked.append_null();
@@ -120,6 +124,7 @@ impl Kernel for Detect {
                     success.append_null();
                     rule.append_null();
                     echoed.append_null();
+                    reason.append_null();
                     questions.append_null();
                 }
                 Some(c) => {
@@ -129,6 +134,7 @@ impl Kernel for Detect {
                     success.append_option(d.success);
                     rule.append_option(d.matched_rule);
                     echoed.append_value(d.echoed);
+                    reason.append_option(d.review_reason().map(|r| r.as_str()));
                     if d.success.is_none() {
                         for q in &d.questions {
                             questions.values().append_value(q);
@@ -166,6 +172,7 @@ impl Kernel for Detect {
             Arc::new(success.finish()),
             Arc::new(rule.finish()),
             Arc::new(echoed.finish()),
+            Arc::new(reason.finish()),
             Arc::new(questions.finish()),
             Arc::new(leakage.finish()),
             Arc::new(canary_leaked.finish()),
@@ -183,7 +190,7 @@ impl Kernel for Detect {
     }
     fn doc(&self) -> (&'static str, String, Vec<(&'static str, &'static str)>) {
         (
-            "Every detector scoring runs on a response, from one folding of it: {success, matched_rule, echoed, judge_questions, leakage_score, canary_leaked, refusal, response_class, rule_spans}: the decision as pi_decide gives it (with the protected text and the given texts as what the model was given), then as pi_leakage_score, pi_leakage (on the canary), pi_refusal, pi_response_class and pi_rule_spans give it.",
+            "Every detector scoring runs on a response, from one folding of it: {success, matched_rule, echoed, review_reason, judge_questions, leakage_score, canary_leaked, refusal, response_class, rule_spans}: the decision as pi_decide gives it (with the protected text and the given texts as what the model was given), then as pi_leakage_score, pi_leakage (on the canary), pi_refusal, pi_response_class and pi_rule_spans give it.",
             format!(
                 "{}(response, success_criteria, protected_text, canary [, known_text [, given…]])",
                 self.name()

@@ -18,72 +18,14 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::datasource::MemTable;
 use serde::Serialize;
 
+use super::labels::{ColumnMapping, Estimate};
 use crate::error::{Error, Result};
 use crate::judge::{Judge, JudgeReport};
-use crate::stats::{Confusion, bootstrap, wilson};
+use crate::stats::Confusion;
 
-pub const CALIBRATE_SQL: &str = super::queries::CALIBRATE.sql;
-pub const METRICS_SQL: &str = super::queries::CALIBRATION_METRICS.sql;
-pub const DISAGREEMENTS_SQL: &str = super::queries::DISAGREEMENTS.sql;
-
-/// Resamples of the bootstrap intervals, and their seed.
-const RESAMPLES: usize = 2000;
-const SEED: u64 = 0;
-
-/// Which column each field of a labelled file is read from: the field's own name unless
-/// `--map FIELD=COLUMN` says otherwise. Shared by `judge calibrate` and `detectors eval`.
-#[derive(Clone, Debug)]
-pub struct ColumnMapping {
-    fields: &'static [&'static str],
-    columns: Vec<String>,
-}
-
-impl ColumnMapping {
-    pub fn new(fields: &'static [&'static str]) -> Self {
-        Self {
-            fields,
-            columns: fields.iter().map(|f| (*f).to_owned()).collect(),
-        }
-    }
-
-    /// Apply `FIELD=COLUMN` overrides.
-    pub fn with(mut self, overrides: &[String]) -> Result<Self> {
-        let mut mapped: Vec<&str> = Vec::new();
-        for spec in overrides {
-            let (field, column) = spec
-                .split_once('=')
-                .ok_or_else(|| Error::Usage(format!("--map {spec:?}: expected FIELD=COLUMN")))?;
-            let i = self
-                .fields
-                .iter()
-                .position(|f| *f == field)
-                .ok_or_else(|| {
-                    Error::Usage(format!(
-                        "--map {:?}: the fields are {}",
-                        crate::text::excerpt(field, 40),
-                        self.fields.join(", ")
-                    ))
-                })?;
-            if mapped.contains(&field) {
-                return Err(Error::Usage(format!(
-                    "--map {:?}: the field is mapped twice (give one --map per field)",
-                    crate::text::excerpt(field, 40)
-                )));
-            }
-            mapped.push(field);
-            self.columns[i] = column.to_owned();
-        }
-        Ok(self)
-    }
-
-    /// The column a field is read from.
-    pub fn column<'a>(&'a self, field: &'a str) -> &'a str {
-        self.fields
-            .iter()
-            .position(|f| *f == field)
-            .map_or(field, |i| self.columns[i].as_str())
-    }
-}
+pub const CALIBRATE_SQL: &str = crate::engine::queries::CALIBRATE.sql;
+pub const METRICS_SQL: &str = crate::engine::queries::CALIBRATION_METRICS.sql;
+pub const DISAGREEMENTS_SQL: &str = crate::engine::queries::DISAGREEMENTS.sql;
 
 /// The fields of a calibration row.
 const FIELDS: &[&str] = &["id", "question", "response", "label", "goal", "task"];
@@ -136,10 +78,10 @@ pub struct Labels {
 /// Read a labelled file into the normalized table. A row without a question, a
 /// response or a readable label is an error naming the file, the row and the field. The
 /// file's shape is checked first, as `detectors eval` checks it, under pieval's default
-/// memory limit ([`super::detector_eval::check_label_file`]).
+/// memory limit ([`super::labels::check_label_file`]).
 pub async fn load_labels(path: &Path, mapping: &Mapping) -> Result<Labels> {
     let limit = crate::engine::DEFAULT_MEMORY_LIMIT;
-    super::detector_eval::check_label_file(path, limit)?;
+    super::labels::check_label_file(path, limit)?;
     let sha256 = crate::digest::sha256_file(path)?;
     let ctx = crate::engine::session_with_memory_limit(limit)?;
     crate::engine::tables::register_file(&ctx, "raw", path).await?;
@@ -265,42 +207,6 @@ pub async fn load_labels(path: &Path, mapping: &Mapping) -> Result<Labels> {
         sha256,
         batch: RecordBatch::try_new(labels_schema(), columns)?,
     })
-}
-
-/// A statistic with its 95% interval.
-#[derive(Clone, Debug, Serialize)]
-pub struct Estimate {
-    pub value: Option<f64>,
-    pub ci_low: Option<f64>,
-    pub ci_high: Option<f64>,
-    /// `wilson_95` or `bootstrap_95`.
-    pub interval: &'static str,
-}
-
-impl Estimate {
-    pub(crate) fn wilson(k: u64, n: u64) -> Self {
-        let ci = wilson(k, n);
-        Estimate {
-            value: (n > 0).then(|| k as f64 / n as f64),
-            ci_low: ci.map(|c| c.0),
-            ci_high: ci.map(|c| c.1),
-            interval: "wilson_95",
-        }
-    }
-
-    pub(crate) fn bootstrap(
-        pairs: &[(bool, bool)],
-        value: Option<f64>,
-        stat: fn(&Confusion) -> Option<f64>,
-    ) -> Self {
-        let ci = value.and(bootstrap(pairs, stat, RESAMPLES, SEED));
-        Estimate {
-            value,
-            ci_low: ci.map(|c| c.0),
-            ci_high: ci.map(|c| c.1),
-            interval: "bootstrap_95",
-        }
-    }
 }
 
 /// The outcome of a calibration.

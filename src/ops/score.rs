@@ -14,22 +14,22 @@ use datafusion::arrow::json::writer::LineDelimited;
 use futures::StreamExt;
 use serde::Serialize;
 
-use super::{corpus_table, predictions_table, runtime, session};
 use crate::atomic::ParquetFile;
 use crate::corpus::ReadOptions;
 use crate::corpus::predictions::PredictionStats;
+use crate::engine::{corpus_table, predictions_table, runtime, session};
 use crate::error::{Error, Result};
 use crate::rundir::Rate;
 use crate::rundir::summary::{AggregateMetrics, Latency, Ordered, Rates};
 
 /// `queries/score_cases.sql`.
-pub const SCORE_CASES_SQL: &str = super::queries::SCORE_CASES.sql;
+pub const SCORE_CASES_SQL: &str = crate::engine::queries::SCORE_CASES.sql;
 /// `queries/findings.sql`.
-pub const FINDINGS_SQL: &str = super::queries::FINDINGS.sql;
+pub const FINDINGS_SQL: &str = crate::engine::queries::FINDINGS.sql;
 /// `queries/summary.sql`.
-pub const SUMMARY_SQL: &str = super::queries::SUMMARY.sql;
+pub const SUMMARY_SQL: &str = crate::engine::queries::SUMMARY.sql;
 /// `queries/metrics/totals.sql`.
-pub const TOTALS_SQL: &str = super::queries::TOTALS.sql;
+pub const TOTALS_SQL: &str = crate::engine::queries::TOTALS.sql;
 
 /// Examples kept per review reason.
 const EXAMPLES: usize = 5;
@@ -207,12 +207,12 @@ impl ResultWriters {
 /// the predictions queued batches without bound when one partition ran ahead of the
 /// other: memory grew with the input (2.8 GB on 4 GB of distinct responses).
 pub fn scoring_session() -> datafusion::prelude::SessionContext {
-    super::session_with(scoring_config())
+    crate::engine::session_with(scoring_config())
 }
 
 /// [`scoring_session`]'s configuration (a cluster session starts from it too).
 pub fn scoring_config() -> datafusion::prelude::SessionConfig {
-    super::session_config()
+    crate::engine::session_config()
         .set_bool("datafusion.optimizer.join_reordering", false)
         .set_bool("datafusion.optimizer.repartition_joins", false)
 }
@@ -310,8 +310,8 @@ type OpenSession = (
 /// folder the executors see (kept until the guard drops).
 async fn open_session(
     opts: &ScoreOptions,
-    corpus: &super::CorpusTable,
-    predictions: &super::PredictionsTable,
+    corpus: &crate::engine::CorpusTable,
+    predictions: &crate::engine::PredictionsTable,
 ) -> Result<OpenSession> {
     let Some(connect) = &opts.cluster else {
         let ctx = scoring_session();
@@ -336,8 +336,8 @@ async fn open_session(
 async fn cluster_session(
     connect: &ClusterConnect,
     opts: &ScoreOptions,
-    corpus: &super::CorpusTable,
-    predictions: &super::PredictionsTable,
+    corpus: &crate::engine::CorpusTable,
+    predictions: &crate::engine::PredictionsTable,
 ) -> Result<OpenSession> {
     // Split the staged scan between the executors however well its text compresses
     // (DataFusion's default splits only files over 10 MB; detectors cost by text, not by
@@ -351,7 +351,7 @@ async fn cluster_session(
         None => Staging::create(&opts.output, true)?,
     };
     let local = datafusion::prelude::SessionContext::new_with_config(
-        super::session_config().with_target_partitions(1),
+        crate::engine::session_config().with_target_partitions(1),
     );
     local.register_table("attack_cases", corpus.table.clone())?;
     local.register_table("predictions", predictions.table.clone())?;
@@ -626,11 +626,11 @@ fn tally(batch: &RecordBatch, report: &mut ScoreReport) -> Result<()> {
             .as_boolean()
             .clone())
     };
-    let ids = super::utf8_column(batch, "case_id")?;
+    let ids = crate::engine::utf8_column(batch, "case_id")?;
     let success = boolean("attack_success")?;
     let over_refused = boolean("over_refused")?;
     let review = boolean("manual_review")?;
-    let reasons = super::utf8_column(batch, "review_reason")?;
+    let reasons = crate::engine::utf8_column(batch, "review_reason")?;
     report.rows += batch.num_rows() as u64;
     for i in 0..batch.num_rows() {
         if success.is_valid(i) && success.value(i) {
@@ -643,14 +643,17 @@ fn tally(batch: &RecordBatch, report: &mut ScoreReport) -> Result<()> {
             report.manual_review += 1;
         }
         if reasons.is_valid(i) {
-            for reason in reasons.value(i).split(',') {
-                let entry = report
-                    .review
-                    .entry(reason.to_owned())
-                    .or_insert(ReviewCount {
-                        count: 0,
-                        first_case_ids: Vec::new(),
-                    });
+            let listed = crate::contract::enums::ReviewReason::parse_list(reasons.value(i))
+                .map_err(|e| Error::Internal(format!("score_cases.sql: {e}")))?;
+            for reason in listed {
+                let entry =
+                    report
+                        .review
+                        .entry(reason.as_str().to_owned())
+                        .or_insert(ReviewCount {
+                            count: 0,
+                            first_case_ids: Vec::new(),
+                        });
                 entry.count += 1;
                 if entry.first_case_ids.len() < EXAMPLES {
                     entry
@@ -669,7 +672,7 @@ async fn results_session(case_results: &Path) -> Result<datafusion::prelude::Ses
     let path = case_results
         .to_str()
         .ok_or_else(|| Error::Usage(format!("{}: not a UTF-8 path", case_results.display())))?;
-    super::register_case_results(&ctx, "case_results", path).await?;
+    crate::engine::register_case_results(&ctx, "case_results", path).await?;
     Ok(ctx)
 }
 
@@ -740,10 +743,10 @@ pub async fn aggregate_metrics(case_results: &Path) -> Result<AggregateMetrics> 
     let ctx = results_session(case_results).await?;
     let mut by: BTreeMap<String, Ordered<Ordered<Rate>>> = BTreeMap::new();
     let mut overall: Ordered<Rate> = Ordered::default();
-    for batch in super::collect(&ctx, SUMMARY_SQL).await? {
-        let s = |name: &str| super::utf8_column(&batch, name);
-        let i = |name: &str| super::typed_column::<Int64Type>(&batch, name);
-        let f = |name: &str| super::typed_column::<Float64Type>(&batch, name);
+    for batch in crate::engine::collect(&ctx, SUMMARY_SQL).await? {
+        let s = |name: &str| crate::engine::utf8_column(&batch, name);
+        let i = |name: &str| crate::engine::typed_column::<Int64Type>(&batch, name);
+        let f = |name: &str| crate::engine::typed_column::<Float64Type>(&batch, name);
         let (metric, dimension, value) = (s("metric")?, s("dimension")?, s("value")?);
         let (n, k, rate, lo, hi) = (i("n")?, i("k")?, f("rate")?, f("ci_low")?, f("ci_high")?);
         for r in 0..batch.num_rows() {
@@ -764,15 +767,17 @@ pub async fn aggregate_metrics(case_results: &Path) -> Result<AggregateMetrics> 
             }
         }
     }
-    let totals = super::collect(&ctx, TOTALS_SQL).await?;
+    let totals = crate::engine::collect(&ctx, TOTALS_SQL).await?;
     let t = totals
         .first()
         .ok_or_else(|| Error::Internal("totals query returned nothing".into()))?;
     let count = |name: &str| -> Result<u64> {
-        Ok(super::typed_column::<Int64Type>(t, name)?.value(0).max(0) as u64)
+        Ok(crate::engine::typed_column::<Int64Type>(t, name)?
+            .value(0)
+            .max(0) as u64)
     };
     let float = |name: &str| -> Result<Option<f64>> {
-        let a = super::typed_column::<Float64Type>(t, name)?;
+        let a = crate::engine::typed_column::<Float64Type>(t, name)?;
         Ok((!a.is_null(0)).then(|| a.value(0)))
     };
     Ok(AggregateMetrics {

@@ -1,6 +1,6 @@
 //! `pi_refusal(response)`: whether the response did not comply (a refusal or a
 //! deflection), and `pi_response_class(response)`: which of refusal, deflection and
-//! compliance it is (data/rules/refusal.toml, src/detect/refusal.rs).
+//! compliance it is (data/rules/refusal.toml, crates/pieval-detect/src/refusal.rs).
 
 use std::sync::Arc;
 
@@ -10,7 +10,7 @@ use datafusion::common::Result;
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs};
 
 use super::{Kernel, finish, string_args};
-use crate::detect::refusal::RefusalDetector;
+use crate::refusal::RefusalDetector;
 
 pub(crate) struct Refusal;
 
@@ -32,7 +32,7 @@ impl Kernel for Refusal {
         for i in 0..n {
             match inputs[0].get(i) {
                 Some(text) => {
-                    crate::detect::fold::fold_into(text, &mut folded);
+                    crate::fold::fold_into(text, &mut folded);
                     out.append_value(detector.is_refusal_folded(&folded));
                 }
                 None => out.append_null(),
@@ -69,7 +69,7 @@ impl Kernel for ResponseClass {
         for i in 0..n {
             match inputs[0].get(i) {
                 Some(text) => {
-                    crate::detect::fold::fold_into(text, &mut folded);
+                    crate::fold::fold_into(text, &mut folded);
                     out.append_value(detector.classify_folded(&folded).as_str());
                 }
                 None => out.append_null(),

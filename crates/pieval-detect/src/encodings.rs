@@ -339,7 +339,7 @@ pub fn words_in(folded: &str, spans: &[(usize, usize)], words: &[String]) -> boo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::detect::fold::fold;
+    use crate::fold::fold;
 
     #[test]
     fn the_views_read_what_they_should() {

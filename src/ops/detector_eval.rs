@@ -35,7 +35,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef
 use datafusion::datasource::MemTable;
 use serde::Serialize;
 
-use super::calibrate::{ColumnMapping, Estimate};
+use super::labels::{ColumnMapping, Estimate, check_label_file};
 use crate::error::{Error, Result};
 use crate::stats::Confusion;
 
@@ -196,237 +196,6 @@ pub struct Labels {
     pub batch: RecordBatch,
     /// The memory the evaluation's session may hold (`--memory-limit`), in bytes.
     pub memory_limit: usize,
-}
-
-/// Columns a labelled file may have at most (its fields are 11; the reader prepares a
-/// buffer per column and batch, so 50,000 columns cost gigabytes).
-pub const MAX_LABEL_COLUMNS: usize = 1024;
-/// A line of a labelled CSV or JSONL file at most.
-pub const MAX_LABEL_LINE_BYTES: u64 = 16 << 20;
-
-/// Check a labelled file's shape before a reader sees it, reading it once as bytes: at
-/// most [`MAX_LABEL_COLUMNS`] columns (a CSV header, the keys of a JSONL file's first
-/// 1,000 lines, a Parquet footer), lines of at most [`MAX_LABEL_LINE_BYTES`], and small
-/// enough for the rows held in memory (a quarter of `memory_limit`: the file is read
-/// whole, then normalized and scored). Errors name the file.
-pub fn check_label_file(path: &Path, memory_limit: usize) -> Result<()> {
-    use std::io::{BufRead, BufReader};
-    let budget = (memory_limit / 4) as u64;
-    let too_big = |what: String| {
-        Error::input(
-            path,
-            0,
-            None,
-            format!(
-                "{what}, more than a quarter of the {} MiB memory limit (the labels are held in memory; `detectors eval --memory-limit` raises it)",
-                memory_limit >> 20
-            ),
-        )
-    };
-    let ext = path
-        .extension()
-        .map(|e| e.to_string_lossy().to_ascii_lowercase())
-        .unwrap_or_default();
-    if ext == "parquet" {
-        let limits = crate::rundir::bounds::ParquetLimits {
-            max_decoded_bytes: budget,
-            max_columns: MAX_LABEL_COLUMNS,
-        };
-        crate::rundir::bounds::check_parquet_file(path, crate::files::Links::Follow, &limits)?;
-        // What a footer need not declare (one value repeated through a dictionary on every
-        // row): the text the rows decode to, summed over views that point into the file's
-        // pages (nothing is copied), against the same budget.
-        use datafusion::arrow::array::AsArray;
-        use datafusion::parquet::arrow::arrow_reader::{
-            ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
-        };
-        let unreadable = |e: datafusion::parquet::errors::ParquetError| {
-            Error::config(path, format!("not a readable Parquet file: {e}"))
-        };
-        let schema = ParquetRecordBatchReaderBuilder::try_new(crate::files::open_input(
-            path,
-            "cannot open",
-        )?)
-        .map_err(unreadable)?
-        .schema()
-        .clone();
-        let views = std::sync::Arc::new(crate::engine::bounded::as_views(&schema));
-        let reader = ParquetRecordBatchReaderBuilder::try_new_with_options(
-            crate::files::open_input(path, "cannot open")?,
-            ArrowReaderOptions::new().with_schema(views),
-        )
-        .map_err(unreadable)?
-        .with_batch_size(1024)
-        .build()
-        .map_err(unreadable)?;
-        let mut text: u64 = 0;
-        for batch in reader {
-            let batch = batch
-                .map_err(|e| Error::config(path, format!("not a readable Parquet file: {e}")))?;
-            for col in batch.columns() {
-                if let Some(v) = col.as_string_view_opt() {
-                    text += v.views().iter().map(|x| u64::from(*x as u32)).sum::<u64>();
-                } else if let Some(d) = col.as_any_dictionary_opt() {
-                    // A dictionary column (the file's Arrow schema may ask for one): each
-                    // row costs its value's length once read.
-                    let values = d.values();
-                    let lens: Vec<u64> = match values.data_type() {
-                        datafusion::arrow::datatypes::DataType::Utf8 => {
-                            let v = values.as_string::<i32>();
-                            (0..v.len()).map(|i| v.value(i).len() as u64).collect()
-                        }
-                        datafusion::arrow::datatypes::DataType::LargeUtf8 => {
-                            let v = values.as_string::<i64>();
-                            (0..v.len()).map(|i| v.value(i).len() as u64).collect()
-                        }
-                        datafusion::arrow::datatypes::DataType::Utf8View => {
-                            let v = values.as_string_view();
-                            v.views().iter().map(|x| u64::from(*x as u32)).collect()
-                        }
-                        _ => Vec::new(),
-                    };
-                    if !lens.is_empty() {
-                        text += d
-                            .normalized_keys()
-                            .iter()
-                            .map(|k| lens.get(*k).copied().unwrap_or(0))
-                            .sum::<u64>();
-                    }
-                }
-            }
-            if text > budget {
-                return Err(too_big(format!(
-                    "text that decodes to more than {}",
-                    crate::rundir::bounds::human(budget)
-                )));
-            }
-        }
-        return Ok(());
-    }
-    let file = crate::files::open_input(path, "cannot open")?;
-    let len = file
-        .metadata()
-        .map_err(|e| Error::io(path, "cannot read", e))?
-        .len();
-    if len > budget {
-        return Err(too_big(format!(
-            "{} of labels",
-            crate::rundir::bounds::human(len)
-        )));
-    }
-    let csv = ext == "csv";
-    if csv {
-        // The header as the CSV reader itself parses it (a quote inside a field is text
-        // to it, so counting by hand would be fooled), read from at most one line's bound.
-        use std::io::Read;
-        let head = crate::files::open_input(path, "cannot open")?;
-        let (schema, _) = datafusion::arrow::csv::reader::Format::default()
-            .with_header(true)
-            .infer_schema(head.take(MAX_LABEL_LINE_BYTES + 1), Some(0))
-            .map_err(|e| {
-                Error::input(path, 1, None, format!("the CSV header does not read: {e}"))
-            })?;
-        if schema.fields().len() > MAX_LABEL_COLUMNS {
-            return Err(Error::input(
-                path,
-                1,
-                None,
-                format!("more than {MAX_LABEL_COLUMNS} columns in the header"),
-            ));
-        }
-    }
-    let mut reader = BufReader::with_capacity(1 << 16, file);
-    // the first record (CSV header) or the first 1,000 lines (JSONL keys)
-    let mut line: Vec<u8> = Vec::new();
-    let (mut line_no, mut width) = (1u64, 0u64);
-    // Non-blank JSONL lines read for their keys (schema inference skips blank ones).
-    let mut records = 0u64;
-    let mut keys: HashSet<String> = HashSet::new();
-    let mut columns = 1usize;
-    let mut in_quotes = false;
-    let mut header_done = !csv;
-    loop {
-        let buf = reader
-            .fill_buf()
-            .map_err(|e| Error::io(path, "cannot read", e))?;
-        if buf.is_empty() {
-            break;
-        }
-        let n = buf.len();
-        for &b in buf {
-            if csv && !header_done {
-                match b {
-                    b'"' => in_quotes = !in_quotes,
-                    b',' if !in_quotes => columns += 1,
-                    b'\n' if !in_quotes => header_done = true,
-                    _ => {}
-                }
-                if columns > MAX_LABEL_COLUMNS {
-                    return Err(Error::input(
-                        path,
-                        1,
-                        None,
-                        format!("more than {MAX_LABEL_COLUMNS} columns in the header"),
-                    ));
-                }
-            }
-            if b == b'\n' {
-                if !csv && records < 1000 {
-                    if !line.iter().all(u8::is_ascii_whitespace) {
-                        records += 1;
-                    }
-                    // Every key at every depth: a nested object's fields are columns
-                    // too, to the reader's schema inference.
-                    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&line) {
-                        fn walk(v: &serde_json::Value, at: &str, keys: &mut HashSet<String>) {
-                            match v {
-                                serde_json::Value::Object(m) => {
-                                    for (k, v) in m {
-                                        let path = format!("{at}.{k}");
-                                        walk(v, &path, keys);
-                                        keys.insert(path);
-                                    }
-                                }
-                                serde_json::Value::Array(a) => {
-                                    for v in a {
-                                        walk(v, &format!("{at}[]"), keys);
-                                    }
-                                }
-                                _ => {}
-                            }
-                        }
-                        walk(&v, "", &mut keys);
-                    }
-                    line.clear();
-                    if keys.len() > MAX_LABEL_COLUMNS {
-                        return Err(Error::input(
-                            path,
-                            line_no,
-                            None,
-                            format!("more than {MAX_LABEL_COLUMNS} distinct fields"),
-                        ));
-                    }
-                }
-                line_no += 1;
-                width = 0;
-            } else {
-                width += 1;
-                if width > MAX_LABEL_LINE_BYTES {
-                    return Err(Error::input(
-                        path,
-                        line_no,
-                        None,
-                        format!("a line longer than {} MiB", MAX_LABEL_LINE_BYTES >> 20),
-                    ));
-                }
-                if !csv && records < 1000 {
-                    line.push(b);
-                }
-            }
-        }
-        reader.consume(n);
-    }
-    Ok(())
 }
 
 /// Read a labelled file into the normalized table. A row without a response or a
@@ -656,7 +425,9 @@ pub async fn evaluate(
         "eval_params",
         Arc::new(MemTable::try_new(params_schema, vec![vec![params]])?),
     )?;
-    let df = ctx.sql(super::queries::DETECTOR_EVALUATE.sql).await?;
+    let df = ctx
+        .sql(crate::engine::queries::DETECTOR_EVALUATE.sql)
+        .await?;
     let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
     let evaluated = df.collect().await?;
     ctx.register_table(
@@ -674,8 +445,8 @@ pub async fn evaluate(
                 "evaluate.sql returned no label or verdict".into(),
             ));
         };
-        let split = super::utf8_column(b, "split")?;
-        let source = super::utf8_column(b, "source")?;
+        let split = crate::engine::utf8_column(b, "split")?;
+        let source = crate::engine::utf8_column(b, "source")?;
         for i in 0..b.num_rows() {
             if !verdict.is_valid(i) {
                 continue;
@@ -698,10 +469,10 @@ pub async fn evaluate(
         }
     }
     let mut groups = Vec::new();
-    for b in crate::engine::collect(&ctx, super::queries::DETECTOR_METRICS.sql).await? {
-        let dimension = super::utf8_column(&b, "dimension")?;
-        let value = super::utf8_column(&b, "value")?;
-        let int = |name: &str| super::typed_column::<Int64Type>(&b, name);
+    for b in crate::engine::collect(&ctx, crate::engine::queries::DETECTOR_METRICS.sql).await? {
+        let dimension = crate::engine::utf8_column(&b, "dimension")?;
+        let value = crate::engine::utf8_column(&b, "value")?;
+        let int = |name: &str| crate::engine::typed_column::<Int64Type>(&b, name);
         let (rows, undecided, tp, fp, tn, fn_, class_rows, class_agree) = (
             int("rows")?,
             int("undecided")?,
@@ -738,7 +509,9 @@ pub async fn evaluate(
         }
     }
     let mut files = std::collections::BTreeMap::new();
-    let disagreements_df = ctx.sql(super::queries::DETECTOR_DISAGREEMENTS.sql).await?;
+    let disagreements_df = ctx
+        .sql(crate::engine::queries::DETECTOR_DISAGREEMENTS.sql)
+        .await?;
     let disagreements = match out {
         Some(out) => {
             std::fs::create_dir_all(out).map_err(|e| Error::io(out, "cannot create folder", e))?;

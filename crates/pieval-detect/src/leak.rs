@@ -398,7 +398,7 @@ impl LeakTarget {
 
     /// The memory it holds, estimated from its parts: the k-gram filter (4 KiB, most of a
     /// short target), the k-gram map and every finder with its needle. A cache bounded
-    /// by this holds what it says (`crate::detect::udf`).
+    /// by this holds what it says (`crate::udf`).
     pub fn approx_bytes(&self) -> usize {
         let finders: usize = [&self.folded, &self.compact, &self.reversed, &self.hex]
             .into_iter()

@@ -574,7 +574,7 @@ pub fn occurrences_echo(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::detect::fold::fold;
+    use crate::fold::fold;
 
     fn echo(prompt: &str, response: &str, target: &str) -> Option<bool> {
         let given = Given::new([Some(prompt)], None);

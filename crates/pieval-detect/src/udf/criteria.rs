@@ -10,10 +10,10 @@ use datafusion::common::{Result, exec_err};
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs};
 
 use super::{Kernel, StrArg, TextCache, coerce_strings, finish, string_args};
-use crate::detect::criteria::{Compiled, Response};
-use crate::detect::judgements::{Judgements, coerce_judgements};
-use crate::detect::leak::Prepared;
-use crate::detect::refusal::RefusalDetector;
+use crate::criteria::{Compiled, Response};
+use crate::judgements::{Judgements, coerce_judgements};
+use crate::leak::Prepared;
+use crate::refusal::RefusalDetector;
 
 type Criteria = Arc<TextCache<std::result::Result<Compiled, String>>>;
 
@@ -32,7 +32,7 @@ pub(super) fn compiled_criterion<'a>(
         Ok(m) => Ok(m),
         Err(e) => exec_err!(
             "{name}: row {i}: success_criteria {:?} does not compile: {e}",
-            crate::text::excerpt(c, 80)
+            pieval_contract::text::excerpt(c, 80)
         ),
     }
 }
@@ -175,6 +175,7 @@ pub fn decide_fields() -> datafusion::arrow::datatypes::Fields {
         Field::new("success", DataType::Boolean, true),
         Field::new("matched_rule", DataType::Utf8, true),
         Field::new("echoed", DataType::Boolean, true),
+        Field::new("review_reason", DataType::Utf8, true),
     ])
 }
 
@@ -202,7 +203,7 @@ impl Kernel for Decide {
         DataType::Struct(decide_fields())
     }
     fn invoke(&self, args: &ScalarFunctionArgs) -> Result<ColumnarValue> {
-        use crate::detect::echo::Given;
+        use crate::echo::Given;
         use datafusion::arrow::array::StructArray;
         let name = self.name();
         if args.args.len() < 4 {
@@ -228,11 +229,13 @@ impl Kernel for Decide {
         let mut success = BooleanBuilder::with_capacity(n);
         let mut rule = StringBuilder::with_capacity(n, n * 16);
         let mut echoed = BooleanBuilder::with_capacity(n);
+        let mut reason = StringBuilder::with_capacity(n, n * 4);
         for i in 0..n {
             let (Some(text), Some(c)) = (response.get(i), criteria.get(i)) else {
                 success.append_null();
                 rule.append_null();
                 echoed.append_null();
+                reason.append_null();
                 continue;
             };
             let matcher = compiled_criterion(name, i, c, &compiled[c])?;
@@ -251,11 +254,13 @@ impl Kernel for Decide {
             success.append_option(d.success);
             rule.append_option(d.matched_rule);
             echoed.append_value(d.echoed);
+            reason.append_option(d.review_reason().map(|r| r.as_str()));
         }
         let columns: Vec<ArrayRef> = vec![
             Arc::new(success.finish()),
             Arc::new(rule.finish()),
             Arc::new(echoed.finish()),
+            Arc::new(reason.finish()),
         ];
         finish(
             Arc::new(StructArray::try_new(decide_fields(), columns, None)?),
@@ -264,7 +269,7 @@ impl Kernel for Decide {
     }
     fn doc(&self) -> (&'static str, String, Vec<(&'static str, &'static str)>) {
         (
-            "The decision on a response (the one kernel scoring, the strategies and the runner call): {success, matched_rule, echoed}. A criterion's text found in the response only as a copy of what the model was given is an echo: undecided (success null, echoed true) unless the judgements answer its echo question.",
+            "The decision on a response (the one kernel scoring, the strategies and the runner call): {success, matched_rule, echoed, review_reason}. A criterion's text found in the response only as a copy of what the model was given is an echo: undecided (success null, echoed true) unless the judgements answer its echo question.",
             format!(
                 "{}(response, success_criteria, judgements, protected_text [, given…])",
                 self.name()

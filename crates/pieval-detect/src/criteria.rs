@@ -10,8 +10,9 @@ use super::echo::{Given, Side, occurrences_echo};
 use super::fold::fold;
 use super::leak::{LeakTarget, Prepared};
 use super::refusal::RefusalDetector;
-use crate::contract::SuccessCriteria;
-use crate::contract::criteria::MAX_REGEX_SIZE;
+use pieval_contract::contract::SuccessCriteria;
+use pieval_contract::contract::criteria::MAX_REGEX_SIZE;
+use pieval_contract::contract::enums::ReviewReason;
 
 #[derive(Debug)]
 pub enum Compiled {
@@ -158,6 +159,21 @@ pub struct Decision<'c> {
     /// While undecided: the questions a judge would answer (the criteria's own judge
     /// questions, then the echo questions of echoed criteria); empty once decided.
     pub questions: Vec<String>,
+}
+
+impl Decision<'_> {
+    /// Why the kernel leaves the response undecided, when it does: `echo` (a criterion's
+    /// text only in a copy of what the model was given), else `judge` (a judge criterion,
+    /// or a verdict missing). `None` once decided. Scoring records it as the row's
+    /// `review_reason` while nothing else decided the row (`queries/score_cases.sql`);
+    /// the other reasons are the row's data (an unknown case, a provider error …).
+    pub fn review_reason(&self) -> Option<ReviewReason> {
+        match (self.success, self.echoed) {
+            (Some(_), _) => None,
+            (None, true) => Some(ReviewReason::Echo),
+            (None, false) => Some(ReviewReason::Judge),
+        }
+    }
 }
 
 impl Compiled {

@@ -83,13 +83,13 @@ pub struct Source {
 
 /// A detector's recorded figures, pooled over its sets.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Calibration {
+pub struct DetectorFigures {
     pub detector: String,
     pub sources: Vec<Source>,
     pub confusion: Confusion,
 }
 
-impl Calibration {
+impl DetectorFigures {
     /// As `summary.json` and the envelopes record it.
     pub fn to_json(&self) -> Value {
         let c = self.confusion;
@@ -127,7 +127,7 @@ fn source(recorded: &Value, detector: &str, labels: &str, split: &str) -> Option
 }
 
 /// The figures that correct `rate` (one of [`CORRECTIONS`]), pooled.
-pub fn calibration(rate: &str) -> Option<Calibration> {
+pub fn calibration(rate: &str) -> Option<DetectorFigures> {
     let (_, detector, sets) = CORRECTIONS.iter().find(|c| c.0 == rate)?;
     let recorded: Value = serde_json::from_str(METRICS_JSON).ok()?;
     let sources = sets
@@ -141,7 +141,7 @@ pub fn calibration(rate: &str) -> Option<Calibration> {
         confusion.tn += s.confusion.tn;
         confusion.fn_ += s.confusion.fn_;
     }
-    Some(Calibration {
+    Some(DetectorFigures {
         detector: (*detector).to_owned(),
         sources,
         confusion,

@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 use regex::Regex;
 use serde::Deserialize;
 
-use crate::error::{Error, Result};
+use pieval_contract::error::{Error, Result};
 
 /// The default pack, as shipped in `data/rules/`.
 
@@ -115,7 +115,7 @@ impl RefusalDetector {
                 ));
             }
         }
-        // bounded before anything compiles (src/detect/rules.rs)
+        // bounded before anything compiles (crates/pieval-detect/src/rules.rs)
         let rules: Vec<&Rule> = pack
             .refusal
             .iter()
@@ -198,7 +198,7 @@ impl RefusalDetector {
     fn check_examples(&self, pack: &RefusalPack, each: &[Regex], origin: &str) -> Result<()> {
         use super::fold::fold;
         let fail = |what: String| Err(Error::config(origin, what));
-        let ex = |t: &str| crate::text::excerpt(t, 80);
+        let ex = |t: &str| pieval_contract::text::excerpt(t, 80);
         let rules = pack
             .refusal
             .iter()
@@ -311,11 +311,11 @@ impl RefusalDetector {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::detect::fold::fold;
+    use crate::fold::fold;
 
     #[test]
     fn every_rule_matches_its_examples_and_the_pack_its_counter_examples() {
-        let pack: RefusalPack = toml::from_str(crate::detect::packs::REFUSAL_PACK).unwrap();
+        let pack: RefusalPack = toml::from_str(crate::packs::REFUSAL_PACK).unwrap();
         let d = RefusalDetector::default_pack();
         let langs: std::collections::BTreeSet<&str> =
             pack.refusal.iter().map(|r| r.lang.as_str()).collect();
@@ -426,7 +426,7 @@ mod tests {
     #[test]
     fn a_broken_pack_is_a_named_error() {
         let err = RefusalDetector::from_toml(
-            &crate::detect::packs::REFUSAL_PACK.replacen("(?:sorry", "(?:sorry(", 1),
+            &crate::packs::REFUSAL_PACK.replacen("(?:sorry", "(?:sorry(", 1),
             "x.toml",
         )
         .unwrap_err();

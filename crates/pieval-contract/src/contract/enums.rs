@@ -129,3 +129,30 @@ pub const CRITERION_TYPES: &[&str] = &[
     "any",
     "all",
 ];
+
+contract_enum!(
+    /// Why a case_results row is in manual review (`review_reason`, comma-separated in the
+    /// file; the `review_reasons` list as every query reads it).
+    ReviewReason, REVIEW_REASONS {
+        UnknownCase = "unknown_case",
+        DuplicatePrediction = "duplicate_prediction",
+        ProviderError = "provider_error",
+        EmptyResponse = "empty_response",
+        Judge = "judge",
+        Echo = "echo",
+        JudgeError = "judge_error",
+        Manual = "manual",
+    }
+);
+
+impl ReviewReason {
+    /// The reasons of a stored `review_reason` (comma-separated); `Err` names one that is
+    /// not in the vocabulary.
+    pub fn parse_list(stored: &str) -> Result<Vec<ReviewReason>, String> {
+        stored
+            .split(',')
+            .filter(|r| !r.is_empty())
+            .map(|r| ReviewReason::parse(r).ok_or_else(|| format!("{r:?} is not a review reason")))
+            .collect()
+    }
+}

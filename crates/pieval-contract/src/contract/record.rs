@@ -465,6 +465,15 @@ pub fn check_field(
     }
 }
 
+/// Check a text value of a vocabulary field (`label`, `attack_surface` …) against the
+/// contract's vocabulary; a field without one passes.
+pub fn check_vocabulary(field: &str, s: &str) -> Result<(), String> {
+    match super::fields::CASE_FIELDS.iter().find(|f| f.name == field) {
+        Some(spec) if matches!(spec.kind, FieldKind::Enum(_)) => check_string(spec.kind, s),
+        _ => Ok(()),
+    }
+}
+
 fn check_string(kind: FieldKind, s: &str) -> Result<(), String> {
     if s.trim().is_empty() {
         return Err("empty".into());

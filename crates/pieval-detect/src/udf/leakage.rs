@@ -16,7 +16,7 @@ use super::{
     Kernel, LEAKAGE_THRESHOLD, StrArg, TextCache, coerce_strings_last_optional, finish,
     string_args_last_optional,
 };
-use crate::detect::leak::{LeakTarget, Prepared};
+use crate::leak::{LeakTarget, Prepared};
 
 pub(crate) struct Leakage(pub(crate) Arc<TextCache<LeakTarget>>);
 pub(crate) struct LeakageScore(pub(crate) Arc<TextCache<LeakTarget>>);

@@ -8,15 +8,18 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::criteria::SuccessCriteria;
+use super::enums::{
+    AttackCategory, AttackSurface, BenchmarkSplit, EvaluationMode, Label, Severity, SourceType,
+};
 use crate::error::{Error, Result};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AttackCase {
     pub case_id: String,
     pub source_name: String,
-    pub source_type: String,
+    pub source_type: SourceType,
     pub attack_family: String,
-    pub attack_surface: String,
+    pub attack_surface: AttackSurface,
     /// The user turn sent to the model. Direct attacks carry the attack here; indirect
     /// ones carry the benign request and hide the attack in `task_input`.
     pub prompt: String,
@@ -34,11 +37,11 @@ pub struct AttackCase {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expected_target: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub label: Option<String>,
+    pub label: Option<Label>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub severity_level: Option<String>,
+    pub severity_level: Option<Severity>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub benchmark_split: Option<String>,
+    pub benchmark_split: Option<BenchmarkSplit>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_reference: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -52,15 +55,15 @@ pub struct AttackCase {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notes: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub attack_category: Option<String>,
+    pub attack_category: Option<AttackCategory>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub success_definition_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mapping_confidence: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub severity: Option<String>,
+    pub severity: Option<Severity>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub evaluation_mode: Option<String>,
+    pub evaluation_mode: Option<EvaluationMode>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mapping_audit: Option<Value>,
 }
@@ -70,9 +73,9 @@ impl AttackCase {
     pub fn new(
         case_id: String,
         source_name: String,
-        source_type: String,
+        source_type: SourceType,
         attack_family: String,
-        attack_surface: String,
+        attack_surface: AttackSurface,
         prompt: String,
         success_criteria: SuccessCriteria,
     ) -> Self {
@@ -108,7 +111,7 @@ impl AttackCase {
 
     /// `label` with the contract's default: a case without a label is an attack.
     pub fn is_benign(&self) -> bool {
-        self.label.as_deref() == Some("benign")
+        self.label == Some(Label::Benign)
     }
 
     /// One JSONL line (no trailing newline).
@@ -135,6 +138,25 @@ impl AttackCase {
                 })
                 .transpose()
         };
+        // A vocabulary field: its value parsed, or an error naming the case and field
+        // (the readers validate before this, so it is not expected).
+        fn vocab<T>(
+            value: Option<String>,
+            field: &str,
+            case_id: &str,
+            parse: fn(&str) -> Option<T>,
+        ) -> Result<Option<T>> {
+            value
+                .map(|v| {
+                    parse(&v).ok_or_else(|| {
+                        Error::Internal(format!(
+                            "case {case_id:?}: {field} {:?} is not in the contract's vocabulary",
+                            crate::text::excerpt(&v, 60)
+                        ))
+                    })
+                })
+                .transpose()
+        }
         let confidence = schema
             .index_of("mapping_confidence")
             .ok()
@@ -144,34 +166,71 @@ impl AttackCase {
             let criteria: Value = json("success_criteria", row)?.unwrap_or(Value::Null);
             let success_criteria = SuccessCriteria::from_json(&criteria)
                 .map_err(|e| Error::Internal(format!("success_criteria: {e}")))?;
+            let case_id = get("case_id", row).unwrap_or_default();
+            let id = case_id.as_str();
+            let required = |field: &str| {
+                get(field, row).ok_or_else(|| Error::Internal(format!("case {id:?}: no {field}")))
+            };
             out.push(AttackCase {
-                case_id: get("case_id", row).unwrap_or_default(),
+                source_type: vocab(
+                    Some(required("source_type")?),
+                    "source_type",
+                    id,
+                    SourceType::parse,
+                )?
+                .expect("given"),
+                attack_surface: vocab(
+                    Some(required("attack_surface")?),
+                    "attack_surface",
+                    id,
+                    AttackSurface::parse,
+                )?
+                .expect("given"),
+                label: vocab(get("label", row), "label", id, Label::parse)?,
+                severity_level: vocab(
+                    get("severity_level", row),
+                    "severity_level",
+                    id,
+                    Severity::parse,
+                )?,
+                benchmark_split: vocab(
+                    get("benchmark_split", row),
+                    "benchmark_split",
+                    id,
+                    BenchmarkSplit::parse,
+                )?,
+                attack_category: vocab(
+                    get("attack_category", row),
+                    "attack_category",
+                    id,
+                    AttackCategory::parse,
+                )?,
+                severity: vocab(get("severity", row), "severity", id, Severity::parse)?,
+                evaluation_mode: vocab(
+                    get("evaluation_mode", row),
+                    "evaluation_mode",
+                    id,
+                    EvaluationMode::parse,
+                )?,
+                case_id: case_id.clone(),
                 source_name: get("source_name", row).unwrap_or_default(),
-                source_type: get("source_type", row).unwrap_or_default(),
                 attack_family: get("attack_family", row).unwrap_or_default(),
-                attack_surface: get("attack_surface", row).unwrap_or_default(),
                 prompt: get("prompt", row).unwrap_or_default(),
                 success_criteria,
                 attack_subtype: get("attack_subtype", row),
                 context: get("context", row),
                 task_input: get("task_input", row),
                 expected_target: get("expected_target", row),
-                label: get("label", row),
-                severity_level: get("severity_level", row),
-                benchmark_split: get("benchmark_split", row),
                 source_reference: get("source_reference", row),
                 source_version: get("source_version", row),
                 language: get("language", row),
                 created_at: get("created_at", row),
                 provenance: json("provenance", row)?,
                 notes: get("notes", row),
-                attack_category: get("attack_category", row),
                 success_definition_id: get("success_definition_id", row),
                 mapping_confidence: confidence
                     .as_ref()
                     .and_then(|a| (!a.is_null(row)).then(|| a.value(row))),
-                severity: get("severity", row),
-                evaluation_mode: get("evaluation_mode", row),
                 mapping_audit: json("mapping_audit", row)?,
             });
         }

@@ -192,7 +192,7 @@ pub const CASE_RESULT_FIELDS: &[&str] = &[
     // (NULL when there is no usable response).
     "response_class",
     // Echoes, additive: a criterion's text was found in the response only as a copy of
-    // what the model was given (src/detect/echo.rs); such a case is undecided
+    // what the model was given (crates/pieval-detect/src/echo.rs); such a case is undecided
     // (review_reason echo) unless a judge or a person decided it. NULL when the
     // criteria were not evaluated.
     "echoed",

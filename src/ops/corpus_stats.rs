@@ -7,8 +7,8 @@ use std::path::Path;
 use datafusion::arrow::datatypes::Int64Type;
 use serde::Serialize;
 
-use super::{CORPUS_STATS_SQL, collect, corpus_table, runtime, session};
 use crate::corpus::ReadOptions;
+use crate::engine::{CORPUS_STATS_SQL, collect, corpus_table, runtime, session};
 use crate::error::{Error, Result};
 
 /// The breakdown columns, in report order (the query's `dimension` values).
@@ -46,9 +46,9 @@ pub fn corpus_stats(path: impl AsRef<Path>) -> Result<CorpusStats> {
         .collect();
     for batch in &batches {
         let (dimension, value, cases) = (
-            super::utf8_column(batch, "dimension")?,
-            super::utf8_column(batch, "value")?,
-            super::typed_column::<Int64Type>(batch, "cases")?,
+            crate::engine::utf8_column(batch, "dimension")?,
+            crate::engine::utf8_column(batch, "value")?,
+            crate::engine::typed_column::<Int64Type>(batch, "cases")?,
         );
         for row in 0..batch.num_rows() {
             if let Some(counts) = breakdowns.get_mut(dimension.value(row)) {

@@ -11,7 +11,7 @@ use datafusion::common::Result;
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs};
 
 use super::{Kernel, finish, string_args};
-use crate::detect::rules::{RulePack, Span, SpanScratch};
+use crate::rules::{RulePack, Span, SpanScratch};
 
 pub(crate) struct RuleHits;
 pub(crate) struct RuleSpans;
@@ -77,7 +77,7 @@ impl SpanLists {
                 .append_value(sp.end as i64);
             item.field_builder::<StringBuilder>(4)
                 .expect("Utf8")
-                .append_value(crate::text::excerpt(&text[sp.start..sp.end], 120));
+                .append_value(pieval_contract::text::excerpt(&text[sp.start..sp.end], 120));
             item.append(true);
         }
         self.out.append(true);
@@ -112,7 +112,7 @@ impl Kernel for RuleHits {
         for i in 0..n {
             match inputs[0].get(i) {
                 Some(text) => {
-                    crate::detect::fold::fold_into(text, &mut folded);
+                    crate::fold::fold_into(text, &mut folded);
                     pack.hits(text, &folded, &mut hits);
                     for h in &hits {
                         out.values().append_value(&pack.rules[*h].id);

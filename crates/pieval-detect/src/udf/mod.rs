@@ -9,8 +9,8 @@
 //! | `pi_leakage_score(response, protected_text)` | Float64 in [0, 1] |
 //! | `pi_rule_hits(response)` | List<Utf8>: ids of the injection rules that fire |
 //! | `pi_rule_spans(response)` | List<Struct{rule_id, severity, span_start, span_end, excerpt}> |
-//! | `pi_decide(response, success_criteria, judgements, protected_text [, given…])` | Struct{success, matched_rule, echoed}: the decision kernel, echo-aware |
-//! | `pi_detect(response, success_criteria, protected_text, canary [, known_text [, given…]])` | Struct{success, matched_rule, echoed, judge_questions, leakage_score, canary_leaked, refusal, response_class, rule_spans} |
+//! | `pi_decide(response, success_criteria, judgements, protected_text [, given…])` | Struct{success, matched_rule, echoed, review_reason}: the decision kernel, echo-aware |
+//! | `pi_detect(response, success_criteria, protected_text, canary [, known_text [, given…]])` | Struct{success, matched_rule, echoed, review_reason, judge_questions, leakage_score, canary_leaked, refusal, response_class, rule_spans} |
 //!
 //! Each accepts Utf8, LargeUtf8 and Utf8View arrays and scalars, returns null for a
 //! null input, walks a batch once, reuses one folding buffer for every row, and
@@ -196,7 +196,7 @@ impl<K: Kernel> ScalarUDFImpl for DetectorUdf<K> {
 }
 
 /// A string argument: an array of one of the three string types, or a scalar.
-pub(crate) enum StrArg<'a> {
+pub enum StrArg<'a> {
     Scalar(Option<&'a str>),
     Utf8(&'a StringArray),
     Large(&'a LargeStringArray),
@@ -204,7 +204,7 @@ pub(crate) enum StrArg<'a> {
 }
 
 impl<'a> StrArg<'a> {
-    pub(crate) fn new(func: &str, v: &'a ColumnarValue) -> Result<Self> {
+    pub fn new(func: &str, v: &'a ColumnarValue) -> Result<Self> {
         Ok(match v {
             ColumnarValue::Scalar(
                 ScalarValue::Utf8(s) | ScalarValue::LargeUtf8(s) | ScalarValue::Utf8View(s),
@@ -226,12 +226,12 @@ impl<'a> StrArg<'a> {
         })
     }
 
-    pub(crate) fn is_scalar(&self) -> bool {
+    pub fn is_scalar(&self) -> bool {
         matches!(self, StrArg::Scalar(_))
     }
 
     #[inline]
-    pub(crate) fn get(&self, i: usize) -> Option<&'a str> {
+    pub fn get(&self, i: usize) -> Option<&'a str> {
         match self {
             StrArg::Scalar(s) => *s,
             StrArg::Utf8(a) => (!a.is_null(i)).then(|| a.value(i)),
@@ -338,7 +338,7 @@ pub(crate) fn coerce_strings_last_optional(
 }
 
 /// Array, or scalar when every input was one.
-pub(crate) fn finish(array: ArrayRef, scalar: bool) -> Result<ColumnarValue> {
+pub fn finish(array: ArrayRef, scalar: bool) -> Result<ColumnarValue> {
     if scalar {
         Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(
             &array, 0,
@@ -349,11 +349,7 @@ pub(crate) fn finish(array: ArrayRef, scalar: bool) -> Result<ColumnarValue> {
 }
 
 /// String arguments only; nulls and the three string types pass through uncast.
-pub(crate) fn coerce_strings(
-    func: &str,
-    arg_types: &[DataType],
-    arity: usize,
-) -> Result<Vec<DataType>> {
+pub fn coerce_strings(func: &str, arg_types: &[DataType], arity: usize) -> Result<Vec<DataType>> {
     if arg_types.len() != arity {
         return plan_err!("{func} takes {arity} argument(s), got {}", arg_types.len());
     }
@@ -448,7 +444,9 @@ impl<T: Weigh> TextCache<T> {
     }
 }
 
-/// Equality and hashing of a UDF by its name (a UDF's behaviour is fixed by its name).
+/// Equality and hashing of a UDF by its name (a UDF's behaviour is fixed by its name);
+/// the judge's UDFs use it too.
+#[macro_export]
 macro_rules! eq_by_name {
     ($t:ty) => {
         impl PartialEq for $t {
@@ -465,9 +463,9 @@ macro_rules! eq_by_name {
     };
 }
 
-pub(crate) use eq_by_name;
+pub use crate::eq_by_name;
 
-pub(crate) fn section() -> DocSection {
+pub fn section() -> DocSection {
     DocSection {
         include: true,
         label: "pieval detectors",

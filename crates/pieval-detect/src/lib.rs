@@ -19,7 +19,7 @@ pub use udf::register_udfs;
 /// Use the rule packs of `dir` (`--rules DIR`) for the rest of the process: read
 /// ([`packs::read_dir`]), compiled here with their examples checked, so a bad pack is an
 /// error naming its file before anything runs, then installed.
-pub fn install_rules(dir: &std::path::Path) -> crate::error::Result<()> {
+pub fn install_rules(dir: &std::path::Path) -> pieval_contract::error::Result<()> {
     let (injection, refusal) = packs::read_dir(dir)?;
     rules::RulePack::from_toml(&injection.text, &injection.origin)?;
     refusal::RefusalDetector::from_toml(&refusal.text, &refusal.origin)?;
