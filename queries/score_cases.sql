@@ -257,7 +257,7 @@ SELECT
         -- is needed (undecided without one), or a judge-mode case while no judge is
         -- configured
         CASE WHEN (usable AND known_case AND outcome IS NULL AND judge['error'] IS NULL
-                   AND kernel_reason = 'judge')
+                   AND coalesce(kernel_reason, 'judge') = 'judge')
                   OR coalesce(evaluation_mode = 'judge' AND NOT judge_enabled, false)
              THEN 'judge' END,
         -- the criterion's text only in a copy of the input, and no judge decided it

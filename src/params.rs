@@ -201,11 +201,15 @@ impl Args {
     }
 }
 
-/// How a message names a parameter: `best_of_n.n` (qualified by the entry) or `length`.
+/// How an extension point's messages read, as each has always written them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Subject {
-    Qualified,
-    Bare,
+pub enum Style {
+    /// Converters: a value is named `entry.key` (`best_of_n.n`); every unknown key is
+    /// reported before any value is checked.
+    Converter,
+    /// Mitigations: a value is named by its key (`length`); the keys are checked one by
+    /// one in order, an unknown one with a "did you mean".
+    Mitigation,
 }
 
 /// Read `given` (a YAML/JSON map, or null for none) against `params`. `Err` is one
@@ -214,88 +218,110 @@ pub fn check(
     entry: &str,
     params: &[Param],
     given: &serde_json::Map<String, Value>,
-    subject: Subject,
+    style: Style,
 ) -> Result<Args, String> {
-    for key in given.keys() {
-        if !params.iter().any(|p| p.name == key) {
-            let names: Vec<&str> = params.iter().map(|p| p.name).collect();
-            let hint = crate::text::did_you_mean(key, &names)
+    let names: Vec<&str> = params.iter().map(|p| p.name).collect();
+    let unknown = |key: &str| {
+        let hint = match style {
+            Style::Mitigation => crate::text::did_you_mean(key, &names)
                 .map(|s| format!(" (did you mean {s:?}?)"))
-                .unwrap_or_default();
-            return Err(format!(
-                "{key:?} is not a parameter of {entry}{hint}; it takes: {}",
-                if names.is_empty() {
-                    "none".to_owned()
-                } else {
-                    names.join(", ")
+                .unwrap_or_default(),
+            Style::Converter => String::new(),
+        };
+        format!(
+            "{key:?} is not a parameter of {entry}{hint}; it takes: {}",
+            if names.is_empty() {
+                "none".to_owned()
+            } else {
+                names.join(", ")
+            }
+        )
+    };
+    let find = |key: &str| params.iter().find(|p| p.name == key);
+    match style {
+        Style::Converter => {
+            if let Some(key) = given.keys().find(|k| find(k).is_none()) {
+                return Err(unknown(key));
+            }
+        }
+        Style::Mitigation => {
+            for (key, v) in given {
+                match find(key) {
+                    None => return Err(unknown(key)),
+                    Some(p) => {
+                        value(entry, p, Some(v), style)?;
+                    }
                 }
-            ));
+            }
         }
     }
     let mut args = Vec::with_capacity(params.len());
     for p in params {
-        let who = match subject {
-            Subject::Qualified => format!("{entry}.{}", p.name),
-            Subject::Bare => p.name.to_owned(),
-        };
-        let v = given.get(p.name);
-        let arg = match (p.kind, v) {
-            (Kind::Language, v) => match v.and_then(Value::as_str) {
-                Some(l)
-                    if !l.trim().is_empty()
-                        && l.chars().count() <= 40
-                        && l.chars().all(|c| c.is_alphabetic() || c == ' ' || c == '-') =>
-                {
-                    // Letters, spaces and hyphens: the language is part of a label and of
-                    // attempt ids, which must not collide (`x)+base64`).
-                    Arg::Text(l.trim().to_owned())
-                }
-                _ => {
-                    return Err(format!(
-                        "{entry} needs {}: a language name (letters, spaces, hyphens), like French",
-                        p.name
-                    ));
-                }
-            },
-            (_, None) => p.default_arg().expect("only a language is required"),
-            (Kind::Flag { .. }, Some(Value::Bool(b))) => Arg::Flag(*b),
-            (Kind::Flag { .. }, Some(v)) => {
-                return Err(format!("{who} must be true or false, not {}", kind(v)));
-            }
-            (Kind::Count { min, max, .. }, Some(v)) => v
-                .as_u64()
-                .map(|n| n as usize)
-                .filter(|n| (min..=max).contains(n))
-                .map(Arg::Count)
-                .ok_or_else(|| format!("{who} must be an integer from {min} to {max}"))?,
-            (Kind::Text, Some(v)) => match v.as_str() {
-                Some(s) if !s.is_empty() => Arg::Text(s.to_owned()),
-                _ => return Err(format!("{who} must be a non-empty string")),
-            },
-            (Kind::RuleIds, Some(v)) => {
-                let pack = crate::detect::rules::RulePack::default_pack();
-                let ids = v.as_array().and_then(|a| {
-                    a.iter()
-                        .map(|v| {
-                            v.as_str()
-                                .filter(|id| pack.rules.iter().any(|r| r.id == *id))
-                                .map(str::to_owned)
-                        })
-                        .collect::<Option<Vec<String>>>()
-                });
-                match ids {
-                    Some(ids) => Arg::Ids(ids),
-                    None => {
-                        return Err(format!(
-                            "{who} must be a list of rule ids from data/rules/injection.toml"
-                        ));
-                    }
-                }
-            }
-        };
-        args.push((p.name, arg));
+        args.push((p.name, value(entry, p, given.get(p.name), style)?));
     }
     Ok(Args(args))
+}
+
+/// One parameter's value: checked, typed, or its default when absent.
+fn value(entry: &str, p: &Param, v: Option<&Value>, style: Style) -> Result<Arg, String> {
+    let who = match style {
+        Style::Converter => format!("{entry}.{}", p.name),
+        Style::Mitigation => p.name.to_owned(),
+    };
+    Ok(match (p.kind, v) {
+        (Kind::Language, v) => match v.and_then(Value::as_str) {
+            Some(l)
+                if !l.trim().is_empty()
+                    && l.chars().count() <= 40
+                    && l.chars().all(|c| c.is_alphabetic() || c == ' ' || c == '-') =>
+            {
+                // Letters, spaces and hyphens: the language is part of a label and of
+                // attempt ids, which must not collide (`x)+base64`).
+                Arg::Text(l.trim().to_owned())
+            }
+            _ => {
+                return Err(format!(
+                    "{entry} needs {}: a language name (letters, spaces, hyphens), like French",
+                    p.name
+                ));
+            }
+        },
+        (_, None) => p.default_arg().expect("only a language is required"),
+        (Kind::Flag { .. }, Some(Value::Bool(b))) => Arg::Flag(*b),
+        (Kind::Flag { .. }, Some(v)) => {
+            return Err(format!("{who} must be true or false, not {}", kind(v)));
+        }
+        (Kind::Count { min, max, .. }, Some(v)) => v
+            .as_u64()
+            .map(|n| n as usize)
+            .filter(|n| (min..=max).contains(n))
+            .map(Arg::Count)
+            .ok_or_else(|| format!("{who} must be an integer from {min} to {max}"))?,
+        (Kind::Text, Some(v)) => match v.as_str() {
+            Some(s) if !s.is_empty() => Arg::Text(s.to_owned()),
+            _ => return Err(format!("{who} must be a non-empty string")),
+        },
+        (Kind::RuleIds, Some(v)) => {
+            let pack = crate::detect::rules::RulePack::default_pack();
+            let ids = v.as_array().and_then(|a| {
+                a.iter()
+                    .map(|v| {
+                        v.as_str()
+                            .filter(|id| pack.rules.iter().any(|r| r.id == *id))
+                            .map(str::to_owned)
+                    })
+                    .collect::<Option<Vec<String>>>()
+            });
+            match ids {
+                Some(ids) => Arg::Ids(ids),
+                None => {
+                    return Err(format!(
+                        "{who} must be a list of rule ids from data/rules/injection.toml"
+                    ));
+                }
+            }
+        }
+    })
 }
 
 /// The JSON kind of a value, for messages.
@@ -335,7 +361,7 @@ mod tests {
 
     #[test]
     fn checks_keys_types_and_bounds_and_labels_what_is_not_default() {
-        let a = check("x", PARAMS, &map(serde_json::json!({})), Subject::Qualified).unwrap();
+        let a = check("x", PARAMS, &map(serde_json::json!({})), Style::Converter).unwrap();
         assert!(a.flag("hint"));
         assert_eq!(a.count("parts"), 3);
         assert_eq!(a.label(PARAMS), "");
@@ -343,7 +369,7 @@ mod tests {
             "x",
             PARAMS,
             &map(serde_json::json!({"hint": false, "parts": 4})),
-            Subject::Qualified,
+            Style::Converter,
         )
         .unwrap();
         assert_eq!(a.label(PARAMS), "hint=false,parts=4");
@@ -351,7 +377,7 @@ mod tests {
             "x",
             PARAMS,
             &map(serde_json::json!({"part": 4})),
-            Subject::Bare,
+            Style::Mitigation,
         )
         .unwrap_err();
         assert_eq!(
@@ -362,15 +388,21 @@ mod tests {
             "x",
             PARAMS,
             &map(serde_json::json!({"parts": 26})),
-            Subject::Bare,
+            Style::Mitigation,
         )
         .unwrap_err();
+        assert_eq!(e, "parts must be an integer from 2 to 25");
+        // converters: unknown keys first, without a hint; mitigations: key by key
+        let two = map(serde_json::json!({"parts": 26, "zzz": 1}));
+        let e = check("x", PARAMS, &two, Style::Converter).unwrap_err();
+        assert_eq!(e, "\"zzz\" is not a parameter of x; it takes: hint, parts");
+        let e = check("x", PARAMS, &two, Style::Mitigation).unwrap_err();
         assert_eq!(e, "parts must be an integer from 2 to 25");
         let e = check(
             "x",
             PARAMS,
             &map(serde_json::json!({"hint": 1})),
-            Subject::Qualified,
+            Style::Converter,
         )
         .unwrap_err();
         assert_eq!(e, "x.hint must be true or false, not a number");

@@ -8,9 +8,9 @@ SELECT
     count(*) FILTER (WHERE error IS NOT NULL AND trim(error) <> '') AS errors,
     count(*) FILTER (WHERE manual_review)                          AS manual_review,
     count(*) FILTER (WHERE judge_verdict IS NOT NULL)              AS judged,
-    count(*) FILTER (WHERE array_has(review_reasons, 'judge_error'))     AS judge_errors,
+    count(*) FILTER (WHERE array_has(pi_review_reasons(review_reason), 'judge_error'))     AS judge_errors,
     -- undecided because the criterion's text was only in a copy of the input
-    count(*) FILTER (WHERE array_has(review_reasons, 'echo') AND manual_review) AS echoes,
+    count(*) FILTER (WHERE array_has(pi_review_reasons(review_reason), 'echo') AND manual_review) AS echoes,
     -- who decided: a reviewer's verdict (pieval review), the judge, the rules
     count(*) FILTER (WHERE decided_by = 'human')                   AS decided_by_human,
     count(*) FILTER (WHERE decided_by = 'judge')                   AS decided_by_judge,

@@ -24,7 +24,7 @@ pub struct Args {
     sign_key: Option<PathBuf>,
     /// Exit 1 when any control ends in one of these statuses (comma-separated), e.g.
     /// `--fail-on fail` for a release gate, `--fail-on fail,needs_review` for a stricter one.
-    #[arg(long, value_delimiter = ',', value_parser = super::choice(&Status::ALL, Status::as_str))]
+    #[arg(long, value_delimiter = ',', value_parser = super::choice_with_help(&Status::ALL, Status::as_str, Status::help))]
     fail_on: Vec<Status>,
     #[arg(long, default_value = "results")]
     results: PathBuf,

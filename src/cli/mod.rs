@@ -135,9 +135,7 @@ enum Command {
 
 /// Parse the command line and run; `Ok` carries the exit code.
 pub fn main() -> Result<ExitStatus> {
-    if let Some(why) = crate::engine::env_settings_error() {
-        eprintln!("warning: DATAFUSION_* settings ignored: {why}");
-    }
+    crate::engine::on_settings_warning(|line| eprintln!("{line}"));
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -182,9 +180,27 @@ pub(crate) fn choice<T: Copy + Send + Sync + 'static>(
     all: &'static [T],
     name: fn(T) -> &'static str,
 ) -> impl clap::builder::TypedValueParser<Value = T> {
-    use clap::builder::TypedValueParser as _;
-    let names: Vec<&'static str> = all.iter().map(|t| name(*t)).collect();
-    clap::builder::PossibleValuesParser::new(names).map(move |s| {
+    choice_with_help(all, name, |_| None)
+}
+
+/// [`choice`], with a line of help for the values that need one (`--help` lists them).
+pub(crate) fn choice_with_help<T: Copy + Send + Sync + 'static>(
+    all: &'static [T],
+    name: fn(T) -> &'static str,
+    help: fn(T) -> Option<&'static str>,
+) -> impl clap::builder::TypedValueParser<Value = T> {
+    use clap::builder::{PossibleValue, TypedValueParser as _};
+    let values: Vec<PossibleValue> = all
+        .iter()
+        .map(|t| {
+            let v = PossibleValue::new(name(*t));
+            match help(*t) {
+                Some(h) => v.help(h),
+                None => v,
+            }
+        })
+        .collect();
+    clap::builder::PossibleValuesParser::new(values).map(move |s| {
         *all.iter()
             .find(|t| name(**t) == s)
             .expect("clap checked the name")

@@ -27,12 +27,22 @@ pub const CORPUS_STATS_SQL: &str = queries::CORPUS_STATS.sql;
 /// The session configuration pieval uses: sized for this machine, information schema on.
 /// DataFusion's own `DATAFUSION_*` environment variables (for example
 /// `DATAFUSION_EXECUTION_TARGET_PARTITIONS`) override it (docs/cli.md); when one does not
-/// parse, none is applied ([`env_settings_error`] says why; the CLI warns with it).
+/// parse, none is applied and the warning hook ([`on_settings_warning`]; the CLI's
+/// stderr) says why, each time a session is configured.
 pub fn session_config() -> SessionConfig {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let base = SessionConfig::new().with_target_partitions(cores);
     let config = if tuned() {
-        SessionConfig::from_env().unwrap_or(base)
+        SessionConfig::from_env().unwrap_or_else(|e| {
+            if let Some(warn) = SETTINGS_WARNING.get() {
+                // Debug formatting escapes whatever the environment held.
+                warn(&format!(
+                    "warning: DATAFUSION_* settings ignored: {:?}",
+                    crate::text::excerpt(&e.to_string(), 300)
+                ));
+            }
+            base
+        })
     } else {
         base
     };
@@ -43,15 +53,12 @@ fn tuned() -> bool {
     std::env::vars_os().any(|(k, _)| k.as_encoded_bytes().starts_with(b"DATAFUSION_"))
 }
 
-/// Why the `DATAFUSION_*` settings of the environment are ignored, when they are (one does
-/// not parse); shown as an excerpt, Debug-escaped, since the environment may hold anything.
-pub fn env_settings_error() -> Option<String> {
-    if !tuned() {
-        return None;
-    }
-    SessionConfig::from_env()
-        .err()
-        .map(|e| format!("{:?}", crate::text::excerpt(&e.to_string(), 300)))
+static SETTINGS_WARNING: std::sync::OnceLock<fn(&str)> = std::sync::OnceLock::new();
+
+/// Where the warning about ignored `DATAFUSION_*` settings goes (the CLI sets its stderr;
+/// the library itself writes nothing). The first hook set stays.
+pub fn on_settings_warning(warn: fn(&str)) {
+    let _ = SETTINGS_WARNING.set(warn);
 }
 
 /// A session with the detector UDFs registered, and the judge's (`pi_judge` without a
@@ -184,10 +191,6 @@ pub async fn register_case_results(
 /// recorded an answered control as `attack_success = true`: such a row reads as
 /// `attack_success` NULL and `over_refused = NOT` the stored value. Rows written since
 /// already have that shape and read unchanged.
-///
-/// `review_reasons` is the stored `review_reason` (comma-separated, as the contract
-/// writes it) as a list, for every run old or new: queries test a reason with
-/// `array_has(review_reasons, 'echo')`, never by matching text.
 pub fn case_results_as_read(
     df: datafusion::dataframe::DataFrame,
 ) -> Result<datafusion::dataframe::DataFrame> {
@@ -210,8 +213,5 @@ pub fn case_results_as_read(
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    let reasons = df
-        .parse_sql_expr("string_to_array(review_reason, ',')")?
-        .alias("review_reasons");
-    Ok(df.select(exprs.into_iter().chain([reasons]).collect::<Vec<_>>())?)
+    Ok(df.select(exprs)?)
 }

@@ -6,6 +6,10 @@
 //!   corpus has it — no attack section (`attempt_id` NULL), or the original attempt of
 //!   one (`none` / `none`). The controls judge this attempt, so a run with converters or a
 //!   strategy is gated on what it would have been gated on without them. Never NULL.
+//! - `pi_review_reasons(review_reason)`: the stored reasons (comma-separated, as the
+//!   contract writes them) as a list, each one of the contract's `ReviewReason`s; a query
+//!   tests one with `array_has(pi_review_reasons(review_reason), 'echo')`, never by
+//!   matching text. NULL for NULL; an unknown reason is an error naming it.
 //!
 //! Each takes Utf8 (other string types are cast) and returns Boolean.
 
@@ -30,8 +34,41 @@ pub fn is_baseline(
     attempt_id.is_none() || (pipeline == Some("none") && strategy == Some("none"))
 }
 
-/// Register `pi_is_attack` and `pi_is_baseline`.
+/// Register `pi_is_attack`, `pi_is_baseline` and `pi_review_reasons`.
 pub fn register(ctx: &SessionContext) {
+    let reasons = |args: &[ColumnarValue]| -> datafusion::error::Result<ColumnarValue> {
+        use datafusion::arrow::array::{ListBuilder, StringBuilder};
+        let arrays = strings(args)?;
+        let stored = arrays[0].as_string::<i32>();
+        let mut out = ListBuilder::new(StringBuilder::new());
+        for i in 0..stored.len() {
+            if stored.is_null(i) {
+                out.append_null();
+                continue;
+            }
+            let listed = crate::contract::enums::ReviewReason::parse_list(stored.value(i))
+                .map_err(|e| {
+                    datafusion::error::DataFusionError::Execution(format!(
+                        "pi_review_reasons: {}",
+                        crate::text::escape_control(&e)
+                    ))
+                })?;
+            for r in listed {
+                out.values().append_value(r.as_str());
+            }
+            out.append(true);
+        }
+        columnar(args, Arc::new(out.finish()))
+    };
+    ctx.register_udf(create_udf(
+        "pi_review_reasons",
+        vec![DataType::Utf8],
+        DataType::List(Arc::new(
+            datafusion::arrow::datatypes::Field::new_list_field(DataType::Utf8, true),
+        )),
+        Volatility::Immutable,
+        Arc::new(reasons),
+    ));
     let attack = |args: &[ColumnarValue]| -> datafusion::error::Result<ColumnarValue> {
         let arrays = strings(args)?;
         let label = arrays[0].as_string::<i32>();
@@ -104,10 +141,11 @@ mod tests {
         register(&ctx);
         let rows = ctx
             .sql(
-                "SELECT pi_is_attack(l) AS a, pi_is_baseline(i, p, s) AS b FROM (VALUES \
-                 (NULL, NULL, NULL, NULL), ('attack', 'c#none', 'none', 'none'), \
-                 ('benign', 'c#base64', 'base64', NULL), ('attack', 'c#pair', NULL, 'pair')) \
-                 AS t(l, i, p, s)",
+                "SELECT pi_is_attack(l) AS a, pi_is_baseline(i, p, s) AS b, \
+                 array_has(pi_review_reasons(r), 'echo') AS e FROM (VALUES \
+                 (NULL, NULL, NULL, NULL, 'judge,echo'), ('attack', 'c#none', 'none', 'none', NULL), \
+                 ('benign', 'c#base64', 'base64', NULL, 'judge_error'), \
+                 ('attack', 'c#pair', NULL, 'pair', 'echo')) AS t(l, i, p, s, r)",
             )
             .await
             .unwrap()
@@ -122,5 +160,20 @@ mod tests {
             [(true, true), (true, true), (false, false), (true, false)]
         );
         assert!(a.null_count() == 0 && b.null_count() == 0);
+        let e = rows[0].column(2).as_boolean();
+        let echoes: Vec<Option<bool>> = (0..e.len())
+            .map(|i| (!e.is_null(i)).then(|| e.value(i)))
+            .collect();
+        // judge_error is not echo: a list, not a text match
+        assert_eq!(echoes, [Some(true), None, Some(false), Some(true)]);
+        let bad = ctx
+            .sql("SELECT pi_review_reasons('judge,bogus')")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(bad.contains("\"bogus\" is not a review reason"), "{bad}");
     }
 }

@@ -62,6 +62,17 @@ impl Status {
         Status::Fail,
     ];
 
+    /// What the status means, where the name does not say it.
+    pub fn help(self) -> Option<&'static str> {
+        match self {
+            Self::InsufficientData => Some("Fewer than `min_n` cases (or none) to judge by"),
+            Self::NeedsReview => {
+                Some("It would pass, but undecided rows (judge cases, manual review) are in scope")
+            }
+            Self::Pass | Self::Fail => None,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Pass => "pass",

@@ -201,8 +201,7 @@ impl Source {
                     let table = crate::rundir::table_path(path)?;
                     crate::engine::register_case_results(&ctx, "case_results", &table).await?;
                     let mut stream = ctx
-                        // the file's columns (not the read view's review_reasons list)
-                        .sql("SELECT * EXCLUDE (review_reasons) FROM case_results")
+                        .sql("SELECT * FROM case_results")
                         .await?
                         .execute_stream()
                         .await?;

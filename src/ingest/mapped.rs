@@ -85,7 +85,7 @@ impl Mapper<'_> {
         &self,
         row: &Row,
         reference: &str,
-    ) -> std::result::Result<AttackCase, (Option<String>, String)> {
+    ) -> std::result::Result<Map<String, Value>, (Option<String>, String)> {
         let mut obj = Map::new();
         for spec in CASE_FIELDS {
             let column = self
@@ -188,20 +188,28 @@ impl Mapper<'_> {
         obj.insert("source_reference".into(), json!(reference));
         obj.insert("source_version".into(), json!(version));
         obj.insert("provenance".into(), provenance);
-        // A value outside a vocabulary is the record's problem, named by its field.
-        for (field, value) in &obj {
-            if let Value::String(s) = value {
-                crate::contract::record::check_vocabulary(field, s)
-                    .map_err(|e| (Some(field.clone()), e))?;
+        // The shape is the case's (a wrongly typed value is the row's problem here); a
+        // value outside a vocabulary is left for `--set` to replace and the contract check
+        // to name, after the sets (so the shape is checked with such values stood in for).
+        let mut shape = obj.clone();
+        for (field, value) in shape.iter_mut() {
+            if let Value::String(s) = value
+                && crate::contract::record::check_vocabulary(field, s).is_err()
+                && let Some(FieldKind::Enum(values)) =
+                    CASE_FIELDS.iter().find(|f| f.name == field).map(|f| f.kind)
+            {
+                *value = json!(values[0]);
             }
         }
-        serde_json::from_value(Value::Object(obj)).map_err(|e| (None, e.to_string()))
+        serde_json::from_value::<AttackCase>(Value::Object(shape))
+            .map_err(|e| (None, e.to_string()))?;
+        Ok(obj)
     }
 
     fn emit_row(&self, row: &Row, record: u64, unit: &str, emit: &mut Emit<'_>) -> Result<()> {
         let reference = format!("{}#{unit}={record}", self.file.display());
         match self.case(row, &reference) {
-            Ok(case) => emit(Item::Case(Box::new(case))),
+            Ok(record) => emit(Item::Record(Box::new(record))),
             Err((field, reason)) => emit(Item::Invalid {
                 file: self.file.to_path_buf(),
                 record,

@@ -29,9 +29,7 @@ use sha2::{Digest, Sha256};
 
 use crate::contract::case::AttackCase;
 use crate::contract::criteria::SuccessCriteria;
-use crate::contract::enums::{
-    AttackCategory, AttackSurface, BenchmarkSplit, EvaluationMode, Label, Severity, SourceType,
-};
+use crate::contract::enums::{AttackSurface, Label, SourceType};
 use crate::contract::record::{CriteriaCache, Level, RawRecord, check_record};
 use crate::corpus::{CorpusReader, ReadOptions};
 use crate::error::{Error, Result};
@@ -83,6 +81,9 @@ impl SourceKind {
 /// What an adapter yields.
 pub enum Item {
     Case(Box<AttackCase>),
+    /// A case as a JSON object whose values may still be outside the contract's
+    /// vocabularies (a mapped row): `--set` may replace them before the contract check.
+    Record(Box<serde_json::Map<String, Value>>),
     /// A source record that cannot become a case.
     Invalid {
         file: PathBuf,
@@ -449,7 +450,6 @@ fn compile_sets(sets: &[(String, String)]) -> Result<Vec<SetOp>> {
                     .iter()
                     .any(|s| s.name == f) =>
                 {
-                    crate::contract::record::check_vocabulary(f, value).map_err(bad)?;
                     SetOp::Text(f.to_owned(), value.clone())
                 }
                 other => {
@@ -467,65 +467,43 @@ fn compile_sets(sets: &[(String, String)]) -> Result<Vec<SetOp>> {
         .collect()
 }
 
-/// Apply the parsed `--set`s to a case (source fields mirrored into provenance).
-fn apply_sets(case: &mut AttackCase, ops: &[SetOp]) {
+/// Apply the parsed `--set`s to a case as JSON (source fields mirrored into provenance),
+/// before the contract check.
+fn apply_sets(case: &mut serde_json::Map<String, Value>, ops: &[SetOp]) {
     for op in ops {
         match op {
-            SetOp::Criteria(c) => case.success_criteria = c.clone(),
-            SetOp::Confidence(x) => case.mapping_confidence = Some(*x),
-            SetOp::License(l) => {
-                if let Some(Value::Object(p)) = case.provenance.as_mut() {
-                    p.insert("license".into(), json!(l));
-                } else {
-                    case.provenance = Some(json!({"license": l}));
-                }
+            SetOp::Criteria(c) => {
+                case.insert(
+                    "success_criteria".into(),
+                    serde_json::to_value(c).expect("criteria serialise"),
+                );
             }
-            SetOp::Json(f, v) if f == "provenance" => case.provenance = Some(v.clone()),
-            SetOp::Json(_, v) => case.mapping_audit = Some(v.clone()),
+            SetOp::Confidence(x) => {
+                case.insert("mapping_confidence".into(), json!(x));
+            }
+            SetOp::License(l) => match case.get_mut("provenance") {
+                Some(Value::Object(p)) => {
+                    p.insert("license".into(), json!(l));
+                }
+                _ => {
+                    case.insert("provenance".into(), json!({"license": l}));
+                }
+            },
+            SetOp::Json(f, v) if f == "provenance" => {
+                case.insert("provenance".into(), v.clone());
+            }
+            SetOp::Json(_, v) => {
+                case.insert("mapping_audit".into(), v.clone());
+            }
             SetOp::Text(f, value) => {
                 if matches!(
                     f.as_str(),
                     "source_name" | "source_type" | "source_version" | "source_reference"
-                ) && let Some(Value::Object(p)) = case.provenance.as_mut()
+                ) && let Some(Value::Object(p)) = case.get_mut("provenance")
                 {
                     p.insert(f.clone(), json!(value));
                 }
-                let v = value.clone();
-                // Vocabulary values were checked when the --set was read.
-                fn vocab<T>(v: &str, parse: fn(&str) -> Option<T>) -> T {
-                    parse(v).expect("checked by compile_sets")
-                }
-                match f.as_str() {
-                    "case_id" => case.case_id = v,
-                    "source_name" => case.source_name = v,
-                    "source_type" => case.source_type = vocab(&v, SourceType::parse),
-                    "attack_family" => case.attack_family = v,
-                    "attack_surface" => case.attack_surface = vocab(&v, AttackSurface::parse),
-                    "prompt" => case.prompt = v,
-                    "attack_subtype" => case.attack_subtype = Some(v),
-                    "context" => case.context = Some(v),
-                    "task_input" => case.task_input = Some(v),
-                    "expected_target" => case.expected_target = Some(v),
-                    "label" => case.label = Some(vocab(&v, Label::parse)),
-                    "severity_level" => case.severity_level = Some(vocab(&v, Severity::parse)),
-                    "benchmark_split" => {
-                        case.benchmark_split = Some(vocab(&v, BenchmarkSplit::parse))
-                    }
-                    "source_reference" => case.source_reference = Some(v),
-                    "source_version" => case.source_version = Some(v),
-                    "language" => case.language = Some(v),
-                    "created_at" => case.created_at = Some(v),
-                    "notes" => case.notes = Some(v),
-                    "attack_category" => {
-                        case.attack_category = Some(vocab(&v, AttackCategory::parse))
-                    }
-                    "success_definition_id" => case.success_definition_id = Some(v),
-                    "severity" => case.severity = Some(vocab(&v, Severity::parse)),
-                    "evaluation_mode" => {
-                        case.evaluation_mode = Some(vocab(&v, EvaluationMode::parse))
-                    }
-                    _ => {}
-                }
+                case.insert(f.clone(), json!(value));
             }
         }
     }
@@ -658,12 +636,33 @@ pub fn ingest(
                 field,
                 reason,
             } => (file, record, field, reason),
-            Item::Case(mut case) => {
-                apply_sets(&mut case, &sets);
-                let line = case.to_json_line();
-                let at = || split_reference(case.source_reference.as_deref().unwrap_or_default());
-                match contract_error(&line, &mut criteria) {
-                    Some((field, problem)) => {
+            Item::Case(_) | Item::Record(_) => {
+                let mut record = match item {
+                    Item::Case(case) => match serde_json::to_value(*case) {
+                        Ok(Value::Object(m)) => m,
+                        _ => return Err(Error::Internal("a case serialises to an object".into())),
+                    },
+                    Item::Record(record) => *record,
+                    Item::Invalid { .. } => unreachable!("matched above"),
+                };
+                apply_sets(&mut record, &sets);
+                let reference = record
+                    .get("source_reference")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned();
+                let at = || split_reference(&reference);
+                let checked =
+                    serde_json::to_string(&record).map_err(|e| Error::Internal(e.to_string()))?;
+                // The contract first (its message names the field); a record that meets it
+                // is a case.
+                let case = match contract_error(&checked, &mut criteria) {
+                    Some(problem) => Err(problem),
+                    None => serde_json::from_value::<AttackCase>(Value::Object(record))
+                        .map_err(|e| (None, e.to_string())),
+                };
+                match case {
+                    Err((field, problem)) => {
                         let (file, record) = at();
                         (
                             file,
@@ -672,7 +671,8 @@ pub fn ingest(
                             format!("the case would not satisfy the contract: {problem}"),
                         )
                     }
-                    None => {
+                    Ok(case) => {
+                        let line = case.to_json_line();
                         let (h, id) = (content_hash(&case), fingerprint(&case.case_id));
                         match ids.get(&id) {
                             Some(seen) if *seen == h => {

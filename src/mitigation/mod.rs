@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::contract::case::AttackCase;
 use crate::contract::enums::AttackSurface;
-use crate::params::{self, Args, Param, Subject};
+use crate::params::{self, Args, Param, Style};
 
 use crate::provider::Message;
 
@@ -179,7 +179,7 @@ impl Mitigation {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let args = params::check(entry.name, entry.params, &given, Subject::Bare)?;
+        let args = params::check(entry.name, entry.params, &given, Style::Mitigation)?;
         Ok((entry.build)(&args))
     }
 

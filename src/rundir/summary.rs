@@ -1,7 +1,7 @@
 //! `summary.json`'s `aggregate_metrics`, typed: scoring writes the file from
-//! [`AggregateMetrics`] and every reader (the run table, `pieval runs`, `runs diff`, the
-//! manifest's headline rates, the `runs` SQL table) reads it back into the same type, so no
-//! figure is looked up by a string key in untyped JSON.
+//! [`AggregateMetrics`], and the run's headline rates (the manifest, the run table) and
+//! `runs diff` read it back into the same type. (`pieval runs show --json` and the `runs`
+//! SQL table pass the whole document on as it is.)
 //!
 //! The key order of the file is the order of these fields (serde_json keeps insertion
 //! order), and the headline rates keep the order `queries/summary.sql` gives them.
@@ -84,23 +84,53 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for Ordered<V> {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct AggregateMetrics {
+    #[serde(deserialize_with = "count")]
     pub total: u64,
+    #[serde(deserialize_with = "count")]
     pub attack_cases: u64,
+    #[serde(deserialize_with = "count")]
     pub benign_cases: u64,
+    #[serde(deserialize_with = "count")]
     pub errors: u64,
+    #[serde(deserialize_with = "count")]
     pub manual_review: u64,
+    #[serde(deserialize_with = "count")]
     pub judged: u64,
+    #[serde(deserialize_with = "count")]
     pub judge_errors: u64,
+    #[serde(deserialize_with = "count")]
     pub echoes: u64,
+    #[serde(deserialize_with = "count")]
     pub decided_by_human: u64,
+    #[serde(deserialize_with = "count")]
     pub decided_by_judge: u64,
+    #[serde(deserialize_with = "count")]
     pub decided_by_rules: u64,
     /// The headline rates corrected for detector error (`src/ops/corrected.rs`).
+    #[serde(deserialize_with = "or_default")]
     pub corrected: Corrected,
     /// The headline rates over every row, then the rates by dimension.
     #[serde(flatten)]
     pub rates: Rates,
+    #[serde(deserialize_with = "or_default")]
     pub latency_ms: Latency,
+}
+
+// Reading is lenient, as the readers of other runs' summaries always were (`runs diff`
+// of a folder written by another version): a figure of the wrong shape reads as missing.
+
+/// A count: a non-negative integer, else 0.
+fn count<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    Ok(serde_json::Value::deserialize(d)?.as_u64().unwrap_or(0))
+}
+
+/// A part of the wrong shape reads as its default.
+fn or_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: serde::de::DeserializeOwned + Default,
+{
+    Ok(serde_json::from_value(serde_json::Value::deserialize(d)?).unwrap_or_default())
 }
 
 impl AggregateMetrics {
@@ -150,13 +180,15 @@ impl<'de> Deserialize<'de> for Rates {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Rates, A::Error> {
                 let mut out = Rates::default();
+                // A key of another shape (added by another version) is passed over.
                 while let Some(k) = a.next_key::<String>()? {
+                    let v: serde_json::Value = a.next_value()?;
                     if k.starts_with("by_") {
-                        let v = a.next_value()?;
-                        out.by.0.push((k, v));
-                    } else {
-                        let v = a.next_value()?;
-                        out.overall.0.push((k, v));
+                        if let Ok(group) = serde_json::from_value(v) {
+                            out.by.0.push((k, group));
+                        }
+                    } else if let Ok(rate) = serde_json::from_value(v) {
+                        out.overall.0.push((k, rate));
                     }
                 }
                 Ok(out)
@@ -214,14 +246,15 @@ fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<f64>>, D::Er
     Option::<f64>::deserialize(d).map(Some)
 }
 
-/// The `aggregate_metrics` of a summary.json's text.
+/// The `aggregate_metrics` of a summary.json's text (`Err`: not JSON). Missing or
+/// misshapen figures read as missing, as every reader of other runs' summaries did.
 pub fn metrics_of(text: &[u8]) -> serde_json::Result<AggregateMetrics> {
-    #[derive(Deserialize)]
-    struct Doc {
-        #[serde(default)]
-        aggregate_metrics: AggregateMetrics,
-    }
-    serde_json::from_slice::<Doc>(text).map(|d| d.aggregate_metrics)
+    let doc: serde_json::Value = serde_json::from_slice(text)?;
+    Ok(doc
+        .get("aggregate_metrics")
+        .filter(|m| m.is_object())
+        .and_then(|m| serde_json::from_value(m.clone()).ok())
+        .unwrap_or_default())
 }
 
 #[cfg(test)]

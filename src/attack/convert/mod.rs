@@ -18,7 +18,7 @@
 
 use sha2::Digest;
 
-use crate::params::{self, Args, Param, Subject};
+use crate::params::{self, Args, Param, Style};
 
 mod base64;
 mod best_of_n;
@@ -123,16 +123,6 @@ impl Step {
     /// Build a step from its name and parameters (`params` is a YAML/JSON map or null).
     /// `Err` is a message naming the parameter.
     pub fn parse(name: &str, params: &serde_json::Value) -> Result<Step, String> {
-        let Some(converter) = converter(name) else {
-            let names = names();
-            let hint = crate::text::did_you_mean(name, &names)
-                .map(|s| format!(" (did you mean {s:?}?)"))
-                .unwrap_or_default();
-            return Err(format!(
-                "{name:?} is not a converter{hint}; one of: {}",
-                names.join(", ")
-            ));
-        };
         let empty = serde_json::Map::new();
         let map = match params {
             serde_json::Value::Null => &empty,
@@ -144,7 +134,17 @@ impl Step {
                 ));
             }
         };
-        let args = params::check(name, converter.params, map, Subject::Qualified)?;
+        let Some(converter) = converter(name) else {
+            let names = names();
+            let hint = crate::text::did_you_mean(name, &names)
+                .map(|s| format!(" (did you mean {s:?}?)"))
+                .unwrap_or_default();
+            return Err(format!(
+                "{name:?} is not a converter{hint}; one of: {}",
+                names.join(", ")
+            ));
+        };
+        let args = params::check(name, converter.params, map, Style::Converter)?;
         Ok(Step { converter, args })
     }
 

@@ -36,7 +36,9 @@ pub enum Action {
     Slow(Duration),
     /// 200 with this assistant message.
     Reply(String),
-    /// 200 with this assistant message, after a delay.
+    /// 200 with this assistant message, after a delay (sent by
+    /// benches/judge_throughput.rs, which shares this server).
+    #[allow(dead_code)]
     SlowReply(Duration, String),
     /// A redirect with this status to this `Location`.
     Redirect(u16, String),
@@ -329,10 +331,10 @@ impl ChatServer {
     }
 }
 
-/// The first line of pieval's attacker system prompt (src/attack/strategy.rs): a request
+/// The first line of pieval's attacker system prompt (src/attack/strategy/mod.rs): a request
 /// holding it is an attacker call.
 pub const ATTACKER_MARK: &str = "You are a red-teaming assistant";
-/// TAP's evaluator question (src/attack/strategy.rs).
+/// TAP's evaluator question (src/attack/strategy/tap.rs).
 pub const EVALUATOR_MARK: &str = "You are a red-teaming evaluator";
 
 /// The first `PWNED-…` token of `text`.
