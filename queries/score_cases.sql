@@ -263,6 +263,9 @@ SELECT
         -- the criterion's text only in a copy of the input, and no judge decided it
         CASE WHEN usable AND known_case AND outcome IS NULL AND judge['error'] IS NULL
                   AND kernel_reason = 'echo' THEN 'echo' END,
+        -- criteria over an agent's tool calls, and no calls recorded
+        CASE WHEN usable AND known_case AND outcome IS NULL AND judge['error'] IS NULL
+                  AND kernel_reason = 'no_actions' THEN 'no_actions' END,
         CASE WHEN usable AND known_case AND outcome IS NULL
                   AND judge['error'] IS NOT NULL THEN 'judge_error' END,
         CASE WHEN evaluation_mode = 'manual' THEN 'manual' END

@@ -128,6 +128,11 @@ pub const CRITERION_TYPES: &[&str] = &[
     "judge",
     "any",
     "all",
+    "tool_call",
+    "no_tool_call",
+    "sequence",
+    "count",
+    "not",
 ];
 
 contract_enum!(
@@ -142,6 +147,7 @@ contract_enum!(
         Echo = "echo",
         JudgeError = "judge_error",
         Manual = "manual",
+        NoActions = "no_actions",
     }
 );
 

@@ -293,3 +293,165 @@ impl Kernel for Decide {
         )
     }
 }
+
+/// `pi_decide_actions(response, success_criteria, tool_calls)`: the decision on an
+/// agent's attempt, criteria over actions included: `tool_calls` is the attempt's calls in
+/// order, as `array_agg(named_struct('name', …, 'arguments', …) ORDER BY …)` over a
+/// tool-call table gives them (`arguments` the JSON text the model sent). A NULL list is
+/// an attempt without recorded calls: criteria over actions are then undecided
+/// (`review_reason` `no_actions`).
+pub(crate) struct DecideActions(pub(crate) Criteria);
+
+/// The fields of `pi_decide_actions`'s struct.
+pub fn decide_actions_fields() -> datafusion::arrow::datatypes::Fields {
+    use datafusion::arrow::datatypes::Field;
+    datafusion::arrow::datatypes::Fields::from(vec![
+        Field::new("success", DataType::Boolean, true),
+        Field::new("matched_rule", DataType::Utf8, true),
+        Field::new("review_reason", DataType::Utf8, true),
+    ])
+}
+
+impl Kernel for DecideActions {
+    fn name(&self) -> &'static str {
+        "pi_decide_actions"
+    }
+    fn arity(&self) -> usize {
+        3
+    }
+    fn coerce(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        let name = self.name();
+        if arg_types.len() != 3 {
+            return datafusion::common::plan_err!(
+                "{name} takes 3 arguments, got {}",
+                arg_types.len()
+            );
+        }
+        let mut out = coerce_strings(name, &arg_types[..2], 2)?;
+        match &arg_types[2] {
+            DataType::Null => out.push(DataType::Null),
+            t @ (DataType::List(f) | DataType::LargeList(f))
+                if matches!(f.data_type(), DataType::Struct(fs)
+                    if ["name", "arguments"].iter().all(|n| fs.iter().any(|x| x.name() == n))) =>
+            {
+                out.push(t.clone())
+            }
+            other => {
+                return datafusion::common::plan_err!(
+                    "{name}: tool_calls must be a list of {{name, arguments}} structs, not {other}"
+                );
+            }
+        }
+        Ok(out)
+    }
+    fn return_type(&self) -> DataType {
+        DataType::Struct(decide_actions_fields())
+    }
+    fn invoke(&self, args: &ScalarFunctionArgs) -> Result<ColumnarValue> {
+        use crate::criteria::Call;
+        use datafusion::arrow::array::{Array, AsArray, StructArray};
+        let name = self.name();
+        if args.args.len() != 3 {
+            return exec_err!("{name} takes 3 arguments, got {}", args.args.len());
+        }
+        let strings = args.args[..2]
+            .iter()
+            .map(|a| StrArg::new(name, a))
+            .collect::<Result<Vec<_>>>()?;
+        let (response, criteria) = (&strings[0], &strings[1]);
+        let scalar = strings.iter().all(StrArg::is_scalar)
+            && matches!(args.args[2], ColumnarValue::Scalar(_));
+        let n = if scalar { 1 } else { args.number_rows };
+        let lists = args.args[2].to_array(n)?;
+        // Each row's calls; None: no recorded calls.
+        let calls_of = |i: usize| -> Result<Option<Vec<Call>>> {
+            if lists.data_type() == &DataType::Null || lists.is_null(i) {
+                return Ok(None);
+            }
+            let values = match lists.data_type() {
+                DataType::List(_) => lists.as_list::<i32>().value(i),
+                _ => lists.as_list::<i64>().value(i),
+            };
+            let s = values.as_struct();
+            let text = |field: &str| -> Result<ArrayRef> {
+                let col = s.column_by_name(field).ok_or_else(|| {
+                    datafusion::error::DataFusionError::Execution(format!("{name}: no {field}"))
+                })?;
+                Ok(datafusion::arrow::compute::cast(col, &DataType::Utf8)?)
+            };
+            let (names, arguments) = (text("name")?, text("arguments")?);
+            let (names, arguments) = (names.as_string::<i32>(), arguments.as_string::<i32>());
+            Ok(Some(
+                (0..s.len())
+                    .map(|j| {
+                        Call::new(
+                            if names.is_null(j) { "" } else { names.value(j) },
+                            if arguments.is_null(j) {
+                                ""
+                            } else {
+                                arguments.value(j)
+                            },
+                        )
+                    })
+                    .collect(),
+            ))
+        };
+        let compiled = self
+            .0
+            .resolve((0..n).filter_map(|i| criteria.get(i)), Compiled::from_text);
+        let refusals = RefusalDetector::default_pack();
+        let mut prepared = Prepared::default();
+        let mut success = BooleanBuilder::with_capacity(n);
+        let mut rule = StringBuilder::with_capacity(n, n * 16);
+        let mut reason = StringBuilder::with_capacity(n, n * 4);
+        for i in 0..n {
+            let Some(c) = criteria.get(i) else {
+                success.append_null();
+                rule.append_null();
+                reason.append_null();
+                continue;
+            };
+            let matcher = compiled_criterion(name, i, c, &compiled[c])?;
+            // an agent may end without a final answer: its text criteria read ""
+            let text = response.get(i).unwrap_or("");
+            prepared.load(text);
+            let calls = calls_of(i)?;
+            let r = Response::new(text, &prepared, refusals);
+            let r = match calls.as_deref() {
+                Some(calls) => r.with_actions(calls),
+                None => r,
+            };
+            let d = matcher.decide(&r);
+            success.append_option(d.success);
+            rule.append_option(d.matched_rule);
+            reason.append_option(d.review_reason().map(|r| r.as_str()));
+        }
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(success.finish()),
+            Arc::new(rule.finish()),
+            Arc::new(reason.finish()),
+        ];
+        finish(
+            Arc::new(StructArray::try_new(
+                decide_actions_fields(),
+                columns,
+                None,
+            )?),
+            scalar,
+        )
+    }
+    fn doc(&self) -> (&'static str, String, Vec<(&'static str, &'static str)>) {
+        (
+            "The decision on an agent's attempt, criteria over actions included (tool_call, no_tool_call, sequence, count, not): {success, matched_rule, review_reason}. Without recorded calls (NULL) those criteria are undecided, review_reason no_actions.",
+            format!("{}(response, success_criteria, tool_calls)", self.name()),
+            vec![
+                ARGS[0],
+                ARGS[1],
+                (
+                    "tool_calls",
+                    "The attempt's calls in order: a list of {name, arguments} structs (arguments the JSON text sent), or NULL when none were recorded.",
+                ),
+            ],
+        )
+    }
+}
