@@ -17,6 +17,59 @@ use crate::refusal::RefusalDetector;
 
 type Criteria = Arc<TextCache<std::result::Result<Compiled, String>>>;
 
+/// The decision's columns of a batch (`success`, `matched_rule`, `echoed` when asked for,
+/// `review_reason`): what `pi_decide`, `pi_decide_actions` and `pi_detect` return of a
+/// [`crate::criteria::Decision`], built one way.
+pub(super) struct DecisionColumns {
+    success: BooleanBuilder,
+    rule: StringBuilder,
+    echoed: Option<BooleanBuilder>,
+    reason: StringBuilder,
+}
+
+impl DecisionColumns {
+    pub(super) fn new(n: usize, with_echoed: bool) -> Self {
+        Self {
+            success: BooleanBuilder::with_capacity(n),
+            rule: StringBuilder::with_capacity(n, n * 16),
+            echoed: with_echoed.then(|| BooleanBuilder::with_capacity(n)),
+            reason: StringBuilder::with_capacity(n, n * 4),
+        }
+    }
+
+    pub(super) fn append(&mut self, d: &crate::criteria::Decision<'_>) {
+        self.success.append_option(d.success);
+        self.rule.append_option(d.matched_rule);
+        if let Some(e) = self.echoed.as_mut() {
+            e.append_value(d.echoed);
+        }
+        self.reason
+            .append_option(d.review_reason().map(|r| r.as_str()));
+    }
+
+    pub(super) fn append_null(&mut self) {
+        self.success.append_null();
+        self.rule.append_null();
+        if let Some(e) = self.echoed.as_mut() {
+            e.append_null();
+        }
+        self.reason.append_null();
+    }
+
+    /// The columns, in the order `success, matched_rule[, echoed], review_reason`.
+    pub(super) fn finish(mut self) -> Vec<ArrayRef> {
+        let mut out: Vec<ArrayRef> = vec![
+            Arc::new(self.success.finish()),
+            Arc::new(self.rule.finish()),
+        ];
+        if let Some(mut e) = self.echoed.take() {
+            out.push(Arc::new(e.finish()));
+        }
+        out.push(Arc::new(self.reason.finish()));
+        out
+    }
+}
+
 pub(crate) struct CriteriaMatch(pub(crate) Criteria);
 pub(crate) struct MatchedRule(pub(crate) Criteria);
 
@@ -226,16 +279,10 @@ impl Kernel for Decide {
             .resolve((0..n).filter_map(|i| criteria.get(i)), Compiled::from_text);
         let refusals = RefusalDetector::default_pack();
         let mut prepared = Prepared::default();
-        let mut success = BooleanBuilder::with_capacity(n);
-        let mut rule = StringBuilder::with_capacity(n, n * 16);
-        let mut echoed = BooleanBuilder::with_capacity(n);
-        let mut reason = StringBuilder::with_capacity(n, n * 4);
+        let mut out = DecisionColumns::new(n, true);
         for i in 0..n {
             let (Some(text), Some(c)) = (response.get(i), criteria.get(i)) else {
-                success.append_null();
-                rule.append_null();
-                echoed.append_null();
-                reason.append_null();
+                out.append_null();
                 continue;
             };
             let matcher = compiled_criterion(name, i, c, &compiled[c])?;
@@ -251,19 +298,10 @@ impl Kernel for Decide {
                     .with_verdicts(&verdicts)
                     .with_given(&given_i),
             );
-            success.append_option(d.success);
-            rule.append_option(d.matched_rule);
-            echoed.append_value(d.echoed);
-            reason.append_option(d.review_reason().map(|r| r.as_str()));
+            out.append(&d);
         }
-        let columns: Vec<ArrayRef> = vec![
-            Arc::new(success.finish()),
-            Arc::new(rule.finish()),
-            Arc::new(echoed.finish()),
-            Arc::new(reason.finish()),
-        ];
         finish(
-            Arc::new(StructArray::try_new(decide_fields(), columns, None)?),
+            Arc::new(StructArray::try_new(decide_fields(), out.finish(), None)?),
             scalar,
         )
     }
@@ -401,14 +439,10 @@ impl Kernel for DecideActions {
             .resolve((0..n).filter_map(|i| criteria.get(i)), Compiled::from_text);
         let refusals = RefusalDetector::default_pack();
         let mut prepared = Prepared::default();
-        let mut success = BooleanBuilder::with_capacity(n);
-        let mut rule = StringBuilder::with_capacity(n, n * 16);
-        let mut reason = StringBuilder::with_capacity(n, n * 4);
+        let mut out = DecisionColumns::new(n, false);
         for i in 0..n {
             let Some(c) = criteria.get(i) else {
-                success.append_null();
-                rule.append_null();
-                reason.append_null();
+                out.append_null();
                 continue;
             };
             let matcher = compiled_criterion(name, i, c, &compiled[c])?;
@@ -421,20 +455,12 @@ impl Kernel for DecideActions {
                 Some(calls) => r.with_actions(calls),
                 None => r,
             };
-            let d = matcher.decide(&r);
-            success.append_option(d.success);
-            rule.append_option(d.matched_rule);
-            reason.append_option(d.review_reason().map(|r| r.as_str()));
+            out.append(&matcher.decide(&r));
         }
-        let columns: Vec<ArrayRef> = vec![
-            Arc::new(success.finish()),
-            Arc::new(rule.finish()),
-            Arc::new(reason.finish()),
-        ];
         finish(
             Arc::new(StructArray::try_new(
                 decide_actions_fields(),
-                columns,
+                out.finish(),
                 None,
             )?),
             scalar,

@@ -90,10 +90,7 @@ impl Kernel for Detect {
         );
         let refusals = RefusalDetector::default_pack();
         let mut prepared = Prepared::default();
-        let mut success = BooleanBuilder::with_capacity(n);
-        let mut rule = StringBuilder::with_capacity(n, n * 16);
-        let mut echoed = BooleanBuilder::with_capacity(n);
-        let mut reason = StringBuilder::with_capacity(n, n * 4);
+        let mut decision = super::criteria::DecisionColumns::new(n, true);
         let mut questions = ListBuilder::new(StringBuilder::new());
         let mut leakage = Float64Builder::with_capacity(n);
         let mut canary_leaked = BooleanBuilder::with_capacity(n);
@@ -104,10 +101,7 @@ impl Kernel for Detect {
         let mut rule_spans = SpanLists::with_capacity(n);
         for i in 0..n {
             let Some(text) = response.get(i) else {
-                success.append_null();
-                rule.append_null();
-                echoed.append_null();
-                reason.append_null();
+                decision.append_null();
                 questions.append_null();
                 leakage.append_null();
                 canary_leaked.append_null();
@@ -121,20 +115,14 @@ impl Kernel for Detect {
             let given = Given::new(given_args.iter().map(|g| g.get(i)), protected.get(i));
             match criteria.get(i) {
                 None => {
-                    success.append_null();
-                    rule.append_null();
-                    echoed.append_null();
-                    reason.append_null();
+                    decision.append_null();
                     questions.append_null();
                 }
                 Some(c) => {
                     let matcher = super::criteria::compiled_criterion(name, i, c, &compiled[c])?;
                     let d = matcher
                         .decide(&Response::new(text, &prepared, refusals).with_given(&given));
-                    success.append_option(d.success);
-                    rule.append_option(d.matched_rule);
-                    echoed.append_value(d.echoed);
-                    reason.append_option(d.review_reason().map(|r| r.as_str()));
+                    decision.append(&d);
                     if d.success.is_none() {
                         for q in &d.questions {
                             questions.values().append_value(q);
@@ -168,18 +156,15 @@ impl Kernel for Detect {
             pack.spans_folded(text, &prepared.folded, &mut scratch, &mut spans);
             rule_spans.append(text, &spans);
         }
-        let columns: Vec<ArrayRef> = vec![
-            Arc::new(success.finish()),
-            Arc::new(rule.finish()),
-            Arc::new(echoed.finish()),
-            Arc::new(reason.finish()),
+        let mut columns: Vec<ArrayRef> = decision.finish();
+        columns.extend::<[ArrayRef; 6]>([
             Arc::new(questions.finish()),
             Arc::new(leakage.finish()),
             Arc::new(canary_leaked.finish()),
             Arc::new(refusal.finish()),
             Arc::new(class.finish()),
             Arc::new(rule_spans.finish()),
-        ];
+        ]);
         let array = StructArray::try_new(detect_fields(), columns, None)?;
         finish(
             Arc::new(array),
