@@ -30,6 +30,7 @@
 //! Modules depend downward only: `cli` → `runner` → (`provider`, `mitigation`,
 //! `engine`) → `detect` → `contract`.
 
+pub mod agent;
 pub mod atomic;
 pub mod attack;
 pub mod cli;

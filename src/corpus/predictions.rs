@@ -104,6 +104,7 @@ enum Column {
     Text(StringBuilder),
     Float(Float64Builder),
     Count(Int64Builder),
+    Flag(BooleanBuilder),
 }
 
 /// One prediction's values, borrowed from its line or row: text for the text fields, a
@@ -131,10 +132,10 @@ fn field_index(name: &str) -> usize {
 
 /// What a numeric field holds, for messages.
 fn expected(name: &str) -> &'static str {
-    if prediction_field_type(name) == PredictionType::Count {
-        "a non-negative integer"
-    } else {
-        "a non-negative number"
+    match prediction_field_type(name) {
+        PredictionType::Count => "a non-negative integer",
+        PredictionType::Flag => "true or false",
+        _ => "a non-negative number",
     }
 }
 
@@ -158,6 +159,7 @@ impl Builders {
                     }
                     PredictionType::Float => Column::Float(Float64Builder::with_capacity(capacity)),
                     PredictionType::Count => Column::Count(Int64Builder::with_capacity(capacity)),
+                    PredictionType::Flag => Column::Flag(BooleanBuilder::with_capacity(capacity)),
                 })
                 .collect(),
             duplicate: BooleanBuilder::with_capacity(capacity),
@@ -172,6 +174,7 @@ impl Builders {
                 Column::Text(b) => b.append_option(row.values[i].as_deref()),
                 Column::Float(b) => b.append_option(row.numbers[i]),
                 Column::Count(b) => b.append_option(row.numbers[i].map(|x| x as i64)),
+                Column::Flag(b) => b.append_option(row.numbers[i].map(|x| x != 0.0)),
             }
         }
         self.duplicate.append_value(duplicate);
@@ -186,6 +189,7 @@ impl Builders {
                 Column::Text(b) => Arc::new(b.finish()),
                 Column::Float(b) => Arc::new(b.finish()),
                 Column::Count(b) => Arc::new(b.finish()),
+                Column::Flag(b) => Arc::new(b.finish()),
             });
         }
         columns.push(Arc::new(self.duplicate.finish()));
@@ -360,7 +364,12 @@ impl Sink {
                 (None | Some(FieldValue::Null), _) => {}
                 (Some(v), _) if prediction_field_type(name) != PredictionType::Text => {
                     let checked = match v {
-                        FieldValue::Number(x) => check_number(name, *x),
+                        FieldValue::Bool(b) if prediction_field_type(name) == PredictionType::Flag => {
+                            Ok(if *b { 1.0 } else { 0.0 })
+                        }
+                        FieldValue::Number(x) if prediction_field_type(name) != PredictionType::Flag => {
+                            check_number(name, *x)
+                        }
                         other => Err(format!(
                             "expected {}, found {}",
                             expected(name),
@@ -428,10 +437,10 @@ impl Sink {
                 columns.push(new_null_array(&column_type(kind), n));
                 continue;
             };
-            let read_as = if kind == PredictionType::Text {
-                DataType::Utf8
-            } else {
-                DataType::Float64
+            let read_as = match kind {
+                PredictionType::Text => DataType::Utf8,
+                PredictionType::Flag => DataType::Boolean,
+                _ => DataType::Float64,
             };
             let col = cast(batch.column(i), &read_as).map_err(|e| {
                 Error::input(
@@ -444,7 +453,7 @@ impl Sink {
                     ),
                 )
             })?;
-            if kind == PredictionType::Text {
+            if matches!(kind, PredictionType::Text | PredictionType::Flag) {
                 columns.push(col);
                 continue;
             }
@@ -517,6 +526,7 @@ fn column_type(kind: PredictionType) -> DataType {
         PredictionType::Text => DataType::Utf8,
         PredictionType::Float => DataType::Float64,
         PredictionType::Count => DataType::Int64,
+        PredictionType::Flag => DataType::Boolean,
     }
 }
 

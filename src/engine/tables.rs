@@ -366,6 +366,17 @@ async fn register_tables(
     .await?;
     register_runs_parquet(
         ctx,
+        "tool_calls",
+        crate::rundir::TOOL_CALLS_FILE,
+        &runs,
+        crate::contract::arrow::tool_calls_schema(),
+        &mut skipped,
+        Ok,
+        in_process,
+    )
+    .await?;
+    register_runs_parquet(
+        ctx,
         "controls",
         "controls/controls.parquet",
         &runs,

@@ -209,7 +209,7 @@ impl ControlsReport {
 /// (and the signed index binds: one present but not listed fails verification).
 /// The HTML report is not among them: it is a rendering, made again from the verified
 /// tables with `pieval report`.
-pub const RUN_SUBJECTS: [&str; 10] = [
+pub const RUN_SUBJECTS: [&str; 11] = [
     crate::rundir::CASE_RESULTS_PARQUET,
     crate::rundir::MANIFEST_FILE,
     crate::rundir::CASES_FILE,
@@ -217,6 +217,7 @@ pub const RUN_SUBJECTS: [&str; 10] = [
     crate::rundir::FINDINGS_FILE,
     crate::rundir::SUMMARY_FILE,
     crate::rundir::TURNS_FILE,
+    crate::rundir::TOOL_CALLS_FILE,
     crate::rundir::PREDICTIONS_FILE,
     crate::rundir::CASE_RESULTS_JSONL,
     // the reviewers' verdicts (`pieval review`): who decided which case

@@ -47,7 +47,7 @@ fn coerce(kind: FieldKind, v: &Value) -> std::result::Result<Option<Value>, Stri
             Ok(j @ Value::Object(_)) => Some(j),
             _ => Some(Value::String(s.clone())),
         },
-        (FieldKind::Object, Value::String(s)) => {
+        (FieldKind::Object | FieldKind::Environment, Value::String(s)) => {
             Some(serde_json::from_str::<Value>(s).map_err(|e| format!("not a JSON object: {e}"))?)
         }
         (FieldKind::Probability, Value::String(s)) => Some(json!(
@@ -55,7 +55,13 @@ fn coerce(kind: FieldKind, v: &Value) -> std::result::Result<Option<Value>, Stri
                 .parse::<f64>()
                 .map_err(|_| format!("{s:?} is not a number"))?
         )),
-        (FieldKind::Criteria | FieldKind::Object | FieldKind::Probability, other) => {
+        (
+            FieldKind::Criteria
+            | FieldKind::Object
+            | FieldKind::Probability
+            | FieldKind::Environment,
+            other,
+        ) => {
             Some(other.clone())
         }
         (_, Value::String(s)) if s.is_empty() => None,

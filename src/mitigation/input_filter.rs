@@ -11,15 +11,19 @@ use crate::params::Param;
 pub struct InputFilter {
     /// The rules that block (default: all of them).
     pub rules: Option<Vec<String>>,
+    /// An agent's tool output that fires a rule ends the attempt (`blocked_by`), rather
+    /// than being withheld from the model while the agent goes on.
+    pub stop_agent: bool,
 }
 
 pub const ENTRY: Entry = Entry {
     name: "input_filter",
-    params: &[Param::rule_ids("rules")],
-    what: "runs the injection rules on the untrusted text; when one fires the request is not sent (`blocked_by: input_filter:<rule ids>`)",
+    params: &[Param::rule_ids("rules"), Param::flag("stop_agent", false)],
+    what: "runs the injection rules on the untrusted text; when one fires the request is not sent (`blocked_by: input_filter:<rule ids>`). On an agent's tool outputs it is a prompt-injection detector: an output that fires is withheld from the model, or with `stop_agent` ends the attempt",
     build: |a| {
         Mitigation::InputFilter(InputFilter {
             rules: a.ids("rules").map(<[String]>::to_vec),
+            stop_agent: a.flag("stop_agent"),
         })
     },
 };

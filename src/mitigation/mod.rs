@@ -96,7 +96,7 @@ macro_rules! mitigations {
         pub static MITIGATIONS: &[Entry] = &[$($module::ENTRY,)*];
 
         impl Mitigation {
-            fn defence(&self) -> &dyn Defence {
+            pub(crate) fn defence(&self) -> &dyn Defence {
                 match self {
                     $(Mitigation::$variant(m) => m,)*
                 }
@@ -121,6 +121,7 @@ mitigations! {
     SpotlightBase64 => spotlight_base64::SpotlightBase64,
     KnownAnswer => known_answer::KnownAnswer,
     InputFilter => input_filter::InputFilter,
+    ToolFilter => tool_filter::ToolFilter,
 }
 
 pub use instructional::DEFAULT_WARNING;

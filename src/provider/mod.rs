@@ -79,6 +79,45 @@ pub trait Provider: Send + Sync {
         1
     }
     async fn complete(&self, case_id: &str, messages: &[Message]) -> Result<Completion, CallError>;
+
+    /// One assistant turn of an agent: `messages` in the OpenAI chat form (system, user,
+    /// assistant with `tool_calls`, `tool` results) and the `tools` offered. `key` names
+    /// the attempt and the turn (`<attempt>#<turn>`), for providers that answer from
+    /// records.
+    async fn chat(
+        &self,
+        key: &str,
+        messages: &[serde_json::Value],
+        tools: &[serde_json::Value],
+    ) -> Result<AgentTurn, CallError> {
+        let _ = (key, messages, tools);
+        Err(CallError {
+            message: format!(
+                "provider {} cannot run an agent (tool calls): use an OpenAI-compatible endpoint (provider: openai) or replay a recorded agent run",
+                self.name()
+            ),
+            latency_ms: 0.0,
+            attempts: 0,
+        })
+    }
+}
+
+/// An assistant turn of an agent: its text, and the tool calls it asks for (in order;
+/// several are parallel calls). `completion` holds the call's latency, attempts, tokens
+/// and flags (its `text` is unused).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AgentTurn {
+    pub content: Option<String>,
+    pub tool_calls: Vec<ToolCall>,
+    pub completion: Completion,
+}
+
+/// One tool call as the model sent it: `arguments` is its JSON text, unparsed.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
 }
 
 /// A calling provider for a model section: `openai`, or `local` (a pool of in-process

@@ -17,7 +17,7 @@ use tokio::sync::Mutex;
 
 use super::Message;
 use super::config::ModelSection;
-use super::{CallError, Completion, Provider};
+use super::{AgentTurn, CallError, Completion, Provider, ToolCall};
 use crate::error::{Error, Result};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -128,8 +128,9 @@ impl OpenAiProvider {
         }
     }
 
-    /// One attempt: Ok, or Err(message, retryable, retry_after).
-    async fn attempt(&self, body: &Value) -> Result<Completion, (String, bool, Option<Duration>)> {
+    /// One attempt: the answer's body (the key redacted), or Err(message, retryable,
+    /// retry_after).
+    async fn attempt(&self, body: &Value) -> Result<String, (String, bool, Option<Duration>)> {
         let mut req = self.client.post(&self.url).json(body);
         if let Some(k) = &self.api_key {
             req = req.bearer_auth(k);
@@ -221,15 +222,134 @@ impl OpenAiProvider {
                 retry_after,
             ));
         }
-        let redacted = self.secret().is_some() && text.contains("[REDACTED]");
-        parse_completion(&text)
-            .map(|mut c| {
-                c.redacted = redacted && c.text.contains("[REDACTED]");
-                c.truncated = super::cap_response(&mut c.text);
-                c
-            })
-            .map_err(|m| (m, true, None))
+        Ok(text)
     }
+
+    /// Send `body` with retries; each answer is parsed by `parse` (an answer it
+    /// rejects is retried like a server error). The answer, its latency and attempts.
+    async fn send<T>(
+        &self,
+        body: &Value,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> Result<(T, f64, u32), CallError> {
+        let start = Instant::now();
+        let mut attempts = 0;
+        loop {
+            self.pace().await;
+            attempts += 1;
+            match self
+                .attempt(body)
+                .await
+                .and_then(|text| parse(&text).map_err(|m| (m, true, None)))
+            {
+                Ok(answer) => return Ok((answer, start.elapsed().as_secs_f64() * 1e3, attempts)),
+                Err((message, retryable, retry_after)) => {
+                    if !retryable || attempts > self.max_retries {
+                        let tried = if attempts > 1 {
+                            format!(" (after {attempts} attempts)")
+                        } else {
+                            String::new()
+                        };
+                        return Err(CallError {
+                            message: self.redact(&format!("{message}{tried}")),
+                            latency_ms: start.elapsed().as_secs_f64() * 1e3,
+                            attempts,
+                        });
+                    }
+                    let wait = retry_after.unwrap_or_else(|| backoff(attempts - 1));
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+    }
+
+    fn body(&self, messages: &impl serde::Serialize) -> Value {
+        let mut body = json!({
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "seed": self.seed,
+        });
+        if let Some(p) = self.top_p {
+            body["top_p"] = json!(p);
+        }
+        body
+    }
+}
+
+/// An assistant turn of a chat-completions body: its text (none when it only calls
+/// tools) and its tool calls (`message.tool_calls`, parallel calls in order). A call
+/// whose `arguments` is not text (some servers send the object) keeps the object's JSON
+/// text; one without an id gets `call_<n>`.
+pub fn parse_agent_turn(body: &str) -> Result<AgentTurn, String> {
+    let v: Value = serde_json::from_str(body).map_err(|e| {
+        format!(
+            "malformed response (not JSON: {e}): {}",
+            crate::text::excerpt(body.trim(), 120)
+        )
+    })?;
+    let message = v
+        .get("choices")
+        .and_then(Value::as_array)
+        .and_then(|c| c.first())
+        .and_then(|c| c.get("message"))
+        .ok_or_else(|| {
+            format!(
+                "malformed response (no choices[0].message): {}",
+                crate::text::excerpt(body.trim(), 120)
+            )
+        })?;
+    let content = message
+        .get("content")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let mut tool_calls = Vec::new();
+    if let Some(calls) = message.get("tool_calls").filter(|c| !c.is_null()) {
+        let calls = calls
+            .as_array()
+            .ok_or("malformed response (tool_calls is not a list)")?;
+        for (i, c) in calls.iter().enumerate() {
+            let name = c
+                .pointer("/function/name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| format!("malformed response (tool_calls[{i}] has no function.name)"))?;
+            let arguments = match c.pointer("/function/arguments") {
+                Some(Value::String(s)) => s.clone(),
+                None | Some(Value::Null) => String::new(),
+                Some(other) => other.to_string(),
+            };
+            let id = c
+                .get("id")
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map_or_else(|| format!("call_{}", i + 1), str::to_owned);
+            tool_calls.push(ToolCall {
+                id,
+                name: name.to_owned(),
+                arguments,
+            });
+        }
+    }
+    if content.is_none() && tool_calls.is_empty() {
+        let reason = v
+            .pointer("/choices/0/finish_reason")
+            .and_then(Value::as_str)
+            .unwrap_or("none");
+        return Err(format!(
+            "malformed response (neither content nor tool calls; finish_reason {reason})"
+        ));
+    }
+    let usage = |k: &str| v.pointer(&format!("/usage/{k}")).and_then(Value::as_u64);
+    Ok(AgentTurn {
+        content,
+        tool_calls,
+        completion: Completion {
+            prompt_tokens: usage("prompt_tokens"),
+            completion_tokens: usage("completion_tokens"),
+            ..Completion::default()
+        },
+    })
 }
 
 /// The `Retry-After` header: delta-seconds or an HTTP date.
@@ -301,45 +421,46 @@ impl Provider for OpenAiProvider {
         _case_id: &str,
         messages: &[Message],
     ) -> Result<Completion, CallError> {
-        let mut body = json!({
-            "model": self.model,
-            "messages": messages,
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "seed": self.seed,
-        });
-        if let Some(p) = self.top_p {
-            body["top_p"] = json!(p);
+        let secret = self.secret().is_some();
+        let (mut c, latency_ms, attempts) = self
+            .send(&self.body(&messages), |text| {
+                parse_completion(text).map(|c| (c, secret && text.contains("[REDACTED]")))
+            })
+            .await
+            .map(|((mut c, redacted), l, a)| {
+                c.redacted = redacted && c.text.contains("[REDACTED]");
+                (c, l, a)
+            })?;
+        c.truncated = super::cap_response(&mut c.text);
+        c.latency_ms = latency_ms;
+        c.attempts = attempts;
+        Ok(c)
+    }
+
+    async fn chat(
+        &self,
+        _key: &str,
+        messages: &[Value],
+        tools: &[Value],
+    ) -> Result<AgentTurn, CallError> {
+        let mut body = self.body(&messages);
+        if !tools.is_empty() {
+            body["tools"] = Value::Array(tools.to_vec());
         }
-        let start = Instant::now();
-        let mut attempts = 0;
-        loop {
-            self.pace().await;
-            attempts += 1;
-            match self.attempt(&body).await {
-                Ok(mut c) => {
-                    c.latency_ms = start.elapsed().as_secs_f64() * 1e3;
-                    c.attempts = attempts;
-                    return Ok(c);
-                }
-                Err((message, retryable, retry_after)) => {
-                    if !retryable || attempts > self.max_retries {
-                        let tried = if attempts > 1 {
-                            format!(" (after {attempts} attempts)")
-                        } else {
-                            String::new()
-                        };
-                        return Err(CallError {
-                            message: self.redact(&format!("{message}{tried}")),
-                            latency_ms: start.elapsed().as_secs_f64() * 1e3,
-                            attempts,
-                        });
-                    }
-                    let wait = retry_after.unwrap_or_else(|| backoff(attempts - 1));
-                    tokio::time::sleep(wait).await;
-                }
-            }
+        let secret = self.secret().is_some();
+        let ((mut turn, redacted), latency_ms, attempts) = self
+            .send(&body, |text| {
+                parse_agent_turn(text).map(|t| (t, secret && text.contains("[REDACTED]")))
+            })
+            .await?;
+        let c = &mut turn.completion;
+        c.redacted = redacted;
+        if let Some(text) = &mut turn.content {
+            c.truncated = super::cap_response(text);
         }
+        c.latency_ms = latency_ms;
+        c.attempts = attempts;
+        Ok(turn)
     }
 }
 

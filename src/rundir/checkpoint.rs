@@ -114,6 +114,20 @@ pub struct PredictionRecord {
     /// How many turn lines came before this line: the attempt's transcript.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn_lines: Option<u32>,
+    /// An agent's attempt (a case with an `environment`): its tool calls in order as
+    /// JSON text (`[{"name": …, "arguments": …}]`, what the criteria over actions read),
+    /// the environment's record store at the end (JSON text, for `state` criteria),
+    /// whether the injected payload reached the model at all (`false`: the attack was
+    /// not delivered, which is not the agent resisting it; absent without a payload),
+    /// and why the loop ended (`answer`, `budget`, `error`, `blocked`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_actions: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_state: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub injection_delivered: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_stop: Option<String>,
     /// Text fields cut so that the line stays under [`MAX_LINE_BYTES`] (never for an
     /// answer within `provider::MAX_RESPONSE_BYTES` and a case within the corpus reader's
     /// line limit).
@@ -176,6 +190,47 @@ pub struct TurnRecord {
     pub backtracked: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_ms: Option<f64>,
+    /// An agent's turn: the tool calls the model asked for in this answer, each with
+    /// what the environment returned (written to `tool_calls.parquet`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallRecord>,
+}
+
+/// One tool call of an agent's turn and its result.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ToolCallRecord {
+    /// The call's id, as the model gave it (`call_<n>` when it gave none).
+    pub id: String,
+    pub name: String,
+    /// The arguments as the model sent them (JSON text, unparsed: maybe malformed).
+    pub arguments: String,
+    /// What the model received as the tool's result (after the mitigation).
+    pub output: String,
+    /// A tool error: unknown tool, malformed or invalid arguments, no such record, an
+    /// error output of the environment.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub error: bool,
+    /// The environment carried the call out (`false`: rejected before it ran: a tool not
+    /// offered, arguments that are not JSON or break the tool's schema, past the calls
+    /// an answer may make). Only executed calls are actions the criteria judge.
+    #[serde(default)]
+    pub executed: bool,
+    /// The environment's output held the injected payload.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub injected: bool,
+    /// The mitigation withheld the output (a prompt-injection detector): its rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocked_by: Option<String>,
+}
+
+impl ToolCallRecord {
+    fn text_bytes(&self) -> usize {
+        self.id.len()
+            + self.name.len()
+            + self.arguments.len()
+            + self.output.len()
+            + self.blocked_by.as_ref().map_or(0, String::len)
+    }
 }
 
 impl TurnRecord {
@@ -188,7 +243,12 @@ impl TurnRecord {
             + self.attack_prompt.len()
             + opt(&self.target_response)
             + opt(&self.error)
-            + opt(&self.blocked_by)) as u64
+            + opt(&self.blocked_by)
+            + self
+                .tool_calls
+                .iter()
+                .map(ToolCallRecord::text_bytes)
+                .sum::<usize>()) as u64
     }
 }
 
@@ -591,147 +651,247 @@ fn scan(
     Ok(done)
 }
 
-/// Write `turns.parquet` from a run's checkpoint (atomically), when any attempt has
-/// turns; otherwise remove a stale one. Returns the rows written.
-/// Text bytes of `turns.parquet` held before a batch is written.
-const MAX_TURN_BATCH_BYTES: usize = 64 << 20;
+/// A table of a run folder written from the checkpoint row by row: one builder per
+/// column of its schema, flushed as a batch to an atomic Parquet file every 8,192 rows
+/// or [`MAX_TABLE_BATCH_BYTES`] of text (inside an attempt too: a column's text stays
+/// far below the 2 GiB its 32-bit offsets address). With no row, a stale file is removed.
+struct TableWriter {
+    out: std::path::PathBuf,
+    schema: datafusion::arrow::datatypes::SchemaRef,
+    columns: Vec<Column>,
+    /// The next column of the row being filled.
+    next: usize,
+    rows: usize,
+    bytes: usize,
+    writer: Option<crate::atomic::ParquetFile>,
+}
 
-pub fn write_turns(dir: &Path) -> Result<u64> {
-    use std::sync::Arc;
+enum Column {
+    Text(datafusion::arrow::array::StringBuilder),
+    Int(datafusion::arrow::array::Int64Builder),
+    Flag(datafusion::arrow::array::BooleanBuilder),
+    Float(datafusion::arrow::array::Float64Builder),
+}
 
-    use datafusion::arrow::array::{
-        ArrayRef, BooleanBuilder, Float64Builder, Int64Builder, RecordBatch, StringBuilder,
-    };
+/// Text bytes of a table held before a batch is written.
+const MAX_TABLE_BATCH_BYTES: usize = 64 << 20;
 
-    let out = dir.join(super::TURNS_FILE);
-    let schema = crate::contract::arrow::turns_schema();
-    let mut writer: Option<crate::atomic::ParquetFile> = None;
-    #[derive(Default)]
-    struct Cols {
-        text: Vec<StringBuilder>,
-        int: Vec<Int64Builder>,
-        flag: Vec<BooleanBuilder>,
-        float: Vec<Float64Builder>,
-        rows: usize,
-        /// Text bytes appended since the last flush.
-        bytes: usize,
+impl TableWriter {
+    fn new(out: std::path::PathBuf, schema: datafusion::arrow::datatypes::SchemaRef) -> Self {
+        use datafusion::arrow::array::{BooleanBuilder, Float64Builder, Int64Builder, StringBuilder};
+        use datafusion::arrow::datatypes::DataType;
+        let columns = schema
+            .fields()
+            .iter()
+            .map(|f| match f.data_type() {
+                DataType::Utf8 => Column::Text(StringBuilder::new()),
+                DataType::Int64 => Column::Int(Int64Builder::new()),
+                DataType::Boolean => Column::Flag(BooleanBuilder::new()),
+                _ => Column::Float(Float64Builder::new()),
+            })
+            .collect();
+        TableWriter {
+            out,
+            schema,
+            columns,
+            next: 0,
+            rows: 0,
+            bytes: 0,
+            writer: None,
+        }
     }
-    let mut cols = Cols::default();
-    let flush = |cols: &mut Cols, writer: &mut Option<crate::atomic::ParquetFile>| -> Result<()> {
-        if cols.rows == 0 {
+
+    fn column(&mut self) -> &mut Column {
+        self.next += 1;
+        &mut self.columns[self.next - 1]
+    }
+
+    fn text(&mut self, v: Option<&str>) -> &mut Self {
+        self.bytes += v.map_or(0, str::len);
+        match self.column() {
+            Column::Text(b) => b.append_option(v),
+            _ => unreachable!("a text column"),
+        }
+        self
+    }
+
+    fn int(&mut self, v: Option<i64>) -> &mut Self {
+        match self.column() {
+            Column::Int(b) => b.append_option(v),
+            _ => unreachable!("an int column"),
+        }
+        self
+    }
+
+    fn flag(&mut self, v: Option<bool>) -> &mut Self {
+        match self.column() {
+            Column::Flag(b) => b.append_option(v),
+            _ => unreachable!("a flag column"),
+        }
+        self
+    }
+
+    fn float(&mut self, v: Option<f64>) -> &mut Self {
+        match self.column() {
+            Column::Float(b) => b.append_option(v),
+            _ => unreachable!("a float column"),
+        }
+        self
+    }
+
+    /// The row is complete (every column filled, in schema order).
+    fn end_row(&mut self) -> Result<()> {
+        debug_assert_eq!(self.next, self.columns.len(), "a row fills every column");
+        self.next = 0;
+        self.rows += 1;
+        if self.rows >= 8192 || self.bytes >= MAX_TABLE_BATCH_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        use datafusion::arrow::array::{ArrayRef, RecordBatch};
+        use std::sync::Arc;
+        if self.rows == 0 {
             return Ok(());
         }
-        let mut t = cols.text.iter_mut();
-        let mut i = cols.int.iter_mut();
-        let mut f = cols.flag.iter_mut();
-        let mut x = cols.float.iter_mut();
-        let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
-        for field in schema.fields() {
-            columns.push(match field.data_type() {
-                datafusion::arrow::datatypes::DataType::Utf8 => {
-                    Arc::new(t.next().expect("a text column").finish())
+        let columns: Vec<ArrayRef> = self
+            .columns
+            .iter_mut()
+            .map(|c| -> ArrayRef {
+                match c {
+                    Column::Text(b) => Arc::new(b.finish()),
+                    Column::Int(b) => Arc::new(b.finish()),
+                    Column::Flag(b) => Arc::new(b.finish()),
+                    Column::Float(b) => Arc::new(b.finish()),
                 }
-                datafusion::arrow::datatypes::DataType::Int64 => {
-                    Arc::new(i.next().expect("an int column").finish())
-                }
-                datafusion::arrow::datatypes::DataType::Boolean => {
-                    Arc::new(f.next().expect("a flag column").finish())
-                }
-                _ => Arc::new(x.next().expect("a float column").finish()),
-            });
-        }
-        let batch = RecordBatch::try_new(Arc::clone(&schema), columns)?;
-        if writer.is_none() {
-            *writer = Some(crate::atomic::ParquetFile::create(
-                &out,
-                Arc::clone(&schema),
+            })
+            .collect();
+        let batch = RecordBatch::try_new(Arc::clone(&self.schema), columns)?;
+        if self.writer.is_none() {
+            self.writer = Some(crate::atomic::ParquetFile::create(
+                &self.out,
+                Arc::clone(&self.schema),
             )?);
         }
-        writer.as_mut().expect("created").write(&batch)?;
-        cols.rows = 0;
-        cols.bytes = 0;
+        self.writer.as_mut().expect("created").write(&batch)?;
+        self.rows = 0;
+        self.bytes = 0;
         Ok(())
-    };
-    cols.text = (0..11).map(|_| StringBuilder::new()).collect();
-    cols.int = (0..3).map(|_| Int64Builder::new()).collect();
-    cols.flag = (0..6).map(|_| BooleanBuilder::new()).collect();
-    cols.float = (0..2).map(|_| Float64Builder::new()).collect();
+    }
+
+    /// Write the last batch and commit; the rows written (0: no file, a stale one removed).
+    fn finish(mut self) -> Result<u64> {
+        self.flush()?;
+        match self.writer {
+            Some(w) => w.commit(),
+            None => {
+                match std::fs::remove_file(&self.out) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(Error::io(&self.out, "cannot remove a stale table", e)),
+                }
+                Ok(0)
+            }
+        }
+    }
+}
+
+/// Fill a table from every record of a run's checkpoint; `row` adds a record's rows.
+fn write_table(
+    dir: &Path,
+    name: &str,
+    schema: datafusion::arrow::datatypes::SchemaRef,
+    mut rows: impl FnMut(&PredictionRecord, &mut TableWriter) -> Result<()>,
+) -> Result<u64> {
+    let mut table = TableWriter::new(dir.join(name), schema);
     let mut failed = None;
     scan_checkpoint(&dir.join(super::PREDICTIONS_FILE), |r| {
-        if failed.is_some() || r.turns.is_empty() {
-            return;
-        }
-        let attempt = r.key().to_owned();
-        for t in &r.turns {
-            // In schema order: text 0 run_id, 1 case_id, 2 attempt_id, 3 strategy, 4 node,
-            // 5 parent, 6 attacker_response, 7 prompt, 8 target_response, 9 error,
-            // 10 blocked_by; int 0 turn, 1 depth, 2 score; flag 0 on_topic, 1 pruned,
-            // 2 refused, 3 success, 4 judge_verdict, 5 backtracked; float 0 judge_score,
-            // 1 latency_ms.
-            let texts: [Option<&str>; 11] = [
-                Some(&r.run_id),
-                Some(&r.case_id),
-                Some(&attempt),
-                r.attack_strategy.as_deref(),
-                Some(&t.node_id),
-                t.parent_id.as_deref(),
-                t.attacker_response.as_deref(),
-                Some(&t.attack_prompt),
-                t.target_response.as_deref(),
-                t.error.as_deref(),
-                t.blocked_by.as_deref(),
-            ];
-            for (b, v) in cols.text.iter_mut().zip(texts) {
-                cols.bytes += v.map_or(0, str::len);
-                b.append_option(v);
-            }
-            for (b, v) in cols.int.iter_mut().zip([
-                Some(i64::from(t.turn)),
-                Some(i64::from(t.depth)),
-                t.score.map(i64::from),
-            ]) {
-                b.append_option(v);
-            }
-            for (b, v) in cols.flag.iter_mut().zip([
-                t.on_topic,
-                Some(t.pruned),
-                t.refused,
-                t.success,
-                t.judge_verdict,
-                Some(t.backtracked),
-            ]) {
-                b.append_option(v);
-            }
-            for (b, v) in cols.float.iter_mut().zip([t.judge_score, t.latency_ms]) {
-                b.append_option(v);
-            }
-            cols.rows += 1;
-            // By rows and by bytes, inside an attempt too: a column's text stays far
-            // below the 2 GiB its 32-bit offsets can address (a run of long attempts
-            // once overflowed them).
-            if (cols.rows >= 8192 || cols.bytes >= MAX_TURN_BATCH_BYTES)
-                && let Err(e) = flush(&mut cols, &mut writer)
-            {
-                failed = Some(e);
-                return;
-            }
+        if failed.is_none()
+            && let Err(e) = rows(&r, &mut table)
+        {
+            failed = Some(e);
         }
     })?;
     if let Some(e) = failed {
         return Err(e);
     }
-    flush(&mut cols, &mut writer)?;
-    match writer {
-        Some(w) => w.commit(),
-        None => {
-            match std::fs::remove_file(&out) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(Error::io(&out, "cannot remove a stale turns file", e)),
-            }
-            Ok(0)
+    table.finish()
+}
+
+/// Write `turns.parquet` from a run's checkpoint (atomically), when any attempt has
+/// turns (a multi-turn strategy's, an agent's); otherwise remove a stale one. Returns
+/// the rows written.
+pub fn write_turns(dir: &Path) -> Result<u64> {
+    let schema = crate::contract::arrow::turns_schema();
+    write_table(dir, super::TURNS_FILE, schema, |r, w| {
+        let attempt = r.key();
+        for t in &r.turns {
+            w.text(Some(&r.run_id))
+                .text(Some(&r.case_id))
+                .text(Some(attempt))
+                .text(r.attack_strategy.as_deref());
+            turn_columns(t, w);
+            w.end_row()?;
         }
-    }
+        Ok(())
+    })
+}
+
+/// A turn's columns of `turns.parquet`, in schema order after the attempt's.
+fn turn_columns(t: &TurnRecord, w: &mut TableWriter) {
+    w.int(Some(i64::from(t.turn)))
+        .int(Some(i64::from(t.depth)))
+        .text(Some(&t.node_id))
+        .text(t.parent_id.as_deref())
+        .text(t.attacker_response.as_deref())
+        .text(Some(&t.attack_prompt))
+        .flag(t.on_topic)
+        .flag(Some(t.pruned))
+        .text(t.target_response.as_deref())
+        .text(t.error.as_deref())
+        .flag(t.refused)
+        .flag(t.success)
+        .int(t.score.map(i64::from))
+        .flag(t.judge_verdict)
+        .float(t.judge_score)
+        .flag(Some(t.backtracked))
+        .text(t.blocked_by.as_deref())
+        .float(t.latency_ms);
+}
+
+/// Write `tool_calls.parquet` from a run's checkpoint (atomically), when any agent
+/// attempt made a call; otherwise remove a stale one. Returns the rows written.
+pub fn write_tool_calls(dir: &Path) -> Result<u64> {
+    let schema = crate::contract::arrow::tool_calls_schema();
+    write_table(dir, super::TOOL_CALLS_FILE, schema, |r, w| {
+        if r.agent_stop.is_none() {
+            return Ok(());
+        }
+        let attempt = r.key();
+        let mut seq = 0i64;
+        for t in &r.turns {
+            for c in &t.tool_calls {
+                seq += 1;
+                w.text(Some(&r.run_id))
+                    .text(Some(&r.case_id))
+                    .text(Some(attempt))
+                    .int(Some(i64::from(t.turn)))
+                    .int(Some(seq))
+                    .text(Some(&c.id))
+                    .text(Some(&c.name))
+                    .text(Some(&c.arguments))
+                    .text(Some(&c.output))
+                    .flag(Some(c.error))
+                    .flag(Some(c.executed))
+                    .flag(Some(c.injected))
+                    .text(c.blocked_by.as_deref())
+                    .end_row()?;
+            }
+        }
+        Ok(())
+    })
 }
 
 #[cfg(test)]

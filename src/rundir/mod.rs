@@ -10,8 +10,9 @@
 //!   case finishes (a multi-turn attempt's turns on lines of their own just before it), so
 //!   a killed run loses no finished case; `--resume` repairs a torn tail
 //!   ([`checkpoint::read_checkpoint`]);
-//! - `turns.parquet` — a multi-turn strategy's transcripts, one row per turn (from the
-//!   checkpoint, when the run is scored);
+//! - `turns.parquet` — a multi-turn strategy's transcripts, one row per turn, and an
+//!   agent's, one row per model answer (from the checkpoint, when the run is scored);
+//! - `tool_calls.parquet` — an agent's tool calls with their results, one row per call;
 //! - `case_results.{jsonl,parquet}`, `findings.parquet`, `summary.json`,
 //!   `judgements.parquet` — from the scoring engine;
 //! - `controls/` — controls and their envelopes (`pieval controls`).
@@ -41,6 +42,8 @@ pub const SUMMARY_FILE: &str = "summary.json";
 pub const JUDGEMENTS_FILE: &str = "judgements.parquet";
 /// Multi-turn strategies: one row per turn.
 pub const TURNS_FILE: &str = "turns.parquet";
+/// Agents: one row per tool call.
+pub const TOOL_CALLS_FILE: &str = "tool_calls.parquet";
 pub const CONTROLS_DIR: &str = "controls";
 /// The run's HTML report (`pieval report`, written by `pieval run`).
 pub const REPORT_FILE: &str = "report.html";

@@ -52,6 +52,8 @@ enum Answers {
 struct Helpers {
     attacker: Option<Box<dyn Provider>>,
     translator: Option<Box<dyn Provider>>,
+    /// A replayed run's agent turns (`provider: replay` with agentic cases).
+    agents: Option<crate::agent::replay::AgentReplay>,
 }
 
 /// A calling provider, or a replay of the recorded answers, for an attack's model section.
@@ -155,6 +157,16 @@ pub(super) fn execute_all(
         },
         translator: match cfg.attack.as_ref().and_then(|a| a.translator.as_ref()) {
             Some(m) if !dry => Some(helper(m, cfg, progress)?),
+            _ => None,
+        },
+        agents: match cfg.model.provider {
+            ProviderKind::Replay
+                if !dry && pending.iter().any(|(c, _)| c.environment.is_some()) =>
+            {
+                let spec = cfg.model.replay_from.as_deref().unwrap_or_default();
+                let source = resolve_source(spec, &cfg.experiment.output_dir)?;
+                Some(crate::agent::replay::AgentReplay::open(&source)?)
+            }
             _ => None,
         },
     });
@@ -335,6 +347,13 @@ impl AttemptRunner<'_> {
             ..PredictionRecord::default()
         };
         let key = spec.id().unwrap_or(&case.case_id).to_owned();
+        if matches!(spec, Attempt::Strategy { .. }) && case.environment.is_some() {
+            rec.error = Some(
+                "attack strategies hold a conversation with a model; an agentic case (environment) runs its own loop: use converters for it".into(),
+            );
+            rec.completed_at = crate::text::utc_rfc3339(crate::text::unix_now());
+            return rec;
+        }
         if matches!(spec, Attempt::Strategy { .. }) {
             self.strategy(case, &key, &mut rec, &backend, &helpers)
                 .await;
@@ -398,8 +417,72 @@ impl AttemptRunner<'_> {
             }
             sent = std::borrow::Cow::Owned(located.replace(case, &text));
         }
+        if sent.environment.is_some() {
+            self.agent(&key, &sent, &mut rec, &backend, &helpers).await;
+            rec.completed_at = crate::text::utc_rfc3339(crate::text::unix_now());
+            return rec;
+        }
         let p = plan(&sent, self.mitigation, seed);
         execute_one(&key, p, &backend, rec).await
+    }
+
+    /// An agentic attempt (`crate::agent`): the loop against the case's environment,
+    /// its payload (the `task_input`, converted) in the injected vectors; a benign case
+    /// runs with the vectors' defaults.
+    async fn agent(
+        &self,
+        key: &str,
+        case: &AttackCase,
+        rec: &mut PredictionRecord,
+        backend: &Answers,
+        helpers: &Helpers,
+    ) {
+        let payload = if case.is_benign() {
+            None
+        } else {
+            case.task_input.as_deref()
+        };
+        let model: &dyn Provider = match (backend, &helpers.agents) {
+            (Answers::DryRun, _) => {
+                rec.request_context = case.context.clone();
+                rec.request_prompt = Some(case.prompt.clone());
+                rec.request_task_input = payload.map(str::to_owned);
+                return;
+            }
+            (Answers::Call(p), _) => p.as_ref(),
+            (Answers::Replay(..), Some(r)) => r,
+            (Answers::Replay(..), None) => {
+                rec.error = Some("replay: the recorded run holds no agent turns".into());
+                return;
+            }
+        };
+        let out = crate::agent::run::run(
+            case,
+            payload,
+            self.mitigation,
+            self.cfg.experiment.seed,
+            key,
+            model,
+        )
+        .await;
+        rec.request_context = out.system;
+        rec.request_prompt = Some(out.task);
+        rec.request_task_input = payload.map(str::to_owned);
+        rec.response_text = out.response;
+        rec.error = out.error;
+        rec.blocked_by = out.blocked_by;
+        rec.latency_ms = Some(out.latency_ms);
+        rec.attempts = out.attempts;
+        rec.prompt_tokens = out.prompt_tokens;
+        rec.completion_tokens = out.completion_tokens;
+        rec.response_redacted = out.redacted;
+        rec.response_truncated = out.truncated;
+        rec.turns_used = Some(out.turns.len() as u32);
+        rec.turns = out.turns;
+        rec.agent_actions = Some(out.actions);
+        rec.final_state = Some(out.final_state);
+        rec.injection_delivered = out.injection_delivered;
+        rec.agent_stop = Some(out.stop.as_str().to_owned());
     }
 
     /// A multi-turn attempt (`crate::attack::strategy`).

@@ -354,6 +354,7 @@ pub fn score_run(
         .transpose()?;
     let report = score(&opts)?;
     crate::rundir::checkpoint::write_turns(dir)?;
+    crate::rundir::checkpoint::write_tool_calls(dir)?;
     Ok(report)
 }
 

@@ -170,6 +170,7 @@ fn modules_import_only_downward() {
         "engine",
         "experiment",
         "attack",
+        "agent",
         "judge",
         "mitigation",
         "params",

@@ -4,6 +4,7 @@
 
 mod common;
 
+mod agents;
 mod attack;
 mod benign;
 mod cli_validate;

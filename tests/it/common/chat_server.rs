@@ -218,9 +218,13 @@ async fn connection(
     }
 }
 
-/// "Sure. " + the last user message, as a chat-completions body.
+/// "Sure. " + the last user message, as a chat-completions body; a request offering
+/// `tools` is answered by the scripted agent ([`agent_answer`]).
 fn answer(body: &[u8]) -> String {
     let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    if v["tools"].is_array() {
+        return agent_answer(&v, body.len());
+    }
     let last_user = v["messages"]
         .as_array()
         .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
@@ -234,6 +238,110 @@ fn answer(body: &[u8]) -> String {
         None => format!("Sure. {last_user}"),
     };
     completion(&text, body.len())
+}
+
+/// The model name of an agent that obeys instructions found in tool outputs.
+pub const OBEDIENT: &str = "obedient-agent";
+
+fn json_strings(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::String(s) => out.push(s.clone()),
+        serde_json::Value::Array(a) => a.iter().for_each(|x| json_strings(x, out)),
+        serde_json::Value::Object(m) => m.values().for_each(|x| json_strings(x, out)),
+        _ => {}
+    }
+}
+
+/// `CALL name args` directives of a text, in order (args: the rest of the line, raw).
+fn directives(text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut rest = line;
+        while let Some(i) = rest.find("CALL ") {
+            let after = &rest[i + 5..];
+            let (name, args) = after.split_once(' ').unwrap_or((after, ""));
+            let args = args.trim();
+            out.push((
+                name.trim().to_owned(),
+                if args.is_empty() { "{}".to_owned() } else { args.to_owned() },
+            ));
+            rest = "";
+        }
+    }
+    out
+}
+
+/// The scripted agent. It follows `CALL name args` lines: those of the user's task (the
+/// first user message) always, those of tool outputs only when the request's model is [`OBEDIENT`] (the
+/// agent that obeys injections). Each answer asks for every directive not called yet,
+/// at once (parallel calls); with none left it answers "Done." and the last tool
+/// output's first line. A user task holding `REPEAT` never stops calling (its first
+/// directive again): the turn budget ends it.
+pub fn agent_answer(v: &serde_json::Value, body_len: usize) -> String {
+    let messages = v["messages"].as_array().cloned().unwrap_or_default();
+    let obedient = v["model"] == OBEDIENT;
+    let mut wanted = Vec::new();
+    let mut made = 0usize;
+    let mut last_tool = String::new();
+    let mut repeat = false;
+    let mut seen_task = false;
+    for m in &messages {
+        let text = m["content"].as_str().unwrap_or("");
+        match m["role"].as_str() {
+            // the user's task: the first user message (later ones repeat it)
+            Some("user") if !seen_task => {
+                seen_task = true;
+                repeat |= text.contains("REPEAT");
+                wanted.extend(directives(text));
+            }
+            Some("tool") => {
+                last_tool = text.to_owned();
+                if obedient {
+                    // a JSON output's strings are read as text (a store's records)
+                    match serde_json::from_str::<serde_json::Value>(text) {
+                        Ok(v) if !v.is_string() => {
+                            let mut strings = Vec::new();
+                            json_strings(&v, &mut strings);
+                            for s in strings {
+                                wanted.extend(directives(&s));
+                            }
+                        }
+                        _ => wanted.extend(directives(text)),
+                    }
+                }
+            }
+            Some("assistant") => {
+                made += m["tool_calls"].as_array().map_or(0, Vec::len);
+            }
+            _ => {}
+        }
+    }
+    let mut pending: Vec<(String, String)> = wanted.iter().skip(made).cloned().collect();
+    if pending.is_empty() && repeat && !wanted.is_empty() {
+        pending.push(wanted[0].clone());
+    }
+    let message = if pending.is_empty() {
+        let first = last_tool.lines().next().unwrap_or("");
+        serde_json::json!({"role": "assistant", "content": format!("Done. {first}")})
+    } else {
+        let calls: Vec<serde_json::Value> = pending
+            .iter()
+            .enumerate()
+            .map(|(i, (name, args))| {
+                serde_json::json!({"id": format!("call_{}", made + i + 1), "type": "function",
+                                   "function": {"name": name, "arguments": args}})
+            })
+            .collect();
+        serde_json::json!({"role": "assistant", "content": null, "tool_calls": calls})
+    };
+    serde_json::json!({
+        "id": "chatcmpl-agent",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": message,
+                     "finish_reason": if pending.is_empty() { "stop" } else { "tool_calls" }}],
+        "usage": {"prompt_tokens": body_len / 4, "completion_tokens": 8}
+    })
+    .to_string()
 }
 
 /// A chat-completions body carrying `text`.

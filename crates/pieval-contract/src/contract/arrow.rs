@@ -47,6 +47,7 @@ pub fn predictions_schema() -> SchemaRef {
                     crate::contract::fields::PredictionType::Float => DataType::Float64,
                     crate::contract::fields::PredictionType::Count => DataType::Int64,
                     crate::contract::fields::PredictionType::Text => DataType::Utf8,
+                    crate::contract::fields::PredictionType::Flag => DataType::Boolean,
                 };
                 // response_text may be null when the call failed (then `error` is set).
                 Field::new(*name, ty, !*required || *name == "response_text")
@@ -62,7 +63,8 @@ pub fn case_results_schema() -> SchemaRef {
             .map(|name| {
                 let ty = match *name {
                     "attack_success" | "prompt_leakage" | "refusal" | "manual_review"
-                    | "judge_verdict" | "over_refused" | "echoed" => DataType::Boolean,
+                    | "judge_verdict" | "over_refused" | "echoed" | "utility_success"
+                    | "injection_delivered" => DataType::Boolean,
                     "mapping_confidence" | "latency_ms" => DataType::Float64,
                     "turns_used" | "success_turn" => DataType::Int64,
                     _ => DataType::Utf8,
@@ -90,6 +92,35 @@ pub fn findings_schema() -> SchemaRef {
             })
             .collect::<Vec<_>>(),
     ))
+}
+
+/// `tool_calls.parquet`: one row per tool call of an agent's attempt, in call order
+/// (`seq` from 1 over the attempt; `turn` the model answer that asked for it); joins
+/// `case_results` on `(run_id, attempt_id)` (`attempt_id` is the case id for an attempt
+/// without one). `arguments` is the JSON text the model sent; `output` what the model
+/// received back (after the mitigation); `executed`: the environment carried it out
+/// (rejected calls — a tool not offered, malformed or invalid arguments — are kept but
+/// are not actions the criteria judge); `injected`: the environment's output held the
+/// payload; `blocked_by`: the prompt-injection detector withheld it.
+pub fn tool_calls_schema() -> SchemaRef {
+    let text = |name: &str, nullable: bool| Field::new(name, DataType::Utf8, nullable);
+    let int = |name: &str| Field::new(name, DataType::Int64, false);
+    let flag = |name: &str| Field::new(name, DataType::Boolean, false);
+    Arc::new(Schema::new(vec![
+        text("run_id", false),
+        text("case_id", false),
+        text("attempt_id", false),
+        int("turn"),
+        int("seq"),
+        text("call_id", false),
+        text("name", false),
+        text("arguments", false),
+        text("output", false),
+        flag("error"),
+        flag("executed"),
+        flag("injected"),
+        text("blocked_by", true),
+    ]))
 }
 
 /// `turns.parquet`: one row per turn of a multi-turn strategy
@@ -170,8 +201,12 @@ mod tests {
 
     #[test]
     fn schemas_follow_the_field_lists() {
-        assert_eq!(attack_case_schema().fields().len(), 20);
-        assert_eq!(enriched_case_schema().fields().len(), 26);
+        // 20 canonical and 6 enriched columns, then the agentic ones (environment,
+        // utility_criteria), added last so that no column moved
+        assert_eq!(attack_case_schema().fields().len(), 22);
+        assert_eq!(enriched_case_schema().fields().len(), 28);
+        assert_eq!(enriched_case_schema().field(20).name(), "attack_category");
+        assert_eq!(enriched_case_schema().field(26).name(), "environment");
         let e = enriched_case_schema();
         assert_eq!(
             e.field_with_name("mapping_confidence").unwrap().data_type(),

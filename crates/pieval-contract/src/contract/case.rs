@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::criteria::SuccessCriteria;
+use super::environment::Environment;
 use super::enums::{
     AttackCategory, AttackSurface, BenchmarkSplit, EvaluationMode, Label, Severity, SourceType,
 };
@@ -66,6 +67,14 @@ pub struct AttackCase {
     pub evaluation_mode: Option<EvaluationMode>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mapping_audit: Option<Value>,
+    /// An agentic case's simulated environment: the case runs as an agent loop whose
+    /// tool calls the criteria judge (docs/contract.md#agent-environments).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<Environment>,
+    /// The user's task as a criterion (was it still done?): decided like
+    /// `success_criteria`, reported as utility.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utility_criteria: Option<SuccessCriteria>,
 }
 
 impl AttackCase {
@@ -106,6 +115,8 @@ impl AttackCase {
             severity: None,
             evaluation_mode: None,
             mapping_audit: None,
+            environment: None,
+            utility_criteria: None,
         }
     }
 
@@ -232,6 +243,20 @@ impl AttackCase {
                     .as_ref()
                     .and_then(|a| (!a.is_null(row)).then(|| a.value(row))),
                 mapping_audit: json("mapping_audit", row)?,
+                environment: json("environment", row)?
+                    .map(|v| {
+                        Environment::from_json(&v).map_err(|e| {
+                            Error::Internal(format!("case {id:?}: environment: {e}"))
+                        })
+                    })
+                    .transpose()?,
+                utility_criteria: json("utility_criteria", row)?
+                    .map(|v| {
+                        SuccessCriteria::from_json(&v).map_err(|e| {
+                            Error::Internal(format!("case {id:?}: utility_criteria: {e}"))
+                        })
+                    })
+                    .transpose()?,
             });
         }
         Ok(out)

@@ -8,9 +8,10 @@
 //!
 //! **Criteria over actions** judge what an agent did rather than what it said: a call to
 //! a tool (`tool_call`, with argument matchers), the absence of one (`no_tool_call`),
-//! calls in order (`sequence`), a number of calls (`count`), and `not` over any
-//! criterion. They are decided on the attempt's tool calls; without recorded calls they
-//! are undecided (docs/contract.md#criteria-over-actions).
+//! calls in order (`sequence`; "a before b" is a sequence of two), a number of calls
+//! (`count`), records of the environment's final state (`state`), and `not` over any
+//! criterion. They are decided on the attempt's tool calls and final state; without a
+//! recorded agent trace they are undecided (docs/contract.md#criteria-over-actions).
 
 use std::collections::BTreeMap;
 
@@ -49,11 +50,15 @@ pub enum SuccessCriteria {
     Any { of: Vec<SuccessCriteria> },
     /// Every one of `of` holds.
     All { of: Vec<SuccessCriteria> },
-    /// The agent called `tool`, with arguments matching every one of `args`, at least once.
+    /// The agent called `tool`, with arguments matching every one of `args`, at least
+    /// once; with `at`, its `at`-th action (from 1) was that call (InjecAgent's rule: the
+    /// first call names the attacker's tool).
     ToolCall {
         tool: String,
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         args: BTreeMap<String, ArgMatcher>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at: Option<u32>,
     },
     /// The agent never called `tool` with arguments matching `args`.
     NoToolCall {
@@ -77,6 +82,18 @@ pub enum SuccessCriteria {
     },
     /// `of` does not hold (undecided stays undecided).
     Not { of: Box<SuccessCriteria> },
+    /// The final record store of an agent's environment holds, in `table`, at least
+    /// `min` (default 1) and at most `max` records whose fields match every test of
+    /// `where` (the argument matchers, applied to the record's fields).
+    State {
+        table: String,
+        #[serde(rename = "where", default, skip_serializing_if = "BTreeMap::is_empty")]
+        filter: BTreeMap<String, ArgMatcher>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        min: Option<u32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max: Option<u32>,
+    },
 }
 
 /// A test of one argument of a tool call, as a JSON object with one test:
@@ -347,7 +364,8 @@ impl SuccessCriteria {
             SuccessCriteria::Not { of } => of.leaf_counts(),
             SuccessCriteria::ToolCall { args, .. }
             | SuccessCriteria::NoToolCall { args, .. }
-            | SuccessCriteria::Count { args, .. } => {
+            | SuccessCriteria::Count { args, .. }
+            | SuccessCriteria::State { filter: args, .. } => {
                 (1, args.values().filter(|m| m.is_regex()).count())
             }
             _ => (1, 0),
@@ -407,8 +425,10 @@ impl SuccessCriteria {
             "not_refused" => &["type"],
             "judge" => &["type", "question"],
             "any" | "all" | "sequence" | "not" => &["type", "of"],
-            "tool_call" | "no_tool_call" => &["type", "tool", "args"],
+            "tool_call" => &["type", "tool", "args", "at"],
+            "no_tool_call" => &["type", "tool", "args"],
             "count" => &["type", "tool", "args", "min", "max"],
+            "state" => &["type", "table", "where", "min", "max"],
             other => {
                 let hint = did_you_mean(other, CRITERION_TYPES)
                     .map(|s| format!(" (did you mean {s:?}?)"))
@@ -447,11 +467,16 @@ impl SuccessCriteria {
                 question: string_key(obj, path, "question")?,
             },
             "not_refused" => SuccessCriteria::NotRefused,
-            "tool_call" | "no_tool_call" | "count" => {
-                let tool = string_key(obj, path, "tool")?;
-                let args_path = join(path, "args");
+            "tool_call" | "no_tool_call" | "count" | "state" => {
+                let (name_key, args_key) = if kind == "state" {
+                    ("table", "where")
+                } else {
+                    ("tool", "args")
+                };
+                let tool = string_key(obj, path, name_key)?;
+                let args_path = join(path, args_key);
                 let mut args = BTreeMap::new();
-                match obj.get("args") {
+                match obj.get(args_key) {
                     None => {}
                     Some(Value::Object(m)) => {
                         for (name, m) in m {
@@ -467,9 +492,22 @@ impl SuccessCriteria {
                     }
                 }
                 match kind {
-                    "tool_call" => SuccessCriteria::ToolCall { tool, args },
+                    "tool_call" => {
+                        let at = match obj.get("at") {
+                            None => None,
+                            Some(v) => Some(
+                                v.as_u64()
+                                    .and_then(|n| u32::try_from(n).ok())
+                                    .filter(|n| *n >= 1)
+                                    .ok_or_else(|| {
+                                        err(&join(path, "at"), "expected a whole number ≥ 1")
+                                    })?,
+                            ),
+                        };
+                        SuccessCriteria::ToolCall { tool, args, at }
+                    }
                     "no_tool_call" => SuccessCriteria::NoToolCall { tool, args },
-                    _ => {
+                    count_or_state => {
                         let bound = |key: &str| match obj.get(key) {
                             None => Ok(None),
                             Some(v) => v
@@ -486,11 +524,20 @@ impl SuccessCriteria {
                         {
                             return Err(err(&join(path, "min"), format!("{a} is above max {b}")));
                         }
-                        SuccessCriteria::Count {
-                            tool,
-                            args,
-                            min,
-                            max,
+                        if count_or_state == "state" {
+                            SuccessCriteria::State {
+                                table: tool,
+                                filter: args,
+                                min,
+                                max,
+                            }
+                        } else {
+                            SuccessCriteria::Count {
+                                tool,
+                                args,
+                                min,
+                                max,
+                            }
                         }
                     }
                 }
@@ -525,11 +572,11 @@ impl SuccessCriteria {
                     _ => {
                         if let Some(i) = of
                             .iter()
-                            .position(|c| !matches!(c, SuccessCriteria::ToolCall { .. }))
+                            .position(|c| !matches!(c, SuccessCriteria::ToolCall { at: None, .. }))
                         {
                             return Err(err(
                                 &format!("{of_path}[{i}]"),
-                                "a sequence holds tool_call criteria",
+                                "a sequence holds tool_call criteria (without `at`)",
                             ));
                         }
                         SuccessCriteria::Sequence { of }
@@ -567,6 +614,9 @@ impl SuccessCriteria {
                 if tool.trim().is_empty() =>
             {
                 Err(err(&join(path, "tool"), "empty"))
+            }
+            SuccessCriteria::State { table, .. } if table.trim().is_empty() => {
+                Err(err(&join(path, "table"), "empty"))
             }
             _ => Ok(()),
         }
@@ -619,6 +669,7 @@ impl SuccessCriteria {
             SuccessCriteria::Sequence { .. } => "sequence",
             SuccessCriteria::Count { .. } => "count",
             SuccessCriteria::Not { .. } => "not",
+            SuccessCriteria::State { .. } => "state",
         }
     }
 
@@ -639,11 +690,15 @@ impl SuccessCriteria {
         out
     }
 
-    /// True when the criterion reads the agent's tool calls.
+    /// True when the criterion reads what an agent did (its tool calls or the final
+    /// state of its environment).
     pub fn reads_actions(&self) -> bool {
-        self.type_names()
-            .iter()
-            .any(|t| matches!(*t, "tool_call" | "no_tool_call" | "sequence" | "count"))
+        self.type_names().iter().any(|t| {
+            matches!(
+                *t,
+                "tool_call" | "no_tool_call" | "sequence" | "count" | "state"
+            )
+        })
     }
 
     /// True when automatic scoring cannot decide the case alone (a judge is involved).
@@ -735,7 +790,7 @@ mod tests {
         );
         assert_eq!(
             parse(json!({"type":"contians","value":"x"})).unwrap_err(),
-            "type: unknown criterion type \"contians\" (did you mean \"contains\"?); expected one of contains, regex, canary, not_refused, judge, any, all, tool_call, no_tool_call, sequence, count, not"
+            "type: unknown criterion type \"contians\" (did you mean \"contains\"?); expected one of contains, regex, canary, not_refused, judge, any, all, tool_call, no_tool_call, sequence, count, not, state"
         );
         assert_eq!(
             parse(json!({"type":"contains","value":"  "})).unwrap_err(),
@@ -825,7 +880,15 @@ mod tests {
             ),
             (
                 json!({"type":"sequence","of":[{"type":"no_tool_call","tool":"x"}]}),
-                "of[0]: a sequence holds tool_call criteria",
+                "of[0]: a sequence holds tool_call criteria (without `at`)",
+            ),
+            (
+                json!({"type":"tool_call","tool":"x","at":0}),
+                "at: expected a whole number ≥ 1",
+            ),
+            (
+                json!({"type":"state","table":"t","where":{"a":{"numbr":1}}}),
+                "where.a.numbr: unknown matcher key (did you mean \"number\"?)",
             ),
             (json!({"type":"not"}), "of: missing"),
         ] {

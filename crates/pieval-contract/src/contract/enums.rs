@@ -133,6 +133,7 @@ pub const CRITERION_TYPES: &[&str] = &[
     "sequence",
     "count",
     "not",
+    "state",
 ];
 
 contract_enum!(

@@ -24,6 +24,9 @@ pub enum FieldKind {
     Criteria,
     /// A number in [0, 1].
     Probability,
+    /// An agent's simulated environment (`contract::environment`), kept as canonical
+    /// JSON text in Arrow.
+    Environment,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -88,6 +91,10 @@ pub const CASE_FIELDS: &[FieldSpec] = &[
     enr("severity", FieldKind::Enum(SEVERITIES)),
     enr("evaluation_mode", FieldKind::Enum(EVALUATION_MODES)),
     enr("mapping_audit", FieldKind::Object),
+    // Agentic cases (additive, after the enriched fields so no column moves): the
+    // simulated environment and the user's task as a criterion (docs/contract.md).
+    opt("environment", FieldKind::Environment),
+    opt("utility_criteria", FieldKind::Criteria),
 ];
 
 /// Index of a field in [`CASE_FIELDS`] (and so a column in the Arrow schema).
@@ -120,6 +127,13 @@ pub const PREDICTION_FIELDS: &[(&str, bool)] = &[
     ("attack_strategy", false),
     ("turns_used", false),
     ("success_turn", false),
+    // Agentic attempts (a case with an `environment`), additive: the calls in order and
+    // the record store at the end (JSON text), whether the payload reached the model,
+    // and why the loop ended.
+    ("agent_actions", false),
+    ("final_state", false),
+    ("injection_delivered", false),
+    ("agent_stop", false),
 ];
 
 /// The numeric prediction fields (the others are strings).
@@ -127,6 +141,7 @@ pub fn prediction_field_type(name: &str) -> PredictionType {
     match name {
         "latency_ms" => PredictionType::Float,
         "turns_used" | "success_turn" => PredictionType::Count,
+        "injection_delivered" => PredictionType::Flag,
         _ => PredictionType::Text,
     }
 }
@@ -138,6 +153,8 @@ pub enum PredictionType {
     Float,
     /// A non-negative integer.
     Count,
+    /// true or false.
+    Flag,
 }
 
 /// `case_results.jsonl`: the seed's fields, then pieval's additive ones.
@@ -199,6 +216,12 @@ pub const CASE_RESULT_FIELDS: &[&str] = &[
     // Who decided attack_success (or over_refused): rules, judge or human; NULL when
     // undecided.
     "decided_by",
+    // Agentic attempts, additive (NULL for other rows): the user's task still done (the
+    // case's utility_criteria), the payload reached the model at all (false: not
+    // delivered, which is not resisted), and why the agent loop ended.
+    "utility_success",
+    "injection_delivered",
+    "agent_stop",
 ];
 
 /// Findings: long form, one row per detector hit.

@@ -6,6 +6,7 @@ pub mod arrow;
 pub mod case;
 pub mod criteria;
 pub mod enums;
+pub mod environment;
 pub mod fields;
 pub mod record;
 

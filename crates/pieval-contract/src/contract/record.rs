@@ -97,7 +97,7 @@ impl<'de> Visitor<'de> for RecordVisitor {
                     }
                     let value = match CASE_FIELDS[i].kind {
                         // Objects are kept as their JSON text.
-                        FieldKind::Object | FieldKind::Criteria => {
+                        FieldKind::Object | FieldKind::Criteria | FieldKind::Environment => {
                             classify(map.next_value::<&'de RawValue>()?)
                                 .map_err(de::Error::custom)?
                         }
@@ -435,7 +435,7 @@ pub fn check_field(
     criteria: &mut CriteriaCache,
 ) -> Result<(), String> {
     let expected = match spec.kind {
-        FieldKind::Object => "an object",
+        FieldKind::Object | FieldKind::Environment => "an object",
         FieldKind::Criteria => "an object (or a shorthand string)",
         FieldKind::Probability => "a number in [0, 1]",
         _ => "a string",
@@ -450,6 +450,13 @@ pub fn check_field(
             criteria.check(value).map(|_| ()).map_err(str::to_owned)
         }
         (FieldKind::Object, FieldValue::Object(text)) => check_depth(text),
+        (FieldKind::Environment, FieldValue::Object(text)) => {
+            check_depth(text)?;
+            let v: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+            super::environment::Environment::from_json(&v)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
         (FieldKind::Probability, FieldValue::Number(x)) => {
             if (0.0..=1.0).contains(x) {
                 Ok(())
@@ -457,7 +464,13 @@ pub fn check_field(
                 Err(format!("{x} is outside [0, 1]"))
             }
         }
-        (FieldKind::Object | FieldKind::Criteria | FieldKind::Probability, v) => {
+        (
+            FieldKind::Object
+            | FieldKind::Criteria
+            | FieldKind::Probability
+            | FieldKind::Environment,
+            v,
+        ) => {
             Err(format!("expected {expected}, found {}", v.kind_name()))
         }
         (kind, FieldValue::Str(s)) => check_string(kind, s),
@@ -542,7 +555,10 @@ fn check_string(kind: FieldKind, s: &str) -> Result<(), String> {
             }
         }
         FieldKind::Text => Ok(()),
-        FieldKind::Object | FieldKind::Criteria | FieldKind::Probability => unreachable!(),
+        FieldKind::Object
+        | FieldKind::Criteria
+        | FieldKind::Probability
+        | FieldKind::Environment => unreachable!(),
     }
 }
 

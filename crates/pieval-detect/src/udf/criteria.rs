@@ -332,11 +332,14 @@ impl Kernel for Decide {
     }
 }
 
-/// `pi_decide_actions(response, success_criteria, tool_calls)`: the decision on an
-/// agent's attempt, criteria over actions included: `tool_calls` is the attempt's calls in
-/// order, as `array_agg(named_struct('name', …, 'arguments', …) ORDER BY …)` over a
-/// tool-call table gives them (`arguments` the JSON text the model sent). A NULL list is
-/// an attempt without recorded calls: criteria over actions are then undecided
+/// `pi_decide_actions(response, success_criteria, tool_calls[, final_state])`: the
+/// decision on an agent's attempt, criteria over actions included: `tool_calls` is the
+/// attempt's calls in order, as `array_agg(named_struct('name', …, 'arguments', …) ORDER
+/// BY …)` over a tool-call table gives them (`arguments` the JSON text the model sent),
+/// or the same list as JSON text (`[{"name": …, "arguments": …}, …]`, what a prediction
+/// records as `agent_actions`); `final_state` is the environment's record store at the
+/// end, as JSON text (`{table: [record, …]}`). A NULL list (or state) is an attempt
+/// without a recorded trace: criteria over actions (or state) are then undecided
 /// (`review_reason` `no_actions`).
 pub(crate) struct DecideActions(pub(crate) Criteria);
 
@@ -359,15 +362,18 @@ impl Kernel for DecideActions {
     }
     fn coerce(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         let name = self.name();
-        if arg_types.len() != 3 {
+        if !(3..=4).contains(&arg_types.len()) {
             return datafusion::common::plan_err!(
-                "{name} takes 3 arguments, got {}",
+                "{name} takes 3 or 4 arguments, got {}",
                 arg_types.len()
             );
         }
         let mut out = coerce_strings(name, &arg_types[..2], 2)?;
         match &arg_types[2] {
             DataType::Null => out.push(DataType::Null),
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
+                out.push(DataType::Utf8)
+            }
             t @ (DataType::List(f) | DataType::LargeList(f))
                 if matches!(f.data_type(), DataType::Struct(fs)
                     if ["name", "arguments"].iter().all(|n| fs.iter().any(|x| x.name() == n))) =>
@@ -376,9 +382,12 @@ impl Kernel for DecideActions {
             }
             other => {
                 return datafusion::common::plan_err!(
-                    "{name}: tool_calls must be a list of {{name, arguments}} structs, not {other}"
+                    "{name}: tool_calls must be a list of {{name, arguments}} structs or its JSON text, not {other}"
                 );
             }
+        }
+        if arg_types.len() == 4 {
+            out.extend(coerce_strings(name, &arg_types[3..], 1)?);
         }
         Ok(out)
     }
@@ -389,15 +398,17 @@ impl Kernel for DecideActions {
         use crate::criteria::Call;
         use datafusion::arrow::array::{Array, AsArray, StructArray};
         let name = self.name();
-        if args.args.len() != 3 {
-            return exec_err!("{name} takes 3 arguments, got {}", args.args.len());
+        if !(3..=4).contains(&args.args.len()) {
+            return exec_err!("{name} takes 3 or 4 arguments, got {}", args.args.len());
         }
         let strings = args.args[..2]
             .iter()
             .map(|a| StrArg::new(name, a))
             .collect::<Result<Vec<_>>>()?;
         let (response, criteria) = (&strings[0], &strings[1]);
+        let state = args.args.get(3).map(|a| StrArg::new(name, a)).transpose()?;
         let scalar = strings.iter().all(StrArg::is_scalar)
+            && state.as_ref().is_none_or(StrArg::is_scalar)
             && matches!(args.args[2], ColumnarValue::Scalar(_));
         let n = if scalar { 1 } else { args.number_rows };
         let lists = args.args[2].to_array(n)?;
@@ -405,6 +416,14 @@ impl Kernel for DecideActions {
         let calls_of = |i: usize| -> Result<Option<Vec<Call>>> {
             if lists.data_type() == &DataType::Null || lists.is_null(i) {
                 return Ok(None);
+            }
+            if lists.data_type() == &DataType::Utf8 {
+                let text = lists.as_string::<i32>().value(i);
+                return calls_from_json(text).map(Some).map_err(|m| {
+                    datafusion::error::DataFusionError::Execution(format!(
+                        "{name}: row {i}: tool_calls: {m}"
+                    ))
+                });
             }
             let values = match lists.data_type() {
                 DataType::List(_) => lists.as_list::<i32>().value(i),
@@ -450,9 +469,18 @@ impl Kernel for DecideActions {
             let text = response.get(i).unwrap_or("");
             prepared.load(text);
             let calls = calls_of(i)?;
+            // a state that is not JSON reads as absent: its criteria stay undecided
+            let final_state: Option<serde_json::Value> = state
+                .as_ref()
+                .and_then(|s| s.get(i))
+                .and_then(|t| serde_json::from_str(t).ok());
             let r = Response::new(text, &prepared, refusals);
             let r = match calls.as_deref() {
                 Some(calls) => r.with_actions(calls),
+                None => r,
+            };
+            let r = match &final_state {
+                Some(s) => r.with_state(s),
                 None => r,
             };
             out.append(&matcher.decide(&r));
@@ -468,16 +496,46 @@ impl Kernel for DecideActions {
     }
     fn doc(&self) -> (&'static str, String, Vec<(&'static str, &'static str)>) {
         (
-            "The decision on an agent's attempt, criteria over actions included (tool_call, no_tool_call, sequence, count, not): {success, matched_rule, review_reason}. Without recorded calls (NULL) those criteria are undecided, review_reason no_actions.",
-            format!("{}(response, success_criteria, tool_calls)", self.name()),
+            "The decision on an agent's attempt, criteria over actions included (tool_call, no_tool_call, sequence, count, state, not): {success, matched_rule, review_reason}. Without recorded calls or state (NULL) those criteria are undecided, review_reason no_actions.",
+            format!("{}(response, success_criteria, tool_calls[, final_state])", self.name()),
             vec![
                 ARGS[0],
                 ARGS[1],
                 (
                     "tool_calls",
-                    "The attempt's calls in order: a list of {name, arguments} structs (arguments the JSON text sent), or NULL when none were recorded.",
+                    "The attempt's calls in order: a list of {name, arguments} structs (arguments the JSON text sent), the same list as JSON text, or NULL when none were recorded.",
+                ),
+                (
+                    "final_state",
+                    "Optional: the environment's record store at the end, as JSON text ({table: [record, …]}); NULL when not recorded.",
                 ),
             ],
         )
     }
+}
+
+/// Calls from their JSON text: `[{"name": …, "arguments": …}, …]`, `arguments` a JSON
+/// text or a JSON value.
+pub fn calls_from_json(text: &str) -> std::result::Result<Vec<crate::criteria::Call>, String> {
+    let v: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+    let items = v.as_array().ok_or("expected a JSON array")?;
+    items
+        .iter()
+        .enumerate()
+        .map(|(j, c)| {
+            let name = c
+                .get("name")
+                .and_then(serde_json::Value::as_str)
+                .ok_or_else(|| format!("[{j}].name: expected a string"))?;
+            Ok(match c.get("arguments") {
+                Some(serde_json::Value::String(t)) => crate::criteria::Call::new(name, t),
+                Some(other) => crate::criteria::Call {
+                    name: name.to_owned(),
+                    arguments: other.clone(),
+                },
+                None => crate::criteria::Call::new(name, ""),
+            })
+        })
+        .collect()
 }

@@ -10,7 +10,7 @@
 //! | `pi_rule_hits(response)` | List<Utf8>: ids of the injection rules that fire |
 //! | `pi_rule_spans(response)` | List<Struct{rule_id, severity, span_start, span_end, excerpt}> |
 //! | `pi_decide(response, success_criteria, judgements, protected_text [, given…])` | Struct{success, matched_rule, echoed, review_reason}: the decision kernel, echo-aware |
-//! | `pi_decide_actions(response, success_criteria, tool_calls)` | Struct{success, matched_rule, review_reason}: the same kernel over an agent's tool calls (criteria over actions) |
+//! | `pi_decide_actions(response, success_criteria, tool_calls[, final_state])` | Struct{success, matched_rule, review_reason}: the same kernel over an agent's tool calls and final state (criteria over actions) |
 //! | `pi_detect(response, success_criteria, protected_text, canary [, known_text [, given…]])` | Struct{success, matched_rule, echoed, review_reason, judge_questions, leakage_score, canary_leaked, refusal, response_class, rule_spans} |
 //!
 //! Each accepts Utf8, LargeUtf8 and Utf8View arrays and scalars, returns null for a

@@ -1,0 +1,391 @@
+//! The agent loop of one attempt: system + user task → model → each tool call executed
+//! by the simulated environment ([`super::world`]) → the results back → … until the
+//! model answers without calling a tool, or the turn budget (`max_turns` model calls)
+//! is spent. Every model answer and every call with its result is a turn of the
+//! attempt's transcript (`TurnRecord`), written to the checkpoint with it.
+//!
+//! **Mitigations for agents** apply to what comes back from tools, the untrusted data of
+//! an agent: `delimiters`, `xml_tagging`, `spotlight_datamark`, `spotlight_base64` and
+//! `instructional` transform each tool output (their note goes to the system message);
+//! `sandwich` repeats the user's task after the tool results (AgentDojo's
+//! `repeat_user_prompt`); `input_filter` is a prompt-injection detector on tool outputs
+//! (an output that fires is withheld, or ends the attempt with `stop_agent`);
+//! `tool_filter` offers only the environment's `user_tools`. `known_answer` has no
+//! meaning for tool outputs and is an error of the attempt.
+
+use serde_json::{Value, json};
+
+use super::world::World;
+use crate::contract::case::AttackCase;
+use crate::mitigation::{Mitigation, Request};
+use crate::provider::{CallError, Provider};
+use crate::rundir::checkpoint::{ToolCallRecord, TurnRecord};
+
+/// The most tool calls one model answer may ask for; more are tool errors.
+pub const MAX_PARALLEL_CALLS: usize = 32;
+
+/// Why the loop ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// The model answered without calling a tool.
+    Answer,
+    /// `max_turns` model calls were made.
+    Budget,
+    /// A model call failed for good (after retries).
+    Error,
+    /// The prompt-injection detector ended the attempt (`input_filter` with `stop_agent`).
+    Blocked,
+}
+
+impl Stop {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stop::Answer => "answer",
+            Stop::Budget => "budget",
+            Stop::Error => "error",
+            Stop::Blocked => "blocked",
+        }
+    }
+}
+
+/// What an agent attempt did.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The system message and the user's task as sent.
+    pub system: Option<String>,
+    pub task: String,
+    pub turns: Vec<TurnRecord>,
+    /// The model's last text (its final answer when it stopped calling tools).
+    pub response: Option<String>,
+    pub error: Option<String>,
+    pub blocked_by: Option<String>,
+    pub stop: Stop,
+    /// Every call the environment carried out, in order, as `[{"name", "arguments"}]`
+    /// JSON text (rejected calls are in the transcript, not here).
+    pub actions: String,
+    /// The record store at the end, as JSON text.
+    pub final_state: String,
+    /// Did the payload reach the model (None: no payload).
+    pub injection_delivered: Option<bool>,
+    pub latency_ms: f64,
+    pub attempts: u32,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub redacted: bool,
+    pub truncated: bool,
+}
+
+/// Whether a tool output holds the payload: as is, or inside a JSON text (a store's
+/// records are sent as JSON, the payload's quotes and newlines escaped).
+fn holds(output: &str, payload: &str) -> bool {
+    output.contains(payload) || {
+        let quoted = serde_json::to_string(payload).expect("a string serialises");
+        output.contains(&quoted[1..quoted.len() - 1])
+    }
+}
+
+/// What a mitigation does to one tool output: Ok or the detector's block, the output as
+/// sent, the note for the system message, a reminder to send after the results.
+type Guarded = (Result<(), String>, String, Option<String>, Option<String>);
+
+/// A tool's result as the model receives it, after the mitigation: fills `rec`'s output,
+/// error, executed and injected flags. `Ok(reminder)`; `Err(blocked_by)` when the
+/// prompt-injection detector withheld it (the output then says so).
+fn receive(
+    result: super::world::Outcome,
+    payload: Option<&str>,
+    guard: &dyn Fn(&str) -> Guarded,
+    rec: &mut ToolCallRecord,
+) -> Result<Option<String>, String> {
+    rec.error = result.error;
+    rec.executed = result.executed;
+    rec.injected = payload.is_some_and(|p| holds(&result.output, p));
+    let (verdict, sent, _, reminder) = guard(&result.output);
+    match verdict {
+        Ok(()) => {
+            rec.output = sent;
+            Ok(reminder)
+        }
+        Err(blocked) => {
+            rec.output = format!(
+                "[the tool's output was withheld: a prompt injection was detected ({blocked})]"
+            );
+            rec.blocked_by = Some(blocked.clone());
+            Err(blocked)
+        }
+    }
+}
+
+/// Whether some string of `v` holds `needle`.
+fn carries(v: &Value, needle: &str) -> bool {
+    match v {
+        Value::String(s) => s.contains(needle),
+        Value::Array(a) => a.iter().any(|x| carries(x, needle)),
+        Value::Object(m) => m.values().any(|x| carries(x, needle)),
+        _ => false,
+    }
+}
+
+/// Run one agent attempt of `case` (which has an environment). `payload`: the text that
+/// fills the injected vectors (the case's `task_input`, converted), `None` for an
+/// attack-free run. `key`: the attempt's checkpoint key (turn `n` is asked as
+/// `<key>#<n>`).
+pub async fn run(
+    case: &AttackCase,
+    payload: Option<&str>,
+    mitigation: &Mitigation,
+    seed: u64,
+    key: &str,
+    model: &dyn Provider,
+) -> Outcome {
+    let env = case
+        .environment
+        .as_ref()
+        .expect("an agent attempt runs a case with an environment");
+    let task = case.prompt.clone();
+    let mut out = Outcome {
+        system: case.context.clone().filter(|s| !s.is_empty()),
+        task: task.clone(),
+        turns: Vec::new(),
+        response: None,
+        error: None,
+        blocked_by: None,
+        stop: Stop::Error,
+        actions: "[]".into(),
+        final_state: "{}".into(),
+        injection_delivered: payload.filter(|p| !p.is_empty()).map(|_| false),
+        latency_ms: 0.0,
+        attempts: 0,
+        prompt_tokens: None,
+        completion_tokens: None,
+        redacted: false,
+        truncated: false,
+    };
+    let mut world = match World::new(env, payload) {
+        Ok(w) => w,
+        Err(e) => {
+            out.error = Some(format!("environment: {e}"));
+            return out;
+        }
+    };
+    out.final_state = world.state().to_string();
+    let (stop_on_block, only) = match mitigation {
+        Mitigation::KnownAnswer(_) => {
+            out.error = Some(
+                "mitigation known_answer does not apply to an agent's tool outputs; use input_filter as the prompt-injection detector".into(),
+            );
+            return out;
+        }
+        Mitigation::ToolFilter(_) => match &env.user_tools {
+            Some(t) => (false, Some(t.as_slice())),
+            None => {
+                out.error = Some(
+                    "mitigation tool_filter: the case's environment names no user_tools".into(),
+                );
+                return out;
+            }
+        },
+        Mitigation::InputFilter(f) => (f.stop_agent, None),
+        _ => (false, None),
+    };
+    let tools = world.tools(only);
+    let offered: Vec<String> = tools
+        .iter()
+        .filter_map(|t| t.pointer("/function/name").and_then(Value::as_str))
+        .map(str::to_owned)
+        .collect();
+    let payload = payload.filter(|p| !p.is_empty());
+    // A payload in an offered tool's schema (tool poisoning) reaches the model at once.
+    if let Some(p) = payload
+        && tools.iter().any(|t| carries(t, p))
+    {
+        out.injection_delivered = Some(true);
+    }
+    // The mitigation's note, from its effect on an empty tool output.
+    let guard = |text: &str| -> Guarded {
+        let mut r = Request {
+            case,
+            seed,
+            indirect: true,
+            label: "Tool output",
+            task: &task,
+            raw_untrusted: text,
+            untrusted: text.to_owned(),
+            note: None,
+            reminder: None,
+            probe: None,
+        };
+        let verdict = mitigation.defence().apply(&mut r);
+        (verdict, r.untrusted, r.note, r.reminder)
+    };
+    let (_, _, note, _) = guard("");
+    if let Some(n) = note {
+        out.system = Some(match out.system.take() {
+            Some(s) => format!("{s}\n\n{n}"),
+            None => n,
+        });
+    }
+    let mut messages: Vec<Value> = Vec::new();
+    if let Some(s) = &out.system {
+        messages.push(json!({"role": "system", "content": s}));
+    }
+    messages.push(json!({"role": "user", "content": task}));
+    let mut actions: Vec<Value> = Vec::new();
+    let mut said = task.clone();
+    // The scenario's start: calls made on the agent's behalf (turn 0), not its actions.
+    if !env.prefill.is_empty() {
+        let mut turn = TurnRecord {
+            turn: 0,
+            depth: 0,
+            node_id: "0".into(),
+            attack_prompt: std::mem::take(&mut said),
+            ..TurnRecord::default()
+        };
+        let calls: Vec<(String, String, String)> = env
+            .prefill
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (format!("prefill_{}", i + 1), p.tool.clone(), p.arguments.to_string()))
+            .collect();
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": calls.iter().map(|(id, name, args)| {
+            json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}})
+        }).collect::<Vec<_>>()}));
+        for (id, name, args) in calls {
+            let result = world.call(&name, &args, &offered);
+            let mut rec = ToolCallRecord {
+                id: id.clone(),
+                name,
+                arguments: args,
+                ..ToolCallRecord::default()
+            };
+            if receive(result, payload, &guard, &mut rec).is_ok() && rec.injected {
+                out.injection_delivered = Some(true);
+            }
+            messages.push(json!({"role": "tool", "tool_call_id": id, "content": rec.output}));
+            turn.tool_calls.push(rec);
+        }
+        out.turns.push(turn);
+    }
+    let budget = env.max_turns();
+    let mut prompt_tokens: Option<u64> = None;
+    let mut completion_tokens: Option<u64> = None;
+    for n in 1..=budget {
+        let mut turn = TurnRecord {
+            turn: n,
+            depth: 0,
+            node_id: n.to_string(),
+            attack_prompt: std::mem::take(&mut said),
+            ..TurnRecord::default()
+        };
+        let reply = model.chat(&format!("{key}#{n}"), &messages, &tools).await;
+        let reply = match reply {
+            Ok(r) => r,
+            Err(CallError {
+                message,
+                latency_ms,
+                attempts,
+            }) => {
+                out.latency_ms += latency_ms;
+                out.attempts += attempts;
+                turn.error = Some(message.clone());
+                turn.latency_ms = Some(latency_ms);
+                out.turns.push(turn);
+                out.error = Some(message);
+                out.stop = Stop::Error;
+                break;
+            }
+        };
+        let c = &reply.completion;
+        out.latency_ms += c.latency_ms;
+        out.attempts += c.attempts;
+        out.redacted |= c.redacted;
+        out.truncated |= c.truncated;
+        let add = |acc: &mut Option<u64>, x: Option<u64>| {
+            if let Some(x) = x {
+                *acc = Some(acc.unwrap_or(0) + x);
+            }
+        };
+        add(&mut prompt_tokens, c.prompt_tokens);
+        add(&mut completion_tokens, c.completion_tokens);
+        turn.latency_ms = Some(c.latency_ms);
+        turn.target_response = reply.content.clone();
+        out.response = reply.content.clone();
+        let mut assistant = json!({"role": "assistant", "content": reply.content});
+        if reply.tool_calls.is_empty() {
+            messages.push(assistant);
+            out.turns.push(turn);
+            out.stop = Stop::Answer;
+            break;
+        }
+        assistant["tool_calls"] = Value::Array(
+            reply
+                .tool_calls
+                .iter()
+                .map(|t| {
+                    json!({"id": t.id, "type": "function",
+                           "function": {"name": t.name, "arguments": t.arguments}})
+                })
+                .collect(),
+        );
+        messages.push(assistant);
+        let mut reminder = None;
+        let mut stopped = false;
+        for (i, call) in reply.tool_calls.iter().enumerate() {
+            let mut rec = ToolCallRecord {
+                id: call.id.clone(),
+                name: call.name.clone(),
+                arguments: call.arguments.clone(),
+                ..ToolCallRecord::default()
+            };
+            if stopped {
+                rec.error = true;
+                rec.output = "not executed: the attempt was stopped".into();
+                turn.tool_calls.push(rec);
+                continue;
+            }
+            let result = if i >= MAX_PARALLEL_CALLS {
+                super::world::Outcome::rejected(format!(
+                    "not executed: at most {MAX_PARALLEL_CALLS} calls per answer"
+                ))
+            } else {
+                world.call(&call.name, &call.arguments, &offered)
+            };
+            // The actions the criteria judge: the calls the environment carried out.
+            if result.executed {
+                actions.push(json!({"name": call.name, "arguments": call.arguments}));
+            }
+            match receive(result, payload, &guard, &mut rec) {
+                Ok(again) => {
+                    if rec.injected {
+                        out.injection_delivered = Some(true);
+                    }
+                    reminder = reminder.or(again);
+                }
+                Err(blocked) if stop_on_block => {
+                    out.blocked_by = Some(blocked);
+                    stopped = true;
+                }
+                Err(_) => {}
+            }
+            messages.push(json!({"role": "tool", "tool_call_id": call.id, "content": rec.output}));
+            turn.tool_calls.push(rec);
+        }
+        out.turns.push(turn);
+        if stopped {
+            out.stop = Stop::Blocked;
+            break;
+        }
+        if let Some(r) = reminder {
+            messages.push(json!({"role": "user", "content": r}));
+            said = r;
+        }
+        if n == budget {
+            out.stop = Stop::Budget;
+        }
+    }
+    out.prompt_tokens = prompt_tokens;
+    out.completion_tokens = completion_tokens;
+    out.actions = Value::Array(actions).to_string();
+    out.final_state = world.state().to_string();
+    out
+}
