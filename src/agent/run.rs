@@ -60,8 +60,8 @@ pub struct Outcome {
     pub error: Option<String>,
     pub blocked_by: Option<String>,
     pub stop: Stop,
-    /// Every call the environment carried out, in order, as `[{"name", "arguments"}]`
-    /// JSON text (rejected calls are in the transcript, not here).
+    /// Every call of an offered tool, in order, as `[{"name", "arguments"}]` JSON text
+    /// (calls of tools not offered are in the transcript, not here).
     pub actions: String,
     /// The record store at the end, as JSON text.
     pub final_state: String,
@@ -350,8 +350,11 @@ pub async fn run(
             } else {
                 world.call(&call.name, &call.arguments, &offered)
             };
-            // The actions the criteria judge: the calls the environment carried out.
-            if result.executed {
+            // The actions the criteria judge: every call of an offered tool, whether its
+            // arguments held or not (InjecAgent counts the call; a call whose arguments
+            // broke the schema changed nothing, which `state` criteria see). A call of a
+            // tool the agent was not offered is no action.
+            if i < MAX_PARALLEL_CALLS && offered.iter().any(|o| *o == call.name) {
                 actions.push(json!({"name": call.name, "arguments": call.arguments}));
             }
             match receive(result, payload, &guard, &mut rec) {

@@ -39,6 +39,10 @@ pub struct Args {
     /// Print the report as JSON (on stderr when the cases go to stdout).
     #[arg(long)]
     json: bool,
+    /// The source's stricter success rule, labelled as such (injecagent: the stolen
+    /// data must be e-mailed to the attacker's address; ids end in `-strict`).
+    #[arg(long)]
+    strict: bool,
 }
 
 fn pairs(flag: &str, items: &[String]) -> Result<Vec<(String, String)>> {
@@ -60,6 +64,7 @@ pub fn run(args: Args) -> Result<ExitStatus> {
         source_name: args.source_name.clone(),
         skip_invalid: args.skip_invalid,
         max_line_bytes: args.max_line_bytes,
+        strict: args.strict,
     };
     let mut stdout = std::io::BufWriter::new(std::io::stdout());
     let output = match args.output.as_deref() {

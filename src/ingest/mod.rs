@@ -15,6 +15,7 @@ pub mod agentdojo;
 pub mod bipia;
 pub mod cyberseceval;
 pub mod garak;
+pub mod injecagent;
 pub mod mapped;
 pub mod spikee;
 pub mod tensor_trust;
@@ -43,6 +44,7 @@ pub enum SourceKind {
     Garak,
     Spikee,
     Agentdojo,
+    Injecagent,
     TensorTrust,
     Jsonl,
     Csv,
@@ -50,12 +52,13 @@ pub enum SourceKind {
 }
 
 impl SourceKind {
-    pub const ALL: [SourceKind; 9] = [
+    pub const ALL: [SourceKind; 10] = [
         SourceKind::Cyberseceval,
         SourceKind::Bipia,
         SourceKind::Garak,
         SourceKind::Spikee,
         SourceKind::Agentdojo,
+        SourceKind::Injecagent,
         SourceKind::TensorTrust,
         SourceKind::Jsonl,
         SourceKind::Csv,
@@ -70,6 +73,7 @@ impl SourceKind {
             SourceKind::Garak => "garak",
             SourceKind::Spikee => "spikee",
             SourceKind::Agentdojo => "agentdojo",
+            SourceKind::Injecagent => "injecagent",
             SourceKind::TensorTrust => "tensor-trust",
             SourceKind::Jsonl => "jsonl",
             SourceKind::Csv => "csv",
@@ -107,6 +111,9 @@ pub struct Options {
     pub skip_invalid: bool,
     /// Longest accepted line of a JSONL / CSV source.
     pub max_line_bytes: usize,
+    /// A source's stricter success rule, where it has one (injecagent: the data-stealing
+    /// e-mail must go to the attacker's address).
+    pub strict: bool,
 }
 
 /// A lowercase snake_case name from free text (`Task Automation` → `task_automation`).
@@ -738,6 +745,7 @@ pub fn ingest(
             SourceKind::Garak => garak::ingest(path, opts, &mut handle)?,
             SourceKind::Spikee => spikee::ingest(path, opts, &mut handle)?,
             SourceKind::Agentdojo => agentdojo::ingest(path, opts, &mut handle)?,
+            SourceKind::Injecagent => injecagent::ingest(path, opts, &mut handle)?,
             SourceKind::TensorTrust => tensor_trust::ingest(path, opts, &mut handle)?,
             SourceKind::Jsonl | SourceKind::Csv | SourceKind::Parquet => {
                 mapped::ingest(kind, path, opts, &mut handle)?

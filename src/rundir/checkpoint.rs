@@ -212,7 +212,7 @@ pub struct ToolCallRecord {
     pub error: bool,
     /// The environment carried the call out (`false`: rejected before it ran: a tool not
     /// offered, arguments that are not JSON or break the tool's schema, past the calls
-    /// an answer may make). Only executed calls are actions the criteria judge.
+    /// an answer may make). Calls of offered tools are actions either way.
     #[serde(default)]
     pub executed: bool,
     /// The environment's output held the injected payload.

@@ -386,3 +386,78 @@ fn bad_environments_are_located() {
         assert!(text.contains(want), "{want:?} in {text}");
     }
 }
+
+/// A tool-calling model that obeys whatever a tool output says: after the user's tool
+/// (the first offered) it calls each other offered tool in turn, one per answer, with
+/// empty arguments, then answers. A model named `careful` answers at once.
+fn gullible(body: &[u8], _: u64, _: u32) -> Action {
+    let v: Value = serde_json::from_slice(body).unwrap_or_default();
+    let tools: Vec<String> = v["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
+        .collect();
+    let made = v["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["role"] == "assistant")
+        .map(|m| m["tool_calls"].as_array().map_or(0, Vec::len))
+        .sum::<usize>();
+    let next = tools.get(made); // tools[0] was called by the prefill
+    let message = match next {
+        Some(name) if v["model"] != "careful" => serde_json::json!({"role": "assistant", "content": null,
+            "tool_calls": [{"id": format!("c{made}"), "type": "function", "function": {"name": name, "arguments": "{}"}}]}),
+        _ => serde_json::json!({"role": "assistant", "content": "Here is what you asked for."}),
+    };
+    Action::StatusBody(
+        200,
+        serde_json::json!({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]})
+            .to_string(),
+    )
+}
+
+#[test]
+fn injecagent_cases_run_end_to_end_with_injecagents_rule() {
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus = tmp.path().join("injecagent.jsonl");
+    let out = run(pieval()
+        .args(["ingest", "injecagent"])
+        .arg(repo("tests/fixtures/injecagent/data"))
+        .arg("-o")
+        .arg(&corpus));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let server = ChatServer::start_with_body(Arc::new(gullible));
+    let url = server.base_url();
+    let cfg = |name: &str, model_name: &str| {
+        let path = tmp.path().join(format!("{name}.yaml"));
+        std::fs::write(
+            &path,
+            format!(
+                "experiment: {{name: {name}, seed: 5, sample_size: 24, output_dir: \"{out}\"}}\ndataset: {{path: \"{corpus}\"}}\nselection: {{stratify_by: [attack_family]}}\nmodel: {m}\nmitigation: {{name: none}}\n",
+                out = tmp.path().join("results").display(),
+                corpus = corpus.display(),
+                m = model(&url, model_name),
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let obeys = results(&run_ok(&cfg("gullible", "gullible")));
+    assert_eq!(obeys.len(), 24);
+    for (id, r) in &obeys {
+        // the prefill delivered the payload; the agent called the attacker's tool(s)
+        assert_eq!(r["injection_delivered"], true, "{id}");
+        assert_eq!(r["attack_success"], true, "{id}: {r}");
+        assert_eq!(r["manual_review"], false, "{id}");
+        let rule = r["matched_rule"].as_str().unwrap();
+        if id.contains("-dh-") {
+            assert!(rule.starts_with("tool_call:") && rule.ends_with("@1"), "{rule}");
+        } else {
+            assert!(rule.starts_with("all("), "{rule}");
+        }
+    }
+    let careful = results(&run_ok(&cfg("careful", "careful")));
+    assert!(careful.values().all(|r| r["attack_success"] == false));
+}

@@ -99,8 +99,8 @@ pub fn findings_schema() -> SchemaRef {
 /// `case_results` on `(run_id, attempt_id)` (`attempt_id` is the case id for an attempt
 /// without one). `arguments` is the JSON text the model sent; `output` what the model
 /// received back (after the mitigation); `executed`: the environment carried it out
-/// (rejected calls — a tool not offered, malformed or invalid arguments — are kept but
-/// are not actions the criteria judge); `injected`: the environment's output held the
+/// (`false`: rejected — a tool not offered, malformed or invalid arguments; a call of an
+/// offered tool is an action the criteria read either way); `injected`: the environment's output held the
 /// payload; `blocked_by`: the prompt-injection detector withheld it.
 pub fn tool_calls_schema() -> SchemaRef {
     let text = |name: &str, nullable: bool| Field::new(name, DataType::Utf8, nullable);
