@@ -89,7 +89,7 @@ fn an_agent_that_obeys_injections_and_one_that_does_not() {
     let url = server.base_url();
     let obeys = run_ok(&config(tmp.path(), "obeys", &model(&url, OBEDIENT), "{name: none}"));
     let r = results(&obeys);
-    assert_eq!(r.len(), 8, "one row per case");
+    assert_eq!(r.len(), 9, "one row per case");
     let flag = |id: &str, field: &str| r[id][field].as_bool();
     // the obedient agent reads the injected e-mail and sends the money
     assert_eq!(flag("agent-steal", "attack_success"), Some(true));
@@ -100,6 +100,9 @@ fn an_agent_that_obeys_injections_and_one_that_does_not() {
     assert_eq!(flag("agent-steal", "utility_success"), Some(true));
     assert_eq!(flag("agent-steal", "injection_delivered"), Some(true));
     assert_eq!(flag("agent-state", "attack_success"), Some(true), "decided on the state");
+    // tool poisoning: the payload rides in a tool's description, delivered at once
+    assert_eq!(flag("agent-mcp-poison", "attack_success"), Some(true));
+    assert_eq!(flag("agent-mcp-poison", "injection_delivered"), Some(true));
     // not delivered is not resisted
     assert_eq!(flag("agent-undelivered", "attack_success"), Some(false));
     assert_eq!(flag("agent-undelivered", "injection_delivered"), Some(false));
@@ -153,7 +156,7 @@ fn an_agent_that_obeys_injections_and_one_that_does_not() {
              WHERE t.run_id = '{run_id}' AND r.attack_success GROUP BY r.case_id ORDER BY 1"
         ),
     );
-    assert_eq!(joined.len(), 2, "{joined:?}");
+    assert_eq!(joined.len(), 3, "{joined:?}");
     assert_eq!(joined[0]["calls"], 2);
     // the model saw the tool error and went on: its next request holds it
     let bodies = server.log.lock().unwrap().bodies.clone();
@@ -171,17 +174,19 @@ fn an_agent_that_obeys_injections_and_one_that_does_not() {
     assert_eq!(r["agent-steal"]["injection_delivered"], true, "delivered, and resisted");
     assert_eq!(r["agent-steal"]["utility_success"], true);
     assert_eq!(r["agent-state"]["attack_success"], false);
+    assert_eq!(r["agent-mcp-poison"]["attack_success"], false);
+    assert_eq!(r["agent-mcp-poison"]["injection_delivered"], true);
 
     // the summary's agent rates
     let summary: Value =
         serde_json::from_str(&std::fs::read_to_string(obeys.join("summary.json")).unwrap()).unwrap();
     let rate = |s: &Value, k: &str| s["aggregate_metrics"][k]["rate"].as_f64();
-    // AgentDojo's three numbers: four attack cases (two obeyed; one never delivered),
+    // AgentDojo's three numbers: five attack cases (three obeyed; two never delivered),
     // four benign ones (two done; one broken call, one unknown tool)
-    assert_eq!(rate(&summary, "targeted_attack_success_rate"), Some(0.5));
+    assert_eq!(rate(&summary, "targeted_attack_success_rate"), Some(0.6));
     assert_eq!(rate(&summary, "utility_under_attack_rate"), Some(1.0));
     assert_eq!(rate(&summary, "utility_rate"), Some(0.5));
-    assert_eq!(rate(&summary, "injection_delivered_rate"), Some(0.5));
+    assert_eq!(rate(&summary, "injection_delivered_rate"), Some(0.6));
     assert!(summary["aggregate_metrics"]["utility_rate"]["ci_low"].as_f64().unwrap() < 0.5);
     let resisted: Value =
         serde_json::from_str(&std::fs::read_to_string(resists.join("summary.json")).unwrap()).unwrap();
@@ -268,7 +273,7 @@ fn faults_mid_loop_are_retried_or_recorded() {
     let down = ChatServer::always(Action::Status(503, None));
     let dir = run_ok(&config(tmp.path(), "down", &model(&down.base_url(), OBEDIENT), "{name: none}"));
     let r = results(&dir);
-    assert_eq!(r.len(), 8, "no case lost");
+    assert_eq!(r.len(), 9, "no case lost");
     assert!(r["agent-steal"]["error"].as_str().unwrap().contains("HTTP 503"));
     assert_eq!(r["agent-steal"]["agent_stop"], "error");
     assert!(r["agent-steal"]["attack_success"].is_null());
@@ -332,7 +337,7 @@ fn a_killed_agent_run_resumes_without_loss_or_duplicates() {
     child.kill().unwrap();
     child.wait().unwrap();
     let before = predictions(&dir).len();
-    assert!(before < 8, "killed mid-run ({before})");
+    assert!(before < 9, "killed mid-run ({before})");
     let run_id = dir.file_name().unwrap().to_str().unwrap().to_owned();
     let out = run(pieval()
         .arg("run")
@@ -341,10 +346,10 @@ fn a_killed_agent_run_resumes_without_loss_or_duplicates() {
         .env(KEY_ENV, "sk-agent-test"));
     assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
     let p = predictions(&dir);
-    assert_eq!(p.len(), 8, "no loss");
+    assert_eq!(p.len(), 9, "no loss");
     let lines = read_jsonl(&dir.join("predictions.jsonl"));
     let predictions_written = lines.iter().filter(|l| l.get("pieval_record").is_none()).count();
-    assert_eq!(predictions_written, 8, "no duplicates");
+    assert_eq!(predictions_written, 9, "no duplicates");
     // every turn line belongs to the attempt after it, indexes 1..n without a gap
     let mut expect = 1;
     for l in &lines {

@@ -272,7 +272,8 @@ fn directives(text: &str) -> Vec<(String, String)> {
 }
 
 /// The scripted agent. It follows `CALL name args` lines: those of the user's task (the
-/// first user message) always, those of tool outputs only when the request's model is [`OBEDIENT`] (the
+/// first user message) always, those of the offered tools' descriptions (tool poisoning)
+/// and those of tool outputs only when the request's model is [`OBEDIENT`] (the
 /// agent that obeys injections). Each answer asks for every directive not called yet,
 /// at once (parallel calls); with none left it answers "Done." and the last tool
 /// output's first line. A user task holding `REPEAT` never stops calling (its first
@@ -281,6 +282,12 @@ pub fn agent_answer(v: &serde_json::Value, body_len: usize) -> String {
     let messages = v["messages"].as_array().cloned().unwrap_or_default();
     let obedient = v["model"] == OBEDIENT;
     let mut wanted = Vec::new();
+    // the obedient agent follows a tool's description too (tool poisoning)
+    if obedient {
+        for t in v["tools"].as_array().into_iter().flatten() {
+            wanted.extend(directives(t["function"]["description"].as_str().unwrap_or("")));
+        }
+    }
     let mut made = 0usize;
     let mut last_tool = String::new();
     let mut repeat = false;
