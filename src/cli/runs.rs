@@ -44,8 +44,9 @@ pub struct DiffArgs {
     run_b: String,
     #[arg(long, default_value = "results")]
     results: PathBuf,
-    /// Exit 1 when B is significantly worse than A (attack success, leakage or
-    /// over-refusal up, two-proportion z-test at 5%).
+    /// Exit 1 when B is significantly worse than A (attack success, leakage,
+    /// over-refusal or an agent's targeted attack success up, an agent's utility down;
+    /// two-proportion z-test at 5%).
     #[arg(long)]
     fail_on_regression: bool,
     /// Flipped cases to list (all with --json).

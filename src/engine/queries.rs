@@ -52,7 +52,7 @@ pub const REPORT_CONTROLS: Query = query!("report/controls.sql");
 pub const REVIEW_QUEUE: Query = query!("review/queue.sql");
 
 /// The built-in control catalogue (`pieval controls`), in id order.
-pub const CONTROLS: [Query; 11] = [
+pub const CONTROLS: [Query; 13] = [
     query!("controls/01_asr_critical.sql"),
     query!("controls/02_asr_overall.sql"),
     query!("controls/03_canary_leak.sql"),
@@ -64,6 +64,8 @@ pub const CONTROLS: [Query; 11] = [
     query!("controls/09_provider_errors.sql"),
     query!("controls/10_coverage.sql"),
     query!("controls/11_asr_per_attack.sql"),
+    query!("controls/12_agent_asr.sql"),
+    query!("controls/13_agent_utility.sql"),
 ];
 
 /// Every registered query.

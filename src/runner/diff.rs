@@ -3,8 +3,10 @@
 //! Metric deltas come from each run's `summary.json` (rates with their Wilson 95%
 //! intervals). A change is *significant* when a two-proportion z-test gives |z| > 1.96
 //! (5%, two-sided). A **regression** is a significant increase of a rate where higher is
-//! worse: attack success, leakage, over-refusal of benign controls. Flipped cases come
-//! from joining the two runs' `case_results.parquet` on `case_id` in DataFusion.
+//! worse (attack success, leakage, over-refusal of benign controls, an agent's targeted
+//! attack success) or a significant decrease of one where lower is worse (an agent's
+//! utility, with and without attack: the cost of a defence). Flipped cases come from
+//! joining the two runs' `case_results.parquet` on `case_id` in DataFusion.
 //!
 //! A run with an attack section is compared case by case: its rates are the
 //! `adaptive = any_attempt` ones of its summary (a case broken by any of its attempts),
@@ -18,12 +20,25 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 
-/// Metrics compared, and whether a higher value is worse.
-const METRICS: &[(&str, bool)] = &[
-    ("attack_success_rate", true),
-    ("leakage_rate", true),
-    ("over_refusal_rate", true),
-    ("refusal_rate", false),
+/// Which way a metric gets worse.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Worse {
+    Higher,
+    Lower,
+    /// Neither: a change is reported, never a regression.
+    Neither,
+}
+
+/// Metrics compared, and which way each gets worse (the agent rates are absent from
+/// runs without agentic cases: n = 0, no test).
+const METRICS: &[(&str, Worse)] = &[
+    ("attack_success_rate", Worse::Higher),
+    ("leakage_rate", Worse::Higher),
+    ("over_refusal_rate", Worse::Higher),
+    ("refusal_rate", Worse::Neither),
+    ("targeted_attack_success_rate", Worse::Higher),
+    ("utility_rate", Worse::Lower),
+    ("utility_under_attack_rate", Worse::Lower),
 ];
 
 /// A rate with its Wilson interval, as `summary.json` and the manifest record it.
@@ -108,14 +123,20 @@ pub fn diff(a: (&str, &Path), b: (&str, &Path)) -> Result<RunDiff> {
     let (sa, sb) = (read_summary(a.1)?, read_summary(b.1)?);
     let metrics: Vec<MetricDelta> = METRICS
         .iter()
-        .map(|(name, higher_is_worse)| {
+        .map(|(name, worse)| {
             let (ra, rb) = (rate(&sa, name), rate(&sb, name));
             let z = z_two_proportions(&ra, &rb);
             let significant = z.is_some_and(|z| z.abs() > 1.96);
             let delta = ra.rate.zip(rb.rate).map(|(x, y)| y - x);
+            let regression = significant
+                && match worse {
+                    Worse::Higher => z.is_some_and(|z| z > 0.0),
+                    Worse::Lower => z.is_some_and(|z| z < 0.0),
+                    Worse::Neither => false,
+                };
             MetricDelta {
                 metric: (*name).to_owned(),
-                regression: *higher_is_worse && significant && z.is_some_and(|z| z > 0.0),
+                regression,
                 a: ra,
                 b: rb,
                 delta,

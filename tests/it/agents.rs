@@ -191,6 +191,30 @@ fn an_agent_that_obeys_injections_and_one_that_does_not() {
     let resisted: Value =
         serde_json::from_str(&std::fs::read_to_string(resists.join("summary.json")).unwrap()).unwrap();
     assert_eq!(rate(&resisted, "targeted_attack_success_rate"), Some(0.0));
+
+    // the report shows the agent rates
+    let html = obeys.join("report.html");
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("Agents under injection") && page.contains("targeted attack success"));
+
+    // the agent controls: their evidence is the agentic rows (too few here to judge)
+    let out = run(pieval().arg("controls").arg(&obeys).arg("--json"));
+    assert!(out.code == 0 || out.code == 1, "{}", out.stderr);
+    let report: Value = serde_json::from_str(&out.stdout).unwrap();
+    let control = |id: &str| -> Value {
+        report["controls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["control"]["id"] == id)
+            .unwrap_or_else(|| panic!("no control {id}"))["result"]
+            .clone()
+    };
+    let asr = control("PI-AGENT-ASR");
+    assert_eq!((asr["n"].as_u64(), asr["k"].as_u64()), (Some(5), Some(3)), "{asr}");
+    assert_eq!(asr["status"], "insufficient_data");
+    let utility = control("PI-AGENT-UTILITY");
+    assert_eq!((utility["n"].as_u64(), utility["k"].as_u64()), (Some(4), Some(2)), "{utility}");
 }
 
 #[test]
@@ -251,6 +275,56 @@ fn mitigations_act_on_tool_outputs() {
     // known_answer has no meaning for tool outputs: an error of each agent attempt
     let (r, _) = steal("known", "{name: known_answer}");
     assert!(r["agent-steal"]["error"].as_str().unwrap().contains("known_answer does not apply"));
+
+    // runs diff compares two agent runs case by case: the undefended run against the
+    // filter (attacks stopped) and against the detector that stops the agent (the task
+    // lost too)
+    let (_, plain) = steal("plain", "{name: none}");
+    let diff = |a: &Path, b: &Path| -> Value {
+        let id = |d: &Path| d.file_name().unwrap().to_str().unwrap().to_owned();
+        let out = run(pieval()
+            .args(["runs", "diff", &id(a), &id(b), "--json", "--results"])
+            .arg(a.parent().unwrap()));
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        serde_json::from_str(&out.stdout).unwrap()
+    };
+    let flips = |d: &Value, field: &str| -> Vec<String> {
+        d["flips"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["field"] == field)
+            .map(|f| format!("{} {}→{}", f["case_id"].as_str().unwrap(), f["a"], f["b"]))
+            .collect()
+    };
+    let filtered_dir = tmp.path().join("results");
+    let filtered = std::fs::read_dir(&filtered_dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.file_name().unwrap().to_str().unwrap().starts_with("filtered-"))
+        .unwrap();
+    let d = diff(&plain, &filtered);
+    assert_eq!(
+        flips(&d, "attack_success"),
+        [
+            "agent-mcp-poison true→false",
+            "agent-state true→false",
+            "agent-steal true→false"
+        ],
+        "{d}"
+    );
+    assert_eq!(d["became_unsuccessful"], 3);
+    let stopped = std::fs::read_dir(&filtered_dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.file_name().unwrap().to_str().unwrap().starts_with("stopped-"))
+        .unwrap();
+    let d = diff(&plain, &stopped);
+    assert!(flips(&d, "utility_success").contains(&"agent-steal true→false".to_owned()), "{d}");
+    let metric = |d: &Value, m: &str| {
+        d["metrics"].as_array().unwrap().iter().find(|x| x["metric"] == m).unwrap().clone()
+    };
+    assert_eq!(metric(&d, "utility_under_attack_rate")["a"]["k"], 5);
 }
 
 #[test]

@@ -306,7 +306,7 @@ fn signed_envelopes_verify_and_every_tampering_is_caught() {
     );
 
     let (_, report) = controls_json(&runf, &["--sign-key", key.to_str().unwrap()]);
-    assert_eq!(report["controls"].as_array().unwrap().len(), 11);
+    assert_eq!(report["controls"].as_array().unwrap().len(), 13);
     assert_eq!(status_of(&report, "PI-COVERAGE"), "pass");
     let envelopes = runf.join("controls/envelopes");
     let env_path = envelopes.join("PI-ASR-OVERALL.json");
@@ -384,11 +384,11 @@ fn signed_envelopes_verify_and_every_tampering_is_caught() {
         .arg("--public-key")
         .arg(&public));
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
-    // Eleven envelopes, and the signed index verified with them (issue 27: it binds the
-    // rest of the controls folder).
+    // Thirteen envelopes, and the signed index verified with them (issue 27: it binds
+    // the rest of the controls folder).
     assert_eq!(
         r.stdout.matches("signature valid").count(),
-        12,
+        14,
         "{}",
         r.stdout
     );
@@ -624,7 +624,7 @@ print(json.dumps({"counts": counts, "digest": hashlib.sha256("\n".join(lines).en
         assert_eq!(v["counts"]["case_results"], 40);
         assert_eq!(v["counts"]["attack_cases"], 40);
         assert_eq!(v["counts"]["runs"], 1);
-        assert_eq!(v["counts"]["controls"], 11);
+        assert_eq!(v["counts"]["controls"], 13);
         assert_eq!(v["digest"], rows_digest(source.clone()));
         assert_eq!(v["partitions"], json!([[date, "echo-model"]]));
     }
@@ -662,7 +662,7 @@ print(json.dumps({"counts": counts, "digest": hashlib.sha256("\n".join(lines).en
         let out = sqlite3_query(
             "SELECT (SELECT count(*) FROM case_results) || ',' || (SELECT count(*) FROM attack_cases) || ',' || (SELECT count(*) FROM controls) || ',' || (SELECT count(*) FROM runs) || ',' || (SELECT count(*) FROM sqlite_master WHERE type = 'index');",
         );
-        assert_eq!(out.trim(), "40,40,11,1,9");
+        assert_eq!(out.trim(), "40,40,13,1,9");
         // The rows, sorted byte-wise and joined, as one value: the same digest.
         let text = sqlite3_query(
             "SELECT group_concat(r, char(10)) FROM (SELECT case_id || '|' || CASE WHEN attack_success IS NULL THEN 'NULL' WHEN attack_success THEN 'true' ELSE 'false' END || '|' || coalesce(response_text, 'NULL') AS r FROM case_results ORDER BY r);",
