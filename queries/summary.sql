@@ -56,7 +56,11 @@ any_attempt AS (
                 WHEN count(prompt_leakage) = count(*) THEN false END AS prompt_leakage,
            CASE WHEN count(refusal) = count(*) THEN bool_and(refusal) END AS refusal,
            CASE WHEN count(over_refused) = count(*) THEN bool_and(over_refused) END
-               AS over_refused
+               AS over_refused,
+           bool_or(is_agent) AS is_agent,
+           CASE WHEN count(utility_success) = count(*) THEN bool_and(utility_success) END
+               AS utility_success,
+           bool_or(injection_delivered) AS injection_delivered
     FROM trials
     WHERE attack_pipeline IS NOT NULL OR attack_strategy IS NOT NULL
     GROUP BY case_id, label
@@ -87,7 +91,7 @@ facts AS (
     UNION ALL
     SELECT pi_is_attack(label), label = 'benign',
            attack_success, prompt_leakage, refusal, over_refused,
-           false, NULL, NULL,
+           is_agent, utility_success, injection_delivered,
            named_struct('dimension', 'adaptive', 'value', 'any_attempt')
     FROM any_attempt
 ),

@@ -19,6 +19,15 @@ pub struct AgentReplay {
 impl AgentReplay {
     /// The agent turns of a run's `predictions.jsonl`.
     pub fn open(source: &Path) -> Result<AgentReplay> {
+        if source
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("parquet"))
+        {
+            return Err(crate::error::Error::config(
+                source,
+                "replaying agents needs a run's predictions.jsonl (the agent turns are not in a Parquet predictions file)",
+            ));
+        }
         let mut turns = HashMap::new();
         scan_checkpoint(source, |r: PredictionRecord| {
             if r.agent_stop.is_none() {

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use super::world::World;
 use crate::contract::case::AttackCase;
 use crate::mitigation::{Mitigation, Request};
-use crate::provider::{CallError, Provider};
+use crate::provider::{CallError, Provider, ToolCall};
 use crate::rundir::checkpoint::{ToolCallRecord, TurnRecord};
 
 /// The most tool calls one model answer may ask for; more are tool errors.
@@ -153,7 +153,7 @@ pub async fn run(
         stop: Stop::Error,
         actions: "[]".into(),
         final_state: "{}".into(),
-        injection_delivered: payload.filter(|p| !p.is_empty()).map(|_| false),
+        injection_delivered: None,
         latency_ms: 0.0,
         attempts: 0,
         prompt_tokens: None,
@@ -195,12 +195,11 @@ pub async fn run(
         .map(str::to_owned)
         .collect();
     let payload = payload.filter(|p| !p.is_empty());
-    // A payload in an offered tool's schema (tool poisoning) reaches the model at once.
-    if let Some(p) = payload
-        && tools.iter().any(|t| carries(t, p))
-    {
-        out.injection_delivered = Some(true);
-    }
+    // Not delivered until the model reads it (undecided when the attempt cannot start).
+    out.injection_delivered = payload.map(|_| false);
+    // A payload in an offered tool's schema (tool poisoning) is in what the model sees
+    // from its first call on; it is delivered once a call succeeds.
+    let mut seen = payload.is_some_and(|p| tools.iter().any(|t| carries(t, p)));
     // The mitigation's note, from its effect on an empty tool output.
     let guard = |text: &str| -> Guarded {
         let mut r = Request {
@@ -230,9 +229,18 @@ pub async fn run(
         messages.push(json!({"role": "system", "content": s}));
     }
     messages.push(json!({"role": "user", "content": task}));
-    let mut actions: Vec<Value> = Vec::new();
+    let mut batch = Batch {
+        world: &mut world,
+        offered: &offered,
+        payload,
+        guard: &guard,
+        stop_on_block,
+        actions: Vec::new(),
+        text_bytes: 0,
+    };
     let mut said = task.clone();
-    // The scenario's start: calls made on the agent's behalf (turn 0), not its actions.
+    // The scenario's start: calls made on the agent's behalf (turn 0), not its actions;
+    // their outputs go through the mitigation like any other.
     if !env.prefill.is_empty() {
         let mut turn = TurnRecord {
             turn: 0,
@@ -241,35 +249,34 @@ pub async fn run(
             attack_prompt: std::mem::take(&mut said),
             ..TurnRecord::default()
         };
-        let calls: Vec<(String, String, String)> = env
+        let calls: Vec<ToolCall> = env
             .prefill
             .iter()
             .enumerate()
-            .map(|(i, p)| (format!("prefill_{}", i + 1), p.tool.clone(), p.arguments.to_string()))
+            .map(|(i, p)| ToolCall {
+                id: format!("prefill_{}", i + 1),
+                name: p.tool.clone(),
+                arguments: p.arguments.to_string(),
+            })
             .collect();
-        messages.push(json!({"role": "assistant", "content": null, "tool_calls": calls.iter().map(|(id, name, args)| {
-            json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}})
-        }).collect::<Vec<_>>()}));
-        for (id, name, args) in calls {
-            let result = world.call(&name, &args, &offered);
-            let mut rec = ToolCallRecord {
-                id: id.clone(),
-                name,
-                arguments: args,
-                ..ToolCallRecord::default()
-            };
-            if receive(result, payload, &guard, &mut rec).is_ok() && rec.injected {
-                out.injection_delivered = Some(true);
-            }
-            messages.push(json!({"role": "tool", "tool_call_id": id, "content": rec.output}));
-            turn.tool_calls.push(rec);
-        }
+        messages.push(assistant_message(None, &calls));
+        let done = batch.run(&calls, false, &mut turn, &mut messages);
+        seen |= done.seen;
         out.turns.push(turn);
+        if let Some(blocked) = done.blocked {
+            out.blocked_by = Some(blocked);
+            out.stop = Stop::Blocked;
+        } else if let Some(r) = done.reminder {
+            messages.push(json!({"role": "user", "content": r}));
+            said = r;
+        }
     }
     let budget = env.max_turns();
     let mut prompt_tokens: Option<u64> = None;
     let mut completion_tokens: Option<u64> = None;
-    for n in 1..=budget {
+    // no model call when the prefill's output already ended the attempt
+    let turns = if out.stop == Stop::Blocked { 0 } else { budget };
+    for n in 1..=turns {
         let mut turn = TurnRecord {
             turn: n,
             depth: 0,
@@ -278,7 +285,7 @@ pub async fn run(
             ..TurnRecord::default()
         };
         let reply = model.chat(&format!("{key}#{n}"), &messages, &tools).await;
-        let reply = match reply {
+        let mut reply = match reply {
             Ok(r) => r,
             Err(CallError {
                 message,
@@ -295,6 +302,10 @@ pub async fn run(
                 break;
             }
         };
+        // The model has read what it was given: a payload there is delivered.
+        if seen {
+            out.injection_delivered = Some(true);
+        }
         let c = &reply.completion;
         out.latency_ms += c.latency_ms;
         out.attempts += c.attempts;
@@ -310,75 +321,47 @@ pub async fn run(
         turn.latency_ms = Some(c.latency_ms);
         turn.target_response = reply.content.clone();
         out.response = reply.content.clone();
-        let mut assistant = json!({"role": "assistant", "content": reply.content});
+        batch.text_bytes += reply.content.as_ref().map_or(0, String::len);
         if reply.tool_calls.is_empty() {
-            messages.push(assistant);
+            messages.push(json!({"role": "assistant", "content": reply.content}));
             out.turns.push(turn);
             out.stop = Stop::Answer;
             break;
         }
-        assistant["tool_calls"] = Value::Array(
-            reply
-                .tool_calls
-                .iter()
-                .map(|t| {
-                    json!({"id": t.id, "type": "function",
-                           "function": {"name": t.name, "arguments": t.arguments}})
-                })
-                .collect(),
-        );
-        messages.push(assistant);
-        let mut reminder = None;
-        let mut stopped = false;
-        for (i, call) in reply.tool_calls.iter().enumerate() {
-            let mut rec = ToolCallRecord {
-                id: call.id.clone(),
-                name: call.name.clone(),
-                arguments: call.arguments.clone(),
-                ..ToolCallRecord::default()
-            };
-            if stopped {
-                rec.error = true;
-                rec.output = "not executed: the attempt was stopped".into();
-                turn.tool_calls.push(rec);
-                continue;
-            }
-            let result = if i >= MAX_PARALLEL_CALLS {
-                super::world::Outcome::rejected(format!(
-                    "not executed: at most {MAX_PARALLEL_CALLS} calls per answer"
-                ))
-            } else {
-                world.call(&call.name, &call.arguments, &offered)
-            };
-            // The actions the criteria judge: every call of an offered tool, whether its
-            // arguments held or not (InjecAgent counts the call; a call whose arguments
-            // broke the schema changed nothing, which `state` criteria see). A call of a
-            // tool the agent was not offered is no action.
-            if i < MAX_PARALLEL_CALLS && offered.iter().any(|o| *o == call.name) {
-                actions.push(json!({"name": call.name, "arguments": call.arguments}));
-            }
-            match receive(result, payload, &guard, &mut rec) {
-                Ok(again) => {
-                    if rec.injected {
-                        out.injection_delivered = Some(true);
-                    }
-                    reminder = reminder.or(again);
-                }
-                Err(blocked) if stop_on_block => {
-                    out.blocked_by = Some(blocked);
-                    stopped = true;
-                }
-                Err(_) => {}
-            }
-            messages.push(json!({"role": "tool", "tool_call_id": call.id, "content": rec.output}));
-            turn.tool_calls.push(rec);
+        // At most MAX_PARALLEL_CALLS calls of an answer are taken (and answered); the
+        // turn says how many more there were.
+        if reply.tool_calls.len() > MAX_PARALLEL_CALLS {
+            turn.error = Some(format!(
+                "the answer asked for {} tool calls; the first {MAX_PARALLEL_CALLS} were taken",
+                reply.tool_calls.len()
+            ));
+            reply.tool_calls.truncate(MAX_PARALLEL_CALLS);
         }
+        for call in &mut reply.tool_calls {
+            cap_arguments(&mut call.arguments);
+        }
+        messages.push(assistant_message(reply.content.as_deref(), &reply.tool_calls));
+        let done = batch.run(&reply.tool_calls, true, &mut turn, &mut messages);
+        seen |= done.seen;
         out.turns.push(turn);
-        if stopped {
+        if let Some(blocked) = done.blocked {
+            out.blocked_by = Some(blocked);
             out.stop = Stop::Blocked;
             break;
         }
-        if let Some(r) = reminder {
+        // A bounded attempt: its text (what the next request re-sends, what its
+        // prediction records) stays within MAX_AGENT_BYTES.
+        let state_bytes = batch.world.state_bytes();
+        if batch.text_bytes + state_bytes > MAX_AGENT_BYTES {
+            let message = format!(
+                "the attempt holds more than {} MiB of text (messages, calls, store): ended",
+                MAX_AGENT_BYTES >> 20
+            );
+            out.error = Some(message);
+            out.stop = Stop::Error;
+            break;
+        }
+        if let Some(r) = done.reminder {
             messages.push(json!({"role": "user", "content": r}));
             said = r;
         }
@@ -386,9 +369,127 @@ pub async fn run(
             out.stop = Stop::Budget;
         }
     }
+    // An attempt that failed before the model read the payload: delivery undecided.
+    if out.stop == Stop::Error && out.injection_delivered == Some(false) {
+        out.injection_delivered = None;
+    }
+    let actions = std::mem::take(&mut batch.actions);
     out.prompt_tokens = prompt_tokens;
     out.completion_tokens = completion_tokens;
     out.actions = Value::Array(actions).to_string();
+    if out.actions.len() > MAX_RECORDED_BYTES {
+        out.actions = "[]".into();
+        out.error = Some(format!("the attempt's actions passed {} MiB: not recorded", MAX_RECORDED_BYTES >> 20));
+        out.stop = Stop::Error;
+    }
     out.final_state = world.state().to_string();
+    if out.final_state.len() > MAX_RECORDED_BYTES {
+        out.final_state = "null".into();
+        out.error = Some(format!("the environment's store passed {} MiB: its state is not recorded", MAX_RECORDED_BYTES >> 20));
+        out.stop = Stop::Error;
+    }
     out
+}
+
+/// The most text an agent attempt may hold (its messages, re-sent on every turn, its
+/// calls and its store); past it the attempt ends with an error.
+pub const MAX_AGENT_BYTES: usize = 64 << 20;
+/// The most bytes of an attempt's recorded actions or final state (each a field of its
+/// prediction line, which stays under the checkpoint's line limit).
+pub const MAX_RECORDED_BYTES: usize = 4 << 20;
+
+/// Arguments past `world::MAX_ARGUMENT_BYTES` kept cut, with a marker (the call is
+/// rejected by the environment either way; its name still counts).
+fn cap_arguments(args: &mut String) {
+    let max = super::world::MAX_ARGUMENT_BYTES;
+    if args.len() > max {
+        let mut end = max;
+        while !args.is_char_boundary(end) {
+            end -= 1;
+        }
+        args.truncate(end);
+        args.push_str(" […arguments cut at 16 KiB]");
+    }
+}
+
+/// The assistant message that asks for `calls` (OpenAI's chat form).
+fn assistant_message(content: Option<&str>, calls: &[ToolCall]) -> Value {
+    json!({"role": "assistant", "content": content, "tool_calls": calls.iter().map(|t| json!({
+        "id": t.id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}
+    })).collect::<Vec<_>>()})
+}
+
+/// What a batch of calls came to.
+struct Done {
+    /// A payload was in an output the model will read.
+    seen: bool,
+    reminder: Option<String>,
+    /// The prompt-injection detector ended the attempt.
+    blocked: Option<String>,
+}
+
+/// Executes batches of calls (the prefill's, each answer's) against the world.
+struct Batch<'w, 'e, 'g> {
+    world: &'w mut World<'e>,
+    offered: &'w [String],
+    payload: Option<&'w str>,
+    guard: &'g dyn Fn(&str) -> Guarded,
+    stop_on_block: bool,
+    /// The model's actions so far (calls of offered tools), as `{name, arguments}`.
+    actions: Vec<Value>,
+    /// Bytes of text the attempt holds.
+    text_bytes: usize,
+}
+
+impl Batch<'_, '_, '_> {
+    /// Execute `calls` (the model's when `model`), recording each in `turn` and its
+    /// result as a `tool` message.
+    fn run(
+        &mut self,
+        calls: &[ToolCall],
+        model: bool,
+        turn: &mut TurnRecord,
+        messages: &mut Vec<Value>,
+    ) -> Done {
+        let mut done = Done {
+            seen: false,
+            reminder: None,
+            blocked: None,
+        };
+        for call in calls {
+            let mut rec = ToolCallRecord {
+                id: call.id.clone(),
+                name: call.name.clone(),
+                arguments: call.arguments.clone(),
+                ..ToolCallRecord::default()
+            };
+            if done.blocked.is_some() {
+                rec.error = true;
+                rec.output = "not executed: the attempt was stopped".into();
+            } else {
+                let result = self.world.call(&call.name, &call.arguments, self.offered);
+                // The actions the criteria judge: every call of an offered tool by the
+                // model, whether its arguments held or not (InjecAgent counts the call;
+                // a call whose arguments broke the schema changed nothing, which
+                // `state` criteria see). A call of a tool not offered is no action.
+                rec.action = model && self.offered.iter().any(|o| *o == call.name);
+                if rec.action {
+                    self.actions
+                        .push(json!({"name": call.name, "arguments": call.arguments}));
+                }
+                match receive(result, self.payload, self.guard, &mut rec) {
+                    Ok(again) => {
+                        done.seen |= rec.injected;
+                        done.reminder = done.reminder.take().or(again);
+                    }
+                    Err(blocked) if self.stop_on_block => done.blocked = Some(blocked),
+                    Err(_) => {}
+                }
+            }
+            self.text_bytes += rec.arguments.len() + rec.output.len() + rec.name.len();
+            messages.push(json!({"role": "tool", "tool_call_id": call.id, "content": rec.output}));
+            turn.tool_calls.push(rec);
+        }
+        done
+    }
 }

@@ -157,6 +157,24 @@ impl<'e> World<'e> {
         )
     }
 
+    /// The store's size as JSON text, in bytes (without building the text).
+    pub fn state_bytes(&self) -> usize {
+        fn size(v: &Value) -> usize {
+            match v {
+                Value::String(s) => s.len() + 2,
+                Value::Array(a) => 2 + a.iter().map(size).sum::<usize>() + a.len(),
+                Value::Object(m) => 2 + m.iter().map(|(k, v)| k.len() + 4 + size(v)).sum::<usize>(),
+                other => other.to_string().len(),
+            }
+        }
+        self.store
+            .iter()
+            .map(|(t, rows)| {
+                t.len() + 4 + rows.iter().map(|r| 2 + r.iter().map(|(k, v)| k.len() + 4 + size(v)).sum::<usize>()).sum::<usize>()
+            })
+            .sum()
+    }
+
     /// Execute one call: `name` with its arguments as the model sent them (JSON text).
     /// `offered`: the tools the model was given (a call to another one is unknown).
     pub fn call(&mut self, name: &str, arguments: &str, offered: &[String]) -> Outcome {
@@ -196,7 +214,8 @@ impl<'e> World<'e> {
             }
         };
         let tool = &self.env.tools[i];
-        if let Some(schema) = tool.parameters()
+        // checked against the schema the model was shown (its vectors filled)
+        if let Some(schema) = self.schemas[i].pointer("/function/parameters")
             && let Err(m) = check_arguments(schema, &args)
         {
             return Outcome::rejected(format!("invalid arguments: {m}"));
@@ -313,7 +332,7 @@ impl<'e> World<'e> {
                         .filter_map(|r| r.get(key))
                         .filter_map(|v| v.as_i64().or_else(|| v.as_str()?.parse().ok()))
                         .max()
-                        .map_or(1, |n| n + 1);
+                        .map_or(1, |n| n.saturating_add(1));
                     let numbered = rows.iter().any(|r| r.get(key).is_some_and(Value::is_number));
                     record.insert(
                         key.clone(),
@@ -434,7 +453,7 @@ fn fill_vectors(v: &Value, vectors: &BTreeMap<String, String>) -> Value {
                 let Some(len) = rest[start..].find("}}") else {
                     break;
                 };
-                let name = rest[start + 9..start + len].trim();
+                let name = &rest[start + 9..start + len];
                 out.push_str(&rest[..start]);
                 match vectors.get(name) {
                     Some(text) => out.push_str(text),

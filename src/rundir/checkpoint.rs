@@ -215,6 +215,10 @@ pub struct ToolCallRecord {
     /// an answer may make). Calls of offered tools are actions either way.
     #[serde(default)]
     pub executed: bool,
+    /// The call is one of the model's actions, what the criteria read: a call of a tool
+    /// it was offered (a prefill call, made on its behalf, is not).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub action: bool,
     /// The environment's output held the injected payload.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub injected: bool,
@@ -885,6 +889,7 @@ pub fn write_tool_calls(dir: &Path) -> Result<u64> {
                     .text(Some(&c.output))
                     .flag(Some(c.error))
                     .flag(Some(c.executed))
+                    .flag(Some(c.action))
                     .flag(Some(c.injected))
                     .text(c.blocked_by.as_deref())
                     .end_row()?;

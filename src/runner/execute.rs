@@ -477,7 +477,8 @@ impl AttemptRunner<'_> {
         rec.completion_tokens = out.completion_tokens;
         rec.response_redacted = out.redacted;
         rec.response_truncated = out.truncated;
-        rec.turns_used = Some(out.turns.len() as u32);
+        // the model's turns (turn 0, the environment's prefill, is not one)
+        rec.turns_used = Some(out.turns.iter().filter(|t| t.turn > 0).count() as u32);
         rec.turns = out.turns;
         rec.agent_actions = Some(out.actions);
         rec.final_state = Some(out.final_state);

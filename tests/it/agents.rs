@@ -157,7 +157,8 @@ fn an_agent_that_obeys_injections_and_one_that_does_not() {
         ),
     );
     assert_eq!(joined.len(), 3, "{joined:?}");
-    assert_eq!(joined[0]["calls"], 2);
+    let steal_calls = joined.iter().find(|j| j["case_id"] == "agent-steal").unwrap();
+    assert_eq!(steal_calls["calls"], 2);
     // the model saw the tool error and went on: its next request holds it
     let bodies = server.log.lock().unwrap().bodies.clone();
     assert!(bodies.iter().any(|b| b.contains("the arguments are not valid JSON")));
@@ -250,9 +251,13 @@ fn mitigations_act_on_tool_outputs() {
     let (r, _) = steal("stopped", "{name: input_filter, params: {stop_agent: true}}");
     assert_eq!(r["agent-steal"]["agent_stop"], "blocked");
     assert_eq!(r["agent-steal"]["attack_success"], false);
-    assert_eq!(r["agent-steal"]["utility_success"], false);
+    // the inbox was read before the detector ended the attempt: the task is done
+    assert_eq!(r["agent-steal"]["utility_success"], true);
     assert!(r["agent-steal"]["blocked_by"].as_str().unwrap().starts_with("input_filter:"));
     assert_eq!(r["agent-benign"]["agent_stop"], "answer", "a clean output passes");
+    // a goal reached before the detector ended the attempt is reached
+    assert_eq!(r["agent-mcp-poison"]["agent_stop"], "blocked");
+    assert_eq!(r["agent-mcp-poison"]["attack_success"], true, "the money left first");
     // spotlighting marks the tool output and says so in the system message
     let (r, dir) = steal("datamark", "{name: spotlight_datamark}");
     assert_eq!(r["agent-steal"]["attack_success"], false, "the marked directive is not read as one");
@@ -320,11 +325,18 @@ fn mitigations_act_on_tool_outputs() {
         .find(|p| p.file_name().unwrap().to_str().unwrap().starts_with("stopped-"))
         .unwrap();
     let d = diff(&plain, &stopped);
-    assert!(flips(&d, "utility_success").contains(&"agent-steal true→false".to_owned()), "{d}");
     let metric = |d: &Value, m: &str| {
         d["metrics"].as_array().unwrap().iter().find(|x| x["metric"] == m).unwrap().clone()
     };
     assert_eq!(metric(&d, "utility_under_attack_rate")["a"]["k"], 5);
+    // known_answer broke every agentic attempt: their utility is no longer known
+    let known = std::fs::read_dir(&filtered_dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.file_name().unwrap().to_str().unwrap().starts_with("known-"))
+        .unwrap();
+    let d = diff(&plain, &known);
+    assert!(flips(&d, "utility_success").contains(&"agent-steal true→null".to_owned()), "{d}");
 }
 
 #[test]
@@ -539,4 +551,12 @@ fn injecagent_cases_run_end_to_end_with_injecagents_rule() {
     }
     let careful = results(&run_ok(&cfg("careful", "careful")));
     assert!(careful.values().all(|r| r["attack_success"] == false));
+    // the prefill's output is a tool output like any other: sandwich repeats the task
+    // after it, before the model's first answer
+    let path = cfg("sandwiched", "careful");
+    let text = std::fs::read_to_string(&path).unwrap().replace("{name: none}", "{name: sandwich}");
+    std::fs::write(&path, text).unwrap();
+    let dir = run_ok(&path);
+    let first = sql(&dir, "SELECT attack_prompt FROM steps WHERE turn = 1 LIMIT 1");
+    assert!(first[0]["attack_prompt"].as_str().unwrap().starts_with("Remember: your task"), "{first:?}");
 }

@@ -710,8 +710,9 @@ fn criteria_over_actions_are_decided_in_sql_over_a_tool_call_table() {
         .unwrap();
         let sql = "WITH traces AS (
                        SELECT attempt,
-                              array_agg(named_struct('name', name, 'arguments', arguments)
-                                        ORDER BY seq) AS calls
+                              -- no ORDER BY: the struct's seq orders the calls
+                              array_agg(named_struct('seq', seq, 'name', name,
+                                                     'arguments', arguments)) AS calls
                        FROM tool_calls GROUP BY attempt)
                    SELECT a.attempt, d['success'] AS s, d['matched_rule'] AS m,
                           d['review_reason'] AS why

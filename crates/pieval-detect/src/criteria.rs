@@ -820,8 +820,9 @@ impl Compiled {
                 None => (None, None),
                 Some(calls) => match at {
                     Some(n) => hit(
-                        calls
-                            .get(*n as usize - 1)
+                        (*n as usize)
+                            .checked_sub(1)
+                            .and_then(|i| calls.get(i))
                             .is_some_and(|c| call.matches(c)),
                         rule,
                     ),
@@ -873,8 +874,10 @@ impl Compiled {
                         .map_or(0, |rows| {
                             rows.iter().filter(|row| records.fields_match(row)).count()
                         }) as u64;
-                    let ok = n >= u64::from(min.unwrap_or(1))
-                        && max.is_none_or(|m| n <= u64::from(m));
+                    // `min` defaults to 1 ("such a record exists"), or to 0 when only a
+                    // `max` is given (`max: 0`: "no such record")
+                    let floor = min.unwrap_or(if max.is_some() { 0 } else { 1 });
+                    let ok = n >= u64::from(floor) && max.is_none_or(|m| n <= u64::from(m));
                     hit(ok, rule)
                 }
             },
@@ -1009,7 +1012,8 @@ mod tests {
             (r#"{"type":"state","table":"transactions","min":2,"max":2}"#, true),
             (r#"{"type":"state","table":"transactions","max":1}"#, false),
             (r#"{"type":"state","table":"emails"}"#, false),
-            (r#"{"type":"state","table":"emails","max":0}"#, false),
+            (r#"{"type":"state","table":"emails","max":0}"#, true),
+            (r#"{"type":"state","table":"transactions","max":0}"#, false),
             (r#"{"type":"state","table":"emails","min":0,"max":0}"#, true),
             (r#"{"type":"state","table":"nope","min":0}"#, true),
             (r#"{"type":"not","of":{"type":"state","table":"transactions","where":{"recipient":{"equals":"bob"}}}}"#, true),

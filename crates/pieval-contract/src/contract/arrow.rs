@@ -95,7 +95,9 @@ pub fn findings_schema() -> SchemaRef {
 }
 
 /// `tool_calls.parquet`: one row per tool call of an agent's attempt, in call order
-/// (`seq` from 1 over the attempt; `turn` the model answer that asked for it); joins
+/// (`seq` from 1 over the attempt; `turn` the model answer that asked for it, 0 for the
+/// environment's prefill calls; `action`: one of the model's actions, what the criteria
+/// read — `array_agg(…) FILTER (WHERE action)` gives what scoring decides on); joins
 /// `case_results` on `(run_id, attempt_id)` (`attempt_id` is the case id for an attempt
 /// without one). `arguments` is the JSON text the model sent; `output` what the model
 /// received back (after the mitigation); `executed`: the environment carried it out
@@ -118,6 +120,7 @@ pub fn tool_calls_schema() -> SchemaRef {
         text("output", false),
         flag("error"),
         flag("executed"),
+        flag("action"),
         flag("injected"),
         text("blocked_by", true),
     ]))

@@ -191,9 +191,12 @@ pub fn template_pieces(t: &str) -> Vec<Result<&str, Slot<'_>>> {
         if start > 0 {
             out.push(Ok(&rest[..start]));
         }
-        let inner = rest[start + 2..start + 2 + len].trim();
-        out.push(Err(if let Some(v) = inner.strip_prefix("vector:") {
-            Slot::Vector(v.trim())
+        let raw = &rest[start + 2..start + 2 + len];
+        let inner = raw.trim();
+        // a vector marker is written exactly `{{vector:NAME}}` (what the data filler
+        // finds); a spaced one is an argument slot, which the validator refuses
+        out.push(Err(if let Some(v) = raw.strip_prefix("vector:") {
+            Slot::Vector(v)
         } else if let Some(f) = inner.strip_prefix("record.") {
             Slot::Record(f)
         } else {
@@ -404,17 +407,20 @@ impl Environment {
         {
             return Err(err("max_turns", format!("expected a whole number in 1..={MAX_TURNS}")));
         }
-        // Every vector marker names a declared vector.
+        // Every vector marker names a declared vector, written exactly.
         let mut markers = Vec::new();
         strings(v, "", &mut |s, at| {
             for piece in template_pieces(s) {
-                if let Err(Slot::Vector(name)) = piece
-                    && !vectors.contains(&name)
-                {
-                    markers.push(err(
+                match piece {
+                    Err(Slot::Vector(name)) if !vectors.contains(&name) => markers.push(err(
                         at,
                         format!("{{{{vector:{name}}}}} names no vector of `vectors`"),
-                    ));
+                    )),
+                    Err(Slot::Arg(a)) if a.starts_with("vector:") => markers.push(err(
+                        at,
+                        format!("write the vector marker as {{{{{a}}}}}, without spaces"),
+                    )),
+                    _ => {}
                 }
             }
         });
@@ -547,6 +553,7 @@ fn check_behaviour(b: &Value, path: &str, tables: &[&str]) -> Result<(), Criteri
                 .ok_or_else(|| err(&at, "missing"))?
                 .as_array()
                 .ok_or_else(|| err(&at, "expected an array"))?;
+            let mut regexes = 0;
             for (i, c) in cases.iter().enumerate() {
                 let ci = format!("{at}[{i}]");
                 let c = object(c, &ci)?;
@@ -554,9 +561,19 @@ fn check_behaviour(b: &Value, path: &str, tables: &[&str]) -> Result<(), Criteri
                 check_reply(c, &ci)?;
                 if let Some(args) = c.get("args") {
                     for (name, m) in object(args, &join(&ci, "args"))? {
-                        ArgMatcher::parse(m, &join(&join(&ci, "args"), name))?;
+                        let m = ArgMatcher::parse(m, &join(&join(&ci, "args"), name))?;
+                        regexes += usize::from(m.is_regex());
                     }
                 }
+            }
+            if regexes > super::criteria::MAX_CRITERIA_REGEXES {
+                return Err(err(
+                    &at,
+                    format!(
+                        "{regexes} regex matchers; a lookup may hold at most {}",
+                        super::criteria::MAX_CRITERIA_REGEXES
+                    ),
+                ));
             }
             let d = join(path, "default");
             let default = object(obj.get("default").ok_or_else(|| err(&d, "missing"))?, &d)?;
@@ -703,6 +720,10 @@ mod tests {
                 "user_tools[0]: \"send_mony\" is not a tool of `tools` (did you mean \"send_money\"?)",
             ),
             (|v| v["max_turns"] = json!(0), "max_turns: expected a whole number"),
+            (
+                |v| v["store"]["emails"][0]["body"] = json!("{{ vector:email_body }}"),
+                "store.emails[0].body: write the vector marker as {{vector:email_body}}, without spaces",
+            ),
             (|v| v["injected"] = json!(["x"]), "injected[0]: \"x\" is not a vector"),
             (
                 |v| v["tools"][1]["behaviour"] = json!({"kind": "store", "op": "update", "table": "transactions"}),

@@ -334,8 +334,9 @@ impl Kernel for Decide {
 
 /// `pi_decide_actions(response, success_criteria, tool_calls[, final_state])`: the
 /// decision on an agent's attempt, criteria over actions included: `tool_calls` is the
-/// attempt's calls in order, as `array_agg(named_struct('name', …, 'arguments', …) ORDER
-/// BY …)` over a tool-call table gives them (`arguments` the JSON text the model sent),
+/// attempt's calls, as `array_agg(named_struct('seq', seq, 'name', …, 'arguments', …))`
+/// over a tool-call table gives them (taken in `seq` order when the structs have one,
+/// else in list order; `arguments` the JSON text the model sent),
 /// or the same list as JSON text (`[{"name": …, "arguments": …}, …]`, what a prediction
 /// records as `agent_actions`); `final_state` is the environment's record store at the
 /// end, as JSON text (`{table: [record, …]}`). A NULL list (or state) is an attempt
@@ -418,12 +419,11 @@ impl Kernel for DecideActions {
                 return Ok(None);
             }
             if lists.data_type() == &DataType::Utf8 {
+                // calls that are not the JSON list read as not recorded (undecided,
+                // no_actions), as a state that is not JSON does: one bad row never
+                // stops the query
                 let text = lists.as_string::<i32>().value(i);
-                return calls_from_json(text).map(Some).map_err(|m| {
-                    datafusion::error::DataFusionError::Execution(format!(
-                        "{name}: row {i}: tool_calls: {m}"
-                    ))
-                });
+                return Ok(calls_from_json(text).ok());
             }
             let values = match lists.data_type() {
                 DataType::List(_) => lists.as_list::<i32>().value(i),
@@ -438,8 +438,18 @@ impl Kernel for DecideActions {
             };
             let (names, arguments) = (text("name")?, text("arguments")?);
             let (names, arguments) = (names.as_string::<i32>(), arguments.as_string::<i32>());
+            // With a `seq` field the calls are taken in its order: `array_agg` needs no
+            // ORDER BY (DataFusion's ordered array_agg holds each group's values one by
+            // one, slow and, over structs, accounted as whole batches).
+            let mut order: Vec<usize> = (0..s.len()).collect();
+            if let Some(seq) = s.column_by_name("seq") {
+                let seq = datafusion::arrow::compute::cast(seq, &DataType::Int64)?;
+                let seq = seq.as_primitive::<datafusion::arrow::datatypes::Int64Type>();
+                order.sort_by_key(|&j| (seq.is_null(j), seq.value(j)));
+            }
             Ok(Some(
-                (0..s.len())
+                order
+                    .into_iter()
                     .map(|j| {
                         Call::new(
                             if names.is_null(j) { "" } else { names.value(j) },
@@ -503,7 +513,7 @@ impl Kernel for DecideActions {
                 ARGS[1],
                 (
                     "tool_calls",
-                    "The attempt's calls in order: a list of {name, arguments} structs (arguments the JSON text sent), the same list as JSON text, or NULL when none were recorded.",
+                    "The attempt's calls: a list of {seq, name, arguments} structs (taken in seq order; without seq, in list order; arguments the JSON text sent), the same list as JSON text, or NULL when none were recorded.",
                 ),
                 (
                     "final_state",
