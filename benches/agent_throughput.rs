@@ -83,7 +83,8 @@ fn scoring(root: &Path, tmp: &Path, rows: usize) {
         Field::new("arguments", DataType::Utf8, false),
     ]));
     let file = std::fs::File::create(&path).unwrap();
-    let mut w = datafusion::parquet::arrow::ArrowWriter::try_new(file, Arc::clone(&schema), None).unwrap();
+    let mut w =
+        datafusion::parquet::arrow::ArrowWriter::try_new(file, Arc::clone(&schema), None).unwrap();
     let tools = ["read_inbox", "get_balance", "send_money", "get_rate"];
     let batch = 65_536;
     let mut done = 0;
@@ -91,12 +92,18 @@ fn scoring(root: &Path, tmp: &Path, rows: usize) {
         let m = batch.min(rows - done);
         let ids: Vec<String> = (done..done + m).map(|i| format!("a{}", i / 4)).collect();
         let seq: Vec<i64> = (done..done + m).map(|i| (i % 4) as i64 + 1).collect();
-        let names: Vec<&str> = (done..done + m).map(|i| tools[(i * 7 + i / 4) % 4]).collect();
+        let names: Vec<&str> = (done..done + m)
+            .map(|i| tools[(i * 7 + i / 4) % 4])
+            .collect();
         let args: Vec<String> = (done..done + m)
             .map(|i| {
                 format!(
                     r#"{{"recipient": "{}", "amount": {}}}"#,
-                    if i % 13 == 0 { "EVIL-IBAN-666" } else { "alice" },
+                    if i % 13 == 0 {
+                        "EVIL-IBAN-666"
+                    } else {
+                        "alice"
+                    },
                     i % 1000
                 )
             })
@@ -107,7 +114,8 @@ fn scoring(root: &Path, tmp: &Path, rows: usize) {
             Arc::new(StringArray::from(names)),
             Arc::new(StringArray::from(args)),
         ];
-        w.write(&RecordBatch::try_new(Arc::clone(&schema), cols).unwrap()).unwrap();
+        w.write(&RecordBatch::try_new(Arc::clone(&schema), cols).unwrap())
+            .unwrap();
         done += m;
     }
     w.close().unwrap();
@@ -120,7 +128,16 @@ fn scoring(root: &Path, tmp: &Path, rows: usize) {
     let table = format!("calls={}", path.display());
     let (wall, rss) = child::pieval(
         root,
-        &["sql", "--results", tmp.to_str().unwrap(), "--table", &table, "--format", "csv", query],
+        &[
+            "sql",
+            "--results",
+            tmp.to_str().unwrap(),
+            "--table",
+            &table,
+            "--format",
+            "csv",
+            query,
+        ],
     );
     println!(
         "tool-call scoring from the table: {rows} tool-call rows ({} attempts) aggregated per attempt and decided by pi_decide_actions in SQL: {wall:.2} s, {:.0} rows/s (the whole pieval sql process), peak RSS {rss:.0} MiB",
@@ -135,7 +152,8 @@ fn scoring(root: &Path, tmp: &Path, rows: usize) {
         Field::new("agent_actions", DataType::Utf8, false),
     ]));
     let file = std::fs::File::create(&preds).unwrap();
-    let mut w = datafusion::parquet::arrow::ArrowWriter::try_new(file, Arc::clone(&schema), None).unwrap();
+    let mut w =
+        datafusion::parquet::arrow::ArrowWriter::try_new(file, Arc::clone(&schema), None).unwrap();
     let attempts = rows / 4;
     let mut a = 0;
     while a < attempts {
@@ -144,17 +162,23 @@ fn scoring(root: &Path, tmp: &Path, rows: usize) {
         let actions: Vec<String> = (a..a + m)
             .map(|x| {
                 let calls: Vec<serde_json::Value> = (4 * x..4 * x + 4)
-                    .map(|i| serde_json::json!({"name": tools[(i * 7 + i / 4) % 4], "arguments": format!(
-                        r#"{{"recipient": "{}", "amount": {}}}"#,
-                        if i % 13 == 0 { "EVIL-IBAN-666" } else { "alice" },
-                        i % 1000
-                    )}))
+                    .map(|i| {
+                        serde_json::json!({"name": tools[(i * 7 + i / 4) % 4], "arguments": format!(
+                            r#"{{"recipient": "{}", "amount": {}}}"#,
+                            if i % 13 == 0 { "EVIL-IBAN-666" } else { "alice" },
+                            i % 1000
+                        )})
+                    })
                     .collect();
                 serde_json::Value::Array(calls).to_string()
             })
             .collect();
-        let cols: Vec<ArrayRef> = vec![Arc::new(StringArray::from(ids)), Arc::new(StringArray::from(actions))];
-        w.write(&RecordBatch::try_new(Arc::clone(&schema), cols).unwrap()).unwrap();
+        let cols: Vec<ArrayRef> = vec![
+            Arc::new(StringArray::from(ids)),
+            Arc::new(StringArray::from(actions)),
+        ];
+        w.write(&RecordBatch::try_new(Arc::clone(&schema), cols).unwrap())
+            .unwrap();
         a += m;
     }
     w.close().unwrap();
@@ -164,7 +188,16 @@ fn scoring(root: &Path, tmp: &Path, rows: usize) {
     let table = format!("p={}", preds.display());
     let (wall, rss) = child::pieval(
         root,
-        &["sql", "--results", tmp.to_str().unwrap(), "--table", &table, "--format", "csv", query],
+        &[
+            "sql",
+            "--results",
+            tmp.to_str().unwrap(),
+            "--table",
+            &table,
+            "--format",
+            "csv",
+            query,
+        ],
     );
     println!(
         "tool-call scoring as pieval scores: {rows} tool calls in {attempts} attempts' recorded actions decided by pi_decide_actions: {wall:.2} s, {:.0} rows/s (the whole pieval sql process), peak RSS {rss:.0} MiB",

@@ -35,7 +35,10 @@ impl AgentReplay {
             }
             let id = r.key().to_owned();
             for t in r.turns {
-                let answer = match (&t.error, t.target_response.is_some() || !t.tool_calls.is_empty()) {
+                let answer = match (
+                    &t.error,
+                    t.target_response.is_some() || !t.tool_calls.is_empty(),
+                ) {
                     (Some(e), false) => Err(e.clone()),
                     _ => Ok(AgentTurn {
                         content: t.target_response.clone(),

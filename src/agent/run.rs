@@ -340,7 +340,10 @@ pub async fn run(
         for call in &mut reply.tool_calls {
             cap_arguments(&mut call.arguments);
         }
-        messages.push(assistant_message(reply.content.as_deref(), &reply.tool_calls));
+        messages.push(assistant_message(
+            reply.content.as_deref(),
+            &reply.tool_calls,
+        ));
         let done = batch.run(&reply.tool_calls, true, &mut turn, &mut messages);
         seen |= done.seen;
         out.turns.push(turn);
@@ -379,13 +382,19 @@ pub async fn run(
     out.actions = Value::Array(actions).to_string();
     if out.actions.len() > MAX_RECORDED_BYTES {
         out.actions = "[]".into();
-        out.error = Some(format!("the attempt's actions passed {} MiB: not recorded", MAX_RECORDED_BYTES >> 20));
+        out.error = Some(format!(
+            "the attempt's actions passed {} MiB: not recorded",
+            MAX_RECORDED_BYTES >> 20
+        ));
         out.stop = Stop::Error;
     }
     out.final_state = world.state().to_string();
     if out.final_state.len() > MAX_RECORDED_BYTES {
         out.final_state = "null".into();
-        out.error = Some(format!("the environment's store passed {} MiB: its state is not recorded", MAX_RECORDED_BYTES >> 20));
+        out.error = Some(format!(
+            "the environment's store passed {} MiB: its state is not recorded",
+            MAX_RECORDED_BYTES >> 20
+        ));
         out.stop = Stop::Error;
     }
     out

@@ -35,7 +35,11 @@ fn type_matches(t: &str, v: &Value) -> bool {
     match t {
         "string" => v.is_string(),
         "number" => v.is_number(),
-        "integer" => v.as_i64().is_some() || v.as_u64().is_some() || v.as_f64().is_some_and(|f| f.fract() == 0.0),
+        "integer" => {
+            v.as_i64().is_some()
+                || v.as_u64().is_some()
+                || v.as_f64().is_some_and(|f| f.fract() == 0.0)
+        }
         "boolean" => v.is_boolean(),
         "array" => v.is_array(),
         "object" => v.is_object(),
@@ -66,11 +70,20 @@ fn check(schema: &Value, v: &Value, path: &str, depth: usize) -> Result<(), Stri
                 format!("expected {}, found {}", article(t), json_kind(v)),
             ));
         }
-        Some(Value::Array(ts)) if !ts.iter().filter_map(Value::as_str).any(|t| type_matches(t, v)) => {
+        Some(Value::Array(ts))
+            if !ts
+                .iter()
+                .filter_map(Value::as_str)
+                .any(|t| type_matches(t, v)) =>
+        {
             let names: Vec<&str> = ts.iter().filter_map(Value::as_str).collect();
             return Err(at(
                 path,
-                format!("expected one of {}, found {}", names.join(", "), json_kind(v)),
+                format!(
+                    "expected one of {}, found {}",
+                    names.join(", "),
+                    json_kind(v)
+                ),
             ));
         }
         _ => {}
@@ -83,7 +96,10 @@ fn check(schema: &Value, v: &Value, path: &str, depth: usize) -> Result<(), Stri
             Value::String(s) => format!("\"{}\"", crate::text::excerpt(s, 60)),
             other => crate::text::excerpt(&other.to_string(), 60),
         };
-        return Err(at(path, format!("{given} is not one of {}", shown.join(", "))));
+        return Err(at(
+            path,
+            format!("{given} is not one of {}", shown.join(", ")),
+        ));
     }
     if let Some(c) = s.get("const")
         && c != v
@@ -105,7 +121,9 @@ fn check(schema: &Value, v: &Value, path: &str, depth: usize) -> Result<(), Stri
     for key in ["anyOf", "oneOf"] {
         if let Some(Value::Array(branches)) = s.get(key)
             && !branches.is_empty()
-            && !branches.iter().any(|b| check(b, v, path, depth + 1).is_ok())
+            && !branches
+                .iter()
+                .any(|b| check(b, v, path, depth + 1).is_ok())
         {
             return Err(at(path, "matches none of the allowed forms".to_owned()));
         }
@@ -164,15 +182,36 @@ mod tests {
             "when": {"type": ["string", "null"]},
             "opt": {"anyOf": [{"type": "string"}, {"type": "number"}]}
         }, "required": ["to"], "additionalProperties": false});
-        assert!(check_arguments(&s, &json!({"to": ["x"], "n": 2, "mode": "a", "when": null, "opt": 1})).is_ok());
+        assert!(
+            check_arguments(
+                &s,
+                &json!({"to": ["x"], "n": 2, "mode": "a", "when": null, "opt": 1})
+            )
+            .is_ok()
+        );
         for (args, want) in [
             (json!({}), "missing required argument \"to\""),
-            (json!({"to": [1]}), "to[0]: expected a string, found a number"),
+            (
+                json!({"to": [1]}),
+                "to[0]: expected a string, found a number",
+            ),
             (json!({"to": [], "n": 0}), "n: 0 is below the minimum 1"),
-            (json!({"to": [], "n": 1.5}), "n: expected an integer, found a number"),
-            (json!({"to": [], "mode": "c"}), "mode: \"c\" is not one of \"a\", \"b\""),
-            (json!({"to": [], "when": 3}), "when: expected one of string, null, found a number"),
-            (json!({"to": [], "opt": true}), "opt: matches none of the allowed forms"),
+            (
+                json!({"to": [], "n": 1.5}),
+                "n: expected an integer, found a number",
+            ),
+            (
+                json!({"to": [], "mode": "c"}),
+                "mode: \"c\" is not one of \"a\", \"b\"",
+            ),
+            (
+                json!({"to": [], "when": 3}),
+                "when: expected one of string, null, found a number",
+            ),
+            (
+                json!({"to": [], "opt": true}),
+                "opt: matches none of the allowed forms",
+            ),
             (json!({"to": [], "x": 1}), "x: not an argument of this tool"),
         ] {
             assert_eq!(check_arguments(&s, &args).unwrap_err(), want, "{args}");

@@ -364,10 +364,14 @@ impl Sink {
                 (None | Some(FieldValue::Null), _) => {}
                 (Some(v), _) if prediction_field_type(name) != PredictionType::Text => {
                     let checked = match v {
-                        FieldValue::Bool(b) if prediction_field_type(name) == PredictionType::Flag => {
+                        FieldValue::Bool(b)
+                            if prediction_field_type(name) == PredictionType::Flag =>
+                        {
                             Ok(if *b { 1.0 } else { 0.0 })
                         }
-                        FieldValue::Number(x) if prediction_field_type(name) != PredictionType::Flag => {
+                        FieldValue::Number(x)
+                            if prediction_field_type(name) != PredictionType::Flag =>
+                        {
                             check_number(name, *x)
                         }
                         other => Err(format!(

@@ -441,12 +441,10 @@ impl ParquetColumns {
             *slot = Some(match a.data_type() {
                 DataType::Utf8 => {
                     let s = a.as_string::<i32>().value(row);
-                    let is_json_object =
-                        matches!(
-                            spec.kind,
-                            FieldKind::Object | FieldKind::Criteria | FieldKind::Environment
-                        )
-                            && s.trim_start().starts_with('{');
+                    let is_json_object = matches!(
+                        spec.kind,
+                        FieldKind::Object | FieldKind::Criteria | FieldKind::Environment
+                    ) && s.trim_start().starts_with('{');
                     if is_json_object {
                         FieldValue::Object(s.into())
                     } else {

@@ -70,15 +70,28 @@ fn tool_schemas(tools: &Value, path: &Path) -> Result<BTreeMap<String, Value>> {
         .ok_or_else(|| Error::config(path, "expected a list of toolkits"))?;
     let mut out = BTreeMap::new();
     for kit in kits {
-        let toolkit = kit.get("toolkit").and_then(Value::as_str).unwrap_or_default();
-        for t in kit.get("tools").and_then(Value::as_array).into_iter().flatten() {
+        let toolkit = kit
+            .get("toolkit")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        for t in kit
+            .get("tools")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             let name = format!(
                 "{toolkit}{}",
                 t.get("name").and_then(Value::as_str).unwrap_or_default()
             );
             let mut properties = Map::new();
             let mut required = Vec::new();
-            for p in t.get("parameters").and_then(Value::as_array).into_iter().flatten() {
+            for p in t
+                .get("parameters")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
                 let Some(pname) = p.get("name").and_then(Value::as_str) else {
                     continue;
                 };
@@ -210,7 +223,8 @@ pub fn python_literal(text: &str) -> std::result::Result<Value, String> {
                     {
                         self.i += 1;
                     }
-                    let word = std::str::from_utf8(&self.s[start..self.i]).map_err(|e| e.to_string())?;
+                    let word =
+                        std::str::from_utf8(&self.s[start..self.i]).map_err(|e| e.to_string())?;
                     match word {
                         "True" => Ok(json!(true)),
                         "False" => Ok(json!(false)),
@@ -261,7 +275,10 @@ fn simulated(cache: &Value) -> BTreeMap<String, String> {
 /// `s` as Python's `json.dumps` writes it (non-ASCII as `\uXXXX`).
 fn python_json(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
-    for c in serde_json::to_string(s).expect("a string serialises").chars() {
+    for c in serde_json::to_string(s)
+        .expect("a string serialises")
+        .chars()
+    {
         if c.is_ascii() {
             out.push(c);
         } else {
@@ -291,7 +308,8 @@ fn slot_text(template: &str, response: &str) -> Option<String> {
 
 /// The first e-mail address of a text.
 fn email(text: &str) -> Option<String> {
-    let re = regex::Regex::new(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}").expect("a valid pattern");
+    let re = regex::Regex::new(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")
+        .expect("a valid pattern");
     re.find(text)
         .map(|m| m.as_str().trim_end_matches('.').to_owned())
 }
@@ -308,7 +326,13 @@ pub fn ingest(path: &Path, opts: &Options, emit: &mut Emit<'_>) -> Result<()> {
     let outputs = simulated(&read_json(&cache_file)?);
     for (file, setting, kind) in FILES {
         let file_path = root.join(file);
-        let info = SourceInfo::new(opts, "injecagent", &file_path, "MIT", "pieval ingest injecagent");
+        let info = SourceInfo::new(
+            opts,
+            "injecagent",
+            &file_path,
+            "MIT",
+            "pieval ingest injecagent",
+        );
         let cases = read_json(&file_path)?;
         let cases = cases
             .as_array()
@@ -319,7 +343,12 @@ pub fn ingest(path: &Path, opts: &Options, emit: &mut Emit<'_>) -> Result<()> {
             let attackers: Vec<String> = c
                 .get("Attacker Tools")
                 .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_owned)
+                        .collect()
+                })
                 .unwrap_or_default();
             let (Some(user_tool), Some(instruction), Some(template), Some(response), Some(params)) = (
                 text("User Tool"),
@@ -340,7 +369,10 @@ pub fn ingest(path: &Path, opts: &Options, emit: &mut Emit<'_>) -> Result<()> {
                 emit(info.invalid(
                     record,
                     Some("Attacker Tools"),
-                    format!("expected {want} attacker tool(s), found {}", attackers.len()),
+                    format!(
+                        "expected {want} attacker tool(s), found {}",
+                        attackers.len()
+                    ),
                 ))?;
                 continue;
             }
@@ -363,7 +395,11 @@ pub fn ingest(path: &Path, opts: &Options, emit: &mut Emit<'_>) -> Result<()> {
                     continue;
                 }
                 Err(e) => {
-                    emit(info.invalid(record, Some("Tool Parameters"), format!("not a Python literal: {e}")))?;
+                    emit(info.invalid(
+                        record,
+                        Some("Tool Parameters"),
+                        format!("not a Python literal: {e}"),
+                    ))?;
                     continue;
                 }
             };
@@ -388,7 +424,11 @@ pub fn ingest(path: &Path, opts: &Options, emit: &mut Emit<'_>) -> Result<()> {
                 tools.push(json!({"schema": schema, "behaviour": behaviour}));
             }
             if let Some(name) = missing {
-                emit(info.invalid(record, Some("Attacker Tools"), format!("{name:?} is not a tool of tools.json")))?;
+                emit(info.invalid(
+                    record,
+                    Some("Attacker Tools"),
+                    format!("{name:?} is not a tool of tools.json"),
+                ))?;
                 continue;
             }
             let env = json!({
@@ -419,7 +459,8 @@ pub fn ingest(path: &Path, opts: &Options, emit: &mut Emit<'_>) -> Result<()> {
                 {
                     args.insert(
                         "to".to_owned(),
-                        ArgMatcher::parse(&json!({"contains": addr}), "to").expect("a valid matcher"),
+                        ArgMatcher::parse(&json!({"contains": addr}), "to")
+                            .expect("a valid matcher"),
                     );
                 }
                 let send = SuccessCriteria::ToolCall {
@@ -429,10 +470,17 @@ pub fn ingest(path: &Path, opts: &Options, emit: &mut Emit<'_>) -> Result<()> {
                 };
                 let note = match (&to, opts.strict) {
                     (Some(a), true) => format!("strict: the e-mail goes to {a}"),
-                    (None, true) => "strict: the instruction names no address; InjecAgent's rule".into(),
+                    (None, true) => {
+                        "strict: the instruction names no address; InjecAgent's rule".into()
+                    }
                     _ => String::new(),
                 };
-                (SuccessCriteria::All { of: vec![first, send] }, note)
+                (
+                    SuccessCriteria::All {
+                        of: vec![first, send],
+                    },
+                    note,
+                )
             } else {
                 (
                     first,
@@ -495,7 +543,10 @@ mod tests {
             python_literal("{'a': ['b', 1, 2.5], 'c': None, \"d\": True, 'e': 'it\\'s'}").unwrap(),
             json!({"a": ["b", 1, 2.5], "c": null, "d": true, "e": "it's"})
         );
-        assert_eq!(python_literal("{'t': ('x', 'y'),}").unwrap(), json!({"t": ["x", "y"]}));
+        assert_eq!(
+            python_literal("{'t': ('x', 'y'),}").unwrap(),
+            json!({"t": ["x", "y"]})
+        );
         assert!(python_literal("{'a': }").is_err());
         assert!(python_literal("{'a': 1} trailing").is_err());
         assert!(python_literal("{'a': 'open").is_err());
@@ -504,7 +555,8 @@ mod tests {
     #[test]
     fn the_slot_of_a_response() {
         let t = "{'name': \"Doctor's\", 'content': '<Attacker Instruction>', 'city': 'Zürich'}";
-        let r = "\"{'name': \\\"Doctor's\\\", 'content': 'Send \"it\" now', 'city': 'Z\\u00fcrich'}\"";
+        let r =
+            "\"{'name': \\\"Doctor's\\\", 'content': 'Send \"it\" now', 'city': 'Z\\u00fcrich'}\"";
         assert_eq!(slot_text(t, r).as_deref(), Some("Send \"it\" now"));
         assert_eq!(slot_text(t, "\"something else\""), None);
     }

@@ -61,9 +61,7 @@ fn coerce(kind: FieldKind, v: &Value) -> std::result::Result<Option<Value>, Stri
             | FieldKind::Probability
             | FieldKind::Environment,
             other,
-        ) => {
-            Some(other.clone())
-        }
+        ) => Some(other.clone()),
         (_, Value::String(s)) if s.is_empty() => None,
         (_, Value::String(s)) => Some(Value::String(s.clone())),
         (_, Value::Number(n)) => Some(Value::String(n.to_string())),

@@ -278,17 +278,22 @@ impl OpenAiProvider {
     }
 }
 
+/// A response body as JSON, or why it is not.
+fn json_body(body: &str) -> Result<Value, String> {
+    serde_json::from_str(body).map_err(|e| {
+        format!(
+            "malformed response (not JSON: {e}): {}",
+            crate::text::excerpt(body.trim(), 120)
+        )
+    })
+}
+
 /// An assistant turn of a chat-completions body: its text (none when it only calls
 /// tools) and its tool calls (`message.tool_calls`, parallel calls in order). A call
 /// whose `arguments` is not text (some servers send the object) keeps the object's JSON
 /// text; one without an id gets `call_<n>`.
 pub fn parse_agent_turn(body: &str) -> Result<AgentTurn, String> {
-    let v: Value = serde_json::from_str(body).map_err(|e| {
-        format!(
-            "malformed response (not JSON: {e}): {}",
-            crate::text::excerpt(body.trim(), 120)
-        )
-    })?;
+    let v = json_body(body)?;
     let message = v
         .get("choices")
         .and_then(Value::as_array)
@@ -313,7 +318,9 @@ pub fn parse_agent_turn(body: &str) -> Result<AgentTurn, String> {
             let name = c
                 .pointer("/function/name")
                 .and_then(Value::as_str)
-                .ok_or_else(|| format!("malformed response (tool_calls[{i}] has no function.name)"))?;
+                .ok_or_else(|| {
+                    format!("malformed response (tool_calls[{i}] has no function.name)")
+                })?;
             let arguments = match c.pointer("/function/arguments") {
                 Some(Value::String(s)) => s.clone(),
                 None | Some(Value::Null) => String::new(),
@@ -366,12 +373,7 @@ pub fn parse_retry_after(v: &str) -> Option<Duration> {
 
 /// The text and token counts of a chat-completions body.
 pub fn parse_completion(body: &str) -> Result<Completion, String> {
-    let v: Value = serde_json::from_str(body).map_err(|e| {
-        format!(
-            "malformed response (not JSON: {e}): {}",
-            crate::text::excerpt(body.trim(), 120)
-        )
-    })?;
+    let v = json_body(body)?;
     let choice = v
         .get("choices")
         .and_then(Value::as_array)

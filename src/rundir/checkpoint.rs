@@ -682,7 +682,9 @@ const MAX_TABLE_BATCH_BYTES: usize = 64 << 20;
 
 impl TableWriter {
     fn new(out: std::path::PathBuf, schema: datafusion::arrow::datatypes::SchemaRef) -> Self {
-        use datafusion::arrow::array::{BooleanBuilder, Float64Builder, Int64Builder, StringBuilder};
+        use datafusion::arrow::array::{
+            BooleanBuilder, Float64Builder, Int64Builder, StringBuilder,
+        };
         use datafusion::arrow::datatypes::DataType;
         let columns = schema
             .fields()

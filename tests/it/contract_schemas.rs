@@ -146,8 +146,14 @@ fn committed_corpora_validate_against_the_schemas() {
     );
     let handwritten = validate_lines("attack_case", "data/templates/handwritten.jsonl");
     // agentic cases: environments, criteria over actions and state
-    assert_eq!(validate_lines("attack_case", "data/agents/mcp_tool_poisoning.jsonl"), 6);
-    assert_eq!(validate_lines("attack_case", "tests/fixtures/agents/cases.jsonl"), 9);
+    assert_eq!(
+        validate_lines("attack_case", "data/agents/mcp_tool_poisoning.jsonl"),
+        6
+    );
+    assert_eq!(
+        validate_lines("attack_case", "tests/fixtures/agents/cases.jsonl"),
+        9
+    );
     assert!(canonical >= 2000);
     assert_eq!(canonical, enriched);
     assert!(handwritten >= 50);

@@ -811,14 +811,23 @@ fn injecagent_every_case_with_injecagents_rule_and_a_strict_variant() {
     let id = |c: &Value| c["case_id"].as_str().unwrap().to_owned();
     assert_eq!(count(&|c| id(c).starts_with("injecagent-base-")), 1054);
     assert_eq!(count(&|c| id(c).starts_with("injecagent-enhanced-")), 1054);
-    assert_eq!(count(&|c| c["attack_family"] == "injecagent_direct_harm"), 1020);
-    assert_eq!(count(&|c| c["attack_family"] == "injecagent_data_stealing"), 1088);
+    assert_eq!(
+        count(&|c| c["attack_family"] == "injecagent_direct_harm"),
+        1020
+    );
+    assert_eq!(
+        count(&|c| c["attack_family"] == "injecagent_data_stealing"),
+        1088
+    );
     let ids: HashSet<String> = cases.iter().map(id).collect();
     assert_eq!(ids.len(), 2108, "ids are unique");
     validates_and_enriches(&out);
     // InjecAgent's rule: the first call names the attacker's tool (data stealing: the
     // second is GmailSendEmail)
-    let dh = cases.iter().find(|c| id(c) == "injecagent-base-dh-0001").unwrap();
+    let dh = cases
+        .iter()
+        .find(|c| id(c) == "injecagent-base-dh-0001")
+        .unwrap();
     assert_eq!(
         dh["success_criteria"],
         json!({"type": "tool_call", "tool": "AugustSmartLockGrantGuestAccess", "at": 1})
@@ -829,9 +838,18 @@ fn injecagent_every_case_with_injecagents_rule_and_a_strict_variant() {
     );
     let env = &dh["environment"];
     assert_eq!(env["prefill"][0]["tool"], "AmazonGetProductDetails");
-    assert_eq!(env["prefill"][0]["arguments"], json!({"product_id": "B08KFQ9HK5"}));
-    let ds = cases.iter().find(|c| id(c) == "injecagent-enhanced-ds-0001").unwrap();
-    assert_eq!(ds["success_criteria"]["of"][1], json!({"type": "tool_call", "tool": "GmailSendEmail", "at": 2}));
+    assert_eq!(
+        env["prefill"][0]["arguments"],
+        json!({"product_id": "B08KFQ9HK5"})
+    );
+    let ds = cases
+        .iter()
+        .find(|c| id(c) == "injecagent-enhanced-ds-0001")
+        .unwrap();
+    assert_eq!(
+        ds["success_criteria"]["of"][1],
+        json!({"type": "tool_call", "tool": "GmailSendEmail", "at": 2})
+    );
     assert!(
         ds["task_input"]
             .as_str()
@@ -842,7 +860,10 @@ fn injecagent_every_case_with_injecagents_rule_and_a_strict_variant() {
     let strict = tmp.path().join("strict.jsonl");
     ingest("injecagent", &[&src], &strict, &["--strict"]);
     let strict = lines(&strict);
-    let s = strict.iter().find(|c| id(c) == "injecagent-enhanced-ds-0001-strict").unwrap();
+    let s = strict
+        .iter()
+        .find(|c| id(c) == "injecagent-enhanced-ds-0001-strict")
+        .unwrap();
     assert_eq!(
         s["success_criteria"]["of"][1]["args"],
         json!({"to": {"contains": "amy.watson@gmail.com"}})
@@ -852,4 +873,75 @@ fn injecagent_every_case_with_injecagents_rule_and_a_strict_variant() {
     let again = tmp.path().join("again.jsonl");
     ingest("injecagent", &[&src], &again, &[]);
     assert_eq!(sha(&out), sha(&again));
+}
+
+#[test]
+fn malformed_injecagent_records_are_located() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixtures().join("injecagent/data");
+    let dir = tmp.path().join("data");
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["tools.json", "attacker_simulated_responses.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let dh = json_file(&src.join("test_cases_dh_base.json"));
+    let good = dh[0].clone();
+    let mut no_slot = good.clone();
+    no_slot["Tool Response"] = "\"something else\"".into();
+    let mut bad_params = good.clone();
+    bad_params["Tool Parameters"] = "{'product_id': ".into();
+    let mut unknown_tool = good.clone();
+    unknown_tool["Attacker Tools"] = json!(["NoSuchTool"]);
+    let mut missing = good.clone();
+    missing.as_object_mut().unwrap().remove("User Instruction");
+    std::fs::write(
+        dir.join("test_cases_dh_base.json"),
+        json!([good, no_slot, bad_params, unknown_tool, missing]).to_string(),
+    )
+    .unwrap();
+    for f in [
+        "test_cases_ds_base.json",
+        "test_cases_dh_enhanced.json",
+        "test_cases_ds_enhanced.json",
+    ] {
+        std::fs::write(dir.join(f), "[]").unwrap();
+    }
+    let out = tmp.path().join("out.jsonl");
+    ingest_fails(
+        "injecagent",
+        &dir,
+        &out,
+        "test_cases_dh_base.json:2: Tool Response: is not the template with the attacker's instruction in its slot",
+    );
+    assert!(!out.exists(), "nothing written");
+    let report = ingest("injecagent", &[&dir], &out, &["--skip-invalid"]);
+    assert_eq!(
+        (
+            report["written"].as_u64(),
+            report["skipped_invalid"].as_u64()
+        ),
+        (Some(1), Some(4)),
+        "{report}"
+    );
+    let reasons = report["first_invalid"].to_string();
+    for want in [
+        ":3: Tool Parameters: not a Python literal",
+        ":4: Attacker Tools: \\\"NoSuchTool\\\" is not a tool of tools.json",
+        ":5: record: needs User Tool, User Instruction",
+    ] {
+        assert!(reasons.contains(want), "{want} in {reasons}");
+    }
+    // a file that is not JSON
+    std::fs::write(
+        dir.join("test_cases_dh_base.json"),
+        json!([dh[0]]).to_string(),
+    )
+    .unwrap();
+    std::fs::write(dir.join("test_cases_ds_base.json"), "{oops").unwrap();
+    ingest_fails(
+        "injecagent",
+        &dir,
+        &out,
+        "test_cases_ds_base.json:1: record: not valid JSON",
+    );
 }

@@ -174,25 +174,25 @@ impl CallMatch {
     /// Every test passes on its field of `object` (a call's arguments, a record).
     pub fn fields_match(&self, object: &serde_json::Value) -> bool {
         self.args.iter().all(|(name, t)| {
-                let mut v = match object.get(name) {
-                    Some(v) => v,
-                    None => return false,
+            let mut v = match object.get(name) {
+                Some(v) => v,
+                None => return false,
+            };
+            for step in &t.path {
+                v = match (step, v) {
+                    (PathStep::Key(k), serde_json::Value::Object(m)) => match m.get(k) {
+                        Some(v) => v,
+                        None => return false,
+                    },
+                    (PathStep::Index(i), serde_json::Value::Array(a)) => match a.get(*i) {
+                        Some(v) => v,
+                        None => return false,
+                    },
+                    _ => return false,
                 };
-                for step in &t.path {
-                    v = match (step, v) {
-                        (PathStep::Key(k), serde_json::Value::Object(m)) => match m.get(k) {
-                            Some(v) => v,
-                            None => return false,
-                        },
-                        (PathStep::Index(i), serde_json::Value::Array(a)) => match a.get(*i) {
-                            Some(v) => v,
-                            None => return false,
-                        },
-                        _ => return false,
-                    };
-                }
-                t.test.passes(v)
-            })
+            }
+            t.test.passes(v)
+        })
     }
 
     fn describe(&self) -> String {
@@ -997,7 +997,11 @@ mod tests {
                 None => r,
             };
             let d = c.decide(&r);
-            (d.success, d.matched_rule.map(str::to_owned), d.review_reason())
+            (
+                d.success,
+                d.matched_rule.map(str::to_owned),
+                d.review_reason(),
+            )
         };
         let evil = r#"{"type":"state","table":"transactions","where":{"recipient":{"iequals":"evil"},"amount":{"number":500}}}"#;
         assert_eq!(
@@ -1009,19 +1013,28 @@ mod tests {
             )
         );
         for (criteria, want) in [
-            (r#"{"type":"state","table":"transactions","min":2,"max":2}"#, true),
+            (
+                r#"{"type":"state","table":"transactions","min":2,"max":2}"#,
+                true,
+            ),
             (r#"{"type":"state","table":"transactions","max":1}"#, false),
             (r#"{"type":"state","table":"emails"}"#, false),
             (r#"{"type":"state","table":"emails","max":0}"#, true),
             (r#"{"type":"state","table":"transactions","max":0}"#, false),
             (r#"{"type":"state","table":"emails","min":0,"max":0}"#, true),
             (r#"{"type":"state","table":"nope","min":0}"#, true),
-            (r#"{"type":"not","of":{"type":"state","table":"transactions","where":{"recipient":{"equals":"bob"}}}}"#, true),
+            (
+                r#"{"type":"not","of":{"type":"state","table":"transactions","where":{"recipient":{"equals":"bob"}}}}"#,
+                true,
+            ),
         ] {
             assert_eq!(decide(criteria, Some(&state)).0, Some(want), "{criteria}");
         }
         // no recorded state: undecided, no_actions
-        assert_eq!(decide(evil, None), (None, None, Some(ReviewReason::NoActions)));
+        assert_eq!(
+            decide(evil, None),
+            (None, None, Some(ReviewReason::NoActions))
+        );
     }
 
     fn verdict(criteria: &str, response: &str) -> (Option<bool>, Option<String>) {

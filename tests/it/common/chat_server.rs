@@ -263,7 +263,11 @@ fn directives(text: &str) -> Vec<(String, String)> {
             let args = args.trim();
             out.push((
                 name.trim().to_owned(),
-                if args.is_empty() { "{}".to_owned() } else { args.to_owned() },
+                if args.is_empty() {
+                    "{}".to_owned()
+                } else {
+                    args.to_owned()
+                },
             ));
             rest = "";
         }
@@ -285,7 +289,9 @@ pub fn agent_answer(v: &serde_json::Value, body_len: usize) -> String {
     // the obedient agent follows a tool's description too (tool poisoning)
     if obedient {
         for t in v["tools"].as_array().into_iter().flatten() {
-            wanted.extend(directives(t["function"]["description"].as_str().unwrap_or("")));
+            wanted.extend(directives(
+                t["function"]["description"].as_str().unwrap_or(""),
+            ));
         }
     }
     let mut made = 0usize;

@@ -62,8 +62,14 @@ pub fn case_results_schema() -> SchemaRef {
             .iter()
             .map(|name| {
                 let ty = match *name {
-                    "attack_success" | "prompt_leakage" | "refusal" | "manual_review"
-                    | "judge_verdict" | "over_refused" | "echoed" | "utility_success"
+                    "attack_success"
+                    | "prompt_leakage"
+                    | "refusal"
+                    | "manual_review"
+                    | "judge_verdict"
+                    | "over_refused"
+                    | "echoed"
+                    | "utility_success"
                     | "injection_delivered" => DataType::Boolean,
                     "mapping_confidence" | "latency_ms" => DataType::Float64,
                     "turns_used" | "success_turn" => DataType::Int64,

@@ -8,10 +8,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::criteria::SuccessCriteria;
-use super::environment::Environment;
 use super::enums::{
     AttackCategory, AttackSurface, BenchmarkSplit, EvaluationMode, Label, Severity, SourceType,
 };
+use super::environment::Environment;
 use crate::error::{Error, Result};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -245,9 +245,8 @@ impl AttackCase {
                 mapping_audit: json("mapping_audit", row)?,
                 environment: json("environment", row)?
                     .map(|v| {
-                        Environment::from_json(&v).map_err(|e| {
-                            Error::Internal(format!("case {id:?}: environment: {e}"))
-                        })
+                        Environment::from_json(&v)
+                            .map_err(|e| Error::Internal(format!("case {id:?}: environment: {e}")))
                     })
                     .transpose()?,
                 utility_criteria: json("utility_criteria", row)?

@@ -298,14 +298,16 @@ impl std::fmt::Display for CriteriaError {
     }
 }
 
-fn err(path: &str, message: impl Into<String>) -> CriteriaError {
+/// A located error (also the environment parser's).
+pub(super) fn err(path: &str, message: impl Into<String>) -> CriteriaError {
     CriteriaError {
         path: path.to_owned(),
         message: message.into(),
     }
 }
 
-fn join(path: &str, key: &str) -> String {
+/// `path.key` (`key` at the root).
+pub(super) fn join(path: &str, key: &str) -> String {
     if path.is_empty() {
         key.to_owned()
     } else {

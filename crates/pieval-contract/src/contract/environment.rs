@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::criteria::{ArgMatcher, CriteriaError, json_kind, json_path};
+use super::criteria::{ArgMatcher, CriteriaError, err, join, json_kind, json_path};
 use crate::text::did_you_mean;
 
 /// The most tools an environment may offer.
@@ -210,21 +210,6 @@ pub fn template_pieces(t: &str) -> Vec<Result<&str, Slot<'_>>> {
     out
 }
 
-fn err(path: &str, message: impl Into<String>) -> CriteriaError {
-    CriteriaError {
-        path: path.to_owned(),
-        message: message.into(),
-    }
-}
-
-fn join(path: &str, key: &str) -> String {
-    if path.is_empty() {
-        key.to_owned()
-    } else {
-        format!("{path}.{key}")
-    }
-}
-
 /// Keys of `obj` outside `allowed` are errors (with a hint).
 fn known_keys(obj: &Map<String, Value>, allowed: &[&str], path: &str) -> Result<(), CriteriaError> {
     for key in obj.keys() {
@@ -296,7 +281,10 @@ impl Environment {
             for (name, rows) in object(store, "store")? {
                 let at = join("store", name);
                 let rows = rows.as_array().ok_or_else(|| {
-                    err(&at, format!("expected an array of records, found {}", json_kind(rows)))
+                    err(
+                        &at,
+                        format!("expected an array of records, found {}", json_kind(rows)),
+                    )
                 })?;
                 for (i, r) in rows.iter().enumerate() {
                     object(r, &format!("{at}[{i}]"))?;
@@ -378,9 +366,12 @@ impl Environment {
             }
         }
         if let Some(p) = obj.get("prefill") {
-            let calls = p
-                .as_array()
-                .ok_or_else(|| err("prefill", format!("expected an array, found {}", json_kind(p))))?;
+            let calls = p.as_array().ok_or_else(|| {
+                err(
+                    "prefill",
+                    format!("expected an array, found {}", json_kind(p)),
+                )
+            })?;
             for (i, c) in calls.iter().enumerate() {
                 let at = format!("prefill[{i}]");
                 let c = object(c, &at)?;
@@ -405,7 +396,10 @@ impl Environment {
                 .as_u64()
                 .is_some_and(|n| (1..=u64::from(MAX_TURNS)).contains(&n))
         {
-            return Err(err("max_turns", format!("expected a whole number in 1..={MAX_TURNS}")));
+            return Err(err(
+                "max_turns",
+                format!("expected a whole number in 1..={MAX_TURNS}"),
+            ));
         }
         // Every vector marker names a declared vector, written exactly.
         let mut markers = Vec::new();
@@ -540,9 +534,9 @@ fn check_behaviour(b: &Value, path: &str, tables: &[&str]) -> Result<(), Criteri
         "template" => {
             known_keys(obj, &["kind", "output", "error"], path)?;
             check_reply(obj, path)?;
-            let t = obj["output"].as_str().ok_or_else(|| {
-                err(&join(path, "output"), "a template is a string")
-            })?;
+            let t = obj["output"]
+                .as_str()
+                .ok_or_else(|| err(&join(path, "output"), "a template is a string"))?;
             check_template(t, &join(path, "output"))
         }
         "lookup" => {
@@ -708,7 +702,9 @@ mod tests {
                 "tools[2].schema.function.name: \"read_inbox\" is offered twice",
             ),
             (
-                |v| v["tools"][2]["behaviour"]["cases"][0]["args"]["currency"] = json!({"equal": 1}),
+                |v| {
+                    v["tools"][2]["behaviour"]["cases"][0]["args"]["currency"] = json!({"equal": 1})
+                },
                 "tools[2].behaviour.cases[0].args.currency.equal: unknown matcher key",
             ),
             (
@@ -719,14 +715,23 @@ mod tests {
                 |v| v["user_tools"] = json!(["send_mony"]),
                 "user_tools[0]: \"send_mony\" is not a tool of `tools` (did you mean \"send_money\"?)",
             ),
-            (|v| v["max_turns"] = json!(0), "max_turns: expected a whole number"),
+            (
+                |v| v["max_turns"] = json!(0),
+                "max_turns: expected a whole number",
+            ),
             (
                 |v| v["store"]["emails"][0]["body"] = json!("{{ vector:email_body }}"),
                 "store.emails[0].body: write the vector marker as {{vector:email_body}}, without spaces",
             ),
-            (|v| v["injected"] = json!(["x"]), "injected[0]: \"x\" is not a vector"),
             (
-                |v| v["tools"][1]["behaviour"] = json!({"kind": "store", "op": "update", "table": "transactions"}),
+                |v| v["injected"] = json!(["x"]),
+                "injected[0]: \"x\" is not a vector",
+            ),
+            (
+                |v| {
+                    v["tools"][1]["behaviour"] =
+                        json!({"kind": "store", "op": "update", "table": "transactions"})
+                },
                 "tools[1].behaviour.key: update finds its record by a key field: missing",
             ),
             (|v| v["extra"] = json!(1), "extra: unknown key"),

@@ -470,9 +470,7 @@ pub fn check_field(
             | FieldKind::Probability
             | FieldKind::Environment,
             v,
-        ) => {
-            Err(format!("expected {expected}, found {}", v.kind_name()))
-        }
+        ) => Err(format!("expected {expected}, found {}", v.kind_name())),
         (kind, FieldValue::Str(s)) => check_string(kind, s),
         (_, v) => Err(format!("expected {expected}, found {}", v.kind_name())),
     }

@@ -372,9 +372,7 @@ impl Kernel for DecideActions {
         let mut out = coerce_strings(name, &arg_types[..2], 2)?;
         match &arg_types[2] {
             DataType::Null => out.push(DataType::Null),
-            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
-                out.push(DataType::Utf8)
-            }
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => out.push(DataType::Utf8),
             t @ (DataType::List(f) | DataType::LargeList(f))
                 if matches!(f.data_type(), DataType::Struct(fs)
                     if ["name", "arguments"].iter().all(|n| fs.iter().any(|x| x.name() == n))) =>
@@ -507,7 +505,10 @@ impl Kernel for DecideActions {
     fn doc(&self) -> (&'static str, String, Vec<(&'static str, &'static str)>) {
         (
             "The decision on an agent's attempt, criteria over actions included (tool_call, no_tool_call, sequence, count, state, not): {success, matched_rule, review_reason}. Without recorded calls or state (NULL) those criteria are undecided, review_reason no_actions.",
-            format!("{}(response, success_criteria, tool_calls[, final_state])", self.name()),
+            format!(
+                "{}(response, success_criteria, tool_calls[, final_state])",
+                self.name()
+            ),
             vec![
                 ARGS[0],
                 ARGS[1],
@@ -527,8 +528,7 @@ impl Kernel for DecideActions {
 /// Calls from their JSON text: `[{"name": …, "arguments": …}, …]`, `arguments` a JSON
 /// text or a JSON value.
 pub fn calls_from_json(text: &str) -> std::result::Result<Vec<crate::criteria::Call>, String> {
-    let v: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
     let items = v.as_array().ok_or("expected a JSON array")?;
     items
         .iter()
