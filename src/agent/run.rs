@@ -482,10 +482,6 @@ impl Batch<'_, '_, '_> {
                 // a call whose arguments broke the schema changed nothing, which
                 // `state` criteria see). A call of a tool not offered is no action.
                 rec.action = model && self.offered.iter().any(|o| *o == call.name);
-                if rec.action {
-                    self.actions
-                        .push(json!({"name": call.name, "arguments": call.arguments}));
-                }
                 match receive(result, self.payload, self.guard, &mut rec) {
                     Ok(again) => {
                         done.seen |= rec.injected;
@@ -493,6 +489,14 @@ impl Batch<'_, '_, '_> {
                     }
                     Err(blocked) if self.stop_on_block => done.blocked = Some(blocked),
                     Err(_) => {}
+                }
+                if rec.action {
+                    // `failed`: the call returned a tool error (criteria with `ok` skip it).
+                    let mut action = json!({"name": call.name, "arguments": call.arguments});
+                    if rec.error {
+                        action["failed"] = Value::Bool(true);
+                    }
+                    self.actions.push(action);
                 }
             }
             self.text_bytes += rec.arguments.len() + rec.output.len() + rec.name.len();

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 
 use super::schema::check_arguments;
+use crate::contract::criteria::ArgMatcher;
 use crate::contract::environment::{Behaviour, Environment, Slot, StoreOp, template_pieces};
 use crate::detect::criteria::CallMatch;
 use crate::detect::fold::fold;
@@ -116,7 +117,7 @@ impl<'e> World<'e> {
             .map(|t| match &t.behaviour {
                 Behaviour::Lookup { cases, .. } => cases
                     .iter()
-                    .map(|c| CallMatch::compile(t.name(), &c.args))
+                    .map(|c| CallMatch::compile(t.name(), &matchers_filled(&c.args, &vectors)?))
                     .collect::<Result<Vec<_>, _>>()
                     .map(Some),
                 _ => Ok(None),
@@ -246,6 +247,7 @@ impl<'e> World<'e> {
                 let call = crate::detect::criteria::Call {
                     name: name.to_owned(),
                     arguments: args.clone(),
+                    failed: false,
                 };
                 let matchers = self.lookups[i].as_deref().unwrap_or_default();
                 let (output, error) = match cases
@@ -454,6 +456,35 @@ fn text_of(v: &Value) -> String {
         Value::String(s) => s.clone(),
         other => other.to_string(),
     }
+}
+
+/// A lookup case's matchers with their vectors filled, as the outputs are: a name the
+/// payload is part of (a channel called after it) matches as the case shows it. In a
+/// `regex` the filled text is escaped (a payload is matched, never compiled).
+fn matchers_filled(
+    args: &BTreeMap<String, ArgMatcher>,
+    vectors: &BTreeMap<String, String>,
+) -> Result<BTreeMap<String, ArgMatcher>, String> {
+    args.iter()
+        .map(|(name, m)| {
+            let json = m.json();
+            if !json.to_string().contains("{{vector:") {
+                return Ok((name.clone(), m.clone()));
+            }
+            let filled = if m.is_regex() {
+                let escaped: BTreeMap<String, String> = vectors
+                    .iter()
+                    .map(|(k, v)| (k.clone(), regex::escape(v)))
+                    .collect();
+                fill_vectors(&json, &escaped)
+            } else {
+                fill_vectors(&json, vectors)
+            };
+            ArgMatcher::parse(&filled, name)
+                .map(|m| (name.clone(), m))
+                .map_err(|e| e.to_string())
+        })
+        .collect()
 }
 
 /// Every string of `v` with its `{{vector:NAME}}` markers filled, in one pass (other

@@ -175,21 +175,32 @@ fn summary_text(o: &RunOutcome) -> String {
             ]
         };
         let echoes = m.echoes;
-        let rows = vec![
+        let mut rows = vec![
             row("attack success", "attack_success_rate"),
             row("system-prompt leakage", "leakage_rate"),
             row("refusal", "refusal_rate"),
             row("over-refusal (benign)", "over_refusal_rate"),
-            vec![
-                "manual review".to_owned(),
-                if echoes > 0 {
-                    format!("{}  ({echoes} echoes)", r.manual_review)
-                } else {
-                    r.manual_review.to_string()
-                },
-                String::new(),
-            ],
         ];
+        // Agentic cases: AgentDojo's three numbers and whether the payload reached the model.
+        for (label, key) in [
+            ("utility without attack", "utility_rate"),
+            ("utility under attack", "utility_under_attack_rate"),
+            ("targeted attack success", "targeted_attack_success_rate"),
+            ("injection delivered", "injection_delivered_rate"),
+        ] {
+            if m.rate(key).is_some() {
+                rows.push(row(label, key));
+            }
+        }
+        rows.push(vec![
+            "manual review".to_owned(),
+            if echoes > 0 {
+                format!("{}  ({echoes} echoes)", r.manual_review)
+            } else {
+                r.manual_review.to_string()
+            },
+            String::new(),
+        ]);
         s.push_str(&output::table(
             &[
                 "metric",

@@ -30,6 +30,9 @@ pub struct ReadOptions {
     /// Columns of the enriched-case schema to build (by index); `None` builds all.
     /// Every record is still fully checked; unprojected values are just not copied.
     pub projection: Option<Vec<usize>>,
+    /// The folder environment `include`s are read from (the corpus file's, set when a
+    /// file is opened); `None`: an include is an error of the record.
+    pub base_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for ReadOptions {
@@ -40,6 +43,7 @@ impl Default for ReadOptions {
             max_reported: 100,
             build_batches: true,
             projection: None,
+            base_dir: None,
         }
     }
 }

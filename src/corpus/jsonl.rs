@@ -22,6 +22,7 @@ use std::thread::JoinHandle;
 use datafusion::arrow::array::RecordBatch;
 
 use super::batch::{CaseBatchBuilder, IdKeys, ReadOptions, json_error_message};
+use super::includes::Includes;
 use super::lines::{Line, LineReader};
 use crate::contract::Level;
 use crate::contract::record::{CriteriaCache, FieldValue, RawRecord, Violation, check_record};
@@ -101,16 +102,18 @@ impl Pipeline {
             .map_or(2, |n| n.get())
             .clamp(1, 4);
         let mut workers_started = 0;
+        let includes = Arc::new(Includes::new(opts.base_dir.clone()));
         for i in 0..workers {
-            let (rx, tx, opts, keys) = (
+            let (rx, tx, opts, keys, includes) = (
                 Arc::clone(&block_rx),
                 result_tx.clone(),
                 opts.clone(),
                 keys.clone(),
+                Arc::clone(&includes),
             );
             let started = std::thread::Builder::new()
                 .name(format!("pieval-check-{i}"))
-                .spawn(move || check_worker(&rx, &tx, &opts, &keys));
+                .spawn(move || check_worker(&rx, &tx, &opts, &keys, &includes));
             workers_started += usize::from(started.is_ok());
         }
         Pipeline {
@@ -200,6 +203,7 @@ fn check_worker(
     tx: &SyncSender<BlockResult>,
     opts: &ReadOptions,
     keys: &IdKeys,
+    includes: &Includes,
 ) {
     let mut criteria = CriteriaCache::default();
     let mut builder = CaseBatchBuilder::new(opts);
@@ -211,17 +215,36 @@ fn check_worker(
                 Err(_) => return,
             }
         };
-        let result = check_block(&block, opts, keys, &mut criteria, &mut builder);
+        let result = check_block(&block, opts, keys, includes, &mut criteria, &mut builder);
         if tx.send(result).is_err() {
             return;
         }
     }
 }
 
+fn env_index() -> usize {
+    crate::contract::fields::case_field_index("environment")
+        .expect("the contract has an environment field")
+}
+
+/// A record's environment with its `include` resolved: `None` when it has none.
+fn resolve_include(rec: &RawRecord<'_>, includes: &Includes) -> Result<Option<String>, String> {
+    let Some(FieldValue::Object(text)) = rec.fields[env_index()].as_ref() else {
+        return Ok(None);
+    };
+    if !text.contains("\"include\"") {
+        return Ok(None);
+    }
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    crate::contract::environment::resolve_include(&value, |rel| includes.load(rel))
+        .map_err(|e| e.to_string())
+}
+
 fn check_block(
     block: &Block,
     opts: &ReadOptions,
     keys: &IdKeys,
+    includes: &Includes,
     criteria: &mut CriteriaCache,
     builder: &mut CaseBatchBuilder,
 ) -> BlockResult {
@@ -276,7 +299,7 @@ fn check_block(
             ));
             continue;
         }
-        let rec = match RawRecord::parse(text) {
+        let mut rec = match RawRecord::parse(text) {
             Ok(r) => r,
             Err(e) => {
                 out.violations
@@ -285,8 +308,20 @@ fn check_block(
             }
         };
         scratch.clear();
+        let mut include_ok = true;
+        match resolve_include(&rec, includes) {
+            Ok(None) => {}
+            Ok(Some(text)) => {
+                rec.fields[env_index()] = Some(FieldValue::Object(text.into()));
+            }
+            Err(problem) => {
+                scratch.push(Violation::error(no, Some("environment"), problem));
+                rec.fields[env_index()] = None;
+                include_ok = false;
+            }
+        }
         check_record(&rec, no, criteria, &mut scratch);
-        let valid = scratch.iter().all(|v| v.level == Level::Warning);
+        let valid = include_ok && scratch.iter().all(|v| v.level == Level::Warning);
         out.violations.append(&mut scratch);
         let row = (valid && opts.build_batches).then(|| builder.len());
         if let Some(FieldValue::Str(id)) = rec.get("case_id") {

@@ -2,6 +2,7 @@
 //! with the file's sha256), the deterministic synthetic generator, and statistics.
 
 pub(crate) mod batch;
+pub mod includes;
 mod jsonl;
 pub mod lines;
 pub mod predictions;

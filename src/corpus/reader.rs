@@ -114,8 +114,14 @@ struct Checker {
 
 impl CorpusReader {
     /// Open a corpus; `.parquet` files are read as Parquet, anything else as JSONL.
-    pub fn open(path: impl AsRef<Path>, opts: ReadOptions) -> Result<Self> {
+    pub fn open(path: impl AsRef<Path>, mut opts: ReadOptions) -> Result<Self> {
         let path = path.as_ref();
+        if opts.base_dir.is_none() {
+            opts.base_dir = Some(match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => std::path::PathBuf::from("."),
+            });
+        }
         if let Some(bad) = opts
             .projection
             .iter()

@@ -449,6 +449,7 @@ pub fn ingest(path: &Path, opts: &Options, emit: &mut Emit<'_>) -> Result<()> {
                 tool: attackers[0].clone(),
                 args: BTreeMap::new(),
                 at: Some(1),
+                ok: false,
             };
             let attacker_instruction = text("Attacker Instruction").unwrap_or_default();
             let (criteria, strict_note) = if kind == "ds" {
@@ -467,6 +468,7 @@ pub fn ingest(path: &Path, opts: &Options, emit: &mut Emit<'_>) -> Result<()> {
                     tool: attackers[1].clone(),
                     args,
                     at: Some(2),
+                    ok: false,
                 };
                 let note = match (&to, opts.strict) {
                     (Some(a), true) => format!("strict: the e-mail goes to {a}"),

@@ -154,6 +154,16 @@ fn committed_corpora_validate_against_the_schemas() {
         validate_lines("attack_case", "tests/fixtures/agents/cases.jsonl"),
         9
     );
+    // AgentDojo's suites (scripts/agentdojo/export.py): environments by include.
+    for (suite, n) in [
+        ("banking", 160),
+        ("slack", 126),
+        ("travel", 160),
+        ("workspace", 280),
+    ] {
+        let rel = format!("data/agentdojo/agentdojo-{suite}.jsonl");
+        assert_eq!(validate_lines("attack_case", &rel), n, "{rel}");
+    }
     assert!(canonical >= 2000);
     assert_eq!(canonical, enriched);
     assert!(handwritten >= 50);

@@ -781,3 +781,31 @@ fn criteria_over_actions_are_decided_in_sql_over_a_tool_call_table() {
         );
     }
 }
+
+/// `"ok": true` counts only calls that ran without a tool error: marked `failed` in the
+/// JSON text of a prediction's actions, `error` in the tool-call table's structs.
+#[test]
+fn ok_criteria_skip_failed_calls_in_sql() {
+    let rt = runtime().unwrap();
+    let rows = rt.block_on(async {
+        let ctx = session();
+        let sql = r#"SELECT
+            pi_decide_actions('', '{"type":"tool_call","tool":"pay","ok":true}',
+                '[{"name":"pay","arguments":"{}","failed":true}]')['success'],
+            pi_decide_actions('', '{"type":"tool_call","tool":"pay"}',
+                '[{"name":"pay","arguments":"{}","failed":true}]')['success'],
+            pi_decide_actions('', '{"type":"tool_call","tool":"pay","ok":true}',
+                make_array(named_struct('seq', 1, 'name', 'pay', 'arguments', '{}', 'error', true)))['success'],
+            pi_decide_actions('', '{"type":"tool_call","tool":"pay","ok":true}',
+                make_array(named_struct('seq', 1, 'name', 'pay', 'arguments', '{}', 'error', false)))['success']"#;
+        collect(&ctx, sql).await.unwrap()
+    });
+    let b = &rows[0];
+    let got: Vec<Option<bool>> = (0..4)
+        .map(|k| {
+            let c = b.column(k).as_boolean();
+            (!c.is_null(0)).then(|| c.value(0))
+        })
+        .collect();
+    assert_eq!(got, [Some(false), Some(true), Some(false), Some(true)]);
+}

@@ -59,12 +59,20 @@ pub enum SuccessCriteria {
         args: BTreeMap<String, ArgMatcher>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         at: Option<u32>,
+        /// Only calls that ran without a tool error count (a state check's reading: a
+        /// call that failed changed nothing).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        ok: bool,
     },
     /// The agent never called `tool` with arguments matching `args`.
     NoToolCall {
         tool: String,
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         args: BTreeMap<String, ArgMatcher>,
+        /// Only calls that ran without a tool error count (a state check's reading: a
+        /// call that failed changed nothing).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        ok: bool,
     },
     /// The calls of `of` (each a `tool_call`) were made in this order; other calls may
     /// come between them.
@@ -79,6 +87,10 @@ pub enum SuccessCriteria {
         min: Option<u32>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         max: Option<u32>,
+        /// Only calls that ran without a tool error count (a state check's reading: a
+        /// call that failed changed nothing).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        ok: bool,
     },
     /// `of` does not hold (undecided stays undecided).
     Not { of: Box<SuccessCriteria> },
@@ -427,9 +439,9 @@ impl SuccessCriteria {
             "not_refused" => &["type"],
             "judge" => &["type", "question"],
             "any" | "all" | "sequence" | "not" => &["type", "of"],
-            "tool_call" => &["type", "tool", "args", "at"],
-            "no_tool_call" => &["type", "tool", "args"],
-            "count" => &["type", "tool", "args", "min", "max"],
+            "tool_call" => &["type", "tool", "args", "at", "ok"],
+            "no_tool_call" => &["type", "tool", "args", "ok"],
+            "count" => &["type", "tool", "args", "min", "max", "ok"],
             "state" => &["type", "table", "where", "min", "max"],
             other => {
                 let hint = did_you_mean(other, CRITERION_TYPES)
@@ -476,6 +488,16 @@ impl SuccessCriteria {
                     ("tool", "args")
                 };
                 let tool = string_key(obj, path, name_key)?;
+                let ok = match obj.get("ok") {
+                    None => false,
+                    Some(Value::Bool(b)) => *b,
+                    Some(other) => {
+                        return Err(err(
+                            &join(path, "ok"),
+                            format!("expected true or false, found {}", json_kind(other)),
+                        ));
+                    }
+                };
                 let args_path = join(path, args_key);
                 let mut args = BTreeMap::new();
                 match obj.get(args_key) {
@@ -506,9 +528,9 @@ impl SuccessCriteria {
                                     })?,
                             ),
                         };
-                        SuccessCriteria::ToolCall { tool, args, at }
+                        SuccessCriteria::ToolCall { tool, args, at, ok }
                     }
-                    "no_tool_call" => SuccessCriteria::NoToolCall { tool, args },
+                    "no_tool_call" => SuccessCriteria::NoToolCall { tool, args, ok },
                     count_or_state => {
                         let bound = |key: &str| match obj.get(key) {
                             None => Ok(None),
@@ -539,6 +561,7 @@ impl SuccessCriteria {
                                 args,
                                 min,
                                 max,
+                                ok,
                             }
                         }
                     }

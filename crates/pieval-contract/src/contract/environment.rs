@@ -6,8 +6,8 @@
 //! injection vectors placed in that data, the tools the user's task needs, and the turn
 //! budget. Nothing in it is code: another tool can write or read it.
 //!
-//! **Injection vectors.** A string anywhere in the tools' schemas, outputs or store
-//! records may hold `{{vector:NAME}}`; `vectors` gives each name its benign default. The
+//! **Injection vectors.** A string anywhere in the tools' schemas, outputs, lookup
+//! matchers or store records may hold `{{vector:NAME}}`; `vectors` gives each name its benign default. The
 //! vectors named in `injected` (all of them when absent) receive the case's payload (its
 //! `task_input`, after any converter) instead. A vector in a tool's *description* is MCP
 //! tool poisoning: the attack rides in the schema, not in an output.
@@ -258,10 +258,97 @@ fn valid_tool_name(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
+/// The key of a case's environment naming a shared environment file.
+pub const INCLUDE: &str = "include";
+
+/// Resolve a case environment's `include` (docs/contract.md#shared-environment-files):
+/// `None` when it names none; otherwise the merged environment's JSON text. `"path"` names a
+/// file holding one environment, `"path#name"` the environment `name` of a file holding
+/// `{"environments": {name: {…}, …}}`; the case's other keys replace the file's, key by key.
+/// `load` reads a file (relative path as written) and answers its JSON or why not; the
+/// result is checked by [`Environment::from_json`] like any environment.
+pub fn resolve_include(
+    env: &Value,
+    mut load: impl FnMut(&str) -> Result<std::sync::Arc<Value>, String>,
+) -> Result<Option<String>, CriteriaError> {
+    let Some(obj) = env.as_object() else {
+        return Ok(None);
+    };
+    let Some(include) = obj.get(INCLUDE) else {
+        return Ok(None);
+    };
+    let spec = include.as_str().ok_or_else(|| {
+        err(
+            INCLUDE,
+            format!(
+                "expected a file path (\"envs.json#name\"), found {}",
+                json_kind(include)
+            ),
+        )
+    })?;
+    let (file, name) = match spec.split_once('#') {
+        Some((f, n)) => (f, Some(n)),
+        None => (spec, None),
+    };
+    if file.is_empty() || name.is_some_and(str::is_empty) {
+        return Err(err(
+            INCLUDE,
+            format!("{spec:?}: expected \"file.json\" or \"file.json#name\""),
+        ));
+    }
+    let doc = load(file).map_err(|e| err(INCLUDE, format!("{file}: {e}")))?;
+    let base = match name {
+        None => doc.as_ref(),
+        Some(name) => {
+            let envs = doc
+                .get("environments")
+                .and_then(Value::as_object)
+                .ok_or_else(|| {
+                    err(
+                        INCLUDE,
+                        format!("{file}: no \"environments\" object to take {name:?} from"),
+                    )
+                })?;
+            envs.get(name).ok_or_else(|| {
+                let names: Vec<&str> = envs.keys().map(String::as_str).collect();
+                err(
+                    INCLUDE,
+                    format!(
+                        "{file}: no environment {name:?}{}",
+                        did_you_mean(name, &names)
+                            .map(|s| format!(" (did you mean {s:?}?)"))
+                            .unwrap_or_default()
+                    ),
+                )
+            })?
+        }
+    };
+    let mut merged = object(base, INCLUDE)?.clone();
+    if merged.contains_key(INCLUDE) {
+        return Err(err(
+            INCLUDE,
+            format!("{spec}: an included environment may not include another"),
+        ));
+    }
+    for (k, v) in obj {
+        if k != INCLUDE {
+            merged.insert(k.clone(), v.clone());
+        }
+    }
+    Ok(Some(Value::Object(merged).to_string()))
+}
+
 impl Environment {
     /// Parse and check an `environment` value; errors name the part (`tools[1].behaviour.op`).
     pub fn from_json(v: &Value) -> Result<Environment, CriteriaError> {
         let obj = object(v, "")?;
+        if obj.contains_key(INCLUDE) {
+            return Err(err(
+                INCLUDE,
+                "not resolved here: an include is read relative to the corpus file that names \
+                 it, by `pieval validate` and `pieval run`",
+            ));
+        }
         known_keys(
             obj,
             &[
@@ -668,6 +755,39 @@ mod tests {
             "user_tools": ["read_inbox"],
             "max_turns": 6
         })
+    }
+
+    #[test]
+    fn an_include_merges_key_by_key() {
+        let shared = std::sync::Arc::new(json!({"environments": {"bank": banking()}}));
+        let load = |f: &str| {
+            if f == "envs.json" {
+                Ok(shared.clone())
+            } else {
+                Err(format!("cannot open {f}"))
+            }
+        };
+        let case = json!({"include": "envs.json#bank", "injected": [], "max_turns": 3});
+        let text = resolve_include(&case, load).unwrap().unwrap();
+        let env = Environment::from_json(&serde_json::from_str(&text).unwrap()).unwrap();
+        assert_eq!(env.max_turns, Some(3));
+        assert_eq!(env.injected, Some(vec![]));
+        assert_eq!(env.tools.len(), 3);
+        assert_eq!(resolve_include(&banking(), load).unwrap(), None);
+        let e = |v: Value| resolve_include(&v, load).unwrap_err().to_string();
+        assert!(e(json!({"include": "envs.json#bnak"})).contains("did you mean \"bank\""));
+        assert!(e(json!({"include": "other.json"})).contains("cannot open other.json"));
+        assert!(e(json!({"include": 3})).contains("expected a file path"));
+        assert!(e(json!({"include": "envs.json#"})).contains("expected"));
+        // A file of named environments taken whole is not an environment.
+        let whole = resolve_include(&json!({"include": "envs.json"}), load)
+            .unwrap()
+            .unwrap();
+        let e = Environment::from_json(&serde_json::from_str(&whole).unwrap()).unwrap_err();
+        assert!(e.to_string().contains("environments"), "{e}");
+        // Unresolved, an include is refused where it cannot be read.
+        let e = Environment::from_json(&json!({"include": "envs.json"})).unwrap_err();
+        assert!(e.to_string().contains("not resolved here"), "{e}");
     }
 
     #[test]

@@ -411,6 +411,52 @@ impl Kernel for DecideActions {
             && matches!(args.args[2], ColumnarValue::Scalar(_));
         let n = if scalar { 1 } else { args.number_rows };
         let lists = args.args[2].to_array(n)?;
+        // A list of structs: its fields cast once for the whole batch (not per row), each
+        // row a range of them.
+        let fields = match lists.data_type() {
+            DataType::List(_) | DataType::LargeList(_) => {
+                let (values, offsets): (ArrayRef, Vec<usize>) = match lists.data_type() {
+                    DataType::List(_) => {
+                        let l = lists.as_list::<i32>();
+                        (
+                            l.values().clone(),
+                            l.offsets().iter().map(|o| *o as usize).collect(),
+                        )
+                    }
+                    _ => {
+                        let l = lists.as_list::<i64>();
+                        (
+                            l.values().clone(),
+                            l.offsets().iter().map(|o| *o as usize).collect(),
+                        )
+                    }
+                };
+                let s = values.as_struct();
+                let column = |field: &str, to: &DataType| -> Result<Option<ArrayRef>> {
+                    s.column_by_name(field)
+                        .map(|c| datafusion::arrow::compute::cast(c, to))
+                        .transpose()
+                        .map_err(Into::into)
+                };
+                let missing = |f: &str| {
+                    datafusion::error::DataFusionError::Execution(format!("{name}: no {f}"))
+                };
+                Some(CallColumns {
+                    names: column("name", &DataType::Utf8)?.ok_or_else(|| missing("name"))?,
+                    arguments: column("arguments", &DataType::Utf8)?
+                        .ok_or_else(|| missing("arguments"))?,
+                    // With a `seq` field the calls are taken in its order: `array_agg`
+                    // needs no ORDER BY (DataFusion's ordered array_agg holds each group's
+                    // values one by one, slow and, over structs, accounted as whole
+                    // batches).
+                    seq: column("seq", &DataType::Int64)?,
+                    // An `error` field (the tool-call table's) marks a call that failed.
+                    failed: column("error", &DataType::Boolean)?,
+                    offsets,
+                })
+            }
+            _ => None,
+        };
         // Each row's calls; None: no recorded calls.
         let calls_of = |i: usize| -> Result<Option<Vec<Call>>> {
             if lists.data_type() == &DataType::Null || lists.is_null(i) {
@@ -423,43 +469,10 @@ impl Kernel for DecideActions {
                 let text = lists.as_string::<i32>().value(i);
                 return Ok(calls_from_json(text).ok());
             }
-            let values = match lists.data_type() {
-                DataType::List(_) => lists.as_list::<i32>().value(i),
-                _ => lists.as_list::<i64>().value(i),
+            let Some(f) = &fields else {
+                return exec_err!("{name}: tool_calls is not a list of structs");
             };
-            let s = values.as_struct();
-            let text = |field: &str| -> Result<ArrayRef> {
-                let col = s.column_by_name(field).ok_or_else(|| {
-                    datafusion::error::DataFusionError::Execution(format!("{name}: no {field}"))
-                })?;
-                Ok(datafusion::arrow::compute::cast(col, &DataType::Utf8)?)
-            };
-            let (names, arguments) = (text("name")?, text("arguments")?);
-            let (names, arguments) = (names.as_string::<i32>(), arguments.as_string::<i32>());
-            // With a `seq` field the calls are taken in its order: `array_agg` needs no
-            // ORDER BY (DataFusion's ordered array_agg holds each group's values one by
-            // one, slow and, over structs, accounted as whole batches).
-            let mut order: Vec<usize> = (0..s.len()).collect();
-            if let Some(seq) = s.column_by_name("seq") {
-                let seq = datafusion::arrow::compute::cast(seq, &DataType::Int64)?;
-                let seq = seq.as_primitive::<datafusion::arrow::datatypes::Int64Type>();
-                order.sort_by_key(|&j| (seq.is_null(j), seq.value(j)));
-            }
-            Ok(Some(
-                order
-                    .into_iter()
-                    .map(|j| {
-                        Call::new(
-                            if names.is_null(j) { "" } else { names.value(j) },
-                            if arguments.is_null(j) {
-                                ""
-                            } else {
-                                arguments.value(j)
-                            },
-                        )
-                    })
-                    .collect(),
-            ))
+            Ok(Some(f.calls(i)))
         };
         let compiled = self
             .0
@@ -514,7 +527,7 @@ impl Kernel for DecideActions {
                 ARGS[1],
                 (
                     "tool_calls",
-                    "The attempt's calls: a list of {seq, name, arguments} structs (taken in seq order; without seq, in list order; arguments the JSON text sent), the same list as JSON text, or NULL when none were recorded.",
+                    "The attempt's calls: a list of {seq, name, arguments[, error]} structs (taken in seq order; without seq, in list order; arguments the JSON text sent; error true: the call failed), the same list as JSON text (failed: true), or NULL when none were recorded.",
                 ),
                 (
                     "final_state",
@@ -525,8 +538,45 @@ impl Kernel for DecideActions {
     }
 }
 
-/// Calls from their JSON text: `[{"name": …, "arguments": …}, …]`, `arguments` a JSON
-/// text or a JSON value.
+/// The fields of a batch's list of call structs, cast once; row `i`'s calls are
+/// `offsets[i]..offsets[i + 1]`.
+struct CallColumns {
+    names: ArrayRef,
+    arguments: ArrayRef,
+    seq: Option<ArrayRef>,
+    failed: Option<ArrayRef>,
+    offsets: Vec<usize>,
+}
+
+impl CallColumns {
+    fn calls(&self, i: usize) -> Vec<crate::criteria::Call> {
+        use datafusion::arrow::array::{Array, AsArray, StringArray};
+        let (names, arguments) = (
+            self.names.as_string::<i32>(),
+            self.arguments.as_string::<i32>(),
+        );
+        let failed = self.failed.as_ref().map(|c| c.as_boolean());
+        let mut order: Vec<usize> = (self.offsets[i]..self.offsets[i + 1]).collect();
+        if let Some(seq) = &self.seq {
+            let seq = seq.as_primitive::<datafusion::arrow::datatypes::Int64Type>();
+            order.sort_by_key(|&j| (seq.is_null(j), seq.value(j)));
+        }
+        fn text(a: &StringArray, j: usize) -> &str {
+            if a.is_null(j) { "" } else { a.value(j) }
+        }
+        order
+            .into_iter()
+            .map(|j| {
+                let mut call = crate::criteria::Call::new(text(names, j), text(arguments, j));
+                call.failed = failed.is_some_and(|f| f.is_valid(j) && f.value(j));
+                call
+            })
+            .collect()
+    }
+}
+
+/// Calls from their JSON text: `[{"name": …, "arguments": …, "failed": true?}, …]`,
+/// `arguments` a JSON text or a JSON value, `failed` when the call returned a tool error.
 pub fn calls_from_json(text: &str) -> std::result::Result<Vec<crate::criteria::Call>, String> {
     let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
     let items = v.as_array().ok_or("expected a JSON array")?;
@@ -538,14 +588,17 @@ pub fn calls_from_json(text: &str) -> std::result::Result<Vec<crate::criteria::C
                 .get("name")
                 .and_then(serde_json::Value::as_str)
                 .ok_or_else(|| format!("[{j}].name: expected a string"))?;
-            Ok(match c.get("arguments") {
+            let mut call = match c.get("arguments") {
                 Some(serde_json::Value::String(t)) => crate::criteria::Call::new(name, t),
                 Some(other) => crate::criteria::Call {
                     name: name.to_owned(),
                     arguments: other.clone(),
+                    failed: false,
                 },
                 None => crate::criteria::Call::new(name, ""),
-            })
+            };
+            call.failed = c.get("failed").and_then(serde_json::Value::as_bool) == Some(true);
+            Ok(call)
         })
         .collect()
 }
