@@ -4,6 +4,7 @@
 
 mod common;
 
+mod agentdojo;
 mod agents;
 mod attack;
 mod benign;
