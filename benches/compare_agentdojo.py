@@ -18,7 +18,8 @@ utility 95%), and each runner's wall time with the ratio; writes ``agreement.jso
 Usage: python benches/compare_agentdojo.py --python VENV/bin/python --pieval PATH/TO/pieval
        --out DIR [--suites banking,slack,travel,workspace] [--user-tasks user_task_0,...]
        [--policies resist,obey,obey_only] [--concurrency 64]
-Exit status: 0 when both targets are met, 1 when one is not, 2 on a failure to run.
+Exit status: 0 when both targets are met on the same cases, 1 when one is not (or a case
+was judged by one side only), 2 on a failure to run.
 """
 
 from __future__ import annotations
@@ -142,6 +143,7 @@ def main():
               "suites": suites, "policies": {}, "disagreements": []}
     totals = {"security": [0, 0], "utility": [0, 0]}
     wall = {"agentdojo": 0.0, "pieval": 0.0}
+    unmatched = 0
     for policy in [x for x in args.policies.split(",") if x]:
         server, port = start_server(args.python, cases / "script.json", policy)
         try:
@@ -188,6 +190,7 @@ def main():
             row = per_suite.setdefault(suite, {"security": [0, 0], "utility": [0, 0], "missing": 0})
             if cid not in ours:
                 row["missing"] += 1
+                unmatched += 1
                 report["disagreements"].append({"policy": policy, "case_id": cid,
                                                 "why": "no pieval case (not exported)"})
                 continue
@@ -205,8 +208,17 @@ def main():
                         "policy": policy, "case_id": cid, "verdict": kind,
                         "agentdojo": them, "pieval": us, "pieval_rule": rule,
                         "agentdojo_calls": calls_them, "pieval_calls": calls_us})
+        # Both sides must have judged the same cases: a case only pieval ran is an export
+        # AgentDojo does not have (or a log it did not write).
+        extra = sorted(set(ours) - set(theirs))
+        for cid in extra:
+            report["disagreements"].append({"policy": policy, "case_id": cid,
+                                            "why": "no AgentDojo verdict"})
         report["policies"][policy] = {"suites": per_suite, "agentdojo_s": adojo_s,
-                                      "pieval_s": pieval_s}
+                                      "pieval_s": pieval_s, "pieval_only": len(extra)}
+        if extra:
+            print(f"{len(extra)} case(s) judged by pieval only, e.g. {extra[0]}")
+            unmatched += len(extra)
         print(f"\npolicy {policy}: AgentDojo's runner {adojo_s:.1f} s, pieval {pieval_s:.1f} s")
         print(f"{'suite':10} {'security':>18} {'utility':>18}")
         for suite, row in per_suite.items():
@@ -217,8 +229,10 @@ def main():
             print(f"{suite:10} {cells[0]:>18} {cells[1]:>18}"
                   + (f"  ({row['missing']} not exported)" if row["missing"] else ""))
 
-    met = True
+    met = unmatched == 0
     print()
+    if unmatched:
+        print(f"{unmatched} case(s) judged by one side only: the comparison is not whole")
     for kind, (ok, n) in totals.items():
         rate = ok / n if n else 0.0
         met &= rate >= TARGETS[kind]

@@ -189,10 +189,29 @@ def text_matcher(value: str, holds) -> dict:
     if not holds(value + " pieval-probe") and not holds("pieval-probe " + value):
         return {"iequals": value} if folded else {"equals": value}
     parts = needed_phrases(value, holds)
-    if len(parts) == 1 and not re.search(r"\s", parts[0]):
-        return {"contains": parts[0]}
+    if folded and len(parts) == 1 and not re.search(r"\s", parts[0]):
+        return {"contains": parts[0]}  # pieval's contains folds case, as this check does
     pattern = ".*?".join(r"\s+".join(re.escape(w) for w in p.split()) for p in parts)
-    return {"regex": "(?is)" + pattern}
+    return {"regex": ("(?is)" if folded else "(?s)") + pattern}
+
+
+def criteria_arg_keys(criteria_list) -> dict:
+    """{tool: {argument names}} that tool_call / count / no_tool_call leaves test."""
+    out = {}
+
+    def walk(c):
+        if isinstance(c, dict):
+            if c.get("type") in ("tool_call", "count", "no_tool_call") and "tool" in c:
+                out.setdefault(c["tool"], set()).update((c.get("args") or {}).keys())
+            for v in c.values():
+                walk(v)
+        elif isinstance(c, list):
+            for v in c:
+                walk(v)
+
+    for c in criteria_list:
+        walk(c)
+    return out
 
 
 def with_arg(call, key, value):
@@ -270,13 +289,18 @@ def translate(suite, task, env0, calls, answer, extras=()):
                 if not ({"equals", "iequals"} & matchers[key].keys()):
                     loose.append(f"{call.function}.{key} contains")
             elif isinstance(value, list) and all(isinstance(x, str) for x in value) and value:
-                if holds(value + ["pieval-probe@example.com"]):
-                    # The check wants the items among others: each item's text in the list.
-                    matchers[key] = {"contains": value[0]} if len(value) == 1 else {"equals": value}
+                if holds(value + ["pieval-probe@example.com"]) and len(value) == 1:
+                    # The check wants the item among others: its text in the list's.
+                    matchers[key] = {"contains": value[0]}
+                    loose.append(f"{call.function}.{key} a list containing the item")
                 else:
                     matchers[key] = {"equals": value}
+                    if holds(value + ["pieval-probe@example.com"]):
+                        loose.append(f"{call.function}.{key} the exact list (the check allows more items)")
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 matchers[key] = {"number": value}
+                if holds(value + 1) or holds(value * 2):
+                    loose.append(f"{call.function}.{key} the exact number (the check allows others)")
             else:
                 matchers[key] = {"equals": value}
         leaf = {"type": "tool_call", "tool": call.function, "args": dict(matchers)}
@@ -411,33 +435,48 @@ def export_suite(args, version, name, out, script, report):
         # The world: outputs of the ground-truth calls, first recording wins.
         recorded = OrderedDict()
 
-        def record(env, calls):
+        def record(env, calls, criteria=None):
+            # criteria: the check of the task that makes these calls; the arguments it
+            # tests key the call's looser lookup case (below)
+            tested = criteria_arg_keys([criteria])
             for call, output, error in run_calls(suite, env, calls):
                 key = (call.function, canonical(call.args))
                 if key not in recorded:
-                    recorded[key] = (call, output, error)
+                    recorded[key] = (call, output, error, tested.get(call.function, set()))
 
         # The calls as the ground truth makes them on the marked environment: where an
         # argument names something a vector is part of (slack's external channel), the
         # lookup's matcher holds the marker, filled per case like the outputs.
-        record(marked.model_copy(deep=True), task.ground_truth(marked.model_copy(deep=True)))
+        record(marked.model_copy(deep=True), task.ground_truth(marked.model_copy(deep=True)),
+               utility)
         for iid in inj_ids:
             itask = suite.injection_tasks[iid]
-            record(marked.model_copy(deep=True), itask.ground_truth(marked.model_copy(deep=True)))
+            record(marked.model_copy(deep=True), itask.ground_truth(marked.model_copy(deep=True)),
+                   security[iid])
         for f in runtime.functions.values():
             if not f.parameters.model_json_schema().get("required"):
                 record(marked.model_copy(deep=True), [FunctionCall(function=f.name, args={})])
+        # A call that differs from a recorded one only in arguments its task's check does
+        # not test (another subject, another date) gets the recorded output, as AgentDojo
+        # would run it, rather than "not recorded": a looser case after the exact ones.
         tools = []
         for schema in tools_schema:
             fname = schema["function"]["name"]
             lookup_cases = []
-            for (rname, _), (call, output, error) in recorded.items():
+            loose_cases = []
+            for (rname, _), (call, output, error, tested) in recorded.items():
                 if rname != fname:
                     continue
                 reply = {"output": error, "error": True} if error else {"output": output}
                 lookup_cases.append(
                     {"args": {k: {"equals": v} for k, v in call.args.items()}, **reply}
                 )
+                keys = [k for k in call.args if k in tested]
+                if not error and keys and len(keys) < len(call.args):
+                    case = {"args": {k: {"equals": call.args[k]} for k in keys}, **reply}
+                    if case not in loose_cases:
+                        loose_cases.append(case)
+            lookup_cases.extend(loose_cases)
             tools.append(
                 {"schema": schema,
                  "behaviour": {"kind": "lookup", "cases": lookup_cases,

@@ -459,8 +459,9 @@ fn text_of(v: &Value) -> String {
 }
 
 /// A lookup case's matchers with their vectors filled, as the outputs are: a name the
-/// payload is part of (a channel called after it) matches as the case shows it. In a
-/// `regex` the filled text is escaped (a payload is matched, never compiled).
+/// payload is part of (a channel called after it) matches as the case shows it. Only the
+/// literal matchers hold markers (a `regex` with `{{` does not compile, so the validator
+/// refuses it): the payload is compared, never compiled.
 fn matchers_filled(
     args: &BTreeMap<String, ArgMatcher>,
     vectors: &BTreeMap<String, String>,
@@ -471,16 +472,7 @@ fn matchers_filled(
             if !json.to_string().contains("{{vector:") {
                 return Ok((name.clone(), m.clone()));
             }
-            let filled = if m.is_regex() {
-                let escaped: BTreeMap<String, String> = vectors
-                    .iter()
-                    .map(|(k, v)| (k.clone(), regex::escape(v)))
-                    .collect();
-                fill_vectors(&json, &escaped)
-            } else {
-                fill_vectors(&json, vectors)
-            };
-            ArgMatcher::parse(&filled, name)
+            ArgMatcher::parse(&fill_vectors(&json, vectors), name)
                 .map(|m| (name.clone(), m))
                 .map_err(|e| e.to_string())
         })
@@ -558,6 +550,39 @@ mod tests {
             .iter()
             .map(|t| t["function"]["name"].as_str().unwrap().to_owned())
             .collect()
+    }
+
+    #[test]
+    fn lookup_matchers_hold_vectors_filled_per_case() {
+        let e = Environment::from_json(&json!({
+            "tools": [{"schema": {"type": "function", "function": {"name": "post"}},
+                       "behaviour": {"kind": "lookup",
+                           "cases": [{"args": {"channel": {"equals": "External_{{vector:ch}}"}}, "output": "posted"}],
+                           "default": {"output": "no such channel", "error": true}}}],
+            "vectors": {"ch": "0"}
+        }))
+        .unwrap();
+        let offered = vec!["post".to_owned()];
+        // Without the attack the channel keeps its default name …
+        let mut w = World::new(&e, None).unwrap();
+        assert!(
+            !w.call("post", r#"{"channel": "External_0"}"#, &offered)
+                .error
+        );
+        // … with it, the channel is named after the payload, matched as text.
+        let mut w = World::new(&e, Some("(a.*)")).unwrap();
+        assert!(
+            w.call("post", r#"{"channel": "External_0"}"#, &offered)
+                .error
+        );
+        assert!(
+            !w.call("post", r#"{"channel": "External_(a.*)"}"#, &offered)
+                .error
+        );
+        assert!(
+            w.call("post", r#"{"channel": "External_ab"}"#, &offered)
+                .error
+        );
     }
 
     #[test]

@@ -35,12 +35,19 @@ impl Includes {
 
     /// The JSON of the include file `rel`, or why it cannot be read.
     pub fn load(&self, rel: &str) -> Loaded {
+        // One entry per file however it is written (`a.json`, `./a.json`): read once.
+        let key: String = Path::new(rel)
+            .components()
+            .filter(|c| !matches!(c, Component::CurDir))
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join("/");
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(hit) = cache.get(rel) {
+        if let Some(hit) = cache.get(&key) {
             return hit.clone();
         }
         let loaded = self.read(rel);
-        cache.insert(rel.to_owned(), loaded.clone());
+        cache.insert(key, loaded.clone());
         loaded
     }
 

@@ -228,7 +228,11 @@ fn env_index() -> usize {
 }
 
 /// A record's environment with its `include` resolved: `None` when it has none.
-fn resolve_include(rec: &RawRecord<'_>, includes: &Includes) -> Result<Option<String>, String> {
+fn resolve_include(
+    rec: &RawRecord<'_>,
+    includes: &Includes,
+    max_bytes: usize,
+) -> Result<Option<String>, String> {
     let Some(FieldValue::Object(text)) = rec.fields[env_index()].as_ref() else {
         return Ok(None);
     };
@@ -236,8 +240,18 @@ fn resolve_include(rec: &RawRecord<'_>, includes: &Includes) -> Result<Option<St
         return Ok(None);
     }
     let value: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
-    crate::contract::environment::resolve_include(&value, |rel| includes.load(rel))
-        .map_err(|e| e.to_string())
+    let merged = crate::contract::environment::resolve_include(&value, |rel| includes.load(rel))
+        .map_err(|e| e.to_string())?;
+    // A resolved environment is bounded as a line is: a short line that names a large
+    // file does not get past the reader's memory bound.
+    match merged {
+        Some(m) if m.len() > max_bytes => Err(format!(
+            "include: the resolved environment is {} bytes, over the limit of {max_bytes} \
+             (--max-line-bytes)",
+            m.len()
+        )),
+        other => Ok(other),
+    }
 }
 
 fn check_block(
@@ -309,7 +323,7 @@ fn check_block(
         };
         scratch.clear();
         let mut include_ok = true;
-        match resolve_include(&rec, includes) {
+        match resolve_include(&rec, includes, opts.max_line_bytes) {
             Ok(None) => {}
             Ok(Some(text)) => {
                 rec.fields[env_index()] = Some(FieldValue::Object(text.into()));

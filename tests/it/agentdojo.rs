@@ -233,4 +233,86 @@ fn agentdojos_own_runner_and_pieval_agree_on_the_banking_suite_live() {
              scripts/agentdojo/export.py --out data/agentdojo)"
         );
     }
+    // The scripted agent's script (what the recorded-verdict test's server reads): the
+    // banking tasks as the committed script has them.
+    let banking = |path: PathBuf| -> Value {
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let keep = |k: &str| -> Vec<Value> {
+            v[k].as_array()
+                .unwrap()
+                .iter()
+                .filter(|t| t["suite"] == "banking")
+                .cloned()
+                .collect()
+        };
+        serde_json::json!([keep("user_tasks"), keep("injection_tasks")])
+    };
+    assert_eq!(
+        banking(dir.path().join("cases/script.json")),
+        banking(repo("data/agentdojo/script.json")),
+        "script.json: the exporter no longer makes the committed script"
+    );
+}
+
+#[test]
+fn shared_environment_files_are_resolved_and_checked_where_the_corpus_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = read_jsonl(&repo("tests/fixtures/agents/cases.jsonl"));
+    let case = fixture
+        .iter()
+        .find(|c| c["case_id"] == "agent-steal")
+        .unwrap()
+        .clone();
+    std::fs::create_dir(dir.path().join("envs")).unwrap();
+    std::fs::write(
+        dir.path().join("envs/bank.json"),
+        serde_json::json!({"environments": {"bank": case["environment"]}}).to_string(),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("outside.json"), "{}").unwrap();
+    let line = |id: &str, include: &str| {
+        let mut c = case.clone();
+        c["case_id"] = id.into();
+        c["environment"] = serde_json::json!({"include": include, "max_turns": 4});
+        c.to_string()
+    };
+    let corpus = dir.path().join("cases.jsonl");
+    std::fs::write(
+        &corpus,
+        [
+            line("ok-1", "envs/bank.json#bank"),
+            line("ok-2", "./envs/bank.json#bank"),
+            line("bad-name", "envs/bank.json#bnak"),
+            line("bad-path", "../outside.json"),
+            line("bad-file", "envs/missing.json#bank"),
+        ]
+        .join("\n")
+            + "\n",
+    )
+    .unwrap();
+    let out = run(pieval().arg("validate").arg(&corpus));
+    assert_eq!(out.code, 1, "{}\n{}", out.stdout, out.stderr);
+    let text = format!("{}{}", out.stdout, out.stderr);
+    assert!(text.contains("5 record(s), 2 valid"), "{text}");
+    assert!(text.contains(":3: environment: include: envs/bank.json: no environment \"bnak\" (did you mean \"bank\"?)"), "{text}");
+    assert!(
+        text.contains(
+            ":4: environment: include: ../outside.json: an absolute path or `..` is refused"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(":5: environment: include: envs/missing.json:"),
+        "{text}"
+    );
+    // A resolved environment is bounded as a line is.
+    let out = run(pieval()
+        .arg("validate")
+        .arg(&corpus)
+        .args(["--max-line-bytes", "1200"]));
+    let text = format!("{}{}", out.stdout, out.stderr);
+    assert!(
+        text.contains(":1: environment: include: the resolved environment is"),
+        "{text}"
+    );
 }

@@ -431,6 +431,11 @@ impl Kernel for DecideActions {
                         )
                     }
                 };
+                // Only the part of the child the lists use (a slice of a larger list
+                // keeps the whole child): cast that, with the offsets rebased to it.
+                let (start, end) = (offsets[0], offsets[offsets.len() - 1]);
+                let values = values.slice(start, end - start);
+                let offsets: Vec<usize> = offsets.iter().map(|o| o - start).collect();
                 let s = values.as_struct();
                 let column = |field: &str, to: &DataType| -> Result<Option<ArrayRef>> {
                     s.column_by_name(field)
