@@ -22,6 +22,8 @@ type Loaded = Result<Arc<Value>, String>;
 pub struct Includes {
     base: Option<PathBuf>,
     cache: Mutex<HashMap<String, Loaded>>,
+    /// Each file read: its sha256 (what a run's manifest binds, beside the corpus file's).
+    digests: Mutex<std::collections::BTreeMap<String, String>>,
 }
 
 impl Includes {
@@ -30,7 +32,23 @@ impl Includes {
         Includes {
             base,
             cache: Mutex::default(),
+            digests: Mutex::default(),
         }
+    }
+
+    /// One digest of every file read, or `None` when none was: sha256 over the lines
+    /// `path<TAB>sha256` in path order. A run's manifest records it beside the corpus
+    /// file's digest, so `--resume` and replay see a changed shared environment.
+    pub fn digest(&self) -> Option<String> {
+        let digests = self.digests.lock().unwrap_or_else(|p| p.into_inner());
+        if digests.is_empty() {
+            return None;
+        }
+        let text: String = digests
+            .iter()
+            .map(|(path, sha)| format!("{path}\t{sha}\n"))
+            .collect();
+        Some(crate::digest::sha256_hex(text.as_bytes()))
     }
 
     /// The JSON of the include file `rel`, or why it cannot be read.
@@ -46,12 +64,18 @@ impl Includes {
         if let Some(hit) = cache.get(&key) {
             return hit.clone();
         }
-        let loaded = self.read(rel);
+        let loaded = self.read(rel).map(|(text, value)| {
+            self.digests
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key.clone(), crate::digest::sha256_hex(text.as_bytes()));
+            value
+        });
         cache.insert(key, loaded.clone());
         loaded
     }
 
-    fn read(&self, rel: &str) -> Loaded {
+    fn read(&self, rel: &str) -> Result<(String, Arc<Value>), String> {
         let base = self.base.as_deref().ok_or_else(|| {
             "an include is read relative to the corpus file, and this input is not a file"
                 .to_owned()
@@ -87,9 +111,8 @@ impl Includes {
         }
         let text = read_text_bounded(&below, Links::Refuse, MAX_INCLUDE_BYTES)
             .map_err(|e| e.to_string())?;
-        serde_json::from_str::<Value>(&text)
-            .map(Arc::new)
-            .map_err(|e| format!("not JSON: {e}"))
+        let value = serde_json::from_str::<Value>(&text).map_err(|e| format!("not JSON: {e}"))?;
+        Ok((text, Arc::new(value)))
     }
 }
 
@@ -127,5 +150,15 @@ mod tests {
             assert!(e.contains("symbolic link"), "{e}");
         }
         assert!(Includes::new(None).load("envs/a.json").is_err());
+        // The files read are digested (a failed read is not).
+        let d = inc.digest().unwrap();
+        let fresh = Includes::new(Some(dir.path().to_path_buf()));
+        assert_eq!(fresh.digest(), None);
+        fresh.load("envs/a.json").unwrap();
+        assert_eq!(fresh.digest().as_deref(), Some(d.as_str()));
+        std::fs::write(dir.path().join("envs/a.json"), r#"{"tools": [1]}"#).unwrap();
+        let changed = Includes::new(Some(dir.path().to_path_buf()));
+        changed.load("envs/a.json").unwrap();
+        assert_ne!(changed.digest(), Some(d));
     }
 }

@@ -70,6 +70,8 @@ pub struct BlockResult {
 }
 
 pub struct Pipeline {
+    /// The shared environment files its records included.
+    includes: Arc<Includes>,
     results: Receiver<BlockResult>,
     reader: Option<JoinHandle<io::Result<(String, u64)>>>,
     pending: BTreeMap<u64, BlockResult>,
@@ -81,10 +83,12 @@ pub struct Pipeline {
 /// What the pipeline says when the input is exhausted.
 pub enum Next {
     Block(BlockResult),
-    /// All blocks consumed: sha256 and byte count of the file.
+    /// All blocks consumed: sha256 and byte count of the file, and the digest of the
+    /// shared environment files its records included (`None`: none).
     End {
         sha256: String,
         bytes: u64,
+        includes_sha256: Option<String>,
     },
 }
 
@@ -117,6 +121,7 @@ impl Pipeline {
             workers_started += usize::from(started.is_ok());
         }
         Pipeline {
+            includes,
             results,
             reader,
             workers_started,
@@ -155,6 +160,7 @@ impl Pipeline {
         Ok(Next::End {
             sha256: outcome.0,
             bytes: outcome.1,
+            includes_sha256: self.includes.digest(),
         })
     }
 }

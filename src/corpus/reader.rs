@@ -40,6 +40,10 @@ pub struct ValidationReport {
     pub violations: Vec<Violation>,
     /// True when more violations exist than are listed.
     pub truncated: bool,
+    /// The digest of the shared environment files the records included
+    /// ([`crate::corpus::includes::Includes::digest`]); absent when none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub includes_sha256: Option<String>,
 }
 
 impl ValidationReport {
@@ -176,6 +180,7 @@ impl CorpusReader {
                     warnings: 0,
                     violations: Vec::new(),
                     truncated: false,
+                    includes_sha256: None,
                 },
                 scratch: Vec::new(),
             },
@@ -208,9 +213,14 @@ impl CorpusReader {
                             return Ok(Some(batch));
                         }
                     }
-                    Next::End { sha256, bytes } => {
+                    Next::End {
+                        sha256,
+                        bytes,
+                        includes_sha256,
+                    } => {
                         c.report.sha256 = sha256;
                         c.report.bytes = bytes;
+                        c.report.includes_sha256 = includes_sha256;
                         return Ok(None);
                     }
                 }

@@ -79,6 +79,9 @@ pub struct Manifest {
 pub struct DatasetSnapshot {
     pub path: String,
     pub sha256: String,
+    /// The digest of the shared environment files the cases include (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub includes_sha256: Option<String>,
     pub selected_case_ids: Vec<String>,
     pub total_available_cases: u64,
     pub total_filtered_cases: u64,

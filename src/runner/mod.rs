@@ -183,7 +183,7 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
             let manifest = Manifest::read(&dir)?;
             // Taken before the checkpoint is read: a second resume is refused.
             let lock = crate::rundir::RunLock::take(&dir)?;
-            setup::check_resumable(&manifest, &loaded, &corpus.sha256, &dir)?;
+            setup::check_resumable(&manifest, &loaded, &corpus, &dir)?;
             let ids = &manifest.dataset_snapshot.selected_case_ids;
             let selected = selection_from_ids(&corpus.cases, ids, &dir)?;
             let done = read_checkpoint(&dir.join(crate::rundir::PREDICTIONS_FILE))?;

@@ -231,6 +231,13 @@ pub fn replay(
             &want_sha[..want_sha.len().min(12)]
         )));
     }
+    if corpus.includes_sha256 != manifest.dataset_snapshot.includes_sha256 {
+        return Err(Error::State(format!(
+            "cannot replay {run_id}: the shared environment files {} includes changed since \
+             the run was made; use --rescore to re-score the stored predictions instead",
+            config.dataset.path.display()
+        )));
+    }
     let selected = select(
         &corpus.cases,
         &config.selection,

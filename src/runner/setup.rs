@@ -16,6 +16,8 @@ use crate::rundir::{Manifest, RunStatus};
 pub struct Corpus {
     pub path: PathBuf,
     pub sha256: String,
+    /// The digest of the shared environment files its cases include (None: none).
+    pub includes_sha256: Option<String>,
     pub cases: Vec<AttackCase>,
 }
 
@@ -54,6 +56,7 @@ pub(super) fn load_cases_with(path: &Path, light: bool) -> Result<Corpus> {
     Ok(Corpus {
         path: path.to_path_buf(),
         sha256: report.sha256,
+        includes_sha256: report.includes_sha256,
         cases,
     })
 }
@@ -98,9 +101,10 @@ pub(super) fn needs_enrichment(cases: &[AttackCase]) -> bool {
 pub(super) fn check_resumable(
     manifest: &Manifest,
     loaded: &LoadedConfig,
-    corpus_sha: &str,
+    corpus: &Corpus,
     dir: &Path,
 ) -> Result<()> {
+    let corpus_sha = corpus.sha256.as_str();
     if manifest.status == Some(RunStatus::Completed) {
         return Err(Error::State(format!(
             "run {} is already completed: nothing to resume (use pieval replay to run it again)",
@@ -117,13 +121,20 @@ pub(super) fn check_resumable(
             short(want)
         )));
     }
-    let corpus = manifest.dataset_snapshot.sha256.as_str();
-    if corpus != corpus_sha {
+    let recorded = manifest.dataset_snapshot.sha256.as_str();
+    if recorded != corpus_sha {
         return Err(Error::State(format!(
             "the corpus changed since run {} started (sha256 {} ≠ {}): it cannot be resumed",
             dir.display(),
             short(corpus_sha),
-            short(corpus)
+            short(recorded)
+        )));
+    }
+    if manifest.dataset_snapshot.includes_sha256 != corpus.includes_sha256 {
+        return Err(Error::State(format!(
+            "the shared environment files the corpus includes changed since run {} started: \
+             it cannot be resumed",
+            dir.display()
         )));
     }
     Ok(())
@@ -202,6 +213,7 @@ pub(super) fn build_manifest(
         dataset_snapshot: DatasetSnapshot {
             path: corpus.path.display().to_string(),
             sha256: corpus.sha256.clone(),
+            includes_sha256: corpus.includes_sha256.clone(),
             selected_case_ids: selected.selected_case_ids.clone(),
             total_available_cases: selected.total_available_cases as u64,
             total_filtered_cases: selected.total_filtered_cases as u64,

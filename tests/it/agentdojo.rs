@@ -316,3 +316,69 @@ fn shared_environment_files_are_resolved_and_checked_where_the_corpus_is_read() 
         "{text}"
     );
 }
+
+#[test]
+fn a_run_binds_its_shared_environment_files_and_replay_refuses_a_changed_one() {
+    use crate::common::chat_server::{Action, ChatServer};
+    let server = ChatServer::always(Action::Answer);
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = read_jsonl(&repo("tests/fixtures/agents/cases.jsonl"));
+    let mut case = fixture
+        .iter()
+        .find(|c| c["case_id"] == "agent-steal")
+        .unwrap()
+        .clone();
+    let shared = serde_json::json!({"environments": {"bank": case["environment"]}});
+    std::fs::write(dir.path().join("envs.json"), shared.to_string()).unwrap();
+    case["environment"] = serde_json::json!({"include": "envs.json#bank"});
+    let corpus = dir.path().join("cases.jsonl");
+    std::fs::write(&corpus, format!("{case}\n")).unwrap();
+    let results = dir.path().join("results");
+    let cfg = dir.path().join("run.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "experiment: {{name: inc, seed: 1, output_dir: \"{}\"}}\ndataset: {{path: \"{}\"}}\n\
+             model: {{provider: openai, name: m, base_url: \"{}\", api_key_env: PIEVAL_INC_KEY, timeout_s: 5, max_retries: 1}}\n\
+             mitigation: {{name: none}}\n",
+            results.display(),
+            corpus.display(),
+            server.base_url()
+        ),
+    )
+    .unwrap();
+    let out = run(pieval()
+        .arg("run")
+        .arg(&cfg)
+        .arg("--json")
+        .env("PIEVAL_INC_KEY", "sk-inc"));
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let outcome: Value = serde_json::from_str(&out.stdout).unwrap();
+    let run_dir = PathBuf::from(outcome["dir"].as_str().unwrap());
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("manifest.json")).unwrap())
+            .unwrap();
+    let digest = manifest["dataset_snapshot"]["includes_sha256"]
+        .as_str()
+        .unwrap_or_default();
+    assert_eq!(digest.len(), 64, "{}", manifest["dataset_snapshot"]);
+    // The run keeps the resolved world.
+    let kept = read_jsonl(&run_dir.join("cases.jsonl"));
+    assert!(kept[0]["environment"]["tools"].is_array());
+    // The same corpus file, another world: replay refuses it.
+    let mut changed = shared.clone();
+    changed["environments"]["bank"]["max_turns"] = 2.into();
+    std::fs::write(dir.path().join("envs.json"), changed.to_string()).unwrap();
+    let run_id = run_dir.file_name().unwrap().to_str().unwrap().to_owned();
+    let out = run(pieval()
+        .args(["replay", &run_id, "--json", "--trust-paths", "--results"])
+        .arg(&results)
+        .args(["--trust-endpoint", &server.base_url()])
+        .env("PIEVAL_INC_KEY", "sk-inc"));
+    assert_ne!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("shared environment files"),
+        "{}",
+        out.stderr
+    );
+}
