@@ -379,25 +379,32 @@ pub async fn run(
     let actions = std::mem::take(&mut batch.actions);
     out.prompt_tokens = prompt_tokens;
     out.completion_tokens = completion_tokens;
-    out.actions = Value::Array(actions).to_string();
-    if out.actions.len() > MAX_RECORDED_BYTES {
-        out.actions = "[]".into();
-        out.error = Some(format!(
-            "the attempt's actions passed {} MiB: not recorded",
-            MAX_RECORDED_BYTES >> 20
-        ));
-        out.stop = Stop::Error;
-    }
-    out.final_state = world.state().to_string();
-    if out.final_state.len() > MAX_RECORDED_BYTES {
-        out.final_state = "null".into();
-        out.error = Some(format!(
-            "the environment's store passed {} MiB: its state is not recorded",
-            MAX_RECORDED_BYTES >> 20
-        ));
-        out.stop = Stop::Error;
-    }
+    out.actions = bounded(
+        Value::Array(actions).to_string(),
+        "[]",
+        "the attempt's actions",
+        &mut out,
+    );
+    out.final_state = bounded(
+        world.state().to_string(),
+        "null",
+        "the environment's store",
+        &mut out,
+    );
     out
+}
+
+/// A recorded text within [`MAX_RECORDED_BYTES`], or `empty` and an error of the attempt.
+fn bounded(text: String, empty: &str, what: &str, out: &mut Outcome) -> String {
+    if text.len() <= MAX_RECORDED_BYTES {
+        return text;
+    }
+    out.error = Some(format!(
+        "{what} passed {} MiB: not recorded",
+        MAX_RECORDED_BYTES >> 20
+    ));
+    out.stop = Stop::Error;
+    empty.to_owned()
 }
 
 /// The most text an agent attempt may hold (its messages, re-sent on every turn, its

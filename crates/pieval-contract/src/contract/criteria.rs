@@ -912,6 +912,14 @@ mod tests {
                 "at: expected a whole number ≥ 1",
             ),
             (
+                json!({"type":"count","tool":"x","ok":"yes"}),
+                "ok: expected true or false, found a string",
+            ),
+            (
+                json!({"type":"state","table":"t","ok":true}),
+                "ok: unknown key for type \"state\"",
+            ),
+            (
                 json!({"type":"state","table":"t","where":{"a":{"numbr":1}}}),
                 "where.a.numbr: unknown matcher key (did you mean \"number\"?)",
             ),
