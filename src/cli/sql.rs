@@ -30,7 +30,7 @@ enum Format {
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The query. Tables: attack_cases, case_results, findings, turns, tool_calls, summaries, runs (all runs
+    /// The query. Tables: attack_cases, case_results, findings, turns, tool_calls, source_scores, summaries, runs (all runs
     /// under --results, rows tagged with run_id), scored (case_results with rule_spans, what
     /// queries/findings.sql reads), plus any --table; the detector UDFs
     /// (pi_criteria_match, pi_refusal, pi_leakage, pi_rule_hits, …) are registered.

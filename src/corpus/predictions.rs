@@ -135,13 +135,18 @@ fn expected(name: &str) -> &'static str {
     match prediction_field_type(name) {
         PredictionType::Count => "a non-negative integer",
         PredictionType::Flag => "true or false",
+        PredictionType::Number => "a finite number",
         _ => "a non-negative number",
     }
 }
 
 /// Check a numeric field's value: finite and non-negative, and whole for a count.
 fn check_number(name: &str, x: f64) -> std::result::Result<f64, String> {
-    let count = prediction_field_type(name) == PredictionType::Count;
+    let kind = prediction_field_type(name);
+    let count = kind == PredictionType::Count;
+    if kind == PredictionType::Number && x.is_finite() {
+        return Ok(x);
+    }
     if !(x.is_finite() && x >= 0.0) || (count && (x.fract() != 0.0 || x > f64::from(u32::MAX))) {
         return Err(format!("expected {}, found {x}", expected(name)));
     }
@@ -157,7 +162,9 @@ impl Builders {
                     PredictionType::Text => {
                         Column::Text(StringBuilder::with_capacity(capacity, capacity * 64))
                     }
-                    PredictionType::Float => Column::Float(Float64Builder::with_capacity(capacity)),
+                    PredictionType::Float | PredictionType::Number => {
+                        Column::Float(Float64Builder::with_capacity(capacity))
+                    }
                     PredictionType::Count => Column::Count(Int64Builder::with_capacity(capacity)),
                     PredictionType::Flag => Column::Flag(BooleanBuilder::with_capacity(capacity)),
                 })
@@ -528,7 +535,7 @@ fn value(a: &StringArray, r: usize) -> Option<&str> {
 fn column_type(kind: PredictionType) -> DataType {
     match kind {
         PredictionType::Text => DataType::Utf8,
-        PredictionType::Float => DataType::Float64,
+        PredictionType::Float | PredictionType::Number => DataType::Float64,
         PredictionType::Count => DataType::Int64,
         PredictionType::Flag => DataType::Boolean,
     }

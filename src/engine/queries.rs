@@ -48,6 +48,10 @@ pub const REPORT_LEAKS: Query = query!("report/leaks.sql");
 pub const REPORT_CASES: Query = query!("report/cases.sql");
 pub const REPORT_CONTROLS: Query = query!("report/controls.sql");
 
+/// `pieval sql`: the views over imported runs (`pieval import`).
+pub const VERDICT_AGREEMENT: Query = query!("import/agreement.sql");
+pub const VERDICT_DISAGREEMENTS: Query = query!("import/disagreements.sql");
+
 /// `pieval review`: the cases a person should decide.
 pub const REVIEW_QUEUE: Query = query!("review/queue.sql");
 
@@ -89,6 +93,8 @@ pub fn all() -> Vec<Query> {
         REPORT_CASES,
         REPORT_CONTROLS,
         REVIEW_QUEUE,
+        VERDICT_AGREEMENT,
+        VERDICT_DISAGREEMENTS,
     ];
     all.extend(CONTROLS);
     all

@@ -377,6 +377,31 @@ async fn register_tables(
     .await?;
     register_runs_parquet(
         ctx,
+        "source_scores",
+        crate::rundir::SOURCE_SCORES_FILE,
+        &runs,
+        crate::contract::arrow::source_scores_schema(),
+        &mut skipped,
+        Ok,
+        in_process,
+    )
+    .await?;
+    // Imported runs: the tool's verdicts beside pieval's (queries/import/).
+    for (name, q) in [
+        (
+            "verdict_agreement",
+            crate::engine::queries::VERDICT_AGREEMENT,
+        ),
+        (
+            "verdict_disagreements",
+            crate::engine::queries::VERDICT_DISAGREEMENTS,
+        ),
+    ] {
+        let view = ctx.sql(q.sql).await?;
+        ctx.register_table(name, view.into_view())?;
+    }
+    register_runs_parquet(
+        ctx,
         "controls",
         "controls/controls.parquet",
         &runs,

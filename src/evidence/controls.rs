@@ -209,7 +209,7 @@ impl ControlsReport {
 /// (and the signed index binds: one present but not listed fails verification).
 /// The HTML report is not among them: it is a rendering, made again from the verified
 /// tables with `pieval report`.
-pub const RUN_SUBJECTS: [&str; 11] = [
+pub const RUN_SUBJECTS: [&str; 12] = [
     crate::rundir::CASE_RESULTS_PARQUET,
     crate::rundir::MANIFEST_FILE,
     crate::rundir::CASES_FILE,
@@ -222,6 +222,8 @@ pub const RUN_SUBJECTS: [&str; 11] = [
     crate::rundir::CASE_RESULTS_JSONL,
     // the reviewers' verdicts (`pieval review`): who decided which case
     crate::rundir::reviews::REVIEWS_FILE,
+    // an imported run's: every score the source tool gave (`pieval import`)
+    crate::rundir::SOURCE_SCORES_FILE,
 ];
 
 /// The files of a run that every envelope names as subjects, with their digests: the
@@ -541,6 +543,9 @@ fn statement(
                 "corpus_path": data.map(|d| &d.path),
                 "corpus_sha256": data.map(|d| &d.sha256),
                 "git_commit": m.and_then(|m| m.git_commit.as_ref()),
+                // An imported run (`pieval import`): the tool, its version, the
+                // command, and the original result files by path and sha256.
+                "imported_from": m.and_then(|m| m.extra.get("import")).map(import_binding),
             },
             "evaluator": {
                 "name": "pieval",
@@ -554,6 +559,18 @@ fn statement(
         statement["predicate"]["judge"] = ctx.judge.clone();
     }
     statement
+}
+
+/// What a statement binds of an imported run's origin: the tool, its version, the
+/// command and every source file's sha256 (the rest of the manifest's import block is
+/// bound through the manifest's own digest).
+fn import_binding(block: &Value) -> Value {
+    json!({
+        "tool": block.get("tool"),
+        "tool_version": block.get("tool_version"),
+        "command": block.get("command"),
+        "sources": block.get("sources"),
+    })
 }
 
 /// The judge recorded in a run's summary.json (null when none, or no summary).

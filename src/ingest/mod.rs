@@ -517,7 +517,10 @@ fn apply_sets(case: &mut serde_json::Map<String, Value>, ops: &[SetOp]) {
 }
 
 /// The contract's verdict on one case: the first error, if any.
-fn contract_error(line: &str, criteria: &mut CriteriaCache) -> Option<(Option<String>, String)> {
+pub fn contract_error(
+    line: &str,
+    criteria: &mut CriteriaCache,
+) -> Option<(Option<String>, String)> {
     let rec = match RawRecord::parse(line) {
         Ok(r) => r,
         Err(e) => return Some((None, e.to_string())),

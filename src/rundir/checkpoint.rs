@@ -133,6 +133,22 @@ pub struct PredictionRecord {
     /// line limit).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cut_fields: Vec<String>,
+    /// An imported row (`pieval import`, src/import/mod.rs): the tool that produced it,
+    /// its own verdict (true: the attack succeeded by the tool's reading), the detector or
+    /// scorer behind it and its score, and where it came from (`file:line`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_tool: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_verdict: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_detector: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_score: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_ref: Option<String>,
+    /// The source record's fields that have no column here, kept as the tool wrote them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_extra: Option<serde_json::Value>,
 }
 
 impl PredictionRecord {
@@ -659,7 +675,7 @@ fn scan(
 /// column of its schema, flushed as a batch to an atomic Parquet file every 8,192 rows
 /// or [`MAX_TABLE_BATCH_BYTES`] of text (inside an attempt too: a column's text stays
 /// far below the 2 GiB its 32-bit offsets address). With no row, a stale file is removed.
-struct TableWriter {
+pub struct TableWriter {
     out: std::path::PathBuf,
     schema: datafusion::arrow::datatypes::SchemaRef,
     columns: Vec<Column>,
@@ -681,7 +697,7 @@ enum Column {
 const MAX_TABLE_BATCH_BYTES: usize = 64 << 20;
 
 impl TableWriter {
-    fn new(out: std::path::PathBuf, schema: datafusion::arrow::datatypes::SchemaRef) -> Self {
+    pub fn new(out: std::path::PathBuf, schema: datafusion::arrow::datatypes::SchemaRef) -> Self {
         use datafusion::arrow::array::{
             BooleanBuilder, Float64Builder, Int64Builder, StringBuilder,
         };
@@ -712,7 +728,7 @@ impl TableWriter {
         &mut self.columns[self.next - 1]
     }
 
-    fn text(&mut self, v: Option<&str>) -> &mut Self {
+    pub fn text(&mut self, v: Option<&str>) -> &mut Self {
         self.bytes += v.map_or(0, str::len);
         match self.column() {
             Column::Text(b) => b.append_option(v),
@@ -721,7 +737,7 @@ impl TableWriter {
         self
     }
 
-    fn int(&mut self, v: Option<i64>) -> &mut Self {
+    pub fn int(&mut self, v: Option<i64>) -> &mut Self {
         match self.column() {
             Column::Int(b) => b.append_option(v),
             _ => unreachable!("an int column"),
@@ -729,7 +745,7 @@ impl TableWriter {
         self
     }
 
-    fn flag(&mut self, v: Option<bool>) -> &mut Self {
+    pub fn flag(&mut self, v: Option<bool>) -> &mut Self {
         match self.column() {
             Column::Flag(b) => b.append_option(v),
             _ => unreachable!("a flag column"),
@@ -737,7 +753,7 @@ impl TableWriter {
         self
     }
 
-    fn float(&mut self, v: Option<f64>) -> &mut Self {
+    pub fn float(&mut self, v: Option<f64>) -> &mut Self {
         match self.column() {
             Column::Float(b) => b.append_option(v),
             _ => unreachable!("a float column"),
@@ -746,7 +762,7 @@ impl TableWriter {
     }
 
     /// The row is complete (every column filled, in schema order).
-    fn end_row(&mut self) -> Result<()> {
+    pub fn end_row(&mut self) -> Result<()> {
         debug_assert_eq!(self.next, self.columns.len(), "a row fills every column");
         self.next = 0;
         self.rows += 1;
@@ -788,7 +804,7 @@ impl TableWriter {
     }
 
     /// Write the last batch and commit; the rows written (0: no file, a stale one removed).
-    fn finish(mut self) -> Result<u64> {
+    pub fn finish(mut self) -> Result<u64> {
         self.flush()?;
         match self.writer {
             Some(w) => w.commit(),

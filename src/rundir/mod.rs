@@ -15,6 +15,7 @@
 //! - `tool_calls.parquet` — an agent's tool calls with their results, one row per call;
 //! - `case_results.{jsonl,parquet}`, `findings.parquet`, `summary.json`,
 //!   `judgements.parquet` — from the scoring engine;
+//! - `source_scores.parquet` — an imported run's: every score the source tool gave;
 //! - `controls/` — controls and their envelopes (`pieval controls`).
 //!
 //! The folder holding runs also holds `catalog.sqlite` (the run catalogue).
@@ -44,6 +45,8 @@ pub const JUDGEMENTS_FILE: &str = "judgements.parquet";
 pub const TURNS_FILE: &str = "turns.parquet";
 /// Agents: one row per tool call.
 pub const TOOL_CALLS_FILE: &str = "tool_calls.parquet";
+/// Imported runs (`pieval import`): every score the source tool gave.
+pub const SOURCE_SCORES_FILE: &str = "source_scores.parquet";
 pub const CONTROLS_DIR: &str = "controls";
 /// The run's HTML report (`pieval report`, written by `pieval run`).
 pub const REPORT_FILE: &str = "report.html";

@@ -11,7 +11,7 @@ pub mod diff;
 mod execute;
 pub mod replay;
 pub mod run_index;
-mod setup;
+pub mod setup;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};

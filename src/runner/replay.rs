@@ -59,6 +59,13 @@ pub fn replay(
 ) -> Result<RunOutcome> {
     let dir = args.dir.clone();
     let manifest = Manifest::read(&dir)?;
+    if !args.rescore && manifest.extra.contains_key("import") {
+        return Err(Error::State(format!(
+            "{}: an imported run holds another tool's results, which pieval cannot call again; rescore it (pieval replay {} --rescore)",
+            dir.display(),
+            dir.display()
+        )));
+    }
     let mpath = dir.join(crate::rundir::MANIFEST_FILE);
     let mut config = Config::from_snapshot(&manifest.config_snapshot, &mpath)?;
     let run_id = manifest.run_id.clone();

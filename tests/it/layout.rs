@@ -161,6 +161,7 @@ fn modules_import_only_downward() {
         "main",
         "cli",
         "review",
+        "import",
         "runner",
         "cluster",
         "report",

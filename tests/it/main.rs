@@ -18,6 +18,7 @@ mod detector_quality;
 mod evidence;
 mod fuzz;
 mod hostile;
+mod import;
 mod ingest;
 mod judge;
 mod layout;

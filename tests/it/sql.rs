@@ -254,6 +254,12 @@ fn every_query_file_is_registered_and_plans() {
         .unwrap();
         ctx.register_table("findings", empty(findings_schema()))
             .unwrap();
+        // queries/import/ read an imported run's source scores
+        ctx.register_table(
+            "source_scores",
+            empty(pieval::contract::arrow::source_scores_schema()),
+        )
+        .unwrap();
         // findings.sql reads each batch of the scored stream
         ctx.register_table("scored", empty(pieval::ops::score::scored_schema()))
             .unwrap();

@@ -44,7 +44,8 @@ pub fn predictions_schema() -> SchemaRef {
             .iter()
             .map(|(name, required)| {
                 let ty = match crate::contract::fields::prediction_field_type(name) {
-                    crate::contract::fields::PredictionType::Float => DataType::Float64,
+                    crate::contract::fields::PredictionType::Float
+                    | crate::contract::fields::PredictionType::Number => DataType::Float64,
                     crate::contract::fields::PredictionType::Count => DataType::Int64,
                     crate::contract::fields::PredictionType::Text => DataType::Utf8,
                     crate::contract::fields::PredictionType::Flag => DataType::Boolean,
@@ -70,8 +71,9 @@ pub fn case_results_schema() -> SchemaRef {
                     | "over_refused"
                     | "echoed"
                     | "utility_success"
-                    | "injection_delivered" => DataType::Boolean,
-                    "mapping_confidence" | "latency_ms" => DataType::Float64,
+                    | "injection_delivered"
+                    | "source_verdict" => DataType::Boolean,
+                    "mapping_confidence" | "latency_ms" | "source_score" => DataType::Float64,
                     "turns_used" | "success_turn" => DataType::Int64,
                     _ => DataType::Utf8,
                 };
@@ -129,6 +131,25 @@ pub fn tool_calls_schema() -> SchemaRef {
         flag("action"),
         flag("injected"),
         text("blocked_by", true),
+    ]))
+}
+
+/// `source_scores.parquet` of an imported run (`pieval import`): every score the source
+/// tool gave, one row per row and scorer (detector, assertion, judge), with the value as
+/// written, as a number when it is one, and read as "the attack succeeded"; joins
+/// `case_results` on `(run_id, case_id, attempt_id)`.
+pub fn source_scores_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("run_id", DataType::Utf8, false),
+        Field::new("case_id", DataType::Utf8, false),
+        Field::new("attempt_id", DataType::Utf8, true),
+        Field::new("source_tool", DataType::Utf8, false),
+        Field::new("scorer", DataType::Utf8, false),
+        Field::new("value", DataType::Utf8, true),
+        Field::new("score", DataType::Float64, true),
+        Field::new("verdict", DataType::Boolean, true),
+        Field::new("explanation", DataType::Utf8, true),
+        Field::new("source_ref", DataType::Utf8, false),
     ]))
 }
 

@@ -134,6 +134,15 @@ pub const PREDICTION_FIELDS: &[(&str, bool)] = &[
     ("final_state", false),
     ("injection_delivered", false),
     ("agent_stop", false),
+    // Imported results (`pieval import`, docs/import.md), additive: the tool that produced
+    // the row, its own verdict (true: the attack succeeded by the tool's reading), the
+    // detector or scorer behind it and its score, and where the row came from
+    // (`file:line`, or the entry of an archive).
+    ("source_tool", false),
+    ("source_verdict", false),
+    ("source_detector", false),
+    ("source_score", false),
+    ("source_ref", false),
 ];
 
 /// The numeric prediction fields (the others are strings).
@@ -141,7 +150,8 @@ pub fn prediction_field_type(name: &str) -> PredictionType {
     match name {
         "latency_ms" => PredictionType::Float,
         "turns_used" | "success_turn" => PredictionType::Count,
-        "injection_delivered" => PredictionType::Flag,
+        "injection_delivered" | "source_verdict" => PredictionType::Flag,
+        "source_score" => PredictionType::Number,
         _ => PredictionType::Text,
     }
 }
@@ -155,6 +165,8 @@ pub enum PredictionType {
     Count,
     /// true or false.
     Flag,
+    /// Any finite number (another tool's score).
+    Number,
 }
 
 /// `case_results.jsonl`: the seed's fields, then pieval's additive ones.
@@ -222,6 +234,14 @@ pub const CASE_RESULT_FIELDS: &[&str] = &[
     "utility_success",
     "injection_delivered",
     "agent_stop",
+    // Imported results (`pieval import`), additive (NULL for pieval's own runs): the tool,
+    // its verdict beside pieval's attack_success, the detector or scorer that gave it,
+    // its score, and the source file and line (or archive entry) of the row.
+    "source_tool",
+    "source_verdict",
+    "source_detector",
+    "source_score",
+    "source_ref",
 ];
 
 /// Findings: long form, one row per detector hit.

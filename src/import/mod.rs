@@ -1,0 +1,987 @@
+//! `pieval import TOOL PATH… --output RUN_DIR`: the results another red-team tool wrote
+//! (garak, Inspect, promptfoo, PyRIT, AgentDojo, spikee, CyberSecEval) turned into a
+//! pieval run folder that every command reads as its own (docs/import.md).
+//!
+//! An importer (one file per tool, listed once in [`IMPORTERS`]) reads its tool's files
+//! and hands each record to the [`Sink`]: the case it answers (an [`AttackCase`] built from
+//! what the tool recorded, enriched by the taxonomy), the prediction (the model's answer,
+//! its tool calls as an agent's turns, the tool's own verdict in the `source_*` fields,
+//! the fields pieval has no column for in `source_extra`) and every score the tool gave
+//! (`source_scores.parquet`, long form). The sink writes them into a folder under a
+//! temporary name; pieval's scoring then runs on it exactly as on a native run
+//! (`runner::score_run`), and the folder is swapped in whole only when everything
+//! succeeded: a truncated log, an unknown entry or a bad field is an error naming the file
+//! and line (or archive entry) and leaves no run folder behind.
+//!
+//! The manifest's `import` block names the tool, its version (as the files record it),
+//! every source file with its size and sha256, and the command; `pieval verify` and the
+//! control envelopes carry those digests, so every number traces to a line of the
+//! original file.
+
+pub mod agentdojo;
+pub mod garak;
+pub mod inspect;
+pub mod promptfoo;
+pub mod pyrit;
+pub mod spikee;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+use sha2::Digest;
+
+use crate::contract::case::AttackCase;
+use crate::contract::criteria::SuccessCriteria;
+use crate::contract::enums::{AttackSurface, SourceType};
+use crate::error::{Error, Result};
+use crate::rundir::checkpoint::{PredictionRecord, TableWriter};
+use crate::rundir::{Manifest, RunStatus};
+
+/// One importer: a tool's result files into the sink.
+pub struct Importer {
+    /// The name on the command line (`pieval import garak …`).
+    pub name: &'static str,
+    /// What PATH may be (the docs' table and `--help`).
+    pub reads: &'static str,
+    /// What the tool's verdict means here (the docs' table).
+    pub verdict: &'static str,
+    /// Read one PATH (a file, or a folder the importer knows) into the sink.
+    pub import: fn(&Path, &mut Sink) -> Result<()>,
+}
+
+/// Every importer, in the order the docs list them.
+pub const IMPORTERS: &[&Importer] = &[
+    &garak::IMPORTER,
+    &inspect::IMPORTER,
+    &promptfoo::IMPORTER,
+    &pyrit::IMPORTER,
+    &agentdojo::IMPORTER,
+    &spikee::IMPORTER,
+];
+
+/// The importers' table of docs/import.md, written from [`IMPORTERS`].
+pub fn docs_table() -> String {
+    let mut out = String::from(
+        "| tool | reads | the tool's verdict (`source_verdict = true`) |\n|---|---|---|\n",
+    );
+    for i in IMPORTERS {
+        out.push_str(&format!("| `{}` | {} | {} |\n", i.name, i.reads, i.verdict));
+    }
+    out
+}
+
+/// The importer called `name`, or an error listing them.
+pub fn importer(name: &str) -> Result<&'static Importer> {
+    IMPORTERS
+        .iter()
+        .copied()
+        .find(|i| i.name == name)
+        .ok_or_else(|| {
+            let names: Vec<&str> = IMPORTERS.iter().map(|i| i.name).collect();
+            Error::Usage(format!(
+                "unknown tool {name:?}: pieval imports {}",
+                names.join(", ")
+            ))
+        })
+}
+
+/// What `pieval import` was asked.
+#[derive(Clone, Debug)]
+pub struct ImportOptions {
+    pub tool: String,
+    pub paths: Vec<PathBuf>,
+    /// The run folder to write (must not exist, unless `replace`).
+    pub output: PathBuf,
+    pub replace: bool,
+    /// The scorer or detector whose verdict is `source_verdict` (default: the tool's).
+    pub source_scorer: Option<String>,
+    /// Inspect: a "correct" score means the attack succeeded (`attack`, the default) or
+    /// that the model held (`defence`).
+    pub correct_means_attack: bool,
+    /// A judge config (the keys of evaluation.judge): `judge` criteria are decided by it.
+    pub judge: Option<PathBuf>,
+    /// The command as typed, for the manifest.
+    pub command: String,
+    /// Longest accepted JSONL line of a source.
+    pub max_line_bytes: usize,
+    /// The taxonomy the cases are enriched with.
+    pub taxonomy: PathBuf,
+    /// Corpora whose cases the results answer, by case id (AgentDojo: pieval's
+    /// translation of its suites): a result whose case is there is scored against it.
+    pub cases: Vec<PathBuf>,
+}
+
+/// One source file, as the manifest records it.
+#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
+pub struct SourceFile {
+    pub path: String,
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+/// What an import did.
+#[derive(Debug, Serialize)]
+pub struct ImportReport {
+    pub tool: String,
+    pub tool_version: Option<String>,
+    pub run_id: String,
+    pub output: PathBuf,
+    pub sources: Vec<SourceFile>,
+    pub cases: u64,
+    pub predictions: u64,
+    pub tool_calls: u64,
+    pub source_scores: u64,
+    /// Rows where the tool gave a verdict, and of those, where pieval decided too and
+    /// agreed, and disagreed.
+    pub source_verdicts: u64,
+    pub agreed: u64,
+    pub disagreed: u64,
+    pub attack_success: u64,
+    pub manual_review: u64,
+}
+
+/// Where an importer is in its source: a file and line, or an archive and entry.
+#[derive(Clone, Debug)]
+pub struct At {
+    pub file: PathBuf,
+    pub line: u64,
+    /// The archive entry (Inspect's `samples/…json`), when the file is an archive.
+    pub entry: Option<String>,
+}
+
+impl At {
+    pub fn line(file: &Path, line: u64) -> Self {
+        At {
+            file: file.to_path_buf(),
+            line,
+            entry: None,
+        }
+    }
+
+    pub fn entry(file: &Path, entry: &str) -> Self {
+        At {
+            file: file.to_path_buf(),
+            line: 0,
+            entry: Some(entry.to_owned()),
+        }
+    }
+
+    /// `source_ref`: `file:line`, or `file:entry` (the file's name only: a run folder
+    /// travels, the manifest has the full path and digest).
+    pub fn reference(&self) -> String {
+        let name = self
+            .file
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        match &self.entry {
+            Some(e) if self.line > 0 => format!("{name}:{e}:{}", self.line),
+            Some(e) => format!("{name}:{e}"),
+            None => format!("{name}:{}", self.line),
+        }
+    }
+
+    /// An error at this place, naming the field (in an archive or a log's list, the
+    /// entry comes first: `log.eval:0: samples/x.json: messages: …`).
+    pub fn error(&self, field: Option<&str>, message: impl Into<String>) -> Error {
+        let field = match (&self.entry, field) {
+            (Some(e), Some(f)) => Some(format!("{e}: {f}")),
+            (Some(e), None) => Some(e.clone()),
+            (None, f) => f.map(str::to_owned),
+        };
+        Error::input(&self.file, self.line, field.as_deref(), message.into())
+    }
+}
+
+/// A score the source tool gave a row.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SourceScore {
+    /// The detector, scorer, assertion or judge.
+    pub scorer: String,
+    /// The score as the tool wrote it (JSON text of a non-string value).
+    pub value: Option<String>,
+    /// The score as a number, when it is one (C → 1, I → 0 for Inspect).
+    pub score: Option<f64>,
+    /// Read as "the attack succeeded".
+    pub verdict: Option<bool>,
+    pub explanation: Option<String>,
+}
+
+/// A row of the import: the prediction, with every score the tool gave it.
+pub struct Row {
+    pub prediction: PredictionRecord,
+    pub scores: Vec<SourceScore>,
+}
+
+/// One tool call of an imported transcript, with what the tool returned.
+#[derive(Clone, Debug, Default)]
+pub struct Call {
+    pub id: String,
+    pub name: String,
+    /// The arguments as the transcript holds them: a JSON value, or text that may not
+    /// parse (kept as it was).
+    pub arguments: Value,
+    pub output: Option<String>,
+    pub error: bool,
+}
+
+/// One model answer of an imported transcript: its text and the calls it made.
+#[derive(Clone, Debug, Default)]
+pub struct Answer {
+    pub text: Option<String>,
+    pub calls: Vec<Call>,
+}
+
+/// Make `p` an agent's attempt from an imported transcript: one turn per model answer,
+/// its tool calls (into `tool_calls.parquet` when the run is scored), and the calls as
+/// the actions the criteria read (`agent_actions`, as the agent loop writes them:
+/// `failed` on a call that returned a tool error). `stop` is why it ended (`answer`,
+/// `error`, `budget`).
+pub fn agent_attempt(p: &mut PredictionRecord, prompt: &str, answers: Vec<Answer>, stop: &str) {
+    use crate::rundir::checkpoint::{ToolCallRecord, TurnRecord};
+    let mut actions = Vec::new();
+    for (i, a) in answers.into_iter().enumerate() {
+        let n = i as u32 + 1;
+        let mut turn = TurnRecord {
+            turn: n,
+            depth: 0,
+            node_id: n.to_string(),
+            attack_prompt: if i == 0 {
+                prompt.to_owned()
+            } else {
+                String::new()
+            },
+            target_response: a.text,
+            ..TurnRecord::default()
+        };
+        for (j, c) in a.calls.into_iter().enumerate() {
+            let arguments = match &c.arguments {
+                Value::String(s) => s.clone(),
+                v => v.to_string(),
+            };
+            let mut action = json!({"name": c.name, "arguments": c.arguments});
+            if c.error {
+                action["failed"] = Value::Bool(true);
+            }
+            actions.push(action);
+            turn.tool_calls.push(ToolCallRecord {
+                id: if c.id.is_empty() {
+                    format!("call_{n}_{}", j + 1)
+                } else {
+                    c.id
+                },
+                name: c.name,
+                arguments,
+                executed: c.output.is_some(),
+                output: c.output.unwrap_or_default(),
+                error: c.error,
+                action: true,
+                ..ToolCallRecord::default()
+            });
+        }
+        p.turns.push(turn);
+    }
+    p.turns_used = Some(p.turns.len() as u32);
+    p.agent_actions = Some(Value::Array(actions).to_string());
+    p.agent_stop = Some(stop.to_owned());
+}
+
+/// Success when the response contains any of `values` (one: `contains`).
+pub fn contains_any(values: &[String]) -> SuccessCriteria {
+    let mut of: Vec<SuccessCriteria> = values
+        .iter()
+        .map(|v| SuccessCriteria::Contains { value: v.clone() })
+        .collect();
+    if of.len() == 1 {
+        of.pop().expect("one")
+    } else {
+        SuccessCriteria::Any { of }
+    }
+}
+
+/// A case id from a tool's own id: `prefix:id` when the id is safe in an id
+/// (`[A-Za-z0-9._:-]`, 128 bytes at most), else the safe part and a short hash of the
+/// whole, so distinct ids stay distinct.
+pub fn case_id(prefix: &str, id: &str) -> String {
+    let whole = format!("{prefix}:{id}");
+    let safe = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-');
+    if whole.len() <= 128 && whole.chars().all(safe) && !id.is_empty() {
+        return whole;
+    }
+    let cleaned: String = id
+        .chars()
+        .map(|c| if safe(c) { c } else { '_' })
+        .take(80)
+        .collect();
+    format!(
+        "{prefix}:{cleaned}~{}",
+        &crate::digest::sha256_hex(id.as_bytes())[..12]
+    )
+}
+
+/// What the importers write into: the run folder under construction.
+pub struct Sink {
+    tool: &'static str,
+    run_id: String,
+    dir: PathBuf,
+    cases: BufWriter<std::fs::File>,
+    predictions: BufWriter<std::fs::File>,
+    scores: TableWriter,
+    /// Case id → the digest of its line: the same case twice is one case, a different
+    /// case under the same id an error.
+    case_ids: HashMap<String, [u8; 32]>,
+    /// The case ids in the order written (the manifest's selected_case_ids).
+    order: Vec<String>,
+    /// Counts of the cases per taxonomy field and value (the manifest's).
+    taxonomy_summary: BTreeMap<String, BTreeMap<String, u64>>,
+    criteria: crate::contract::record::CriteriaCache,
+    taxonomy: crate::taxonomy::Taxonomy,
+    /// The versions of the tool the files record, and its models.
+    versions: BTreeSet<String>,
+    models: BTreeSet<String>,
+    /// The tool's run ids, start and end, as the files record them.
+    pub source_runs: BTreeSet<String>,
+    started: Option<String>,
+    pub options: ImportOptions,
+    counts: Counts,
+    /// The source's own settings worth keeping (garak's run setup, Inspect's eval spec).
+    setup: Map<String, Value>,
+    /// The cases of `--cases`, by id (loaded at the first lookup).
+    known: Option<HashMap<String, AttackCase>>,
+}
+
+#[derive(Default)]
+struct Counts {
+    cases: u64,
+    predictions: u64,
+    scores: u64,
+    tool_calls: u64,
+}
+
+impl Sink {
+    fn create(
+        tool: &'static str,
+        run_id: &str,
+        dir: &Path,
+        options: ImportOptions,
+    ) -> Result<Self> {
+        let open = |name: &str| -> Result<BufWriter<std::fs::File>> {
+            let path = dir.join(name);
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .map(|f| BufWriter::with_capacity(1 << 20, f))
+                .map_err(|e| Error::io(&path, "cannot create", e))
+        };
+        Ok(Sink {
+            tool,
+            run_id: run_id.to_owned(),
+            dir: dir.to_path_buf(),
+            cases: open(crate::rundir::CASES_FILE)?,
+            predictions: open(crate::rundir::PREDICTIONS_FILE)?,
+            scores: TableWriter::new(
+                dir.join(crate::rundir::SOURCE_SCORES_FILE),
+                crate::contract::arrow::source_scores_schema(),
+            ),
+            case_ids: HashMap::new(),
+            order: Vec::new(),
+            taxonomy_summary: BTreeMap::new(),
+            criteria: Default::default(),
+            taxonomy: crate::taxonomy::Taxonomy::load(&options.taxonomy)?,
+            versions: BTreeSet::new(),
+            models: BTreeSet::new(),
+            source_runs: BTreeSet::new(),
+            started: None,
+            options,
+            counts: Counts::default(),
+            setup: Map::new(),
+            known: None,
+        })
+    }
+
+    /// The tool's name (`source_tool`, `source_name`).
+    pub fn tool(&self) -> &'static str {
+        self.tool
+    }
+
+    /// The tool's version, as a file records it.
+    pub fn version(&mut self, v: &str) {
+        self.versions.insert(v.to_owned());
+    }
+
+    /// A model the results are of.
+    pub fn model(&mut self, m: &str) {
+        self.models.insert(m.to_owned());
+    }
+
+    /// When the source run started (RFC 3339): the earliest is the run's timestamp.
+    pub fn started(&mut self, t: &str) {
+        if self.started.as_deref().is_none_or(|s| t < s) {
+            self.started = Some(t.to_owned());
+        }
+    }
+
+    /// A setting of the source run, kept in the manifest's import block.
+    pub fn setup(&mut self, key: &str, value: Value) {
+        self.setup.insert(key.to_owned(), value);
+    }
+
+    /// The case `id` of the `--cases` corpora, when they hold it.
+    pub fn known_case(&mut self, id: &str) -> Option<AttackCase> {
+        if self.known.is_none() {
+            let mut map = HashMap::new();
+            for path in &self.options.cases {
+                // Checked when the options are read (import): a corpus that does not
+                // load has stopped the import before any result was read.
+                if let Ok(corpus) = crate::runner::setup::load_cases(path) {
+                    for c in corpus.cases {
+                        map.insert(c.case_id.clone(), c);
+                    }
+                }
+            }
+            self.known = Some(map);
+        }
+        self.known.as_ref().and_then(|m| m.get(id)).cloned()
+    }
+
+    /// A new case: `source_name` the tool, `source_type` red_team, the reference the
+    /// source line. Criteria and the rest are the importer's.
+    pub fn new_case(
+        &self,
+        case_id: String,
+        family: &str,
+        surface: AttackSurface,
+        prompt: String,
+        criteria: SuccessCriteria,
+        at: &At,
+    ) -> AttackCase {
+        let mut case = AttackCase::new(
+            case_id,
+            self.tool.to_owned(),
+            SourceType::RedTeam,
+            family.to_owned(),
+            surface,
+            prompt,
+            criteria,
+        );
+        case.source_reference = Some(at.reference());
+        case
+    }
+
+    /// Write a case (enriched, checked against the contract). The same case again is
+    /// one case; another case under an id already written is an error at `at`.
+    pub fn case(&mut self, at: &At, case: &AttackCase) -> Result<()> {
+        let case = self.taxonomy.enrich(case);
+        let line = case.to_json_line();
+        if let Some((field, problem)) = crate::ingest::contract_error(&line, &mut self.criteria) {
+            return Err(at.error(
+                field.as_deref(),
+                format!("the case pieval made of this record breaks the contract: {problem}"),
+            ));
+        }
+        let digest: [u8; 32] = sha2::Sha256::digest(line.as_bytes()).into();
+        match self.case_ids.get(&case.case_id) {
+            Some(d) if *d == digest => return Ok(()),
+            Some(_) => {
+                return Err(at.error(
+                    None,
+                    format!(
+                        "case id {} was made from another record before, with other content (the source holds the same id twice)",
+                        case.case_id
+                    ),
+                ));
+            }
+            None => {}
+        }
+        self.case_ids.insert(case.case_id.clone(), digest);
+        self.order.push(case.case_id.clone());
+        for (field, value) in [
+            ("attack_family", Some(case.attack_family.as_str())),
+            ("attack_surface", Some(case.attack_surface.as_str())),
+            ("attack_category", case.attack_category.map(|c| c.as_str())),
+            ("label", case.label.map(|l| l.as_str())),
+        ] {
+            *self
+                .taxonomy_summary
+                .entry(field.to_owned())
+                .or_default()
+                .entry(value.unwrap_or("unknown").to_owned())
+                .or_default() += 1;
+        }
+        let io = |e| Error::io(self.dir.join(crate::rundir::CASES_FILE), "cannot write", e);
+        self.cases.write_all(line.as_bytes()).map_err(io)?;
+        self.cases.write_all(b"\n").map_err(io)?;
+        self.counts.cases += 1;
+        Ok(())
+    }
+
+    /// Write a row: its prediction (tagged with the run, the tool and `at`) and scores.
+    pub fn row(&mut self, at: &At, mut row: Row) -> Result<()> {
+        let p = &mut row.prediction;
+        if !self.case_ids.contains_key(&p.case_id) {
+            return Err(Error::Internal(format!(
+                "{}: a prediction for case {} before its case",
+                at.reference(),
+                p.case_id
+            )));
+        }
+        p.run_id = self.run_id.clone();
+        p.source_tool = Some(self.tool.to_owned());
+        p.source_ref = Some(at.reference());
+        if p.mitigation.is_empty() {
+            p.mitigation = "none".into();
+        }
+        if p.execution_mode.is_empty() {
+            p.execution_mode = "replay".into();
+        }
+        if p.provider.is_empty() {
+            p.provider = self.tool.to_owned();
+        }
+        // A generation, epoch or provider of the same case is a sample of the case as it
+        // is (no converter, no strategy of pieval's): the controls count it as such
+        // (`pi_is_baseline`).
+        if p.attempt_id.is_some() {
+            p.attack_pipeline.get_or_insert_with(|| "none".into());
+            p.attack_strategy.get_or_insert_with(|| "none".into());
+        }
+        // The verdict: the chosen scorer's, else the tool's own overall one.
+        if let Some(name) = &self.options.source_scorer {
+            let s = row.scores.iter().find(|s| &s.scorer == name);
+            p.source_detector = s.map(|s| s.scorer.clone());
+            p.source_verdict = s.and_then(|s| s.verdict);
+            p.source_score = s.and_then(|s| s.score);
+        }
+        self.counts.tool_calls += p
+            .turns
+            .iter()
+            .map(|t| t.tool_calls.len() as u64)
+            .sum::<u64>();
+        let attempt = p.attempt_id.clone();
+        let (case_id, reference) = (p.case_id.clone(), at.reference());
+        let path = self.dir.join(crate::rundir::PREDICTIONS_FILE);
+        crate::rundir::checkpoint::write_attempt(
+            &mut self.predictions,
+            &path,
+            &mut row.prediction,
+        )?;
+        self.counts.predictions += 1;
+        for s in &row.scores {
+            self.scores
+                .text(Some(&self.run_id))
+                .text(Some(&case_id))
+                .text(attempt.as_deref())
+                .text(Some(self.tool))
+                .text(Some(&s.scorer))
+                .text(s.value.as_deref())
+                .float(s.score)
+                .flag(s.verdict)
+                .text(s.explanation.as_deref())
+                .text(Some(&reference));
+            self.scores.end_row()?;
+            self.counts.scores += 1;
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<Finished> {
+        for (w, name) in [
+            (&mut self.cases, crate::rundir::CASES_FILE),
+            (&mut self.predictions, crate::rundir::PREDICTIONS_FILE),
+        ] {
+            w.flush()
+                .map_err(|e| Error::io(self.dir.join(name), "cannot write", e))?;
+        }
+        self.scores.finish()?;
+        Ok(Finished {
+            case_ids: self.order,
+            taxonomy_summary: self.taxonomy_summary,
+            versions: self.versions,
+            models: self.models,
+            source_runs: self.source_runs,
+            started: self.started,
+            counts: self.counts,
+            setup: self.setup,
+        })
+    }
+}
+
+struct Finished {
+    case_ids: Vec<String>,
+    taxonomy_summary: BTreeMap<String, BTreeMap<String, u64>>,
+    versions: BTreeSet<String>,
+    models: BTreeSet<String>,
+    source_runs: BTreeSet<String>,
+    started: Option<String>,
+    counts: Counts,
+    setup: Map<String, Value>,
+}
+
+/// The source files of PATH: the file, or a folder's files the importer reads (for the
+/// manifest's digests: every file read is listed).
+fn hash_source(path: &Path) -> Result<SourceFile> {
+    let meta = std::fs::symlink_metadata(path).map_err(|e| Error::io(path, "cannot read", e))?;
+    if meta.file_type().is_symlink() {
+        return Err(Error::Usage(format!(
+            "{}: a symbolic link is not followed (give the file itself)",
+            path.display()
+        )));
+    }
+    Ok(SourceFile {
+        path: path.display().to_string(),
+        bytes: meta.len(),
+        sha256: crate::digest::sha256_file_in(path, crate::files::Links::Refuse)?,
+    })
+}
+
+/// Every regular file under `path` (itself when it is a file), sorted; links refused.
+pub fn files_under(path: &Path) -> Result<Vec<PathBuf>> {
+    let meta = std::fs::symlink_metadata(path).map_err(|e| Error::io(path, "cannot read", e))?;
+    if meta.file_type().is_symlink() {
+        return Err(Error::Usage(format!(
+            "{}: a symbolic link is not followed (give the file or folder itself)",
+            path.display()
+        )));
+    }
+    if meta.is_file() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut out = Vec::new();
+    let mut stack = vec![path.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let entries = std::fs::read_dir(&dir).map_err(|e| Error::io(&dir, "cannot read", e))?;
+        for e in entries {
+            let e = e.map_err(|e| Error::io(&dir, "cannot read", e))?;
+            let ty = e
+                .file_type()
+                .map_err(|x| Error::io(e.path(), "cannot read", x))?;
+            if ty.is_dir() {
+                stack.push(e.path());
+            } else if ty.is_file() {
+                out.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Import: read every PATH with the tool's importer into a folder under a temporary
+/// name, score it, write its manifest, and swap it in.
+pub fn import(opts: &ImportOptions) -> Result<ImportReport> {
+    let imp = importer(&opts.tool)?;
+    if opts.paths.is_empty() {
+        return Err(Error::Usage("give at least one PATH to import".into()));
+    }
+    if opts.output.exists() && !opts.replace {
+        return Err(Error::Usage(format!(
+            "{}: already exists (give another --output, or --replace to write over it)",
+            opts.output.display()
+        )));
+    }
+    let run_id = opts
+        .output
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .ok_or_else(|| Error::Usage(format!("{}: not a folder path", opts.output.display())))?;
+    crate::rundir::check_run_id(&run_id)?;
+    if let Some(parent) = opts.output.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| Error::io(parent, "cannot create folder", e))?;
+    }
+    // The digests first: what is read is what is recorded (a file changed while it is
+    // read is caught by hashing it again after).
+    let mut sources = Vec::new();
+    for p in &opts.paths {
+        for f in files_under(p)? {
+            sources.push(hash_source(&f)?);
+        }
+    }
+    // The corpora of --cases load (and validate) before anything is read.
+    let mut corpora = Vec::new();
+    for c in &opts.cases {
+        for f in files_under(c)?.into_iter().filter(|f| {
+            f.extension()
+                .is_some_and(|e| e == "jsonl" || e == "parquet")
+        }) {
+            crate::runner::setup::load_cases(&f)?;
+            corpora.push(f);
+        }
+    }
+    let mut opts = opts.clone();
+    opts.cases = corpora;
+    let opts = &opts;
+    let tmp = crate::atomic::TempDir::create(&opts.output)?;
+    let mut sink = Sink::create(imp.name, &run_id, tmp.path(), opts.clone())?;
+    for p in &opts.paths {
+        (imp.import)(p, &mut sink)?;
+    }
+    let done = sink.finish()?;
+    if done.counts.predictions == 0 {
+        return Err(Error::Usage(format!(
+            "{}: no results found to import (is this a {} result file?)",
+            opts.paths
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            imp.name
+        )));
+    }
+    for s in &sources {
+        let again = hash_source(Path::new(&s.path))?;
+        if again.sha256 != s.sha256 {
+            return Err(Error::State(format!(
+                "{}: changed while it was imported; import it again",
+                s.path
+            )));
+        }
+    }
+    let config = config_for(
+        imp.name,
+        &run_id,
+        &opts.output,
+        &done,
+        opts.judge.as_deref(),
+    )?;
+    let mut manifest = manifest_for(
+        imp.name,
+        &run_id,
+        &opts.output,
+        tmp.path(),
+        &config,
+        &done,
+        &sources,
+        opts,
+    )?;
+    manifest.write(tmp.path())?;
+    let report = crate::runner::score_run(
+        tmp.path(),
+        &run_id,
+        &config,
+        None,
+        None,
+        crate::judge::RunVerdicts::Own,
+        Vec::new(),
+    )?;
+    crate::runner::finish_manifest(&mut manifest, &report);
+    manifest.write(tmp.path())?;
+    let (source_verdicts, agreed, disagreed) = agreement(tmp.path())?;
+    let output = tmp.commit()?;
+    Ok(ImportReport {
+        tool: imp.name.to_owned(),
+        tool_version: done.versions.iter().next_back().cloned(),
+        run_id,
+        output,
+        sources,
+        cases: done.counts.cases,
+        predictions: done.counts.predictions,
+        tool_calls: done.counts.tool_calls,
+        source_scores: done.counts.scores,
+        source_verdicts,
+        agreed,
+        disagreed,
+        attack_success: report.attack_success,
+        manual_review: report.manual_review,
+    })
+}
+
+/// Rows with a source verdict; of those decided by pieval too, agreeing and not.
+fn agreement(dir: &Path) -> Result<(u64, u64, u64)> {
+    let path = dir.join(crate::rundir::CASE_RESULTS_PARQUET);
+    let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, "cannot open", e))?;
+    let reader =
+        datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)?
+            .build()?;
+    let (mut n, mut agree, mut disagree) = (0, 0, 0);
+    for batch in reader {
+        use datafusion::arrow::array::{Array, AsArray};
+        let batch = batch?;
+        let (Some(ours), Some(theirs)) = (
+            batch.column_by_name("attack_success"),
+            batch.column_by_name("source_verdict"),
+        ) else {
+            continue;
+        };
+        let (ours, theirs) = (ours.as_boolean(), theirs.as_boolean());
+        for i in 0..batch.num_rows() {
+            if theirs.is_null(i) {
+                continue;
+            }
+            n += 1;
+            if ours.is_valid(i) {
+                if ours.value(i) == theirs.value(i) {
+                    agree += 1;
+                } else {
+                    disagree += 1;
+                }
+            }
+        }
+    }
+    Ok((n, agree, disagree))
+}
+
+/// The experiment config an imported run records: what `replay --rescore` reads back.
+/// The model is the tool's (replayed: the answers are in the run), the corpus the run's
+/// own cases.
+fn config_for(
+    tool: &str,
+    run_id: &str,
+    output: &Path,
+    done: &Finished,
+    judge: Option<&Path>,
+) -> Result<crate::experiment::config::Config> {
+    let model = match done.models.len() {
+        0 => format!("{tool}-results"),
+        1..=4 => done.models.iter().cloned().collect::<Vec<_>>().join(", "),
+        n => format!("{n} models"),
+    };
+    let parent = output
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let snapshot = json!({
+        "experiment": {"name": format!("import-{tool}"), "seed": 0, "output_dir": parent.display().to_string()},
+        "dataset": {"path": output.join(crate::rundir::CASES_FILE).display().to_string()},
+        "model": {"provider": "replay", "name": model, "replay_from": run_id, "execution_mode": "replay"},
+        "mitigation": {"name": "none"},
+    });
+    let origin = output.join(crate::rundir::MANIFEST_FILE);
+    let mut config = crate::experiment::config::Config::from_snapshot(&snapshot, &origin)?;
+    if let Some(j) = judge {
+        config.evaluation.judge = Some(crate::judge::config::JudgeSection::load(j)?);
+    }
+    Ok(config)
+}
+
+fn manifest_for(
+    tool: &str,
+    run_id: &str,
+    output: &Path,
+    tmp: &Path,
+    config: &crate::experiment::config::Config,
+    done: &Finished,
+    sources: &[SourceFile],
+    opts: &ImportOptions,
+) -> Result<Manifest> {
+    use crate::rundir::manifest::{DatasetSnapshot, SelectionSnapshot};
+    let now = crate::text::utc_rfc3339(crate::text::unix_now());
+    let cases_sha256 = crate::digest::sha256_file_in(
+        &tmp.join(crate::rundir::CASES_FILE),
+        crate::files::Links::Refuse,
+    )?;
+    let n = done.case_ids.len() as u64;
+    let mut m = Manifest {
+        run_id: run_id.to_owned(),
+        timestamp: done.started.clone().unwrap_or_else(|| now.clone()),
+        git_commit: (!crate::GIT_COMMIT.is_empty()).then(|| crate::GIT_COMMIT.to_owned()),
+        config_source_path: None,
+        config_snapshot: config.snapshot(),
+        dataset_snapshot: DatasetSnapshot {
+            path: output.join(crate::rundir::CASES_FILE).display().to_string(),
+            sha256: cases_sha256.clone(),
+            selected_case_ids: done.case_ids.clone(),
+            total_available_cases: n,
+            total_filtered_cases: n,
+            selection_snapshot: SelectionSnapshot {
+                algorithm: format!(
+                    "import: every result {tool} recorded, in its order (src/import/mod.rs)"
+                ),
+                ..SelectionSnapshot::default()
+            },
+            taxonomy_summary: done.taxonomy_summary.clone(),
+            ..DatasetSnapshot::default()
+        },
+        status: Some(RunStatus::Running),
+        started_at: Some(now),
+        pieval_version: Some(env!("CARGO_PKG_VERSION").to_owned()),
+        ..Manifest::default()
+    };
+    m.model_snapshot.provider = "replay".into();
+    m.model_snapshot.name = config.model.name.clone();
+    m.model_snapshot.execution_mode = "replay".into();
+    m.model_snapshot.replay_from = Some(run_id.to_owned());
+    m.mitigation_snapshot.name = "none".into();
+    m.replay_hints.command = format!("pieval replay {} --rescore", output.display());
+    m.replay_hints.corpus_sha256 = cases_sha256;
+    m.replay_hints.selected = n;
+    m.replay_hints.pieval_version = env!("CARGO_PKG_VERSION").to_owned();
+    let mut block = Map::new();
+    block.insert("tool".into(), json!(tool));
+    block.insert(
+        "tool_version".into(),
+        match done.versions.len() {
+            0 => Value::Null,
+            1 => json!(done.versions.iter().next()),
+            _ => json!(done.versions.iter().collect::<Vec<_>>()),
+        },
+    );
+    block.insert(
+        "sources".into(),
+        serde_json::to_value(sources).unwrap_or_default(),
+    );
+    block.insert("command".into(), json!(opts.command));
+    block.insert(
+        "source_runs".into(),
+        json!(done.source_runs.iter().collect::<Vec<_>>()),
+    );
+    block.insert(
+        "models".into(),
+        json!(done.models.iter().collect::<Vec<_>>()),
+    );
+    if let Some(s) = &opts.source_scorer {
+        block.insert("source_scorer".into(), json!(s));
+    }
+    if tool == "inspect" {
+        block.insert(
+            "correct_means".into(),
+            json!(if opts.correct_means_attack {
+                "attack"
+            } else {
+                "defence"
+            }),
+        );
+    }
+    if !done.setup.is_empty() {
+        block.insert("setup".into(), Value::Object(done.setup.clone()));
+    }
+    m.extra.insert("import".into(), Value::Object(block));
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// docs/import.md's table is the registry's.
+    #[test]
+    fn the_docs_list_every_importer() {
+        let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/import.md"))
+            .unwrap();
+        let begin = docs.find("<!-- importers:begin").unwrap();
+        let body = &docs[begin..];
+        let body = &body[body.find('\n').unwrap() + 1..body.find("<!-- importers:end").unwrap()];
+        assert_eq!(
+            body,
+            docs_table(),
+            "docs/import.md's importer table differs from IMPORTERS"
+        );
+    }
+
+    #[test]
+    fn case_ids_stay_distinct_and_safe() {
+        assert_eq!(case_id("garak", "abc-1"), "garak:abc-1");
+        let a = case_id("inspect:t", "sample 1/ä");
+        let b = case_id("inspect:t", "sample 1/ö");
+        assert_ne!(a, b);
+        assert!(
+            a.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._:-~".contains(c)),
+            "{a}"
+        );
+        assert!(case_id("x", &"y".repeat(500)).len() <= 128);
+    }
+}
