@@ -26,6 +26,18 @@ pub struct Args {
     /// `--fail-on fail` for a release gate, `--fail-on fail,needs_review` for a stricter one.
     #[arg(long, value_delimiter = ',', value_parser = super::choice_with_help(&Status::ALL, Status::as_str, Status::help))]
     fail_on: Vec<Status>,
+    /// Also write the controls as JUnit XML (a test case per control and group; the
+    /// statuses of --fail-on, `fail` without it, are failures): what CI systems show.
+    #[arg(long, value_name = "FILE")]
+    junit: Option<PathBuf>,
+    /// Also write SARIF 2.1.0: one result per successful attack, rule ids = attack
+    /// families, the taxonomy's OWASP / MITRE ATLAS references as properties (code
+    /// scanning dashboards read it).
+    #[arg(long, value_name = "FILE")]
+    sarif: Option<PathBuf>,
+    /// The taxonomy whose framework references the SARIF carries.
+    #[arg(long, default_value = crate::cli::paths::TAXONOMY)]
+    taxonomy: PathBuf,
     #[arg(long, default_value = "results")]
     results: PathBuf,
     #[arg(long)]
@@ -55,6 +67,28 @@ pub fn run(args: Args) -> Result<ExitStatus> {
         .controls
         .iter()
         .any(|c| args.fail_on.contains(&c.result.status));
+    if let Some(path) = &args.junit {
+        let fail_on = if args.fail_on.is_empty() {
+            vec![Status::Fail]
+        } else {
+            args.fail_on.clone()
+        };
+        let xml = crate::evidence::ci::junit(&report, &fail_on);
+        crate::atomic::create_parent(path)?;
+        crate::atomic::write_lines(path, std::iter::once(xml.trim_end().to_owned()))?;
+    }
+    if let Some(path) = &args.sarif {
+        let taxonomy = args
+            .taxonomy
+            .exists()
+            .then(|| crate::taxonomy::Taxonomy::load(&args.taxonomy))
+            .transpose()?;
+        let sarif = crate::evidence::ci::sarif(&dir, &report, taxonomy.as_ref())?;
+        let text = serde_json::to_string_pretty(&sarif)
+            .map_err(|e| crate::error::Error::Internal(format!("cannot encode SARIF: {e}")))?;
+        crate::atomic::create_parent(path)?;
+        crate::atomic::write_lines(path, std::iter::once(text))?;
+    }
     if args.json {
         output::json(&report)?;
     } else {

@@ -7,6 +7,7 @@
 //! - [`dsse`]: envelopes, the pre-authentication encoding, keys.
 //! - [`verify`]: signature and subject-digest checks.
 
+pub mod ci;
 pub mod controls;
 pub mod definitions;
 pub mod dsse;

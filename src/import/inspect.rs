@@ -229,6 +229,11 @@ fn read_eval(path: &Path, sink: &mut Sink) -> Result<()> {
 
 /// A sample, with the error located in its entry.
 fn parse_sample(bytes: &[u8], at: &At) -> Result<Sample> {
+    // The fast parse first; a sample that fails is parsed again with its path tracked,
+    // for a message that names the field.
+    if let Ok(s) = serde_json::from_slice::<Sample>(bytes) {
+        return Ok(s);
+    }
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let field = e.path().to_string();

@@ -8,6 +8,7 @@ mod agentdojo;
 mod agents;
 mod attack;
 mod benign;
+mod ci_formats;
 mod cli_validate;
 #[cfg(feature = "distributed")]
 mod cluster;
