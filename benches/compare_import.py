@@ -9,8 +9,9 @@ varied):
 * an Inspect ``.eval`` log of about ``--size-mb`` MB on disk: a zip whose entries are
   zstd-compressed JSON, written with Inspect's own zip support (``inspect_ai._util.zipfile``,
   so the entries are exactly what Inspect writes), one ``samples/<id>_epoch_1.json`` per
-  sample, each with its messages, output, scores and an event transcript that repeats the
-  messages (as Inspect's does);
+  sample — an agent's: a short task, 6 to 16 rounds of a tool call and the tool's result
+  (150–700 words), the answer, and Inspect's model and tool events for each round (the
+  fixture's agent sample is the template);
 * a garak ``*.report.jsonl`` of about ``--size-mb`` MB: the fixture's setup and init
   entries, then attempts (status 1 and 2, two generations, detector results).
 
@@ -57,12 +58,21 @@ WORDS = (
 ).split()
 
 
+# Besides the common words, 4,000 made-up ones (seeded): text that compresses about as
+# real transcripts do (zstd about 4×), not a hundred words repeated (about 8×).
+_made = random.Random(11)
+WORDS = WORDS * 8 + [
+    "".join(_made.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(_made.randint(3, 11)))
+    for _ in range(4000)
+]
+
+
 def text(rng: random.Random, n_words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n_words))
 
 
 MAKE_INSPECT = r'''
-import json, random, sys, zipfile
+import copy, json, random, sys, zipfile
 import inspect_ai._util.zipfile  # installs Inspect's zstd support in zipfile
 from inspect_ai._util.zipfile import zipfile_compress_kwargs
 src, out, target = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -72,30 +82,59 @@ def text(n): return " ".join(rng.choice(words) for _ in range(n))
 with zipfile.ZipFile(src) as z:
     header = z.read("header.json")
     sample = json.loads(z.read("samples/forward-3_epoch_1.json"))
+# The fixture's agent sample (a tool call and its result) is the template: an agent's
+# transcript of several rounds, each an assistant message with a tool call, the tool's
+# result, and Inspect's model and tool events for it.
+model_ev = next(e for e in sample["events"] if e["event"] == "model")
+tool_ev = next(e for e in sample["events"] if e["event"] == "tool")
+head_ev = [e for e in sample["events"] if e["event"] not in ("model", "tool", "score")]
+score_ev = [e for e in sample["events"] if e["event"] == "score"]
+system, user = sample["messages"][0], sample["messages"][1]
+call_msg, tool_msg, final_msg = sample["messages"][2], sample["messages"][3], sample["messages"][4]
 with zipfile.ZipFile(out, "w", **zipfile_compress_kwargs) as dst:
-    dst.writestr("header.json", header)
     i = 0
     while True:
         i += 1
-        s = json.loads(json.dumps(sample))
+        s = copy.deepcopy(sample)
         s["id"] = f"sample-{i}"
-        doc = text(rng.randint(200, 900))
-        answer = text(rng.randint(40, 200))
-        s["input"] = "Summarise this document: " + doc
-        for m in s["messages"]:
-            if m["role"] == "user":
-                m["content"] = s["input"]
-            elif m["role"] == "assistant" and not m.get("tool_calls"):
-                m["content"] = answer
+        task = "Read my inbox and summarise what needs doing today: " + text(rng.randint(20, 60))
+        s["input"] = task
+        msgs = [copy.deepcopy(system), dict(copy.deepcopy(user), content=task)]
+        events = copy.deepcopy(head_ev)
+        for r in range(rng.randint(6, 16)):
+            cid = f"call_{i}_{r}"
+            fn = rng.choice(["read_email", "search_files", "send_email", "get_calendar"])
+            args = {"query": text(rng.randint(3, 10))}
+            m = copy.deepcopy(call_msg)
+            m["id"], m["content"] = f"m{i}a{r}", text(rng.randint(5, 30))
+            m["tool_calls"] = [{"id": cid, "function": fn, "arguments": args, "type": "function"}]
+            result = text(rng.randint(150, 700))
+            t = dict(copy.deepcopy(tool_msg), id=f"m{i}t{r}", content=result, tool_call_id=cid, function=fn)
+            msgs += [m, t]
+            me = copy.deepcopy(model_ev)
+            me["input_refs"] = [[0, len(msgs) - 2]]
+            me["output"]["choices"][0]["message"] = m
+            me["output"]["completion"] = m["content"]
+            te = dict(copy.deepcopy(tool_ev), id=cid, function=fn, arguments=args, result=result)
+            events += [me, te]
+        answer = text(rng.randint(40, 160))
+        f = dict(copy.deepcopy(final_msg), id=f"m{i}f", content=answer)
+        msgs.append(f)
+        s["messages"] = msgs
         s["output"]["completion"] = answer
-        s["output"]["choices"][0]["message"]["content"] = answer
-        # Inspect's transcript repeats the conversation in its model events.
-        for e in s.get("events", []):
-            if e.get("event") == "model":
-                e["input"] = s["messages"][:2]
+        s["output"]["choices"][0]["message"] = f
+        s["events"] = events + copy.deepcopy(score_ev)
+        s["attachments"] = {}
         dst.writestr(f"samples/sample-{i}_epoch_1.json", json.dumps(s))
-        if i % 200 == 0 and dst.fp.tell() >= target:
+        if i % 100 == 0 and dst.fp.tell() >= target:
             break
+    # The header last, naming every sample (Inspect's streaming reader reads the samples
+    # the header names).
+    h = json.loads(header)
+    ids = [f"sample-{k}" for k in range(1, i + 1)]
+    h["eval"]["dataset"].update(samples=i, sample_ids=ids)
+    h["results"].update(total_samples=i, completed_samples=i)
+    dst.writestr("header.json", json.dumps(h))
 print(i)
 '''
 
@@ -171,11 +210,23 @@ print(sum(1 for _ in read_eval_log_samples(sys.argv[1], all_samples_required=Fal
 '''
 
 
-def timed(cmd: list[str], env=None) -> dict:
-    """Wall seconds and peak RSS (MiB) of a command, from /usr/bin/time -v."""
-    proc = subprocess.run(["/usr/bin/time", "-v", *cmd], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, env=env)
+def timed(cmd: list[str], env=None, may_fail=False, timeout=None) -> dict:
+    """Wall seconds and peak RSS (MiB) of a command, from /usr/bin/time -v. With
+    ``may_fail``, a failure (a peer out of memory) is reported, not raised."""
+    try:
+        proc = subprocess.run(["/usr/bin/time", "-v", *cmd], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        if may_fail:
+            return {"secs": float(timeout), "rss_mib": None, "stdout": "", "failed": f"timed out after {timeout} s"}
+        raise
     if proc.returncode != 0:
+        if may_fail:
+            last = [l for l in proc.stderr.splitlines() if l.strip() and not l.startswith("\t")]
+            wall = re.search(r"Elapsed \(wall clock\) time.*: (?:(\d+):)?(\d+):([\d.]+)", proc.stderr)
+            h, m, s_ = wall.groups() if wall else (None, "0", "0")
+            return {"secs": (int(h) * 3600 if h else 0) + int(m) * 60 + float(s_), "rss_mib": None,
+                    "stdout": "", "failed": (last[-1] if last else f"exit {proc.returncode}")[:300]}
         raise SystemExit(f"{cmd[0]} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     wall = re.search(r"Elapsed \(wall clock\) time.*: (?:(\d+):)?(\d+):([\d.]+)", proc.stderr)
     h, m, s = wall.groups()
@@ -192,6 +243,9 @@ def main() -> int:
     p.add_argument("--work", type=Path)
     p.add_argument("--keep", action="store_true")
     p.add_argument("--only", choices=["inspect", "garak"])
+    p.add_argument("--peer-memory-gb", type=int, default=16,
+                   help="address space allowed to read_eval_log (it holds the whole log)")
+    p.add_argument("--peer-timeout", type=int, default=1800)
     args = p.parse_args()
     if not args.pieval:
         sys.path.insert(0, str(REPO / "benches"))
@@ -213,15 +267,22 @@ def main() -> int:
             shutil.rmtree(out, ignore_errors=True)
             ours = timed([args.pieval, "import", "inspect", str(log), "--output", str(out), "--json"])
             imported = json.loads(ours["stdout"])
-            full = timed([args.inspect_python, "-c", PY_INSPECT_FULL, str(log)])
             stream = timed([args.inspect_python, "-c", PY_INSPECT_STREAM, str(log)])
+            # The whole log in memory: bounded (--peer-memory-gb of address space, a
+            # --peer-timeout), so a peer that would take the machine fails instead.
+            full = timed(["prlimit", f"--as={args.peer_memory_gb << 30}", args.inspect_python, "-c",
+                          PY_INSPECT_FULL, str(log)], may_fail=True, timeout=args.peer_timeout)
             report["inspect"] = {
                 "file_mb": round(mb, 1), "samples": imported["predictions"],
                 "pieval_import": {"secs": round(ours["secs"], 2), "rss_mib": round(ours["rss_mib"]),
                                   "mb_per_s": round(mb / ours["secs"], 1)},
-                "read_eval_log": {"secs": round(full["secs"], 2), "rss_mib": round(full["rss_mib"])},
-                "read_eval_log_samples": {"secs": round(stream["secs"], 2), "rss_mib": round(stream["rss_mib"])},
-                "ratio_vs_read_eval_log": round(full["secs"] / ours["secs"], 2),
+                "read_eval_log": {"secs": round(full["secs"], 2),
+                                  "samples_read": int(full["stdout"].strip() or 0),
+                                  "rss_mib": full["rss_mib"] and round(full["rss_mib"]),
+                                  "failed": full.get("failed")},
+                "read_eval_log_samples": {"secs": round(stream["secs"], 2), "rss_mib": round(stream["rss_mib"]),
+                                          "samples_read": int(stream["stdout"].strip() or 0)},
+                "ratio_vs_read_eval_log": None if full.get("failed") else round(full["secs"] / ours["secs"], 2),
                 "ratio_vs_read_eval_log_samples": round(stream["secs"] / ours["secs"], 2),
             }
             print(json.dumps(report["inspect"], indent=1), flush=True)

@@ -45,9 +45,10 @@ pub struct Args {
     /// (data/agentdojo), whose criteria over the agent's calls pieval decides itself.
     #[arg(long, value_name = "PATH")]
     cases: Vec<PathBuf>,
-    /// The taxonomy the imported cases are enriched with.
-    #[arg(long, default_value = paths::TAXONOMY)]
-    taxonomy: PathBuf,
+    /// The taxonomy the imported cases are enriched with (default: data/taxonomy when it
+    /// exists here, else the one compiled into pieval).
+    #[arg(long, value_name = "DIR")]
+    taxonomy: Option<PathBuf>,
     /// Longest accepted line of a JSONL source, in bytes.
     #[arg(long, default_value_t = 64 << 20, value_parser = super::max_line_bytes)]
     max_line_bytes: usize,
@@ -74,7 +75,9 @@ pub fn run(args: Args) -> Result<ExitStatus> {
         judge: args.judge,
         command,
         max_line_bytes: args.max_line_bytes,
-        taxonomy: args.taxonomy,
+        taxonomy: args
+            .taxonomy
+            .or_else(|| Some(PathBuf::from(paths::TAXONOMY)).filter(|p| p.exists())),
         cases: args.cases,
     };
     let report = import(&opts)?;

@@ -9,8 +9,9 @@
 //! output, the assistant's tool calls with the tools' results as an agent's turns, and
 //! every scorer's score in `source_scores`. The verdict: the first score of the sample,
 //! "correct" (C, true, 1) read as the attack succeeding (`--correct-means defence` for a
-//! scorer that scores the model holding). Inspect's event transcript (`events`), which
-//! repeats the messages, stays in the log, bound by its digest; every other field of the
+//! scorer that scores the model holding). Inspect's event transcript (`events`, and the
+//! `events_data` its events point into), which repeats the messages, and the solver's
+//! `store` stay in the log, bound by its digest; every other field of the
 //! sample that pieval has no column for is kept in `source_extra`.
 //!
 //! Memory: one sample at a time (the largest sample, not the log).
@@ -218,14 +219,49 @@ fn read_eval(path: &Path, sink: &mut Sink) -> Result<()> {
                 .is_some_and(|n| n.starts_with("samples/") && n.ends_with(".json"))
         })
         .collect();
-    for i in samples {
-        let name = read_entry(&mut archive, i, path, MAX_SAMPLE_BYTES, &mut buf)?;
-        let at = At::entry(path, &name);
-        let sample: Sample = parse_sample(&buf, &at)?;
-        take_sample(sample, &header, &at, sink)?;
-    }
-    Ok(())
+    // Two stages on two threads: this one decompresses and parses the samples in archive
+    // order, the caller's turns each into its case and row. A few parsed samples wait
+    // between them at most (memory: those samples, never the log).
+    std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<(At, Sample)>>(PARSED_AHEAD);
+        let reader = scope.spawn(move || {
+            let mut buf = Vec::new();
+            for i in samples {
+                let parsed = read_entry(&mut archive, i, path, MAX_SAMPLE_BYTES, &mut buf)
+                    .and_then(|name| {
+                        let at = At::entry(path, &name);
+                        parse_sample(&buf, &at).map(|s| (at, s))
+                    });
+                let failed = parsed.is_err();
+                // The receiver is gone when the other stage failed: stop.
+                if tx.send(parsed).is_err() || failed {
+                    return;
+                }
+            }
+        });
+        let mut result = Ok(());
+        for item in rx {
+            match item.and_then(|(at, sample)| take_sample(sample, &header, &at, sink)) {
+                Ok(()) => {}
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        // Dropping the receiver (leaving the loop) ends the reader at its next send.
+        if reader.join().is_err() {
+            return Err(Error::Internal(format!(
+                "{}: the sample reader panicked",
+                path.display()
+            )));
+        }
+        result
+    })
 }
+
+/// Parsed samples that may wait for the writing stage.
+const PARSED_AHEAD: usize = 8;
 
 /// A sample, with the error located in its entry.
 fn parse_sample(bytes: &[u8], at: &At) -> Result<Sample> {
@@ -534,6 +570,9 @@ struct Sample {
     _events: IgnoredAny,
     #[serde(default, rename = "store")]
     _store: IgnoredAny,
+    // The message pool the events' `input_refs` point into (Inspect ≥ 0.3.2xx).
+    #[serde(default, rename = "events_data")]
+    _events_data: IgnoredAny,
     #[serde(flatten)]
     extra: Map<String, Value>,
 }

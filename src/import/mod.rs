@@ -107,8 +107,8 @@ pub struct ImportOptions {
     pub command: String,
     /// Longest accepted JSONL line of a source.
     pub max_line_bytes: usize,
-    /// The taxonomy the cases are enriched with.
-    pub taxonomy: PathBuf,
+    /// The taxonomy the cases are enriched with (None: the one compiled into pieval).
+    pub taxonomy: Option<PathBuf>,
     /// Corpora whose cases the results answer, by case id (AgentDojo: pieval's
     /// translation of its suites): a result whose case is there is scored against it.
     pub cases: Vec<PathBuf>,
@@ -367,6 +367,7 @@ impl Sink {
         run_id: &str,
         dir: &Path,
         options: ImportOptions,
+        taxonomy: crate::taxonomy::Taxonomy,
     ) -> Result<Self> {
         let open = |name: &str| -> Result<BufWriter<std::fs::File>> {
             let path = dir.join(name);
@@ -391,7 +392,7 @@ impl Sink {
             order: Vec::new(),
             taxonomy_summary: BTreeMap::new(),
             criteria: Default::default(),
-            taxonomy: crate::taxonomy::Taxonomy::load(&options.taxonomy)?,
+            taxonomy,
             versions: BTreeSet::new(),
             models: BTreeSet::new(),
             source_runs: BTreeSet::new(),
@@ -637,6 +638,12 @@ fn hash_source(path: &Path) -> Result<SourceFile> {
     })
 }
 
+/// A file's size and modification time: what tells that it changed while it was read.
+fn stamp(path: &Path) -> Result<(u64, Option<std::time::SystemTime>)> {
+    let m = std::fs::symlink_metadata(path).map_err(|e| Error::io(path, "cannot read", e))?;
+    Ok((m.len(), m.modified().ok()))
+}
+
 /// Every regular file under `path` (itself when it is a file), sorted; links refused.
 pub fn files_under(path: &Path) -> Result<Vec<PathBuf>> {
     let meta = std::fs::symlink_metadata(path).map_err(|e| Error::io(path, "cannot read", e))?;
@@ -692,14 +699,18 @@ pub fn import(opts: &ImportOptions) -> Result<ImportReport> {
         std::fs::create_dir_all(parent)
             .map_err(|e| Error::io(parent, "cannot create folder", e))?;
     }
-    // The digests first: what is read is what is recorded (a file changed while it is
-    // read is caught by hashing it again after).
-    let mut sources = Vec::new();
+    let taxonomy = match &opts.taxonomy {
+        Some(t) => crate::taxonomy::Taxonomy::load(t)?,
+        None => crate::taxonomy::Taxonomy::shipped()?,
+    };
+    // The source files: their digests are taken on a thread of their own while the
+    // importer reads them; a file whose size or modification time differs after the
+    // import changed while it was read.
+    let mut files = Vec::new();
     for p in &opts.paths {
-        for f in files_under(p)? {
-            sources.push(hash_source(&f)?);
-        }
+        files.extend(files_under(p)?);
     }
+    let stamps = files.iter().map(|f| stamp(f)).collect::<Result<Vec<_>>>()?;
     // The corpora of --cases load (and validate) before anything is read.
     let mut corpora = Vec::new();
     for c in &opts.cases {
@@ -715,10 +726,25 @@ pub fn import(opts: &ImportOptions) -> Result<ImportReport> {
     opts.cases = corpora;
     let opts = &opts;
     let tmp = crate::atomic::TempDir::create(&opts.output)?;
-    let mut sink = Sink::create(imp.name, &run_id, tmp.path(), opts.clone())?;
-    for p in &opts.paths {
-        (imp.import)(p, &mut sink)?;
-    }
+    let mut sink = Sink::create(imp.name, &run_id, tmp.path(), opts.clone(), taxonomy)?;
+    let (read, sources) = std::thread::scope(|scope| {
+        let hashing = scope.spawn(|| {
+            files
+                .iter()
+                .map(|f| hash_source(f))
+                .collect::<Result<Vec<_>>>()
+        });
+        let read = opts
+            .paths
+            .iter()
+            .try_for_each(|p| (imp.import)(p, &mut sink));
+        let sources = hashing
+            .join()
+            .unwrap_or_else(|_| Err(Error::Internal("the source hashing panicked".into())));
+        (read, sources)
+    });
+    read?;
+    let sources = sources?;
     let done = sink.finish()?;
     if done.counts.predictions == 0 {
         return Err(Error::Usage(format!(
@@ -731,12 +757,11 @@ pub fn import(opts: &ImportOptions) -> Result<ImportReport> {
             imp.name
         )));
     }
-    for s in &sources {
-        let again = hash_source(Path::new(&s.path))?;
-        if again.sha256 != s.sha256 {
+    for (f, before) in files.iter().zip(&stamps) {
+        if stamp(f)? != *before {
             return Err(Error::State(format!(
                 "{}: changed while it was imported; import it again",
-                s.path
+                f.display()
             )));
         }
     }

@@ -114,7 +114,20 @@ impl Taxonomy {
         };
         let text = std::fs::read_to_string(&path)
             .map_err(|e| Error::io(&path, "cannot read taxonomy", e))?;
-        let file: TaxonomyFile = toml::from_str(&text)
+        Self::parse(&text, path)
+    }
+
+    /// The taxonomy compiled into pieval (`data/taxonomy/taxonomy.toml` as built), for a
+    /// command run where the repository's `data/` is not.
+    pub fn shipped() -> Result<Self> {
+        Self::parse(
+            include_str!("../../data/taxonomy/taxonomy.toml"),
+            PathBuf::from("<shipped>/data/taxonomy/taxonomy.toml"),
+        )
+    }
+
+    fn parse(text: &str, path: PathBuf) -> Result<Self> {
+        let file: TaxonomyFile = toml::from_str(text)
             .map_err(|e| Error::config(&path, e.to_string().trim_end().replace('\n', "\n  ")))?;
         let t = Taxonomy {
             path,
