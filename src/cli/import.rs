@@ -88,7 +88,8 @@ pub fn run(args: Args) -> Result<ExitStatus> {
     let version = report
         .tool_version
         .as_deref()
-        .map(|v| format!(" {v}"))
+        // read from the tool's file: hostile text until escaped
+        .map(|v| format!(" {}", crate::text::escape_control(v)))
         .unwrap_or_default();
     let mut text = format!(
         "imported {} result(s) of {}{version} from {} file(s) into {} (run {})\n  cases: {}   tool calls: {}   the tool's scores: {}\n  pieval: attack_success {}   manual_review {}\n",
