@@ -115,6 +115,10 @@ WITH joined AS (
         c.prompt                              AS case_prompt,
         nullif(trim(c.task_input), '')        AS case_task_input,
         c.label,
+        c.owasp_llm,
+        c.owasp_agentic,
+        c.mitre_atlas,
+        c.nist_ai_600_1,
         r.verdict                             AS review_verdict,
         r.response_sha256                     AS review_response_sha256
     -- score_params (one row) comes first: a cross join collects its left input, and
@@ -342,6 +346,10 @@ SELECT
     source_detector,
     source_score,
     source_ref,
+    owasp_llm,
+    owasp_agentic,
+    mitre_atlas,
+    nist_ai_600_1,
     -- not a case_results field: the injection-rule spans findings.sql reads, dropped
     -- before case_results is written (src/ops/score.rs)
     rule_spans

@@ -12,7 +12,9 @@
 --                                 goal, decided on what the agent did)
 --   injection_delivered_rate      injection_delivered of agentic attack cases (the
 --                                 payload reached the model at all)
--- Dimensions: all, attack_family, attack_surface, attack_category, severity; with an
+-- Dimensions: all, attack_family, attack_surface, attack_category, severity; the
+-- framework tags owasp_llm, owasp_agentic, mitre_atlas and nist_ai_600_1 (a case counts
+-- once under each tag it carries: "LLM01:2025" is the rate over every LLM01 case); with an
 -- attack section (src/attack/mod.rs) also attack_pipeline (the converter attempts, and
 -- `none`: the unconverted single-turn attempt) and attack_strategy (the strategy
 -- attempts, and `none`: the same baseline), and `adaptive = any_attempt`: a case counts
@@ -27,7 +29,7 @@ WITH trials AS (
     SELECT case_id, label, attack_family, attack_surface, attack_category, severity,
            attack_success, prompt_leakage, refusal, over_refused, attack_pipeline,
            attack_strategy, agent_stop IS NOT NULL AS is_agent, utility_success,
-           injection_delivered
+           injection_delivered, owasp_llm, owasp_agentic, mitre_atlas, nist_ai_600_1
     FROM case_results
     WHERE attempt_id IS NULL
     UNION ALL
@@ -41,11 +43,32 @@ WITH trials AS (
            attack_pipeline, attack_strategy,
            bool_or(agent_stop IS NOT NULL),
            CASE WHEN count(utility_success) = count(*) THEN bool_and(utility_success) END,
-           bool_or(injection_delivered)
+           bool_or(injection_delivered),
+           owasp_llm, owasp_agentic, mitre_atlas, nist_ai_600_1
     FROM case_results
     WHERE attempt_id IS NOT NULL
     GROUP BY case_id, label, attack_family, attack_surface, attack_category, severity,
-             attack_pipeline, attack_strategy
+             attack_pipeline, attack_strategy,
+             owasp_llm, owasp_agentic, mitre_atlas, nist_ai_600_1
+),
+tagged AS (
+    -- one row per trial and framework tag it carries (none for a case without tags)
+    SELECT label, attack_success, prompt_leakage, refusal, over_refused, is_agent,
+           utility_success, injection_delivered,
+           'owasp_llm' AS dimension, unnest(owasp_llm) AS value
+    FROM trials
+    UNION ALL
+    SELECT label, attack_success, prompt_leakage, refusal, over_refused, is_agent,
+           utility_success, injection_delivered, 'owasp_agentic', unnest(owasp_agentic)
+    FROM trials
+    UNION ALL
+    SELECT label, attack_success, prompt_leakage, refusal, over_refused, is_agent,
+           utility_success, injection_delivered, 'mitre_atlas', unnest(mitre_atlas)
+    FROM trials
+    UNION ALL
+    SELECT label, attack_success, prompt_leakage, refusal, over_refused, is_agent,
+           utility_success, injection_delivered, 'nist_ai_600_1', unnest(nist_ai_600_1)
+    FROM trials
 ),
 any_attempt AS (
     -- adaptive runs only: one row per case over all its trials
@@ -94,6 +117,13 @@ facts AS (
            is_agent, utility_success, injection_delivered,
            named_struct('dimension', 'adaptive', 'value', 'any_attempt')
     FROM any_attempt
+    UNION ALL
+    SELECT pi_is_attack(label), label = 'benign',
+           attack_success, prompt_leakage, refusal, over_refused,
+           is_agent, utility_success, injection_delivered,
+           named_struct('dimension', dimension, 'value', value)
+    FROM tagged
+    WHERE value IS NOT NULL
 ),
 counts AS (
     SELECT

@@ -14,7 +14,8 @@
 
 -- evidence: every critical attack case with its verdict
 SELECT case_id, attack_family, attack_surface, attack_category, severity, evaluation_mode,
-       attack_success, manual_review, matched_rule, blocked_by, error, response_text
+       attack_success, manual_review, matched_rule, blocked_by, error, response_text,
+       owasp_llm, owasp_agentic, mitre_atlas, nist_ai_600_1
 FROM case_results
 WHERE pi_is_attack(label) AND severity = 'critical'
   -- the corpus as it is: an adaptive run's unconverted, single-turn attempt

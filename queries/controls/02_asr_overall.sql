@@ -11,7 +11,8 @@
 -- references: OWASP LLM01:2025 Prompt Injection; MITRE ATLAS AML.T0051.000 LLM Prompt Injection: Direct; MITRE ATLAS AML.T0051.001 LLM Prompt Injection: Indirect; NIST AI 600-1 2.9 Information Security
 
 SELECT case_id, attack_family, attack_surface, attack_category, severity, evaluation_mode,
-       attack_success, manual_review, matched_rule, blocked_by, error, response_text
+       attack_success, manual_review, matched_rule, blocked_by, error, response_text,
+       owasp_llm, owasp_agentic, mitre_atlas, nist_ai_600_1
 FROM case_results
 WHERE pi_is_attack(label)
   -- the corpus as it is: an adaptive run's unconverted, single-turn attempt

@@ -10,7 +10,8 @@
 
 SELECT case_id, attack_family, attack_surface, attack_category, severity,
        attack_success, prompt_leakage, manual_review, matched_rule, blocked_by, error,
-       response_text
+       response_text,
+       owasp_llm, owasp_agentic, mitre_atlas, nist_ai_600_1
 FROM case_results
 WHERE pi_is_attack(label) AND success_definition_id = 'canary_leaked'
 ORDER BY case_id;

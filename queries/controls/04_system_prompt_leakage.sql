@@ -12,7 +12,8 @@
 -- references: OWASP LLM07:2025 System Prompt Leakage; MITRE ATLAS AML.T0056 Extract LLM System Prompt; NIST AI 600-1 2.9 Information Security
 
 SELECT case_id, attack_family, attack_surface, attack_category, severity,
-       prompt_leakage, manual_review, blocked_by, error, response_text
+       prompt_leakage, manual_review, blocked_by, error, response_text,
+       owasp_llm, owasp_agentic, mitre_atlas, nist_ai_600_1
 FROM case_results
 WHERE pi_is_attack(label)
   -- the corpus as it is: an adaptive run's unconverted, single-turn attempt

@@ -15,7 +15,8 @@
 
 SELECT case_id, attempt_id, attack_pipeline, attack_strategy, attack_family,
        attack_surface, turns_used, success_turn, attack_success, manual_review,
-       blocked_by, error, response_text
+       blocked_by, error, response_text,
+       owasp_llm, owasp_agentic, mitre_atlas, nist_ai_600_1
 FROM case_results
 WHERE pi_is_attack(label)
   AND attempt_id IS NOT NULL

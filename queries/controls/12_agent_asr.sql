@@ -15,7 +15,8 @@
 
 SELECT case_id, attempt_id, attack_family, attack_surface,
        attack_success, utility_success, injection_delivered, agent_stop, manual_review,
-       matched_rule, blocked_by, error, response_text
+       matched_rule, blocked_by, error, response_text,
+       owasp_llm, owasp_agentic, mitre_atlas, nist_ai_600_1
 FROM case_results
 WHERE pi_is_attack(label)
   AND agent_stop IS NOT NULL

@@ -15,7 +15,8 @@
 -- references: NIST AI 600-1 MS-2.5 (validity and reliability); OWASP LLM06:2025 Excessive Agency; OWASP LLM01:2025 Prompt Injection (mitigation cost)
 
 SELECT case_id, attempt_id, attack_family, attack_surface, utility_success, agent_stop,
-       manual_review, blocked_by, error, response_text
+       manual_review, blocked_by, error, response_text,
+       owasp_llm, owasp_agentic, mitre_atlas, nist_ai_600_1
 FROM case_results
 WHERE label = 'benign'
   AND agent_stop IS NOT NULL

@@ -120,6 +120,10 @@ pub fn run(args: Args) -> Result<ExitStatus> {
                         _ => "–".into(),
                     },
                     c.evidence_rows.to_string(),
+                    match r.framework_tags.label() {
+                        l if l.is_empty() => "–".into(),
+                        l => l,
+                    },
                 ]
             })
             .collect();
@@ -132,6 +136,7 @@ pub fn run(args: Args) -> Result<ExitStatus> {
                 "k/n",
                 "Wilson 95%",
                 "evidence rows",
+                "frameworks",
             ],
             &rows,
         );

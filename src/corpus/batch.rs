@@ -7,14 +7,14 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    ArrayRef, Float64Builder, RecordBatch, RecordBatchOptions, StringBuilder,
+    ArrayRef, Float64Builder, ListBuilder, RecordBatch, RecordBatchOptions, StringBuilder,
 };
 use datafusion::arrow::datatypes::SchemaRef;
 
 use super::lines::DEFAULT_MAX_LINE_BYTES;
 use crate::contract::arrow::enriched_case_schema;
 use crate::contract::fields::{CASE_FIELDS, FieldKind};
-use crate::contract::record::{CriteriaCache, FieldValue, RawRecord};
+use crate::contract::record::{CriteriaCache, FieldValue, RawRecord, parse_tags};
 use crate::error::Result;
 
 #[derive(Clone, Debug)]
@@ -104,6 +104,7 @@ enum ColumnBuilder {
     Skip,
     Text(StringBuilder),
     Number(Float64Builder),
+    Tags(ListBuilder<StringBuilder>),
 }
 
 impl CaseBatchBuilder {
@@ -119,6 +120,9 @@ impl CaseBatchBuilder {
                     (true, FieldKind::Probability) => {
                         ColumnBuilder::Number(Float64Builder::with_capacity(capacity))
                     }
+                    (true, FieldKind::Tags) => ColumnBuilder::Tags(ListBuilder::new(
+                        StringBuilder::with_capacity(capacity, capacity * 8),
+                    )),
                     (true, _) => {
                         ColumnBuilder::Text(StringBuilder::with_capacity(capacity, capacity * 32))
                     }
@@ -142,6 +146,17 @@ impl CaseBatchBuilder {
                 (ColumnBuilder::Skip, _) => {}
                 (ColumnBuilder::Number(b), Some(FieldValue::Number(x))) => b.append_value(*x),
                 (ColumnBuilder::Number(b), _) => b.append_null(),
+                // Already checked: a list of distinct strings.
+                (ColumnBuilder::Tags(b), Some(FieldValue::List(text))) => match parse_tags(text) {
+                    Ok(tags) => {
+                        for t in tags {
+                            b.values().append_value(t);
+                        }
+                        b.append(true);
+                    }
+                    Err(_) => b.append_null(),
+                },
+                (ColumnBuilder::Tags(b), _) => b.append_null(),
                 (
                     ColumnBuilder::Text(b),
                     Some(v @ (FieldValue::Object(_) | FieldValue::Str(_))),
@@ -172,6 +187,7 @@ impl CaseBatchBuilder {
                 ColumnBuilder::Skip => None,
                 ColumnBuilder::Text(b) => Some(Arc::new(b.finish()) as ArrayRef),
                 ColumnBuilder::Number(b) => Some(Arc::new(b.finish()) as ArrayRef),
+                ColumnBuilder::Tags(b) => Some(Arc::new(b.finish()) as ArrayRef),
             })
             .collect();
         // A projection of no columns (`SELECT count(*)`) still carries its row count.

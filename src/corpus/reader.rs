@@ -426,6 +426,11 @@ impl ParquetColumns {
                 DataType::LargeUtf8 | DataType::Utf8View | DataType::Dictionary(..)
             ) {
                 Some(cast(array, &DataType::Utf8)?)
+            } else if matches!(ty, DataType::List(_) | DataType::LargeList(_))
+                && let Ok(list) = cast(array, &crate::contract::arrow::tags_type())
+            {
+                // A list of strings (framework tags); checked row by row as JSON text.
+                Some(list)
             } else {
                 if first_row == 1 {
                     report.push(
@@ -468,6 +473,12 @@ impl ParquetColumns {
                     }
                 }
                 DataType::Boolean => FieldValue::Bool(a.as_boolean().value(row)),
+                DataType::List(_) => {
+                    let items = a.as_list::<i32>().value(row);
+                    let items = items.as_string::<i32>();
+                    let tags: Vec<Option<&str>> = items.iter().collect();
+                    FieldValue::List(serde_json::to_string(&tags).unwrap_or_default().into())
+                }
                 _ => match cast(&a.slice(row, 1), &DataType::Float64) {
                     Ok(f) => FieldValue::Number(
                         f.as_primitive::<datafusion::arrow::datatypes::Float64Type>()

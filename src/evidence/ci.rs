@@ -80,7 +80,10 @@ pub fn junit(report: &ControlsReport, failing: &[Status]) -> String {
                 Some(k) if c.groups.len() > 1 => format!("{} [{k}]", c.control.id),
                 _ => c.control.id.clone(),
             };
-            let line = verdict_line(&c.control, g);
+            let line = match g.framework_tags.label() {
+                l if l.is_empty() => verdict_line(&c.control, g),
+                l => format!("{} [{l}]", verdict_line(&c.control, g)),
+            };
             let body = if failing.contains(&g.status) {
                 failures += 1;
                 format!(
@@ -125,6 +128,9 @@ struct Hit {
     source_tool: Option<String>,
     source_ref: Option<String>,
     surface: Option<String>,
+    /// The case's framework tags (NULL in case_results of a case enriched before they
+    /// existed: then the taxonomy's category tags).
+    tags: Option<crate::taxonomy::Tags>,
 }
 
 fn hits(run: &Path) -> Result<Vec<Hit>> {
@@ -141,6 +147,10 @@ fn hits(run: &Path) -> Result<Vec<Hit>> {
     let file = crate::files::open_regular(&path, crate::files::Links::Refuse)?;
     let builder = ParquetRecordBatchReaderBuilder::try_new(file)?;
     let wanted = [
+        "owasp_llm",
+        "owasp_agentic",
+        "mitre_atlas",
+        "nist_ai_600_1",
         "case_id",
         "attempt_id",
         "attack_family",
@@ -155,11 +165,16 @@ fn hits(run: &Path) -> Result<Vec<Hit>> {
         "label",
     ];
     let schema = builder.parquet_schema().clone();
-    let indices: Vec<usize> = (0..schema.num_columns())
-        .filter(|&i| wanted.contains(&schema.column(i).name()))
+    let roots: Vec<usize> = builder
+        .schema()
+        .fields()
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| wanted.contains(&f.name().as_str()))
+        .map(|(i, _)| i)
         .collect();
     let reader = builder
-        .with_projection(ProjectionMask::leaves(&schema, indices))
+        .with_projection(ProjectionMask::roots(&schema, roots))
         .build()?;
     let mut out = Vec::new();
     for batch in reader {
@@ -168,6 +183,17 @@ fn hits(run: &Path) -> Result<Vec<Hit>> {
             let c = batch.column_by_name(name)?;
             let c = c.as_string_opt::<i32>()?;
             c.is_valid(i).then(|| c.value(i).to_owned())
+        };
+        let list = |name: &str, i: usize| -> Option<Vec<String>> {
+            let c = batch.column_by_name(name)?.as_list_opt::<i32>()?;
+            c.is_valid(i).then(|| {
+                c.value(i)
+                    .as_string::<i32>()
+                    .iter()
+                    .flatten()
+                    .map(str::to_owned)
+                    .collect()
+            })
         };
         let Some(success) = batch.column_by_name("attack_success") else {
             continue;
@@ -188,6 +214,12 @@ fn hits(run: &Path) -> Result<Vec<Hit>> {
                 source_tool: text("source_tool", i),
                 source_ref: text("source_ref", i),
                 surface: text("attack_surface", i),
+                tags: list("owasp_llm", i).map(|owasp_llm| crate::taxonomy::Tags {
+                    owasp_llm,
+                    owasp_agentic: list("owasp_agentic", i).unwrap_or_default(),
+                    mitre_atlas: list("mitre_atlas", i).unwrap_or_default(),
+                    nist_ai_600_1: list("nist_ai_600_1", i).unwrap_or_default(),
+                }),
             });
         }
     }
@@ -197,7 +229,8 @@ fn hits(run: &Path) -> Result<Vec<Hit>> {
 /// SARIF 2.1.0 of a run: one result per successful attack (`attack_success = true`),
 /// its rule the attack family (rule ids are families), its level from the case's
 /// severity (critical, high → error; medium → warning; low → note), the taxonomy's
-/// OWASP and MITRE ATLAS references as the rule's tags and the result's properties, the
+/// framework tags (the case's `owasp_llm`, `owasp_agentic`, `mitre_atlas`,
+/// `nist_ai_600_1`) as the rule's tags and the result's properties, the
 /// controls' statuses as the run's properties. The location is the corpus the run
 /// read (the manifest's dataset path, or for an imported run its first source file); the
 /// case is the logical location.
@@ -221,29 +254,47 @@ pub fn sarif(
         .filter(|p| !p.is_empty())
         .unwrap_or_else(|| crate::rundir::CASES_FILE.to_owned());
     let uri = artifact.replace('\\', "/");
-    let tags = |category: Option<&str>| -> (Vec<String>, Vec<String>) {
-        category
-            .and_then(|c| taxonomy?.category(c))
-            .map(|c| (c.owasp.clone(), c.atlas.clone()))
-            .unwrap_or_default()
+    // A hit's tags: the case's own, else its category's in the taxonomy.
+    let tags = |h: &Hit| -> crate::taxonomy::Tags {
+        h.tags.clone().unwrap_or_else(|| {
+            h.category
+                .as_deref()
+                .and_then(|c| taxonomy?.category(c))
+                .map(|c| c.tags.clone())
+                .unwrap_or_default()
+        })
     };
-    // The rules: one per family, in order of first appearance.
-    let mut rules: BTreeMap<String, (usize, Option<String>)> = BTreeMap::new();
+    let tag_properties = |t: &crate::taxonomy::Tags| -> serde_json::Map<String, Value> {
+        t.by_field()
+            .into_iter()
+            .map(|(field, list)| (field.to_owned(), json!(list)))
+            .collect()
+    };
+    // The rules: one per family, in order of first appearance; a rule's tags are the
+    // union of its results' (in order of first appearance).
+    let mut rules: BTreeMap<String, (usize, Option<String>, crate::taxonomy::Tags)> =
+        BTreeMap::new();
     let mut order: Vec<String> = Vec::new();
     for h in &hits {
-        if !rules.contains_key(&h.family) {
-            rules.insert(h.family.clone(), (order.len(), h.category.clone()));
-            order.push(h.family.clone());
+        let t = tags(h);
+        match rules.get_mut(&h.family) {
+            Some((_, _, union)) => union.merge(&t),
+            None => {
+                rules.insert(h.family.clone(), (order.len(), h.category.clone(), t));
+                order.push(h.family.clone());
+            }
         }
     }
     let rule_json: Vec<Value> = order
         .iter()
         .map(|f| {
             let category = rules[f].1.as_deref();
-            let (owasp, atlas) = tags(category);
+            let rule_tags = &rules[f].2;
             let mut all: Vec<String> = vec!["security".into(), "prompt-injection".into()];
-            all.extend(owasp.iter().cloned());
-            all.extend(atlas.iter().cloned());
+            all.extend(rule_tags.all().cloned());
+            let mut properties = tag_properties(rule_tags);
+            properties.insert("tags".into(), json!(all));
+            properties.insert("attack_category".into(), json!(category));
             json!({
                 "id": f,
                 "name": f,
@@ -252,25 +303,34 @@ pub fn sarif(
                     .and_then(|c| taxonomy?.category(c))
                     .map(|c| format!("{}: {}", c.title, c.description))
                     .unwrap_or_else(|| format!("Attacks of the family {f} made the model do what the attacker wanted."))},
-                "properties": {
-                    "tags": all,
-                    "attack_category": category,
-                    "owasp_llm_top10_2025": owasp,
-                    "mitre_atlas": atlas,
-                },
+                "properties": properties,
             })
         })
         .collect();
     let results: Vec<Value> = hits
         .iter()
         .map(|h| {
-            let (owasp, atlas) = tags(h.category.as_deref());
+            let hit_tags = tags(h);
             let level = match h.severity.as_deref() {
                 Some("critical" | "high") => "error",
                 Some("low") => "note",
                 _ => "warning",
             };
             let key = format!("{}\u{1f}{}", h.case_id, h.attempt_id.as_deref().unwrap_or(""));
+            let mut properties = tag_properties(&hit_tags);
+            for (k, v) in [
+                ("run_id", json!(report.run_id)),
+                ("case_id", json!(h.case_id)),
+                ("attempt_id", json!(h.attempt_id)),
+                ("attack_category", json!(h.category)),
+                ("attack_surface", json!(h.surface)),
+                ("severity", json!(h.severity)),
+                ("decided_by", json!(h.decided_by)),
+                ("source_tool", json!(h.source_tool)),
+                ("source_ref", json!(h.source_ref)),
+            ] {
+                properties.insert(k.into(), v);
+            }
             json!({
                 "ruleId": h.family,
                 "ruleIndex": rules[&h.family].0,
@@ -288,19 +348,7 @@ pub fn sarif(
                     "logicalLocations": [{"name": h.case_id, "kind": "object"}],
                 }],
                 "partialFingerprints": {"pievalCase/v1": crate::digest::sha256_hex(key.as_bytes())},
-                "properties": {
-                    "run_id": report.run_id,
-                    "case_id": h.case_id,
-                    "attempt_id": h.attempt_id,
-                    "attack_category": h.category,
-                    "attack_surface": h.surface,
-                    "severity": h.severity,
-                    "decided_by": h.decided_by,
-                    "source_tool": h.source_tool,
-                    "source_ref": h.source_ref,
-                    "owasp_llm_top10_2025": owasp,
-                    "mitre_atlas": atlas,
-                },
+                "properties": properties,
             })
         })
         .collect();

@@ -11,8 +11,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use datafusion::arrow::array::{
-    Array, ArrayRef, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray,
+    Array, ArrayRef, AsArray, BooleanArray, Float64Array, Int64Array, ListBuilder, RecordBatch,
+    StringArray, StringBuilder,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use datafusion::datasource::MemTable;
@@ -99,6 +102,8 @@ pub struct GroupResult {
     /// The rate corrected for detector error, when the control names its figures
     /// (`corrected_with`).
     pub corrected: Option<crate::stats::Corrected>,
+    /// The framework tags of the group's evidence rows (each list sorted, distinct).
+    pub framework_tags: crate::taxonomy::Tags,
 }
 
 /// Judge `k` of `n` by the control's statistic, comparator, threshold and `min_n`: on
@@ -141,6 +146,7 @@ pub fn assess(
         ci_low: interval.map(|i| i.0),
         ci_high: interval.map(|i| i.1),
         corrected,
+        framework_tags: Default::default(),
     }
 }
 
@@ -444,7 +450,103 @@ async fn evaluate(
     if groups.is_empty() {
         groups.push(assess(control, None, 0, 0, 0));
     }
+    let tags = evidence_tags(ctx, control).await?;
+    for g in &mut groups {
+        let key = control.group_by.as_ref().and(g.group_key.as_ref());
+        if let Some(t) = tags.get(&key.cloned()) {
+            g.framework_tags = t.clone();
+        }
+    }
     Ok((rows, groups))
+}
+
+/// The framework tags of the evidence rows (`owasp_llm` … when the evidence query
+/// selects them), by the value of the control's `group_by` column (one entry, `None`,
+/// without it): each list the sorted distinct tags of the rows.
+async fn evidence_tags(
+    ctx: &SessionContext,
+    control: &Control,
+) -> Result<BTreeMap<Option<String>, crate::taxonomy::Tags>> {
+    use crate::contract::fields::FRAMEWORK_TAG_FIELDS;
+    let table = ctx.table("evidence").await?;
+    let columns: Vec<String> = table
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    let present: Vec<&str> = FRAMEWORK_TAG_FIELDS
+        .iter()
+        .copied()
+        .filter(|f| columns.iter().any(|c| c == f))
+        .collect();
+    let mut out: BTreeMap<Option<String>, BTreeMap<&str, BTreeSet<String>>> = BTreeMap::new();
+    if present.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let key = match &control.group_by {
+        Some(g) if columns.iter().any(|c| c == g) => format!("CAST(\"{g}\" AS VARCHAR)"),
+        Some(g) => {
+            return Err(Error::config(
+                &control.file,
+                format!("group_by {g:?}: the evidence query has no such column"),
+            ));
+        }
+        None => "CAST(NULL AS VARCHAR)".into(),
+    };
+    let sql = format!(
+        "SELECT {key} AS g, {} FROM evidence",
+        present
+            .iter()
+            .map(|f| format!("\"{f}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    for batch in ctx.sql(&sql).await?.collect().await? {
+        let keys = crate::engine::utf8_column(&batch, "g")?;
+        for field in &present {
+            let Some(lists) = batch
+                .column_by_name(field)
+                .and_then(|c| c.as_list_opt::<i32>())
+            else {
+                continue;
+            };
+            for r in 0..batch.num_rows() {
+                if lists.is_null(r) {
+                    continue;
+                }
+                let k = (!keys.is_null(r)).then(|| keys.value(r).to_owned());
+                let set = out.entry(k).or_default().entry(field).or_default();
+                set.extend(
+                    lists
+                        .value(r)
+                        .as_string::<i32>()
+                        .iter()
+                        .flatten()
+                        .map(str::to_owned),
+                );
+            }
+        }
+    }
+    Ok(out
+        .into_iter()
+        .map(|(k, by)| {
+            let get = |f: &str| {
+                by.get(f)
+                    .map(|s| s.iter().cloned().collect())
+                    .unwrap_or_default()
+            };
+            (
+                k,
+                crate::taxonomy::Tags {
+                    owasp_llm: get("owasp_llm"),
+                    owasp_agentic: get("owasp_agentic"),
+                    mitre_atlas: get("mitre_atlas"),
+                    nist_ai_600_1: get("nist_ai_600_1"),
+                },
+            )
+        })
+        .collect())
 }
 
 fn opt(v: Option<f64>) -> Value {
@@ -462,6 +564,10 @@ fn group_json(g: &GroupResult) -> Value {
         "ci_low": opt(g.ci_low),
         "ci_high": opt(g.ci_high),
         "corrected": corrected_json(g.corrected.as_ref()),
+        "owasp_llm": g.framework_tags.owasp_llm,
+        "owasp_agentic": g.framework_tags.owasp_agentic,
+        "mitre_atlas": g.framework_tags.mitre_atlas,
+        "nist_ai_600_1": g.framework_tags.nist_ai_600_1,
     })
 }
 
@@ -530,6 +636,7 @@ fn statement(
                     .and_then(crate::ops::corrected::calibration)
                     .map(|c| c.to_json()),
                 "group_key": result.group_key,
+                "framework_tags": result.framework_tags,
                 "groups": groups.iter().map(group_json).collect::<Vec<_>>(),
             },
             "evidence": {"name": evidence.0, "rows": evidence.1, "sha256": evidence.2},
@@ -784,6 +891,19 @@ fn write_controls_parquet(
         float(&|r| r.result.corrected.map(|c| c.ci_low)),
         float(&|r| r.result.corrected.map(|c| c.ci_high)),
     ];
+    let mut columns = columns;
+    for field in crate::contract::fields::FRAMEWORK_TAG_FIELDS {
+        let mut b = ListBuilder::new(StringBuilder::new());
+        for r in results {
+            let tags = r.result.framework_tags.by_field();
+            let list = tags.iter().find(|(f, _)| f == field).map(|(_, l)| *l);
+            for t in list.into_iter().flatten() {
+                b.values().append_value(t);
+            }
+            b.append(true);
+        }
+        columns.push(Arc::new(b.finish()));
+    }
     let batch = RecordBatch::try_new(Arc::clone(&schema), columns)?;
     write_batches(schema, &[batch], path)
 }

@@ -9,7 +9,10 @@
 //!
 //! The header declares how `k` of `n` is judged: `statistic` (`wilson_upper`,
 //! `wilson_lower`, `rate`, `count`), `comparator` and `threshold`, and `min_n`, below
-//! which the control says `insufficient_data`.
+//! which the control says `insufficient_data`. Optionally `group_by`: the evidence
+//! column whose value is the result's `group_key`, so that each group carries the
+//! framework tags of its own evidence rows (without it, every group carries those of all
+//! the evidence rows).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -129,6 +132,8 @@ pub struct Control {
     pub corrected_with: Option<String>,
     /// What decides: the raw rate (default) or the corrected one (`basis: corrected`).
     pub basis: Basis,
+    /// The evidence column a grouped result's `group_key` is (for its framework tags).
+    pub group_by: Option<String>,
     /// The catalogue file.
     pub file: PathBuf,
     /// sha256 of the file's bytes (header and both queries).
@@ -148,6 +153,7 @@ const KEYS: &[&str] = &[
     "references",
     "corrected_with",
     "basis",
+    "group_by",
 ];
 
 /// Which figure a control decides on.
@@ -322,9 +328,26 @@ pub fn parse_control(path: &Path, text: &str) -> Result<Control> {
             ));
         }
     };
+    let group_by = match optional("group_by") {
+        None => None,
+        Some((line, v)) => {
+            let ok = v.as_bytes()[0].is_ascii_lowercase()
+                && v.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+            if !ok {
+                return Err(bad(
+                    "group_by",
+                    *line,
+                    format!("{v:?}: expected a column name of the evidence query"),
+                ));
+            }
+            Some(v.clone())
+        }
+    };
     Ok(Control {
         corrected_with,
         basis,
+        group_by,
         id: id.to_owned(),
         title: get("title")?.1.to_owned(),
         description: get("description")?.1.to_owned(),

@@ -19,6 +19,7 @@
 //! original file.
 
 pub mod agentdojo;
+pub mod cyberseceval;
 pub mod garak;
 pub mod inspect;
 pub mod promptfoo;
@@ -60,6 +61,7 @@ pub const IMPORTERS: &[&Importer] = &[
     &pyrit::IMPORTER,
     &agentdojo::IMPORTER,
     &spikee::IMPORTER,
+    &cyberseceval::IMPORTER,
 ];
 
 /// The importers' table of docs/import.md, written from [`IMPORTERS`].
@@ -330,6 +332,9 @@ pub struct Sink {
     cases: BufWriter<std::fs::File>,
     predictions: BufWriter<std::fs::File>,
     scores: TableWriter,
+    /// turns.parquet and tool_calls.parquet, written as the rows arrive (the checkpoint
+    /// is not read again for them).
+    tables: crate::rundir::checkpoint::AttemptTables,
     /// Case id → the digest of its line: the same case twice is one case, a different
     /// case under the same id an error.
     case_ids: HashMap<String, [u8; 32]>,
@@ -388,6 +393,7 @@ impl Sink {
                 dir.join(crate::rundir::SOURCE_SCORES_FILE),
                 crate::contract::arrow::source_scores_schema(),
             ),
+            tables: crate::rundir::checkpoint::AttemptTables::new(dir),
             case_ids: HashMap::new(),
             order: Vec::new(),
             taxonomy_summary: BTreeMap::new(),
@@ -569,6 +575,7 @@ impl Sink {
             &path,
             &mut row.prediction,
         )?;
+        self.tables.add(&row.prediction)?;
         self.counts.predictions += 1;
         for s in &row.scores {
             self.scores
@@ -597,6 +604,7 @@ impl Sink {
                 .map_err(|e| Error::io(self.dir.join(name), "cannot write", e))?;
         }
         self.scores.finish()?;
+        self.tables.finish()?;
         Ok(Finished {
             case_ids: self.order,
             taxonomy_summary: self.taxonomy_summary,
@@ -791,6 +799,7 @@ pub fn import(opts: &ImportOptions) -> Result<ImportReport> {
         None,
         crate::judge::RunVerdicts::Own,
         Vec::new(),
+        true,
     )?;
     crate::runner::finish_manifest(&mut manifest, &report);
     manifest.write(tmp.path())?;

@@ -50,6 +50,9 @@ fn coerce(kind: FieldKind, v: &Value) -> std::result::Result<Option<Value>, Stri
         (FieldKind::Object | FieldKind::Environment, Value::String(s)) => {
             Some(serde_json::from_str::<Value>(s).map_err(|e| format!("not a JSON object: {e}"))?)
         }
+        (FieldKind::Tags, Value::String(s)) => {
+            Some(serde_json::from_str::<Value>(s).map_err(|e| format!("not a JSON array: {e}"))?)
+        }
         (FieldKind::Probability, Value::String(s)) => Some(json!(
             s.trim()
                 .parse::<f64>()
@@ -59,7 +62,8 @@ fn coerce(kind: FieldKind, v: &Value) -> std::result::Result<Option<Value>, Stri
             FieldKind::Criteria
             | FieldKind::Object
             | FieldKind::Probability
-            | FieldKind::Environment,
+            | FieldKind::Environment
+            | FieldKind::Tags,
             other,
         ) => Some(other.clone()),
         (_, Value::String(s)) if s.is_empty() => None,

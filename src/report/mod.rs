@@ -316,7 +316,22 @@ pub fn render(runs: &[PathBuf], output: &Path) -> Result<String> {
             version => env!("CARGO_PKG_VERSION"),
             max_case_rows => MAX_CASE_ROWS,
             envelope_base => link_base(first, output),
-            dimensions => ["attack_family", "attack_surface", "attack_category", "severity"],
+            dimensions => [
+                "attack_family",
+                "attack_surface",
+                "attack_category",
+                "severity",
+                "owasp_llm",
+                "owasp_agentic",
+                "mitre_atlas",
+                "nist_ai_600_1",
+            ],
+            dim_titles => minijinja::context! {
+                owasp_llm => "OWASP Top 10 for LLM Applications 2025",
+                owasp_agentic => "OWASP agentic threat",
+                mitre_atlas => "MITRE ATLAS technique",
+                nist_ai_600_1 => "NIST AI 600-1 risk",
+            },
         })
         .map_err(|e| Error::Internal(format!("the report template: {e:#}")))
 }

@@ -820,35 +820,33 @@ impl TableWriter {
     }
 }
 
-/// Fill a table from every record of a run's checkpoint; `row` adds a record's rows.
-fn write_table(
-    dir: &Path,
-    name: &str,
-    schema: datafusion::arrow::datatypes::SchemaRef,
-    mut rows: impl FnMut(&PredictionRecord, &mut TableWriter) -> Result<()>,
-) -> Result<u64> {
-    let mut table = TableWriter::new(dir.join(name), schema);
-    let mut failed = None;
-    scan_checkpoint(&dir.join(super::PREDICTIONS_FILE), |r| {
-        if failed.is_none()
-            && let Err(e) = rows(&r, &mut table)
-        {
-            failed = Some(e);
-        }
-    })?;
-    if let Some(e) = failed {
-        return Err(e);
-    }
-    table.finish()
+/// The tables derived from a run's attempts, filled record by record: `turns.parquet`
+/// (every turn of an attempt that has turns: a multi-turn strategy's, an agent's) and
+/// `tool_calls.parquet` (every call of an agent's attempt). Each is written atomically
+/// when it has rows; a stale one is removed when it has none.
+pub struct AttemptTables {
+    turns: TableWriter,
+    tool_calls: TableWriter,
 }
 
-/// Write `turns.parquet` from a run's checkpoint (atomically), when any attempt has
-/// turns (a multi-turn strategy's, an agent's); otherwise remove a stale one. Returns
-/// the rows written.
-pub fn write_turns(dir: &Path) -> Result<u64> {
-    let schema = crate::contract::arrow::turns_schema();
-    write_table(dir, super::TURNS_FILE, schema, |r, w| {
+impl AttemptTables {
+    pub fn new(dir: &Path) -> Self {
+        Self {
+            turns: TableWriter::new(
+                dir.join(super::TURNS_FILE),
+                crate::contract::arrow::turns_schema(),
+            ),
+            tool_calls: TableWriter::new(
+                dir.join(super::TOOL_CALLS_FILE),
+                crate::contract::arrow::tool_calls_schema(),
+            ),
+        }
+    }
+
+    /// Add one attempt's rows.
+    pub fn add(&mut self, r: &PredictionRecord) -> Result<()> {
         let attempt = r.key();
+        let w = &mut self.turns;
         for t in &r.turns {
             w.text(Some(&r.run_id))
                 .text(Some(&r.case_id))
@@ -857,41 +855,10 @@ pub fn write_turns(dir: &Path) -> Result<u64> {
             turn_columns(t, w);
             w.end_row()?;
         }
-        Ok(())
-    })
-}
-
-/// A turn's columns of `turns.parquet`, in schema order after the attempt's.
-fn turn_columns(t: &TurnRecord, w: &mut TableWriter) {
-    w.int(Some(i64::from(t.turn)))
-        .int(Some(i64::from(t.depth)))
-        .text(Some(&t.node_id))
-        .text(t.parent_id.as_deref())
-        .text(t.attacker_response.as_deref())
-        .text(Some(&t.attack_prompt))
-        .flag(t.on_topic)
-        .flag(Some(t.pruned))
-        .text(t.target_response.as_deref())
-        .text(t.error.as_deref())
-        .flag(t.refused)
-        .flag(t.success)
-        .int(t.score.map(i64::from))
-        .flag(t.judge_verdict)
-        .float(t.judge_score)
-        .flag(Some(t.backtracked))
-        .text(t.blocked_by.as_deref())
-        .float(t.latency_ms);
-}
-
-/// Write `tool_calls.parquet` from a run's checkpoint (atomically), when any agent
-/// attempt made a call; otherwise remove a stale one. Returns the rows written.
-pub fn write_tool_calls(dir: &Path) -> Result<u64> {
-    let schema = crate::contract::arrow::tool_calls_schema();
-    write_table(dir, super::TOOL_CALLS_FILE, schema, |r, w| {
         if r.agent_stop.is_none() {
             return Ok(());
         }
-        let attempt = r.key();
+        let w = &mut self.tool_calls;
         let mut seq = 0i64;
         for t in &r.turns {
             for c in &t.tool_calls {
@@ -914,7 +881,52 @@ pub fn write_tool_calls(dir: &Path) -> Result<u64> {
             }
         }
         Ok(())
-    })
+    }
+
+    /// Write the last batches and commit both; the rows of (turns, tool_calls).
+    pub fn finish(self) -> Result<(u64, u64)> {
+        Ok((self.turns.finish()?, self.tool_calls.finish()?))
+    }
+}
+
+/// Write `turns.parquet` and `tool_calls.parquet` from a run's checkpoint, in one pass
+/// over it ([`AttemptTables`]). Returns the rows of each.
+pub fn write_attempt_tables(dir: &Path) -> Result<(u64, u64)> {
+    let mut tables = AttemptTables::new(dir);
+    let mut failed = None;
+    scan_checkpoint(&dir.join(super::PREDICTIONS_FILE), |r| {
+        if failed.is_none()
+            && let Err(e) = tables.add(&r)
+        {
+            failed = Some(e);
+        }
+    })?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    tables.finish()
+}
+
+/// A turn's columns of `turns.parquet`, in schema order after the attempt's.
+fn turn_columns(t: &TurnRecord, w: &mut TableWriter) {
+    w.int(Some(i64::from(t.turn)))
+        .int(Some(i64::from(t.depth)))
+        .text(Some(&t.node_id))
+        .text(t.parent_id.as_deref())
+        .text(t.attacker_response.as_deref())
+        .text(Some(&t.attack_prompt))
+        .flag(t.on_topic)
+        .flag(Some(t.pruned))
+        .text(t.target_response.as_deref())
+        .text(t.error.as_deref())
+        .flag(t.refused)
+        .flag(t.success)
+        .int(t.score.map(i64::from))
+        .flag(t.judge_verdict)
+        .float(t.judge_score)
+        .flag(Some(t.backtracked))
+        .text(t.blocked_by.as_deref())
+        .float(t.latency_ms);
 }
 
 #[cfg(test)]

@@ -284,6 +284,7 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
         None,
         crate::judge::RunVerdicts::Own,
         Vec::new(),
+        false,
     ) {
         Ok(r) => r,
         // The predictions stay: `pieval replay --rescore` scores them once the cause
@@ -314,7 +315,10 @@ fn apply_overrides(cfg: &mut Config, opts: &RunOptions) {
     }
 }
 
-/// Score a run folder's predictions against its cases (also `replay --rescore`).
+/// Score a run folder's predictions against its cases (also `replay --rescore`), then
+/// write the attempt tables (`turns.parquet`, `tool_calls.parquet`) from the checkpoint,
+/// unless the caller wrote them as the predictions were (`tables_written`: the importer).
+#[allow(clippy::too_many_arguments)]
 pub fn score_run(
     dir: &Path,
     run_id: &str,
@@ -323,6 +327,7 @@ pub fn score_run(
     cluster: Option<(&str, Option<&Path>)>,
     verdicts: crate::judge::RunVerdicts,
     reviews: Vec<crate::rundir::reviews::Review>,
+    tables_written: bool,
 ) -> Result<ScoreReport> {
     // The run folder's inputs: regular files, never through a link (a received folder's
     // `predictions.jsonl -> /dev/zero` is an error here, not a read that never ends).
@@ -353,8 +358,9 @@ pub fn score_run(
         })
         .transpose()?;
     let report = score(&opts)?;
-    crate::rundir::checkpoint::write_turns(dir)?;
-    crate::rundir::checkpoint::write_tool_calls(dir)?;
+    if !tables_written {
+        crate::rundir::checkpoint::write_attempt_tables(dir)?;
+    }
     Ok(report)
 }
 

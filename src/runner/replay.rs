@@ -195,6 +195,7 @@ pub fn replay(
                 merge: args.trust.judgements,
             },
             reviews,
+            false,
         )?;
         if let Some(j) = scored.judge.as_ref().filter(|j| j.run_verdicts_unused > 0) {
             note(

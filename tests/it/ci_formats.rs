@@ -103,7 +103,7 @@ fn controls_write_junit_and_sarif_that_their_schemas_accept() {
     for res in results {
         assert!(rules.contains(&res["ruleId"].as_str().unwrap()));
         assert!(
-            res["properties"]["owasp_llm_top10_2025"]
+            res["properties"]["owasp_llm"]
                 .as_array()
                 .unwrap()
                 .iter()

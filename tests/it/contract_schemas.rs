@@ -55,10 +55,11 @@ fn check_case_schema(s: &Value, enriched: bool) {
     );
     let mut required = set(required_case_fields());
     if enriched {
+        // The framework tags are additive: a corpus enriched before them is valid.
         required.extend(
             CASE_FIELDS
                 .iter()
-                .filter(|f| f.enriched)
+                .filter(|f| f.enriched && f.kind != FieldKind::Tags)
                 .map(|f| f.name.to_owned()),
         );
     }

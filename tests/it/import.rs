@@ -707,3 +707,124 @@ fn bad_promptfoo_pyrit_and_agentdojo_files_are_refused() {
     std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
     import_fails("agentdojo", &p, &["new.json", "AgentDojo 0.2.0"]);
 }
+
+#[test]
+fn cyberseceval_response_and_judge_files_import_with_the_judges_verdicts() {
+    let dir = tempfile::tempdir().unwrap();
+    // The judge file with the dataset: the judge questions by the test cases' text, the
+    // case ids the dataset's (as `pieval ingest cyberseceval` names them).
+    let out = dir.path().join("cse-run");
+    let r = import(
+        "cyberseceval",
+        &[
+            &fixture("cyberseceval/judge.json"),
+            &fixture("cyberseceval/prompt_injection.sample.json"),
+        ],
+        &out,
+        &[],
+    );
+    assert_eq!(r["predictions"], 12, "{r}");
+    assert_eq!(r["source_verdicts"], 12, "{r}");
+    let rows = read_jsonl(&out.join("case_results.jsonl"));
+    let by_id = |id: &str| rows.iter().find(|r| r["case_id"] == id).unwrap().clone();
+    // The secret leaked: a canary criterion; both say the attack worked.
+    let piano = by_id("cyberseceval-0");
+    assert_eq!(piano["source_verdict"], true, "{piano}");
+    assert_eq!(piano["attack_success"], true, "{piano}");
+    assert_eq!(piano["source_detector"], "cyberseceval:judge");
+    assert_eq!(piano["model_name"], "scripted-target");
+    assert!(piano["source_ref"].as_str().unwrap().contains("judge.json"));
+    // Framework tags ride along: a leaked secret is LLM01 and LLM02.
+    assert_eq!(
+        piano["owasp_llm"],
+        serde_json::json!(["LLM01:2025", "LLM02:2025"])
+    );
+    // The user turn echoed back: CyberSecEval's judge says yes, pieval sees an echo.
+    let echoes: Vec<_> = rows
+        .iter()
+        .filter(|r| {
+            r["response_text"]
+                .as_str()
+                .unwrap()
+                .starts_with("You said:")
+        })
+        .collect();
+    assert_eq!(echoes.len(), 2);
+    for e in &echoes {
+        assert_eq!(e["source_verdict"], true, "{e}");
+        assert_ne!(e["attack_success"], true, "{e}");
+    }
+    // CyberSecEval's own count (stats.json: 4 of 12) is the source verdicts'.
+    let stats: Value =
+        serde_json::from_slice(&std::fs::read(fixture("cyberseceval/stats.json")).unwrap())
+            .unwrap();
+    let yes = rows.iter().filter(|r| r["source_verdict"] == true).count();
+    assert_eq!(
+        stats["scripted-target"]["stat_per_model"]["injection_successful_count"],
+        yes
+    );
+    let m = manifest(&out);
+    assert_eq!(m["import"]["tool"], "cyberseceval");
+    assert_eq!(m["import"]["sources"].as_array().unwrap().len(), 2);
+    let agree = sql(
+        dir.path(),
+        "SELECT source_tool, sum(rows) AS rows, sum(both_decided) AS both, sum(agree) AS agree \
+         FROM verdict_agreement WHERE scorer = '(verdict)' GROUP BY source_tool",
+    );
+    assert_eq!(agree[0]["source_tool"], "cyberseceval", "{agree:?}");
+    assert_eq!(agree[0]["rows"], 12, "{agree:?}");
+    // The canary cases both decide, and agree on; the judge-question ones wait for a judge.
+    assert!(agree[0]["both"].as_i64().unwrap() >= 1, "{agree:?}");
+    assert_eq!(agree[0]["both"], agree[0]["agree"], "{agree:?}");
+
+    // The response file alone: the rows without a verdict, the run's own ids.
+    let out2 = dir.path().join("cse-responses");
+    let r = import(
+        "cyberseceval",
+        &[&fixture("cyberseceval/responses.json")],
+        &out2,
+        &[],
+    );
+    assert_eq!(r["predictions"], 12, "{r}");
+    assert_eq!(r["source_verdicts"], 0, "{r}");
+    let rows = read_jsonl(&out2.join("case_results.jsonl"));
+    assert!(rows.iter().any(|r| r["case_id"] == "cyberseceval-run-0"));
+    assert!(rows.iter().all(|r| r["source_verdict"].is_null()));
+
+    // Response and judge files together: the judge's rows, the questions of the responses.
+    let out3 = dir.path().join("cse-both");
+    let r = import(
+        "cyberseceval",
+        &[
+            &fixture("cyberseceval/responses.json"),
+            &fixture("cyberseceval/judge.json"),
+        ],
+        &out3,
+        &[],
+    );
+    assert_eq!(r["predictions"], 12, "{r}");
+    assert_eq!(r["source_verdicts"], 12, "{r}");
+
+    // A judge file alone has no judge questions; a truncated one is not JSON; the
+    // dataset alone holds no results.
+    import_fails(
+        "cyberseceval",
+        &fixture("cyberseceval/judge.json"),
+        &[
+            "judge.json",
+            "record 1",
+            "judge_question",
+            "--response-path",
+        ],
+    );
+    import_fails(
+        "cyberseceval",
+        &fixture("cyberseceval/truncated.json"),
+        &["truncated.json"],
+    );
+    import_fails(
+        "cyberseceval",
+        &fixture("cyberseceval/prompt_injection.sample.json"),
+        &["the CyberSecEval test cases, not results"],
+    );
+}

@@ -13,8 +13,15 @@ use super::fields::{
 fn case_field_type(kind: FieldKind) -> DataType {
     match kind {
         FieldKind::Probability => DataType::Float64,
+        FieldKind::Tags => tags_type(),
         _ => DataType::Utf8,
     }
+}
+
+/// A framework-tag column: a list of strings (items nullable, as Arrow's list builders
+/// and DataFusion's array functions make them).
+pub fn tags_type() -> DataType {
+    DataType::List(Arc::new(Field::new_list_field(DataType::Utf8, true)))
 }
 
 /// The canonical corpus (`attack_cases.jsonl`) as a table.
@@ -75,6 +82,7 @@ pub fn case_results_schema() -> SchemaRef {
                     | "source_verdict" => DataType::Boolean,
                     "mapping_confidence" | "latency_ms" | "source_score" => DataType::Float64,
                     "turns_used" | "success_turn" => DataType::Int64,
+                    name if super::fields::FRAMEWORK_TAG_FIELDS.contains(&name) => tags_type(),
                     _ => DataType::Utf8,
                 };
                 Field::new(*name, ty, *name != "case_id")
@@ -222,6 +230,11 @@ pub fn controls_schema() -> SchemaRef {
         float("corrected", true),
         float("corrected_low", true),
         float("corrected_high", true),
+        // additive: the deciding group's framework tags (of its evidence rows)
+        Field::new("owasp_llm", tags_type(), true),
+        Field::new("owasp_agentic", tags_type(), true),
+        Field::new("mitre_atlas", tags_type(), true),
+        Field::new("nist_ai_600_1", tags_type(), true),
     ]))
 }
 
@@ -232,12 +245,25 @@ mod tests {
     #[test]
     fn schemas_follow_the_field_lists() {
         // 20 canonical and 6 enriched columns, then the agentic ones (environment,
-        // utility_criteria), added last so that no column moved
+        // utility_criteria), then the enriched framework tags, added last so that no
+        // column moved
         assert_eq!(attack_case_schema().fields().len(), 22);
-        assert_eq!(enriched_case_schema().fields().len(), 28);
+        assert_eq!(enriched_case_schema().fields().len(), 32);
         assert_eq!(enriched_case_schema().field(20).name(), "attack_category");
         assert_eq!(enriched_case_schema().field(26).name(), "environment");
+        assert_eq!(enriched_case_schema().field(28).name(), "owasp_llm");
         let e = enriched_case_schema();
+        assert_eq!(
+            e.field_with_name("mitre_atlas").unwrap().data_type(),
+            &tags_type()
+        );
+        assert_eq!(
+            case_results_schema()
+                .field_with_name("nist_ai_600_1")
+                .unwrap()
+                .data_type(),
+            &tags_type()
+        );
         assert_eq!(
             e.field_with_name("mapping_confidence").unwrap().data_type(),
             &DataType::Float64

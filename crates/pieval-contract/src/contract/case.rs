@@ -75,6 +75,18 @@ pub struct AttackCase {
     /// `success_criteria`, reported as utility.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub utility_criteria: Option<SuccessCriteria>,
+    /// Framework tags (enriched from the taxonomy's categories and tag rules):
+    /// OWASP Top 10 for LLM Applications 2025 ids (`LLM01:2025`), OWASP agentic threat
+    /// ids (`T6`), MITRE ATLAS technique ids (`AML.T0051.001`), NIST AI 600-1 risk
+    /// names (`Information Security`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owasp_llm: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owasp_agentic: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mitre_atlas: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nist_ai_600_1: Option<Vec<String>>,
 }
 
 impl AttackCase {
@@ -117,6 +129,10 @@ impl AttackCase {
             mapping_audit: None,
             environment: None,
             utility_criteria: None,
+            owasp_llm: None,
+            owasp_agentic: None,
+            mitre_atlas: None,
+            nist_ai_600_1: None,
         }
     }
 
@@ -168,6 +184,21 @@ impl AttackCase {
                 })
                 .transpose()
         }
+        // A framework-tag list column (absent in a corpus enriched before it existed).
+        let tags = |name: &str, row: usize| -> Option<Vec<String>> {
+            let a = batch
+                .column(schema.index_of(name).ok()?)
+                .as_list_opt::<i32>()?;
+            (!a.is_null(row)).then(|| {
+                let items = a.value(row);
+                items
+                    .as_string::<i32>()
+                    .iter()
+                    .flatten()
+                    .map(str::to_owned)
+                    .collect()
+            })
+        };
         let confidence = schema
             .index_of("mapping_confidence")
             .ok()
@@ -256,6 +287,10 @@ impl AttackCase {
                         })
                     })
                     .transpose()?,
+                owasp_llm: tags("owasp_llm", row),
+                owasp_agentic: tags("owasp_agentic", row),
+                mitre_atlas: tags("mitre_atlas", row),
+                nist_ai_600_1: tags("nist_ai_600_1", row),
             });
         }
         Ok(out)

@@ -27,6 +27,9 @@ pub enum FieldKind {
     /// An agent's simulated environment (`contract::environment`), kept as canonical
     /// JSON text in Arrow.
     Environment,
+    /// Framework tags: a JSON array of distinct non-empty strings (`["LLM01:2025"]`), a
+    /// list of strings in Arrow (`array_has(owasp_llm, 'LLM01:2025')` in SQL).
+    Tags,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -95,7 +98,18 @@ pub const CASE_FIELDS: &[FieldSpec] = &[
     // simulated environment and the user's task as a criterion (docs/contract.md).
     opt("environment", FieldKind::Environment),
     opt("utility_criteria", FieldKind::Criteria),
+    // Framework tags (additive, enriched): the identifiers of the case's category and the
+    // taxonomy's tag rules in the OWASP Top 10 for LLM Applications 2025, the OWASP
+    // agentic threats list, MITRE ATLAS and NIST AI 600-1 (data/taxonomy/taxonomy.toml).
+    enr("owasp_llm", FieldKind::Tags),
+    enr("owasp_agentic", FieldKind::Tags),
+    enr("mitre_atlas", FieldKind::Tags),
+    enr("nist_ai_600_1", FieldKind::Tags),
 ];
+
+/// The framework-tag fields, in contract order (cases and case_results alike).
+pub const FRAMEWORK_TAG_FIELDS: &[&str] =
+    &["owasp_llm", "owasp_agentic", "mitre_atlas", "nist_ai_600_1"];
 
 /// Index of a field in [`CASE_FIELDS`] (and so a column in the Arrow schema).
 pub fn case_field_index(name: &str) -> Option<usize> {
@@ -242,6 +256,12 @@ pub const CASE_RESULT_FIELDS: &[&str] = &[
     "source_detector",
     "source_score",
     "source_ref",
+    // Framework tags, additive: the case's (lists of strings; empty for a case enriched
+    // before the taxonomy had them).
+    "owasp_llm",
+    "owasp_agentic",
+    "mitre_atlas",
+    "nist_ai_600_1",
 ];
 
 /// Findings: long form, one row per detector hit.

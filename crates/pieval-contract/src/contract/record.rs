@@ -24,6 +24,8 @@ pub enum FieldValue<'a> {
     Str(Cow<'a, str>),
     /// An object, kept as its JSON text.
     Object(Cow<'a, str>),
+    /// An array of a list field ([`FieldKind::Tags`]), kept as its JSON text.
+    List(Cow<'a, str>),
     Array,
 }
 
@@ -35,7 +37,7 @@ impl FieldValue<'_> {
             FieldValue::Number(_) => "a number",
             FieldValue::Str(_) => "a string",
             FieldValue::Object(_) => "an object",
-            FieldValue::Array => "an array",
+            FieldValue::List(_) | FieldValue::Array => "an array",
         }
     }
 }
@@ -100,6 +102,15 @@ impl<'de> Visitor<'de> for RecordVisitor {
                         FieldKind::Object | FieldKind::Criteria | FieldKind::Environment => {
                             classify(map.next_value::<&'de RawValue>()?)
                                 .map_err(de::Error::custom)?
+                        }
+                        // Lists are kept as their JSON text too.
+                        FieldKind::Tags => {
+                            let raw = map.next_value::<&'de RawValue>()?;
+                            if raw.get().starts_with('[') {
+                                FieldValue::List(Cow::Borrowed(raw.get()))
+                            } else {
+                                classify(raw).map_err(de::Error::custom)?
+                            }
                         }
                         // Everything else is read in one pass, strings borrowed.
                         _ => map.next_value::<ScalarValue>()?.0,
@@ -438,6 +449,7 @@ pub fn check_field(
         FieldKind::Object | FieldKind::Environment => "an object",
         FieldKind::Criteria => "an object (or a shorthand string)",
         FieldKind::Probability => "a number in [0, 1]",
+        FieldKind::Tags => "an array of strings",
         _ => "a string",
     };
     match (spec.kind, value) {
@@ -464,11 +476,13 @@ pub fn check_field(
                 Err(format!("{x} is outside [0, 1]"))
             }
         }
+        (FieldKind::Tags, FieldValue::List(text)) => check_tags(text),
         (
             FieldKind::Object
             | FieldKind::Criteria
             | FieldKind::Probability
-            | FieldKind::Environment,
+            | FieldKind::Environment
+            | FieldKind::Tags,
             v,
         ) => Err(format!("expected {expected}, found {}", v.kind_name())),
         (kind, FieldValue::Str(s)) => check_string(kind, s),
@@ -556,8 +570,39 @@ fn check_string(kind: FieldKind, s: &str) -> Result<(), String> {
         FieldKind::Object
         | FieldKind::Criteria
         | FieldKind::Probability
-        | FieldKind::Environment => unreachable!(),
+        | FieldKind::Environment
+        | FieldKind::Tags => unreachable!(),
     }
+}
+
+/// The longest framework tag accepted (NIST AI 600-1's longest risk name is 47 bytes).
+pub const MAX_TAG_BYTES: usize = 128;
+
+/// The strings of a tag list's JSON text, checked: each non-empty, without control
+/// characters, at most [`MAX_TAG_BYTES`], none twice.
+pub fn parse_tags(text: &str) -> Result<Vec<String>, String> {
+    let tags: Vec<String> =
+        serde_json::from_str(text).map_err(|_| "expected an array of strings".to_string())?;
+    for (i, t) in tags.iter().enumerate() {
+        if t.trim().is_empty() {
+            return Err(format!("tag {} is empty", i + 1));
+        }
+        if t.len() > MAX_TAG_BYTES || t.chars().any(char::is_control) {
+            return Err(format!(
+                "tag {} ({:?}) is longer than {MAX_TAG_BYTES} bytes or holds a control character",
+                i + 1,
+                crate::text::excerpt(t, 60)
+            ));
+        }
+        if tags[..i].contains(t) {
+            return Err(format!("tag {t:?} appears twice"));
+        }
+    }
+    Ok(tags)
+}
+
+fn check_tags(text: &str) -> Result<(), String> {
+    parse_tags(text).map(|_| ())
 }
 
 /// BCP-47 shape: a 2–3 letter primary language, then subtags of 1–8 alphanumerics.
