@@ -51,25 +51,6 @@ WITH trials AS (
              attack_pipeline, attack_strategy,
              owasp_llm, owasp_agentic, mitre_atlas, nist_ai_600_1
 ),
-tagged AS (
-    -- one row per trial and framework tag it carries (none for a case without tags)
-    SELECT label, attack_success, prompt_leakage, refusal, over_refused, is_agent,
-           utility_success, injection_delivered,
-           'owasp_llm' AS dimension, unnest(owasp_llm) AS value
-    FROM trials
-    UNION ALL
-    SELECT label, attack_success, prompt_leakage, refusal, over_refused, is_agent,
-           utility_success, injection_delivered, 'owasp_agentic', unnest(owasp_agentic)
-    FROM trials
-    UNION ALL
-    SELECT label, attack_success, prompt_leakage, refusal, over_refused, is_agent,
-           utility_success, injection_delivered, 'mitre_atlas', unnest(mitre_atlas)
-    FROM trials
-    UNION ALL
-    SELECT label, attack_success, prompt_leakage, refusal, over_refused, is_agent,
-           utility_success, injection_delivered, 'nist_ai_600_1', unnest(nist_ai_600_1)
-    FROM trials
-),
 any_attempt AS (
     -- adaptive runs only: one row per case over all its trials
     SELECT label,
@@ -89,46 +70,50 @@ any_attempt AS (
     GROUP BY case_id, label
 ),
 facts AS (
-    SELECT * FROM (
-        SELECT
-            pi_is_attack(label) AS is_attack,
-            label = 'benign'                     AS is_benign,
-            attack_success,
-            prompt_leakage,
-            refusal,
-            over_refused,
-            is_agent,
-            utility_success,
-            injection_delivered,
-            unnest(make_array(
-                named_struct('dimension', 'all',             'value', 'all'),
-                named_struct('dimension', 'attack_family',   'value', coalesce(attack_family, '(none)')),
-                named_struct('dimension', 'attack_surface',  'value', coalesce(attack_surface, '(none)')),
-                named_struct('dimension', 'attack_category', 'value', coalesce(attack_category, '(none)')),
-                named_struct('dimension', 'severity',        'value', coalesce(severity, '(none)')),
-                named_struct('dimension', 'attack_pipeline', 'value', attack_pipeline),
-                named_struct('dimension', 'attack_strategy', 'value', attack_strategy)
-            )) AS d
-        FROM trials
-    ) WHERE d['value'] IS NOT NULL
+    -- one row per trial and value of each dimension it has: one value for the columns,
+    -- every tag of a framework list (none for a case without tags); trials are read once
+    SELECT is_attack, is_benign, attack_success, prompt_leakage, refusal, over_refused,
+           is_agent, utility_success, injection_delivered,
+           d['dimension'] AS dimension, value
+    FROM (
+        SELECT *, unnest(d['values']) AS value FROM (
+            SELECT
+                pi_is_attack(label) AS is_attack,
+                label = 'benign'                     AS is_benign,
+                attack_success,
+                prompt_leakage,
+                refusal,
+                over_refused,
+                is_agent,
+                utility_success,
+                injection_delivered,
+                unnest(make_array(
+                    named_struct('dimension', 'all',             'values', make_array('all')),
+                    named_struct('dimension', 'attack_family',   'values', make_array(coalesce(attack_family, '(none)'))),
+                    named_struct('dimension', 'attack_surface',  'values', make_array(coalesce(attack_surface, '(none)'))),
+                    named_struct('dimension', 'attack_category', 'values', make_array(coalesce(attack_category, '(none)'))),
+                    named_struct('dimension', 'severity',        'values', make_array(coalesce(severity, '(none)'))),
+                    named_struct('dimension', 'attack_pipeline', 'values', make_array(attack_pipeline)),
+                    named_struct('dimension', 'attack_strategy', 'values', make_array(attack_strategy)),
+                    named_struct('dimension', 'owasp_llm',       'values', owasp_llm),
+                    named_struct('dimension', 'owasp_agentic',   'values', owasp_agentic),
+                    named_struct('dimension', 'mitre_atlas',     'values', mitre_atlas),
+                    named_struct('dimension', 'nist_ai_600_1',   'values', nist_ai_600_1)
+                )) AS d
+            FROM trials
+        )
+    ) WHERE value IS NOT NULL
     UNION ALL
     SELECT pi_is_attack(label), label = 'benign',
            attack_success, prompt_leakage, refusal, over_refused,
            is_agent, utility_success, injection_delivered,
-           named_struct('dimension', 'adaptive', 'value', 'any_attempt')
+           'adaptive', 'any_attempt'
     FROM any_attempt
-    UNION ALL
-    SELECT pi_is_attack(label), label = 'benign',
-           attack_success, prompt_leakage, refusal, over_refused,
-           is_agent, utility_success, injection_delivered,
-           named_struct('dimension', dimension, 'value', value)
-    FROM tagged
-    WHERE value IS NOT NULL
 ),
 counts AS (
     SELECT
-        d['dimension'] AS dimension,
-        d['value']     AS value,
+        dimension,
+        value,
         count(*) FILTER (WHERE is_attack AND attack_success IS NOT NULL) AS success_n,
         count(*) FILTER (WHERE is_attack AND attack_success)             AS success_k,
         count(*) FILTER (WHERE is_attack AND prompt_leakage IS NOT NULL) AS leakage_n,

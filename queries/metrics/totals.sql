@@ -1,6 +1,7 @@
 -- Totals over case_results: rows, attack and benign cases, provider errors, manual-review
 -- backlog, cases the judge decided and cases it failed on, echoes left undecided, and
--- latency percentiles (ms).
+-- latency percentiles (ms): exact (linear interpolation), so the same results give the
+-- same figures whatever order their rows were written in (an approximate digest did not).
 SELECT
     count(*)                                                       AS total,
     count(*) FILTER (WHERE pi_is_attack(label))   AS attack_cases,
@@ -15,7 +16,7 @@ SELECT
     count(*) FILTER (WHERE decided_by = 'human')                   AS decided_by_human,
     count(*) FILTER (WHERE decided_by = 'judge')                   AS decided_by_judge,
     count(*) FILTER (WHERE decided_by = 'rules')                   AS decided_by_rules,
-    approx_percentile_cont(latency_ms, 0.5)                        AS latency_p50,
-    approx_percentile_cont(latency_ms, 0.95)                       AS latency_p95,
+    percentile_cont(0.5) WITHIN GROUP (ORDER BY latency_ms) AS latency_p50,
+    percentile_cont(0.95) WITHIN GROUP (ORDER BY latency_ms) AS latency_p95,
     max(latency_ms)                                                AS latency_max
 FROM case_results

@@ -1,5 +1,5 @@
 -- The report's overview of a run: cases, decisions (and who made them), errors, review
--- (echoes among it), latency.
+-- (echoes among it), latency (exact percentiles, as queries/metrics/totals.sql).
 SELECT count(*)                                              AS cases,
        count(*) FILTER (WHERE pi_is_attack(label)) AS attack_cases,
        count(*) FILTER (WHERE label = 'benign')              AS benign_cases,
@@ -13,7 +13,7 @@ SELECT count(*)                                              AS cases,
        count(*) FILTER (WHERE decided_by = 'rules')          AS decided_by_rules,
        count(*) FILTER (WHERE decided_by = 'judge')          AS decided_by_judge,
        count(*) FILTER (WHERE decided_by = 'human')          AS decided_by_human,
-       approx_percentile_cont(latency_ms, 0.5)               AS latency_p50_ms,
-       approx_percentile_cont(latency_ms, 0.95)              AS latency_p95_ms,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY latency_ms) AS latency_p50_ms,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY latency_ms) AS latency_p95_ms,
        max(latency_ms)                                       AS latency_max_ms
 FROM case_results
