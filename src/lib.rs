@@ -25,6 +25,8 @@
 //!   catalogue.
 //! - [`evidence`]: the SQL control catalogue, DSSE / in-toto envelopes, verification.
 //! - [`export`]: the warehouse layouts (Hive-partitioned Parquet, SQLite).
+//! - [`objstore`]: `s3://` locations: inputs fetched, run folders committed all or
+//!   nothing, exports uploaded (the `object_store` crate DataFusion reads with).
 //! - [`cli`]: the command surface; the only module that prints.
 //!
 //! Modules depend downward only: `cli` → `runner` → (`provider`, `mitigation`,
@@ -48,6 +50,7 @@ pub mod ingest;
 pub mod judge;
 pub mod mitigation;
 pub mod model;
+pub mod objstore;
 pub mod ops;
 pub mod params;
 pub mod provider;

@@ -5,14 +5,16 @@ use std::path::PathBuf;
 
 use crate::cli::output;
 use crate::cli::run::run_dir;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::export::{Format, SQLITE_FILE, export};
+use crate::objstore;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Run ids under --results or run folders; default: every run under --results.
     runs: Vec<String>,
-    /// The warehouse folder (created when missing).
+    /// The warehouse folder (created when missing), or `s3://BUCKET/PREFIX` (Parquet:
+    /// each file one object, written whole; docs/object-storage.md).
     #[arg(long)]
     to: PathBuf,
     /// Hive-partitioned Parquet tables, or one SQLite file (DIR/pieval.sqlite).
@@ -30,12 +32,25 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitStatus> {
+    // Object storage (src/objstore.rs): committed runs under an `s3://` --results are
+    // fetched and checked first; an `s3://` --to is exported here, then uploaded.
+    let mut scratch = None;
+    let rt = crate::engine::runtime()?;
+    let results = objstore::local_results(&args.results, &mut scratch, &rt)?;
+    let remote_to = objstore::Location::of(&args.to)?;
+    if remote_to.is_some() && args.format == Format::Sqlite {
+        return Err(Error::Usage(format!(
+            "--to {} --format sqlite: a SQLite file is updated in place, which object \
+             storage cannot do; export Parquet there, or SQLite to a local folder",
+            args.to.display()
+        )));
+    }
     let runs: Vec<PathBuf> = if args.runs.is_empty() {
-        crate::engine::tables::run_dirs(&args.results)
+        crate::engine::tables::run_dirs(&results)
     } else {
         args.runs
             .iter()
-            .map(|r| run_dir(r, &args.results))
+            .map(|r| run_dir(r, &results))
             .collect::<Result<_>>()?
     };
     if let Some(key) = &args.public_key {
@@ -60,7 +75,20 @@ pub fn run(args: Args) -> Result<ExitStatus> {
             return Ok(ExitStatus::Failure);
         }
     }
-    let report = export(&runs, &args.to, args.format)?;
+    let mut report = match &remote_to {
+        None => export(&runs, &args.to, args.format)?,
+        Some(to) => {
+            if scratch.is_none() {
+                scratch = Some(objstore::Scratch::create()?);
+            }
+            let local = scratch.as_ref().expect("created above").dir.join("export");
+            let report = export(&runs, &local, args.format)?;
+            objstore::upload_tree(to, &local, "runs", &rt)?;
+            report
+        }
+    };
+    report.to = args.to.clone();
+    drop(scratch);
     if args.json {
         return output::json(&report).map(|_| ExitStatus::Success);
     }

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use crate::cli::{output, paths};
 use crate::error::Result;
+use crate::objstore;
 use crate::ops::score::{ScoreOptions, score};
 use crate::rundir::check_run_id;
 
@@ -12,13 +13,15 @@ use crate::rundir::check_run_id;
 pub struct Args {
     /// Predictions to score (JSONL or Parquet): case_id and response_text, optionally
     /// run_id, provider, model_name, latency_ms, error, request_*, execution_mode, mitigation.
+    /// A path, or `s3://BUCKET/KEY` (docs/object-storage.md).
     #[arg(long)]
     predictions: PathBuf,
     /// The corpus the predictions answer (default: the enriched corpus when present,
     /// else the canonical one).
     #[arg(long)]
     cases: Option<PathBuf>,
-    /// Where to write case_results.{parquet,jsonl} (default: results/<run-id>).
+    /// Where to write case_results.{parquet,jsonl} (default: results/<run-id>): a folder,
+    /// or `s3://BUCKET/PREFIX/RUN`, committed all or nothing (docs/object-storage.md).
     #[arg(long)]
     output: Option<PathBuf>,
     /// Run id for rows that carry none (default: score-<UTC timestamp>).
@@ -70,8 +73,32 @@ pub fn run(args: Args) -> Result<ExitStatus> {
     let out_dir = args
         .output
         .unwrap_or_else(|| Path::new("results").join(&run_id));
-    let judge = super::judge::open_judge(args.judge.as_deref(), Some(&out_dir))?;
-    let mut opts = ScoreOptions::new(args.predictions, cases.clone(), out_dir, run_id);
+    // Object storage (`s3://…`): inputs are fetched into a private folder and read there
+    // by the same validating readers; an output run is fetched (its current commit),
+    // scored there, and published as one new commit (src/objstore.rs).
+    let mut scratch = None;
+    let rt = crate::engine::runtime()?;
+    if args.staging.as_deref().is_some_and(objstore::is_remote) {
+        return Err(crate::error::Error::Usage(
+            "--staging s3://…: the executors read staged inputs from a shared folder;              give a mount they all see (docs/object-storage.md)"
+                .into(),
+        ));
+    }
+    let predictions = objstore::local_input(&args.predictions, &mut scratch, &rt)?;
+    let cases_here = objstore::local_input(&cases, &mut scratch, &rt)?;
+    let remote = objstore::RemoteRun::open(&out_dir, &mut scratch, &rt)?;
+    if remote.is_some() && args.cluster.is_some() && args.staging.is_none() {
+        return Err(crate::error::Error::Usage(format!(
+            "--cluster with --output {}: give --staging, a folder the scheduler and every \
+             executor see (the output is published from this machine)",
+            out_dir.display()
+        )));
+    }
+    let work_dir = remote
+        .as_ref()
+        .map_or_else(|| out_dir.clone(), |r| r.work.clone());
+    let judge = super::judge::open_judge(args.judge.as_deref(), Some(&work_dir))?;
+    let mut opts = ScoreOptions::new(predictions.clone(), cases_here.clone(), work_dir, run_id);
     opts.mitigation = args.mitigation;
     opts.leakage_threshold = args.leakage_threshold;
     opts.judge = judge;
@@ -90,7 +117,18 @@ pub fn run(args: Args) -> Result<ExitStatus> {
         .map(crate::cluster::scoring)
         .transpose()?;
     opts.staging = args.staging;
-    let report = score(&opts)?;
+    let mut report = score(&opts).map_err(|e| {
+        let e = objstore::relocate(e, &predictions, &args.predictions);
+        objstore::relocate(e, &cases_here, &cases)
+    })?;
+    if let Some(remote) = &remote {
+        remote.publish(&report.run_id, &rt)?;
+        report.output = out_dir.clone();
+        for path in report.result_paths.values_mut() {
+            *path = remote.url_of(path);
+        }
+    }
+    drop(scratch);
     if args.json {
         output::json(&report)?;
         return Ok(ExitStatus::Success);

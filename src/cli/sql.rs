@@ -13,6 +13,7 @@ use crate::cli::paths;
 use crate::engine::runtime;
 use crate::engine::tables::{register_file, register_standard_tables};
 use crate::error::{Error, Result};
+use crate::objstore;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum Format {
@@ -47,7 +48,8 @@ pub struct Args {
     /// Write the result to a file instead of stdout (required for parquet).
     #[arg(long)]
     output: Option<PathBuf>,
-    /// The folder of run folders.
+    /// The folder of run folders, or `s3://BUCKET/PREFIX` of runs `pieval score` committed
+    /// there (docs/object-storage.md).
     #[arg(long, default_value = "results")]
     results: PathBuf,
     /// The corpus behind attack_cases (default: the enriched corpus when present).
@@ -114,27 +116,49 @@ pub fn run(args: Args) -> Result<ExitStatus> {
         )));
     }
     let judge = super::judge::open_judge(args.judge.as_deref(), None)?;
+    // Object storage: the committed runs under an `s3://` --results, an `s3://` corpus
+    // and `s3://` tables are fetched (and checked) into a private folder first, then read
+    // as local files are, bounds checks included (src/objstore.rs).
+    let mut scratch = None;
+    let (results, cases, tables) = {
+        let rt = runtime()?;
+        let results = objstore::local_results(&args.results, &mut scratch, &rt)?;
+        let cases = objstore::local_input(&cases, &mut scratch, &rt)?;
+        let mut tables = Vec::new();
+        for spec in &args.tables {
+            let (name, path) = spec
+                .split_once('=')
+                .ok_or_else(|| Error::Usage(format!("--table {spec:?}: expected NAME=PATH")))?;
+            let local = objstore::local_input(Path::new(path), &mut scratch, &rt)?;
+            tables.push((name.to_owned(), local));
+        }
+        if scratch.is_some() && args.cluster.is_some() {
+            return Err(Error::Usage(
+                "--cluster with s3:// tables: the executors read files at paths they see; \
+                 query object storage without --cluster (docs/object-storage.md)"
+                    .into(),
+            ));
+        }
+        (results, cases, tables)
+    };
     let query = async {
         let (ctx, skipped) = match &args.cluster {
             None => {
                 let ctx = crate::engine::session_with_memory_limit(args.memory_limit << 20)?;
                 crate::judge::udf::register(&ctx, judge.clone());
-                let skipped = register_standard_tables(&ctx, &cases, &args.results).await?;
+                let skipped = register_standard_tables(&ctx, &cases, &results).await?;
                 (ctx, skipped)
             }
-            Some(url) => cluster_session(url, &cases, &args.results).await?,
+            Some(url) => cluster_session(url, &cases, &results).await?,
         };
         for line in skipped {
             crate::cli::output::stderr_line(&format!("warning: {line}"));
         }
-        for spec in &args.tables {
-            let (name, path) = spec
-                .split_once('=')
-                .ok_or_else(|| Error::Usage(format!("--table {spec:?}: expected NAME=PATH")))?;
+        for (name, path) in &tables {
             let path = match &args.cluster {
                 // The executors read it: by absolute path.
-                Some(_) => PathBuf::from(crate::rundir::table_path(Path::new(path))?),
-                None => PathBuf::from(path),
+                Some(_) => PathBuf::from(crate::rundir::table_path(path)?),
+                None => path.clone(),
             };
             register_file(&ctx, name, &path).await?;
         }

@@ -181,6 +181,7 @@ fn modules_import_only_downward() {
         "taxonomy",
         "detect",
         "corpus",
+        "objstore",
         "rundir",
         "contract",
         "config_errors",

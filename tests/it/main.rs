@@ -24,6 +24,7 @@ mod ingest;
 mod judge;
 mod layout;
 mod local_model;
+mod object_storage;
 mod pinning;
 mod report;
 mod review;

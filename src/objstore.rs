@@ -1,0 +1,926 @@
+//! Object storage: `s3://bucket/prefix` locations for inputs, run folders and the
+//! warehouse export, through the `object_store` crate DataFusion itself reads with
+//! (docs/object-storage.md).
+//!
+//! **Credentials come from the environment only** (`AWS_ACCESS_KEY_ID`,
+//! `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`, `AWS_ENDPOINT_URL`,
+//! `AWS_ALLOW_HTTP`, … as `object_store`'s `AmazonS3Builder::from_env` reads them). A
+//! location is the URL alone; one that carries credentials (`s3://KEY:SECRET@bucket`)
+//! is refused, so no credential can reach a summary, a manifest or a log.
+//!
+//! **A run folder on object storage is committed all or nothing.** Object stores have no
+//! rename; a single PUT (or a completed multipart upload) of one object is their atomic
+//! step. So a run `s3://b/results/r1` is laid out as
+//!
+//! ```text
+//! s3://b/results/r1/_pieval_commit.json          ← the run: its commit id and files
+//! s3://b/results/r1/v/COMMIT_ID/case_results.parquet
+//! s3://b/results/r1/v/COMMIT_ID/…
+//! ```
+//!
+//! Every file of a new scoring goes under a fresh `v/COMMIT_ID/`; only when all of them
+//! are uploaded is `_pieval_commit.json` replaced (one PUT), naming each file with its
+//! size and SHA-256. A reader starts from that object and reads only the files it names,
+//! checking both: a client killed or a server failing mid-write leaves the previous
+//! commit in force, and the parts of an unfinished one are never read (the same shape as
+//! the table formats warehouses use, Delta Lake's and Iceberg's: data files first, then
+//! one atomic pointer). The files of the replaced commit are deleted after the switch.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use object_store::path::Path as ObjPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+
+/// The scheme pieval reads and writes.
+pub const SCHEME: &str = "s3://";
+
+/// The object that commits a run on object storage.
+pub const COMMIT_FILE: &str = "_pieval_commit.json";
+
+/// `_pieval_commit.json`'s format.
+pub const COMMIT_FORMAT: &str = "pieval.run-commit/1";
+
+/// Files up to this size are one PUT; larger ones a multipart upload of parts this size
+/// (S3 takes parts of 5 MiB to 5 GiB, at most 10,000 of them: 80 GiB at 8 MiB).
+pub const PART_BYTES: usize = 8 << 20;
+
+/// Parts of one file in flight at once.
+const PARTS_IN_FLIGHT: usize = 4;
+
+/// Whether a path given on the command line names object storage.
+pub fn is_remote(path: &Path) -> bool {
+    path.to_str().is_some_and(|s| s.starts_with(SCHEME))
+}
+
+/// A location on object storage: a bucket and a key (a prefix, for a folder).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Location {
+    pub bucket: String,
+    pub key: ObjPath,
+}
+
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.key.as_ref().is_empty() {
+            write!(f, "{SCHEME}{}", self.bucket)
+        } else {
+            write!(f, "{SCHEME}{}/{}", self.bucket, self.key)
+        }
+    }
+}
+
+impl Location {
+    /// `s3://bucket[/key]`. Refused: credentials, a port, a query or fragment, an empty
+    /// bucket, and `.`/`..` or empty segments (a key means what it says).
+    pub fn parse(text: &str) -> Result<Self> {
+        let bad =
+            |why: &str| Error::Usage(format!("{text}: not an object-storage location: {why}"));
+        let rest = text
+            .strip_prefix(SCHEME)
+            .ok_or_else(|| bad("it must start with s3://"))?;
+        let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(bad("no bucket"));
+        }
+        if bucket.contains('@') || bucket.contains(':') {
+            return Err(bad(
+                "credentials or a port in the URL (credentials come from the environment: \
+                 AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY; the endpoint from AWS_ENDPOINT_URL)",
+            ));
+        }
+        if !bucket
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        {
+            return Err(bad(
+                "a bucket name is lower-case letters, digits, '-' and '.'",
+            ));
+        }
+        if key.contains('?') || key.contains('#') {
+            return Err(bad("a query or fragment"));
+        }
+        let key = key.strip_suffix('/').unwrap_or(key);
+        let mut parts = Vec::new();
+        if !key.is_empty() {
+            for part in key.split('/') {
+                if part.is_empty() || part == "." || part == ".." {
+                    return Err(bad("an empty, '.' or '..' segment in the key"));
+                }
+                if part.chars().any(char::is_control) {
+                    return Err(bad("a control character in the key"));
+                }
+                parts.push(part);
+            }
+        }
+        let key = ObjPath::from_iter(parts);
+        Ok(Self {
+            bucket: bucket.to_owned(),
+            key,
+        })
+    }
+
+    /// `path` as a location, when it names one (`None`: a local path).
+    pub fn of(path: &Path) -> Result<Option<Self>> {
+        match path.to_str() {
+            Some(s) if s.starts_with(SCHEME) => Self::parse(s).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// The location of `name` inside this one (`name` may hold `/`).
+    pub fn child(&self, name: &str) -> Self {
+        let mut key = self.key.clone();
+        for part in name.split('/').filter(|p| !p.is_empty()) {
+            key = key.clone().join(part);
+        }
+        Self {
+            bucket: self.bucket.clone(),
+            key,
+        }
+    }
+
+    /// The last segment of the key.
+    pub fn name(&self) -> &str {
+        self.key.filename().unwrap_or("")
+    }
+}
+
+/// A connection to one bucket.
+#[derive(Clone, Debug)]
+pub struct Store {
+    inner: Arc<dyn ObjectStore>,
+    bucket: String,
+}
+
+/// `PIEVAL_S3_RETRIES`: how often a failed request is retried (object_store's default:
+/// 10, with exponential backoff from 100 ms to 15 s, for at most 3 minutes).
+pub const RETRIES_ENV: &str = "PIEVAL_S3_RETRIES";
+
+impl Store {
+    /// The bucket of `loc`, with everything else from the environment.
+    pub fn open(loc: &Location) -> Result<Self> {
+        let mut retry = object_store::RetryConfig::default();
+        if let Ok(v) = std::env::var(RETRIES_ENV) {
+            retry.max_retries = v.trim().parse().map_err(|_| {
+                Error::Usage(format!("{RETRIES_ENV}={v}: not a whole number of retries"))
+            })?;
+        }
+        retry.retry_timeout = Duration::from_secs(180);
+        let store = object_store::aws::AmazonS3Builder::from_env()
+            .with_bucket_name(&loc.bucket)
+            .with_retry(retry)
+            .build()
+            .map_err(|e| Error::Usage(format!("{loc}: cannot open the bucket: {}", redact(&e))))?;
+        Ok(Self {
+            inner: Arc::new(store),
+            bucket: loc.bucket.clone(),
+        })
+    }
+
+    /// The store, for a DataFusion session's registry.
+    pub fn object_store(&self) -> Arc<dyn ObjectStore> {
+        Arc::clone(&self.inner)
+    }
+
+    fn at(&self, key: &ObjPath) -> Location {
+        Location {
+            bucket: self.bucket.clone(),
+            key: key.clone(),
+        }
+    }
+
+    fn err(&self, key: &ObjPath, action: &str, e: object_store::Error) -> Error {
+        let loc = self.at(key);
+        match e {
+            object_store::Error::NotFound { .. } => {
+                Error::NotFound(format!("{loc}: no such object"))
+            }
+            e => Error::Process(format!("{loc}: cannot {action}: {}", redact(&e))),
+        }
+    }
+
+    /// The object's bytes (for small objects: a commit, a summary).
+    pub async fn get_bytes(&self, key: &ObjPath) -> Result<Option<Vec<u8>>> {
+        match self.inner.get(key).await {
+            Ok(r) => Ok(Some(
+                r.bytes()
+                    .await
+                    .map_err(|e| self.err(key, "read", e))?
+                    .to_vec(),
+            )),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.err(key, "read", e)),
+        }
+    }
+
+    /// Stream an object into a local file, written under a temporary name and renamed
+    /// when whole: its size and SHA-256.
+    pub async fn download(&self, key: &ObjPath, to: &Path) -> Result<(u64, String)> {
+        use std::io::Write;
+        let got = self
+            .inner
+            .get(key)
+            .await
+            .map_err(|e| self.err(key, "read", e))?;
+        let mut file = crate::atomic::TempFile::create(to)?;
+        let mut hash = Sha256::new();
+        let mut bytes = 0u64;
+        let mut stream = got.into_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| self.err(key, "read", e))?;
+            hash.update(&chunk);
+            bytes += chunk.len() as u64;
+            file.write_all(&chunk)
+                .map_err(|e| Error::io(to, "cannot write", e))?;
+        }
+        file.commit()?;
+        Ok((bytes, hex::encode(hash.finalize())))
+    }
+
+    /// Upload a local file: one PUT up to [`PART_BYTES`], a multipart upload above (aborted
+    /// on failure, so no part of it becomes an object). Either way the object appears
+    /// whole or not at all.
+    pub async fn upload(&self, from: &Path, key: &ObjPath) -> Result<FileEntry> {
+        let mut file = std::fs::File::open(from).map_err(|e| Error::io(from, "cannot open", e))?;
+        let size = file
+            .metadata()
+            .map_err(|e| Error::io(from, "cannot read", e))?
+            .len();
+        let mut hash = Sha256::new();
+        let mut read_chunk = |buf: &mut Vec<u8>| -> Result<usize> {
+            buf.clear();
+            let n = (&mut file)
+                .take(PART_BYTES as u64)
+                .read_to_end(buf)
+                .map_err(|e| Error::io(from, "cannot read", e))?;
+            hash.update(&buf[..n]);
+            Ok(n)
+        };
+        let mut buf = Vec::with_capacity(PART_BYTES.min(size as usize + 1));
+        let multipart = size > PART_BYTES as u64;
+        if !multipart {
+            read_chunk(&mut buf)?;
+            let payload = PutPayload::from(std::mem::take(&mut buf));
+            self.inner
+                .put(key, payload)
+                .await
+                .map_err(|e| self.err(key, "write", e))?;
+        } else {
+            let upload = self
+                .inner
+                .put_multipart(key)
+                .await
+                .map_err(|e| self.err(key, "start a multipart upload of", e))?;
+            let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
+            let written: Result<()> = async {
+                loop {
+                    writer
+                        .wait_for_capacity(PARTS_IN_FLIGHT)
+                        .await
+                        .map_err(|e| self.err(key, "write a part of", e))?;
+                    if read_chunk(&mut buf)? == 0 {
+                        return Ok(());
+                    }
+                    writer.write(&buf);
+                }
+            }
+            .await;
+            match written {
+                Ok(()) => {
+                    writer
+                        .finish()
+                        .await
+                        .map_err(|e| self.err(key, "complete the multipart upload of", e))?;
+                }
+                Err(e) => {
+                    let _ = writer.abort().await;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(FileEntry {
+            name: String::new(),
+            bytes: size,
+            sha256: hex::encode(hash.finalize()),
+            multipart,
+        })
+    }
+
+    /// Object keys directly under `prefix` (its "subfolders").
+    pub async fn subfolders(&self, prefix: &ObjPath) -> Result<Vec<ObjPath>> {
+        let prefix = (!prefix.as_ref().is_empty()).then_some(prefix);
+        let listed = self.inner.list_with_delimiter(prefix).await.map_err(|e| {
+            self.err(
+                prefix.cloned().as_ref().unwrap_or(&ObjPath::default()),
+                "list",
+                e,
+            )
+        })?;
+        let mut out = listed.common_prefixes;
+        out.sort();
+        Ok(out)
+    }
+
+    async fn delete_files(&self, dir: &ObjPath, files: &[FileEntry]) {
+        for f in files {
+            let _ = self.inner.delete(&child_key(dir, &f.name)).await;
+        }
+    }
+}
+
+fn child_key(dir: &ObjPath, name: &str) -> ObjPath {
+    let mut key = dir.clone();
+    for part in name.split('/').filter(|p| !p.is_empty()) {
+        key = key.join(part);
+    }
+    key
+}
+
+/// An error of the S3 client as text, with anything that looks like a credential
+/// removed (the client's messages name URLs and headers, never a secret as far as its
+/// source shows; this is a second guard).
+fn redact(e: &object_store::Error) -> String {
+    let mut text = e.to_string();
+    for var in [
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_ACCESS_KEY_ID",
+    ] {
+        if let Ok(secret) = std::env::var(var)
+            && secret.len() >= 4
+        {
+            text = text.replace(&secret, "[redacted]");
+        }
+    }
+    text
+}
+
+/// One file of a commit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// Its name in the run folder.
+    pub name: String,
+    pub bytes: u64,
+    pub sha256: String,
+    /// Uploaded in parts (not recorded: how, not what).
+    #[serde(skip)]
+    pub multipart: bool,
+}
+
+/// `_pieval_commit.json`: which files make the run, and where they are.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Commit {
+    pub format: String,
+    pub run_id: String,
+    pub commit_id: String,
+    pub committed_at: String,
+    pub files: Vec<FileEntry>,
+}
+
+impl Commit {
+    /// The folder of this commit's files.
+    pub fn dir(&self, run: &Location) -> Location {
+        run.child(&format!("v/{}", self.commit_id))
+    }
+}
+
+/// A fresh commit id: the UTC time and 64 random bits (sorts by time; two writers never
+/// share one).
+pub fn new_commit_id() -> String {
+    format!(
+        "{}-{:016x}",
+        crate::text::utc_compact_now(),
+        fastrand::u64(..)
+    )
+}
+
+/// The commit in force for the run at `run`, if any. One that does not parse is an
+/// error naming it (a run folder received from someone else is checked, not trusted).
+pub async fn read_commit(store: &Store, run: &Location) -> Result<Option<Commit>> {
+    let at = run.child(COMMIT_FILE);
+    let Some(bytes) = store.get_bytes(&at.key).await? else {
+        return Ok(None);
+    };
+    let commit: Commit = serde_json::from_slice(&bytes)
+        .map_err(|e| Error::State(format!("{at}: not a pieval run commit: {e}")))?;
+    if commit.format != COMMIT_FORMAT {
+        return Err(Error::State(format!(
+            "{at}: format {:?}, this pieval reads {COMMIT_FORMAT:?}",
+            commit.format
+        )));
+    }
+    let id_ok = !commit.commit_id.is_empty()
+        && commit
+            .commit_id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if !id_ok {
+        return Err(Error::State(format!(
+            "{at}: commit_id {:?} is not one pieval writes",
+            commit.commit_id
+        )));
+    }
+    for f in &commit.files {
+        check_file_name(&f.name)
+            .map_err(|why| Error::State(format!("{at}: file {:?}: {why}", f.name)))?;
+        if f.sha256.len() != 64 || !f.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(Error::State(format!(
+                "{at}: file {:?}: sha256 {:?} is not a SHA-256 digest",
+                f.name, f.sha256
+            )));
+        }
+    }
+    Ok(Some(commit))
+}
+
+/// A run folder's file name: one plain segment (no folder, no path tricks).
+fn check_file_name(name: &str) -> std::result::Result<(), &'static str> {
+    if name.is_empty()
+        || name == "."
+        || name == ".."
+        || name.contains('/')
+        || name.contains('\\')
+        || name.chars().any(char::is_control)
+    {
+        return Err("not a plain file name");
+    }
+    Ok(())
+}
+
+/// Publish the local run folder `local` as the run at `run`: every regular file under
+/// a fresh `v/COMMIT_ID/`, then `_pieval_commit.json` in one PUT, then the previous
+/// commit's files deleted. Refused: anything in `local` that is not a regular file (a
+/// symbolic link, a folder). On any error before the commit object is written the run
+/// keeps its previous commit; the new files already uploaded are deleted (best effort;
+/// they are never read either way).
+pub async fn publish_run(
+    store: &Store,
+    run: &Location,
+    local: &Path,
+    run_id: &str,
+    commit_id: &str,
+) -> Result<Commit> {
+    let previous = read_commit(store, run).await?;
+    let mut names = Vec::new();
+    let entries = std::fs::read_dir(local).map_err(|e| Error::io(local, "cannot list", e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io(local, "cannot list", e))?;
+        let path = entry.path();
+        let kind = entry
+            .file_type()
+            .map_err(|e| Error::io(&path, "cannot read", e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if crate::atomic::is_temporary(&name) {
+            continue;
+        }
+        if !kind.is_file() {
+            return Err(Error::State(format!(
+                "{}: not a regular file (a run published to object storage is plain files)",
+                path.display()
+            )));
+        }
+        check_file_name(&name).map_err(|why| Error::State(format!("{}: {why}", path.display())))?;
+        names.push(name);
+    }
+    names.sort();
+    let commit = Commit {
+        format: COMMIT_FORMAT.into(),
+        run_id: run_id.into(),
+        commit_id: commit_id.into(),
+        committed_at: crate::text::utc_rfc3339_millis(),
+        files: Vec::new(),
+    };
+    let dir = commit.dir(run);
+    let mut files = Vec::new();
+    let uploaded: Result<()> = async {
+        for name in &names {
+            let mut entry = store
+                .upload(&local.join(name), &dir.child(name).key)
+                .await?;
+            entry.name = name.clone();
+            files.push(entry);
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(e) = uploaded {
+        store.delete_files(&dir.key, &files).await;
+        return Err(e);
+    }
+    let commit = Commit { files, ..commit };
+    let text = serde_json::to_vec_pretty(&commit)
+        .map_err(|e| Error::Internal(format!("cannot encode the commit: {e}")))?;
+    let at = run.child(COMMIT_FILE);
+    if let Err(e) = store.inner.put(&at.key, PutPayload::from(text)).await {
+        store.delete_files(&dir.key, &commit.files).await;
+        return Err(store.err(&at.key, "write", e));
+    }
+    if let Some(old) = previous.filter(|p| p.commit_id != commit.commit_id) {
+        store.delete_files(&old.dir(run).key, &old.files).await;
+    }
+    Ok(commit)
+}
+
+/// Download the files of `commit` into `to` (a folder), each checked against its size
+/// and SHA-256: a file that differs is an error naming it, and nothing of it is kept.
+pub async fn fetch_run(store: &Store, run: &Location, commit: &Commit, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to).map_err(|e| Error::io(to, "cannot create folder", e))?;
+    let dir = commit.dir(run);
+    for f in &commit.files {
+        let local = to.join(&f.name);
+        let (bytes, sha) = store.download(&dir.child(&f.name).key, &local).await?;
+        if bytes != f.bytes || sha != f.sha256 {
+            let _ = std::fs::remove_file(&local);
+            return Err(Error::State(format!(
+                "{}: {} bytes, sha256 {sha}; the commit {} names {} bytes, sha256 {}",
+                dir.child(&f.name),
+                bytes,
+                run.child(COMMIT_FILE),
+                f.bytes,
+                f.sha256
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The committed runs directly under `results` (those with a `_pieval_commit.json`),
+/// by name.
+pub async fn list_runs(store: &Store, results: &Location) -> Result<Vec<(Location, Commit)>> {
+    let mut runs = Vec::new();
+    for key in store.subfolders(&results.key).await? {
+        let run = store.at(&key);
+        if let Some(commit) = read_commit(store, &run).await? {
+            runs.push((run, commit));
+        }
+    }
+    Ok(runs)
+}
+
+/// A private local folder for what is fetched from or published to object storage,
+/// removed with everything in it when dropped (its temporary name lets the next pieval
+/// remove one a killed process left: `crate::atomic::clean_stale`).
+pub struct Scratch {
+    pub dir: PathBuf,
+}
+
+impl Scratch {
+    pub fn create() -> Result<Self> {
+        let parent = std::env::temp_dir();
+        crate::atomic::clean_stale(&parent);
+        let dir = parent.join(format!(
+            ".pieval-objstore.tmp-{}-{:016x}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        std::fs::create_dir(&dir).map_err(|e| Error::io(&dir, "cannot create folder", e))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+        }
+        Ok(Self { dir })
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// An input given as `s3://…`, downloaded into `scratch` (under its own name) so the
+/// validating readers stream it as they stream a local file; a local path is returned
+/// as it is.
+pub fn local_input(
+    path: &Path,
+    scratch: &mut Option<Scratch>,
+    rt: &tokio::runtime::Runtime,
+) -> Result<PathBuf> {
+    let Some(loc) = Location::of(path)? else {
+        return Ok(path.to_path_buf());
+    };
+    if loc.name().is_empty() {
+        return Err(Error::Usage(format!("{loc}: names a bucket, not a file")));
+    }
+    if scratch.is_none() {
+        *scratch = Some(Scratch::create()?);
+    }
+    let dir = &scratch.as_ref().expect("created above").dir;
+    let sub = dir.join(format!("input-{:016x}", fastrand::u64(..)));
+    std::fs::create_dir(&sub).map_err(|e| Error::io(&sub, "cannot create folder", e))?;
+    let local = sub.join(loc.name());
+    let store = Store::open(&loc)?;
+    rt.block_on(store.download(&loc.key, &local))?;
+    Ok(local)
+}
+
+/// Upload every file under the local folder `local` to the same relative keys under
+/// `to` (a warehouse export: each object is written whole by its PUT or multipart
+/// upload), the files under `last/` after all others (the export's `runs` table: a run
+/// listed there has its other tables in place). Symbolic links are refused.
+pub fn upload_tree(
+    to: &Location,
+    local: &Path,
+    last: &str,
+    rt: &tokio::runtime::Runtime,
+) -> Result<Vec<FileEntry>> {
+    fn walk(dir: &Path, rel: &str, out: &mut Vec<(String, PathBuf)>) -> Result<()> {
+        let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, "cannot list", e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io(dir, "cannot list", e))?;
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if crate::atomic::is_temporary(&name) {
+                continue;
+            }
+            let kind = entry
+                .file_type()
+                .map_err(|e| Error::io(&path, "cannot read", e))?;
+            let rel = if rel.is_empty() {
+                name
+            } else {
+                format!("{rel}/{name}")
+            };
+            if kind.is_dir() {
+                walk(&path, &rel, out)?;
+            } else if kind.is_file() {
+                out.push((rel, path));
+            } else {
+                return Err(Error::State(format!(
+                    "{}: not a regular file or folder",
+                    path.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+    let mut files = Vec::new();
+    walk(local, "", &mut files)?;
+    let last_prefix = format!("{last}/");
+    files.sort_by(|a, b| {
+        (a.0.starts_with(&last_prefix), &a.0).cmp(&(b.0.starts_with(&last_prefix), &b.0))
+    });
+    let store = Store::open(to)?;
+    rt.block_on(async {
+        let mut done = Vec::new();
+        for (rel, path) in &files {
+            let mut entry = store.upload(path, &to.child(rel).key).await?;
+            entry.name = rel.clone();
+            done.push(entry);
+        }
+        Ok(done)
+    })
+}
+
+/// A `--results` given as `s3://…`: every committed run under it fetched (each file
+/// checked against its commit) into `scratch`, as the folder of run folders the local
+/// readers take; a local path is returned as it is.
+pub fn local_results(
+    results: &Path,
+    scratch: &mut Option<Scratch>,
+    rt: &tokio::runtime::Runtime,
+) -> Result<PathBuf> {
+    let Some(loc) = Location::of(results)? else {
+        return Ok(results.to_path_buf());
+    };
+    if scratch.is_none() {
+        *scratch = Some(Scratch::create()?);
+    }
+    let to = scratch.as_ref().expect("created above").dir.join("results");
+    std::fs::create_dir(&to).map_err(|e| Error::io(&to, "cannot create folder", e))?;
+    let store = Store::open(&loc)?;
+    rt.block_on(async {
+        for (run, commit) in list_runs(&store, &loc).await? {
+            let name = run.name().to_owned();
+            if crate::rundir::check_run_id(&name).is_err() {
+                return Err(Error::State(format!(
+                    "{run}: not a run name pieval accepts (letters, digits, '.', '_', '-')"
+                )));
+            }
+            fetch_run(&store, &run, &commit, &to.join(&name)).await?;
+        }
+        Ok(())
+    })?;
+    Ok(to)
+}
+
+/// A run folder on object storage being rewritten: its committed files fetched into a
+/// local working folder (so a rescoring keeps what it keeps locally: the judge's
+/// verdicts, a run's other files), the work done there, then published as one new
+/// commit ([`publish_run`]).
+pub struct RemoteRun {
+    pub store: Store,
+    pub run: Location,
+    /// The local working folder.
+    pub work: PathBuf,
+    pub commit_id: String,
+}
+
+impl RemoteRun {
+    /// `None` for a local path. The run's name (its last key segment) must be a valid
+    /// folder name; its committed files (if any) are fetched and checked.
+    pub fn open(
+        output: &Path,
+        scratch: &mut Option<Scratch>,
+        rt: &tokio::runtime::Runtime,
+    ) -> Result<Option<Self>> {
+        let Some(run) = Location::of(output)? else {
+            return Ok(None);
+        };
+        if run.key.as_ref().is_empty() {
+            return Err(Error::Usage(format!(
+                "{run}: give a run's prefix inside the bucket (s3://BUCKET/results/RUN)"
+            )));
+        }
+        crate::rundir::check_run_id(run.name())
+            .map_err(|e| Error::Usage(format!("{run}: the run's folder name: {e}")))?;
+        if scratch.is_none() {
+            *scratch = Some(Scratch::create()?);
+        }
+        let work = scratch.as_ref().expect("created above").dir.join("run");
+        std::fs::create_dir(&work).map_err(|e| Error::io(&work, "cannot create folder", e))?;
+        let store = Store::open(&run)?;
+        rt.block_on(async {
+            if let Some(commit) = read_commit(&store, &run).await? {
+                fetch_run(&store, &run, &commit, &work).await?;
+            }
+            Ok::<_, Error>(())
+        })?;
+        Ok(Some(Self {
+            store,
+            run,
+            work,
+            commit_id: new_commit_id(),
+        }))
+    }
+
+    /// Where a file of the working folder will be once published.
+    pub fn url_of(&self, local: &Path) -> PathBuf {
+        match local.strip_prefix(&self.work) {
+            Ok(rel) => PathBuf::from(
+                Location {
+                    bucket: self.run.bucket.clone(),
+                    key: ObjPath::from(format!("{}/v/{}", self.run.key, self.commit_id)),
+                }
+                .child(&rel.to_string_lossy())
+                .to_string(),
+            ),
+            Err(_) => local.to_path_buf(),
+        }
+    }
+
+    /// Publish the working folder as the run's new commit. `summary.json`'s
+    /// `result_paths` are rewritten to where the files now live.
+    pub fn publish(&self, run_id: &str, rt: &tokio::runtime::Runtime) -> Result<Commit> {
+        let summary = self.work.join(crate::rundir::SUMMARY_FILE);
+        if summary.is_file() {
+            let text = std::fs::read_to_string(&summary)
+                .map_err(|e| Error::io(&summary, "cannot read", e))?;
+            let mut v: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| Error::config(&summary, format!("not JSON: {e}")))?;
+            if let Some(paths) = v.get_mut("result_paths").and_then(|p| p.as_object_mut()) {
+                for value in paths.values_mut() {
+                    if let Some(p) = value.as_str() {
+                        *value = serde_json::Value::String(
+                            self.url_of(Path::new(p)).to_string_lossy().into_owned(),
+                        );
+                    }
+                }
+            }
+            let text = serde_json::to_string_pretty(&v)
+                .map_err(|e| Error::Internal(format!("cannot encode summary: {e}")))?;
+            crate::atomic::write_lines(&summary, std::iter::once(text))?;
+        }
+        rt.block_on(publish_run(
+            &self.store,
+            &self.run,
+            &self.work,
+            run_id,
+            &self.commit_id,
+        ))
+    }
+}
+
+/// An error about the local copy `local` of `remote`, told about `remote` (a problem on
+/// line 7 of a downloaded file is `s3://…:7`).
+pub fn relocate(e: Error, local: &Path, remote: &Path) -> Error {
+    if local == remote {
+        return e;
+    }
+    let swap = |p: PathBuf| if p == local { remote.to_path_buf() } else { p };
+    match e {
+        Error::Io {
+            path,
+            action,
+            source,
+        } => Error::Io {
+            path: swap(path),
+            action,
+            source,
+        },
+        Error::Input {
+            path,
+            line,
+            field,
+            message,
+        } => Error::Input {
+            path: swap(path),
+            line,
+            field,
+            message,
+        },
+        Error::Config { path, message } => Error::Config {
+            path: swap(path),
+            message,
+        },
+        Error::Invalid { path, count, first } => Error::Invalid {
+            path: swap(path),
+            count,
+            first,
+        },
+        other => {
+            let (l, r) = (local.display().to_string(), remote.display().to_string());
+            match other {
+                Error::Usage(m) => Error::Usage(m.replace(&l, &r)),
+                Error::NotFound(m) => Error::NotFound(m.replace(&l, &r)),
+                Error::State(m) => Error::State(m.replace(&l, &r)),
+                Error::Query(m) => Error::Query(m.replace(&l, &r)),
+                // A reader's error carried through DataFusion (a stream's `file:line`):
+                // the same exit status, told about the object.
+                other if other.exit_code() == 2 && other.to_string().contains(&l) => {
+                    Error::Query(other.to_string().replace(&l, &r))
+                }
+                other => other,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_parse_and_refuse_what_they_should() {
+        let l = Location::parse("s3://bucket-1/results/r1/").unwrap();
+        assert_eq!(l.bucket, "bucket-1");
+        assert_eq!(l.key.as_ref(), "results/r1");
+        assert_eq!(l.to_string(), "s3://bucket-1/results/r1");
+        assert_eq!(
+            l.child("v/x/a.parquet").to_string(),
+            "s3://bucket-1/results/r1/v/x/a.parquet"
+        );
+        assert_eq!(l.name(), "r1");
+        assert_eq!(Location::parse("s3://b").unwrap().to_string(), "s3://b");
+        for bad in [
+            "s3://",
+            "s3:///key",
+            "s3://KEY:SECRET@bucket/x",
+            "s3://bucket:9000/x",
+            "s3://Bucket/x",
+            "s3://b/a/../c",
+            "s3://b/a//c",
+            "s3://b/a?x=1",
+            "s3://b/a\nb",
+            "http://b/x",
+        ] {
+            assert!(Location::parse(bad).is_err(), "{bad} was accepted");
+        }
+        assert!(Location::of(Path::new("results/r1")).unwrap().is_none());
+        assert!(is_remote(Path::new("s3://b/x")));
+    }
+
+    #[test]
+    fn commit_file_names_are_plain() {
+        for bad in ["", ".", "..", "a/b", "a\\b", "a\u{7}"] {
+            assert!(check_file_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_file_name("case_results.parquet").is_ok());
+    }
+
+    #[test]
+    fn an_error_about_a_downloaded_copy_names_the_object() {
+        let e = Error::Input {
+            path: PathBuf::from("/tmp/x/preds.jsonl"),
+            line: 7,
+            field: Some("case_id".into()),
+            message: "missing".into(),
+        };
+        let e = relocate(
+            e,
+            Path::new("/tmp/x/preds.jsonl"),
+            Path::new("s3://b/in/preds.jsonl"),
+        );
+        assert_eq!(e.to_string(), "s3://b/in/preds.jsonl:7: case_id: missing");
+    }
+}

@@ -1,0 +1,786 @@
+//! Object storage (`s3://`, src/objstore.rs) against a real S3-compatible server:
+//! moto's server (PyPI `moto[server]`, installed by .ci/run) started on 127.0.0.1, and,
+//! in front of it, a proxy that fails or throttles requests on cue. A run scored from
+//! and into a bucket is the same run as a local one; its commit is all or nothing when
+//! the server fails or the client is killed mid-write; throttling is retried; a large result file goes up in
+//! parts; the warehouse export lands in the bucket; no credential is written anywhere;
+//! a bad location, a missing object, a malformed input line and a commit received from
+//! someone else are clear errors naming the object.
+
+use crate::common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{pieval, read_jsonl, repo, run, write_jsonl};
+use serde_json::{Value, json};
+
+const KEY_ID: &str = "PIEVALTESTKEYID12345";
+const SECRET: &str = "pieval-test-secret-Zq93kLw0vXb7";
+
+/// moto's S3 server on a free port of 127.0.0.1, killed when dropped.
+struct Moto {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn start_moto() -> Moto {
+    let ok = Command::new("python3")
+        .args(["-c", "import moto.server, flask"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "moto's S3 server is missing: `python3 -m pip install 'moto[server]'` (.ci/run installs it)"
+    );
+    let port = free_port();
+    let child = Command::new("python3")
+        .args([
+            "-m",
+            "moto.server",
+            "-H",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("python3 -m moto.server starts");
+    let moto = Moto { child, port };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "moto's server did not start in 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    moto
+}
+
+/// One plain HTTP/1.1 request to moto (which takes unsigned requests): status, body.
+fn http(port: u16, method: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    s.write_all(body).unwrap();
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp).unwrap();
+    let head_end = find(&resp, b"\r\n\r\n").expect("an HTTP response");
+    let head = String::from_utf8_lossy(&resp[..head_end]).into_owned();
+    let status: u16 = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let mut body = resp[head_end + 4..].to_vec();
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        body = dechunk(&body);
+    }
+    (status, body)
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(end) = find(b, b"\r\n") {
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&b[..end]).unwrap().trim(), 16).unwrap_or(0);
+        if size == 0 {
+            break;
+        }
+        out.extend_from_slice(&b[end + 2..end + 2 + size]);
+        b = &b[end + 4 + size..];
+    }
+    out
+}
+
+/// The bucket `bkt`, with a policy letting the test write inputs and read back (unsigned) what pieval
+/// wrote (signed, so private by default).
+fn make_bucket(port: u16) {
+    assert_eq!(http(port, "PUT", "/bkt", b"").0, 200);
+    let policy = json!({"Version": "2012-10-17", "Statement": [{"Effect": "Allow",
+        "Principal": "*", "Action": ["s3:GetObject", "s3:PutObject", "s3:ListBucket"],
+        "Resource": ["arn:aws:s3:::bkt", "arn:aws:s3:::bkt/*"]}]});
+    let (status, body) = http(port, "PUT", "/bkt?policy", policy.to_string().as_bytes());
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+}
+
+fn put_object(port: u16, key: &str, body: &[u8]) {
+    let (status, text) = http(port, "PUT", &format!("/{key}"), body);
+    assert_eq!(
+        status,
+        200,
+        "PUT /{key}: {}",
+        String::from_utf8_lossy(&text)
+    );
+}
+
+fn get_object(port: u16, key: &str) -> Option<Vec<u8>> {
+    let (status, body) = http(port, "GET", &format!("/{key}"), b"");
+    (status == 200).then_some(body)
+}
+
+/// Every key of the bucket (moto lists up to 1,000: enough here).
+fn keys(port: u16, bucket: &str) -> Vec<String> {
+    let (status, body) = http(port, "GET", &format!("/{bucket}?list-type=2"), b"");
+    assert_eq!(status, 200);
+    let text = String::from_utf8(body).unwrap();
+    assert!(
+        !text.contains("<IsTruncated>true"),
+        "more than one page of keys"
+    );
+    text.split("<Key>")
+        .skip(1)
+        .map(|s| s.split("</Key>").next().unwrap().to_owned())
+        .collect()
+}
+
+/// What the proxy does with the requests it is given.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    Pass,
+    /// Answer 500 to every request once this many PUTs have gone through.
+    FailAfterPuts(usize),
+    /// Answer 503 SlowDown to the first attempt of every request.
+    Throttle,
+    /// Hold every request (never answered) once this many PUTs have gone through.
+    StallAfterPuts(usize),
+}
+
+#[derive(Default)]
+struct Counts {
+    puts: AtomicUsize,
+    parts: AtomicUsize,
+    multipart_starts: AtomicUsize,
+    failed: AtomicUsize,
+    throttled: AtomicUsize,
+    stalled: AtomicUsize,
+    requests: AtomicUsize,
+}
+
+/// An HTTP proxy in front of moto, one request per connection (it answers with
+/// `Connection: close`), that passes, fails or throttles requests.
+struct Proxy {
+    port: u16,
+    mode: Arc<Mutex<Mode>>,
+    counts: Arc<Counts>,
+}
+
+impl Proxy {
+    fn start(upstream: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mode = Arc::new(Mutex::new(Mode::Pass));
+        let counts = Arc::new(Counts::default());
+        let (m, c) = (Arc::clone(&mode), Arc::clone(&counts));
+        let seen = Arc::new(Mutex::new(std::collections::HashSet::new()));
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                let (m, c, seen) = (Arc::clone(&m), Arc::clone(&c), Arc::clone(&seen));
+                std::thread::spawn(move || {
+                    let _ = serve(conn, upstream, &m, &c, &seen);
+                });
+            }
+        });
+        Proxy { port, mode, counts }
+    }
+
+    fn set(&self, mode: Mode) {
+        *self.mode.lock().unwrap() = mode;
+    }
+}
+
+fn serve(
+    mut conn: TcpStream,
+    upstream: u16,
+    mode: &Mutex<Mode>,
+    counts: &Counts,
+    seen: &Mutex<std::collections::HashSet<String>>,
+) -> std::io::Result<()> {
+    conn.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let mut reader = BufReader::new(conn.try_clone()?);
+    let mut head = Vec::new();
+    let mut length = 0usize;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        if line == "\r\n" {
+            break;
+        }
+        let lower = line.to_ascii_lowercase();
+        if let Some(v) = lower.strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap_or(0);
+        }
+        assert!(
+            !lower.starts_with("transfer-encoding"),
+            "the proxy takes bodies with a Content-Length"
+        );
+        if lower.starts_with("connection:") {
+            continue;
+        }
+        head.extend_from_slice(line.as_bytes());
+    }
+    let mut body = vec![0u8; length];
+    reader.read_exact(&mut body)?;
+    let request_line =
+        String::from_utf8_lossy(&head[..head.iter().position(|&b| b == b'\n').unwrap_or(0)])
+            .into_owned();
+    counts.requests.fetch_add(1, Ordering::SeqCst);
+    let is_put = request_line.starts_with("PUT ");
+    if request_line.starts_with("POST ") && request_line.contains("uploads") {
+        counts.multipart_starts.fetch_add(1, Ordering::SeqCst);
+    }
+    let current = *mode.lock().unwrap();
+    match current {
+        Mode::FailAfterPuts(k) if counts.puts.load(Ordering::SeqCst) >= k => {
+            counts.failed.fetch_add(1, Ordering::SeqCst);
+            return refuse(&mut conn, "500 Internal Server Error", "InternalError");
+        }
+        Mode::StallAfterPuts(k) if counts.puts.load(Ordering::SeqCst) >= k => {
+            counts.stalled.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_secs(120));
+            return Ok(());
+        }
+        // Each distinct request is refused once: its retry goes through.
+        Mode::Throttle if seen.lock().unwrap().insert(request_line.clone()) => {
+            counts.throttled.fetch_add(1, Ordering::SeqCst);
+            return refuse(&mut conn, "503 Slow Down", "SlowDown");
+        }
+        _ => {}
+    }
+    if is_put {
+        counts.puts.fetch_add(1, Ordering::SeqCst);
+        if request_line.contains("partNumber=") {
+            counts.parts.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let mut up = TcpStream::connect(("127.0.0.1", upstream))?;
+    up.write_all(&head)?;
+    up.write_all(b"Connection: close\r\n\r\n")?;
+    up.write_all(&body)?;
+    let mut resp = Vec::new();
+    up.read_to_end(&mut resp)?;
+    conn.write_all(&resp)?;
+    Ok(())
+}
+
+/// An S3 error answer, the connection closed after it.
+fn refuse(conn: &mut TcpStream, status: &str, code: &str) -> std::io::Result<()> {
+    let body = format!(
+        "<?xml version=\"1.0\"?><Error><Code>{code}</Code><Message>injected by the test proxy</Message></Error>"
+    );
+    write!(
+        conn,
+        "HTTP/1.1 {status}\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// pieval with the S3 settings in its environment (and nothing else of AWS's).
+fn s3_pieval(port: u16) -> Command {
+    let mut cmd = pieval();
+    for (k, _) in std::env::vars() {
+        if k.starts_with("AWS_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("AWS_ACCESS_KEY_ID", KEY_ID)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET)
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{port}"))
+        .env("AWS_ALLOW_HTTP", "true")
+        .env("PIEVAL_S3_RETRIES", "3");
+    cmd
+}
+
+/// Predictions over the shipped corpus; `long` answers make case_results.jsonl larger
+/// than one upload part.
+fn predictions(copies: usize, long: bool) -> Vec<Value> {
+    let cases = read_jsonl(&repo("data/normalized/attack_cases.enriched.jsonl"));
+    let mut preds = Vec::new();
+    for copy in 0..copies {
+        for (i, c) in cases.iter().enumerate() {
+            let target = c["expected_target"].as_str().unwrap_or("PWNED");
+            let mut response = match (i + copy) % 4 {
+                0 => format!("Sure: {target}"),
+                1 => "I can't help with that.".to_owned(),
+                2 => format!("Here is a summary, copy {copy}."),
+                _ => String::new(),
+            };
+            if long {
+                for k in 0..40 {
+                    response.push_str(&format!(" Paragraph {k} of answer {i}/{copy} carries on."));
+                }
+            }
+            preds
+                .push(json!({"case_id": c["case_id"], "response_text": response, "latency_ms": i}));
+        }
+    }
+    preds
+}
+
+fn jsonl_bytes(rows: &[Value]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for r in rows {
+        out.extend_from_slice(r.to_string().as_bytes());
+        out.push(b'\n');
+    }
+    out
+}
+
+fn sorted_lines(bytes: &[u8]) -> Vec<String> {
+    let mut v: Vec<String> = String::from_utf8_lossy(bytes)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    v.sort();
+    v
+}
+
+/// The committed case_results.jsonl of a run, through its commit.
+fn committed(port: u16, run: &str) -> (Value, Vec<u8>) {
+    let commit: Value =
+        serde_json::from_slice(&get_object(port, &format!("{run}/_pieval_commit.json")).unwrap())
+            .unwrap();
+    let id = commit["commit_id"].as_str().unwrap();
+    let rows = get_object(port, &format!("{run}/v/{id}/case_results.jsonl")).unwrap();
+    (commit, rows)
+}
+
+fn score(cmd: &mut Command, preds: &str, out: &str) -> common::Output {
+    run(cmd
+        .args(["score", "--run-id", "r1", "--json", "--cases"])
+        .arg(repo("data/normalized/attack_cases.enriched.jsonl"))
+        .args(["--predictions", preds, "--output", out]))
+}
+
+fn sql_count(port: u16) -> common::Output {
+    run(s3_pieval(port).args([
+        "sql",
+        "--results",
+        "s3://bkt/results",
+        "--format",
+        "json",
+        "SELECT run_id, count(*) AS n FROM case_results GROUP BY run_id",
+    ]))
+}
+
+#[test]
+fn a_run_on_object_storage_is_a_local_runs_twin_and_commits_all_or_nothing() {
+    let moto = start_moto();
+    let port = moto.port;
+    make_bucket(port);
+    let dir = tempfile::tempdir().unwrap();
+
+    // The same predictions, scored locally and from and into the bucket.
+    let preds = predictions(1, false);
+    let local_preds = dir.path().join("preds.jsonl");
+    write_jsonl(&local_preds, &preds);
+    put_object(port, "bkt/in/preds.jsonl", &jsonl_bytes(&preds));
+    let local_out = dir.path().join("local");
+    let r = score(
+        &mut pieval(),
+        local_preds.to_str().unwrap(),
+        local_out.to_str().unwrap(),
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = score(
+        &mut s3_pieval(port),
+        "s3://bkt/in/preds.jsonl",
+        "s3://bkt/results/r1",
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let report: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(report["output"], "s3://bkt/results/r1");
+    assert_eq!(report["rows"], preds.len());
+    let paths = report["result_paths"].as_object().unwrap();
+    assert!(
+        paths
+            .values()
+            .all(|p| p.as_str().unwrap().starts_with("s3://bkt/results/r1/v/")),
+        "{paths:?}"
+    );
+    let (commit, rows) = committed(port, "bkt/results/r1");
+    let local_rows = std::fs::read(local_out.join("case_results.jsonl")).unwrap();
+    assert_eq!(
+        sorted_lines(&rows),
+        sorted_lines(&local_rows),
+        "case_results differ"
+    );
+    assert_eq!(sorted_lines(&rows).len(), preds.len());
+    // The commit names every file with its size and digest; the summary points at them.
+    let files: Vec<&str> = commit["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    for f in [
+        "case_results.parquet",
+        "case_results.jsonl",
+        "findings.parquet",
+        "summary.json",
+    ] {
+        assert!(files.contains(&f), "{files:?}");
+    }
+    let id = commit["commit_id"].as_str().unwrap().to_owned();
+    let summary: Value = serde_json::from_slice(
+        &get_object(port, &format!("bkt/results/r1/v/{id}/summary.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        summary["result_paths"]["case_results_parquet"],
+        format!("s3://bkt/results/r1/v/{id}/case_results.parquet")
+    );
+    let local_summary: Value =
+        serde_json::from_slice(&std::fs::read(local_out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(
+        summary["aggregate_metrics"],
+        local_summary["aggregate_metrics"]
+    );
+
+    // SQL over the committed runs in the bucket.
+    let r = sql_count(port);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v, json!([{"run_id": "r1", "n": preds.len()}]));
+
+    // The server fails mid-write: the run keeps its commit, nothing new is read.
+    let proxy = Proxy::start(port);
+    let fewer = predictions(1, false)[..500].to_vec();
+    put_object(port, "bkt/in/fewer.jsonl", &jsonl_bytes(&fewer));
+    proxy.set(Mode::FailAfterPuts(2));
+    let r = score(
+        &mut s3_pieval(proxy.port),
+        "s3://bkt/in/fewer.jsonl",
+        "s3://bkt/results/r1",
+    );
+    assert_ne!(r.code, 0, "a failing server was not noticed");
+    assert!(
+        r.stderr.contains("s3://bkt/results/r1/"),
+        "the error names the object: {}",
+        r.stderr
+    );
+    assert!(proxy.counts.failed.load(Ordering::SeqCst) > 0);
+    let (after, _) = committed(port, "bkt/results/r1");
+    assert_eq!(after["commit_id"], commit["commit_id"], "the commit moved");
+    let r = sql_count(port);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        serde_json::from_str::<Value>(&r.stdout).unwrap(),
+        json!([{"run_id": "r1", "n": preds.len()}])
+    );
+
+    // The client killed (SIGKILL) mid-upload: the commit stays, nothing new is read.
+    proxy.set(Mode::StallAfterPuts(
+        proxy.counts.puts.load(Ordering::SeqCst) + 2,
+    ));
+    let mut child = s3_pieval(proxy.port)
+        .args(["score", "--run-id", "r1", "--cases"])
+        .arg(repo("data/normalized/attack_cases.enriched.jsonl"))
+        .args([
+            "--predictions",
+            "s3://bkt/in/fewer.jsonl",
+            "--output",
+            "s3://bkt/results/r1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while proxy.counts.stalled.load(Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the upload never reached the stall"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "pieval ended before the stall"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let (after, _) = committed(port, "bkt/results/r1");
+    assert_eq!(after["commit_id"], commit["commit_id"], "the commit moved");
+    let r = sql_count(port);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        serde_json::from_str::<Value>(&r.stdout).unwrap(),
+        json!([{"run_id": "r1", "n": preds.len()}])
+    );
+    // Orphans of the killed upload are there, and never read.
+    assert!(
+        keys(port, "bkt")
+            .iter()
+            .any(|k| k.starts_with("results/r1/v/") && !k.contains(&id))
+    );
+
+    // Throttled (503 SlowDown on every other request) and large (case_results.jsonl in
+    // parts): retried to a whole new commit; the old commit's files are gone.
+    let long = predictions(2, true);
+    put_object(port, "bkt/in/long.jsonl", &jsonl_bytes(&long));
+    let long_local = dir.path().join("long.jsonl");
+    write_jsonl(&long_local, &long);
+    let long_out = dir.path().join("long-local");
+    let r = score(
+        &mut pieval(),
+        long_local.to_str().unwrap(),
+        long_out.to_str().unwrap(),
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let big = std::fs::metadata(long_out.join("case_results.jsonl"))
+        .unwrap()
+        .len();
+    assert!(
+        big > 9 << 20,
+        "case_results.jsonl is {big} bytes: not more than one part"
+    );
+    proxy.set(Mode::Throttle);
+    let r = score(
+        &mut s3_pieval(proxy.port),
+        "s3://bkt/in/long.jsonl",
+        "s3://bkt/results/r1",
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(proxy.counts.throttled.load(Ordering::SeqCst) > 0);
+    assert!(proxy.counts.multipart_starts.load(Ordering::SeqCst) >= 1);
+    assert!(proxy.counts.parts.load(Ordering::SeqCst) >= 2);
+    let (latest, rows) = committed(port, "bkt/results/r1");
+    assert_ne!(latest["commit_id"], commit["commit_id"]);
+    assert_eq!(
+        sorted_lines(&rows),
+        sorted_lines(&std::fs::read(long_out.join("case_results.jsonl")).unwrap())
+    );
+    let all = keys(port, "bkt");
+    assert!(
+        !all.iter().any(|k| k.contains(&format!("/v/{id}/"))),
+        "the replaced commit's files are left: {all:?}"
+    );
+
+    // The warehouse export, into the bucket; a run's row in `runs` comes last.
+    let r = run(s3_pieval(port).args([
+        "export",
+        "--results",
+        "s3://bkt/results",
+        "--to",
+        "s3://bkt/warehouse",
+        "--json",
+    ]));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let all = keys(port, "bkt");
+    let part = all
+        .iter()
+        .find(|k| k.starts_with("warehouse/case_results/") && k.ends_with("part-r1.parquet"))
+        .unwrap_or_else(|| panic!("no case_results part: {all:?}"));
+    assert!(
+        all.iter().any(|k| k.starts_with("warehouse/runs/")),
+        "{all:?}"
+    );
+    let got = dir.path().join("part.parquet");
+    std::fs::write(&got, get_object(port, &format!("bkt/{part}")).unwrap()).unwrap();
+    let r = run(pieval()
+        .args(["sql", "--format", "json", "--table"])
+        .arg(format!("t={}", got.display()))
+        .arg("SELECT count(*) AS n FROM t"));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        serde_json::from_str::<Value>(&r.stdout).unwrap(),
+        json!([{"n": long.len()}])
+    );
+
+    // No credential in any object of the bucket.
+    for k in keys(port, "bkt") {
+        let body = get_object(port, &format!("bkt/{k}")).unwrap();
+        for secret in [SECRET, KEY_ID] {
+            assert!(
+                find(&body, secret.as_bytes()).is_none(),
+                "{k} holds a credential"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_locations_missing_objects_bad_lines_and_foreign_commits_are_clear_errors() {
+    let moto = start_moto();
+    let port = moto.port;
+    make_bucket(port);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+
+    // Credentials in the URL: refused before anything is read or written.
+    let r = score(
+        &mut s3_pieval(port),
+        "s3://KEY:SECRET@bkt/in/p.jsonl",
+        out.to_str().unwrap(),
+    );
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("credentials come from the environment"),
+        "{}",
+        r.stderr
+    );
+    assert!(!out.exists());
+
+    // A missing object.
+    let r = score(
+        &mut s3_pieval(port),
+        "s3://bkt/in/nope.jsonl",
+        out.to_str().unwrap(),
+    );
+    assert_ne!(r.code, 0);
+    assert!(
+        r.stderr.contains("s3://bkt/in/nope.jsonl: no such object"),
+        "{}",
+        r.stderr
+    );
+
+    // A malformed line: named by the object's URL and its line.
+    let mut bad = jsonl_bytes(&predictions(1, false)[..3]);
+    bad.extend_from_slice(b"{\"case_id\": \n");
+    put_object(port, "bkt/in/bad.jsonl", &bad);
+    let r = score(
+        &mut s3_pieval(port),
+        "s3://bkt/in/bad.jsonl",
+        "s3://bkt/results/bad",
+    );
+    assert_ne!(r.code, 0);
+    assert!(r.stderr.contains("s3://bkt/in/bad.jsonl:4"), "{}", r.stderr);
+    assert!(
+        !r.stderr.contains(".pieval-objstore"),
+        "a scratch path leaked: {}",
+        r.stderr
+    );
+    assert!(
+        keys(port, "bkt")
+            .iter()
+            .all(|k| !k.starts_with("results/bad"))
+    );
+
+    // A commit received from someone else: not JSON, then naming a file outside the run.
+    put_object(port, "bkt/results/evil/_pieval_commit.json", b"{not json");
+    let r = sql_count(port);
+    assert_ne!(r.code, 0);
+    assert!(
+        r.stderr
+            .contains("s3://bkt/results/evil/_pieval_commit.json: not a pieval run commit"),
+        "{}",
+        r.stderr
+    );
+    let forged = json!({"format": "pieval.run-commit/1", "run_id": "evil", "commit_id": "x",
+        "committed_at": "2026-01-01T00:00:00Z",
+        "files": [{"name": "../../secrets", "bytes": 1, "sha256": "0".repeat(64)}]});
+    put_object(
+        port,
+        "bkt/results/evil/_pieval_commit.json",
+        forged.to_string().as_bytes(),
+    );
+    let r = sql_count(port);
+    assert_ne!(r.code, 0);
+    assert!(r.stderr.contains("not a plain file name"), "{}", r.stderr);
+    // A file that is not the one committed (tampered, or torn): its digest says so.
+    let tampered = json!({"format": "pieval.run-commit/1", "run_id": "evil", "commit_id": "x",
+        "committed_at": "2026-01-01T00:00:00Z",
+        "files": [{"name": "summary.json", "bytes": 2, "sha256": "0".repeat(64)}]});
+    put_object(
+        port,
+        "bkt/results/evil/_pieval_commit.json",
+        tampered.to_string().as_bytes(),
+    );
+    put_object(port, "bkt/results/evil/v/x/summary.json", b"{}");
+    let r = sql_count(port);
+    assert_ne!(r.code, 0);
+    assert!(
+        r.stderr
+            .contains("s3://bkt/results/evil/v/x/summary.json: 2 bytes, sha256"),
+        "{}",
+        r.stderr
+    );
+
+    // SQLite cannot be exported to object storage (it is updated in place).
+    let r = run(s3_pieval(port)
+        .args([
+            "export",
+            "--to",
+            "s3://bkt/w",
+            "--format",
+            "sqlite",
+            "--results",
+        ])
+        .arg(dir.path()));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("object storage cannot"), "{}", r.stderr);
+
+    // Nobody at the endpoint: a clear error naming the object, soon.
+    drop(moto);
+    let started = Instant::now();
+    let r = score(
+        s3_pieval(free_port()).env("PIEVAL_S3_RETRIES", "0"),
+        "s3://bkt/in/bad.jsonl",
+        out.to_str().unwrap(),
+    );
+    assert_ne!(r.code, 0);
+    assert!(
+        r.stderr.contains("s3://bkt/in/bad.jsonl: cannot read"),
+        "{}",
+        r.stderr
+    );
+    assert!(started.elapsed() < Duration::from_secs(60));
+    for secret in [SECRET, KEY_ID] {
+        assert!(!r.stderr.contains(secret) && !r.stdout.contains(secret));
+    }
+}
+
+#[test]
+fn the_object_storage_code_is_not_reached_for_local_paths() {
+    // Local paths work as before: no AWS setting needed, none read.
+    let dir = tempfile::tempdir().unwrap();
+    let preds = dir.path().join("p.jsonl");
+    write_jsonl(&preds, &predictions(1, false)[..10]);
+    let out = dir.path().join("out");
+    let r = run(pieval()
+        .env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+        .args(["score", "--run-id", "r1", "--cases"])
+        .arg(repo("data/normalized/attack_cases.enriched.jsonl"))
+        .arg("--predictions")
+        .arg(&preds)
+        .arg("--output")
+        .arg(&out));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(out.join("case_results.parquet").is_file());
+    assert!(!out.join("_pieval_commit.json").exists());
+}
