@@ -129,24 +129,31 @@ counts AS (
         count(*) FILTER (WHERE is_agent AND is_attack AND attack_success IS NOT NULL)  AS tasr_n,
         count(*) FILTER (WHERE is_agent AND is_attack AND attack_success)              AS tasr_k,
         count(*) FILTER (WHERE is_agent AND is_attack AND injection_delivered IS NOT NULL) AS delivered_n,
-        count(*) FILTER (WHERE is_agent AND is_attack AND injection_delivered)         AS delivered_k
+        count(*) FILTER (WHERE is_agent AND is_attack AND injection_delivered)         AS delivered_k,
+        count(*) FILTER (WHERE is_agent)                                               AS agent_rows
     FROM facts
     GROUP BY 1, 2
 ),
 long AS (
-    SELECT 'attack_success_rate' AS metric, dimension, value, success_n AS n, success_k AS k FROM counts
-    UNION ALL SELECT 'leakage_rate', dimension, value, leakage_n, leakage_k FROM counts
-    UNION ALL SELECT 'refusal_rate', dimension, value, refusal_n, refusal_k FROM counts
-    UNION ALL SELECT 'over_refusal_rate', dimension, value, over_refusal_n, over_refusal_k FROM counts
+    -- one row per metric of each (dimension, value), from one reading of counts (a CTE
+    -- is planned again at each reference: eight references read case_results 36 times);
     -- the agent rates only where a run has agentic rows (other runs' summaries unchanged)
-    UNION ALL SELECT 'utility_rate', dimension, value, utility_n, utility_k FROM counts
-        WHERE (SELECT bool_or(is_agent) FROM facts)
-    UNION ALL SELECT 'utility_under_attack_rate', dimension, value, uua_n, uua_k FROM counts
-        WHERE (SELECT bool_or(is_agent) FROM facts)
-    UNION ALL SELECT 'targeted_attack_success_rate', dimension, value, tasr_n, tasr_k FROM counts
-        WHERE (SELECT bool_or(is_agent) FROM facts)
-    UNION ALL SELECT 'injection_delivered_rate', dimension, value, delivered_n, delivered_k FROM counts
-        WHERE (SELECT bool_or(is_agent) FROM facts)
+    SELECT m['metric'] AS metric, dimension, value, m['n'] AS n, m['k'] AS k
+    FROM (
+        SELECT dimension, value, unnest(make_array(
+            named_struct('metric', 'attack_success_rate',          'agent', false, 'n', success_n,      'k', success_k),
+            named_struct('metric', 'leakage_rate',                 'agent', false, 'n', leakage_n,      'k', leakage_k),
+            named_struct('metric', 'refusal_rate',                 'agent', false, 'n', refusal_n,      'k', refusal_k),
+            named_struct('metric', 'over_refusal_rate',            'agent', false, 'n', over_refusal_n, 'k', over_refusal_k),
+            named_struct('metric', 'utility_rate',                 'agent', true,  'n', utility_n,      'k', utility_k),
+            named_struct('metric', 'utility_under_attack_rate',    'agent', true,  'n', uua_n,          'k', uua_k),
+            named_struct('metric', 'targeted_attack_success_rate', 'agent', true,  'n', tasr_n,         'k', tasr_k),
+            named_struct('metric', 'injection_delivered_rate',     'agent', true,  'n', delivered_n,    'k', delivered_k)
+        )) AS m,
+        sum(agent_rows) OVER () > 0 AS run_has_agents
+        FROM counts
+    )
+    WHERE NOT m['agent'] OR run_has_agents
 ),
 rated AS (
     SELECT metric, dimension, value, n, k,
