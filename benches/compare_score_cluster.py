@@ -2,7 +2,8 @@
 """Scoring on a Ballista cluster against scoring in one process, on the same generated
 predictions, in the same run: `pieval score` locally, then `pieval score --cluster` on a
 loopback cluster of one executor (two task slots) and of two executors (one slot each), so
-every configuration has this machine's two cores. Prints wall time, throughput (MB of
+every configuration has this machine's two cores; then 1, 2 and 4 executors of one slot each,
+each pinned to a core (taskset), with the client's share of all processes' CPU. Prints wall time, throughput (MB of
 response text per second), the cluster path's overhead against the local run, and a
 measured model of how throughput scales with executors on separate machines.
 
@@ -55,8 +56,8 @@ def port_pair():
 
 
 class Cluster:
-    def __init__(self, pieval, executors, slots, logs):
-        self.pieval, self.procs = pieval, []
+    def __init__(self, pieval, executors, slots, logs, pin=False):
+        self.pieval, self.procs, self.pin = pieval, [], pin
         port = port_pair()
         self.url = f"df://127.0.0.1:{port}"
         self.procs.append(self.spawn(["cluster", "scheduler", "--bind", f"127.0.0.1:{port}"], logs, "scheduler"))
@@ -64,11 +65,14 @@ class Cluster:
         for k in range(executors):
             p = port_pair()
             self.procs.append(self.spawn(["cluster", "executor", "--scheduler", self.url, "--bind",
-                                          f"127.0.0.1:{p}", "--concurrency", str(slots)], logs, f"executor-{k}"))
+                                          f"127.0.0.1:{p}", "--concurrency", str(slots)], logs, f"executor-{k}",
+                                         cpu=(k % os.cpu_count()) if pin else None))
         self.wait(lambda i: i["cluster"]["executors"] == executors)
 
-    def spawn(self, args, logs, name):
-        return subprocess.Popen([self.pieval, *args], cwd=ROOT, stdin=subprocess.DEVNULL,
+    def spawn(self, args, logs, name, cpu=None):
+        # Pinned (taskset, sched_setaffinity): the executor's threads run on that one core.
+        pin = ["taskset", "-c", str(cpu)] if cpu is not None else []
+        return subprocess.Popen([*pin, self.pieval, *args], cwd=ROOT, stdin=subprocess.DEVNULL,
                                 stdout=open(os.path.join(logs, name + ".out"), "w"),
                                 stderr=open(os.path.join(logs, name + ".log"), "w"))
 
@@ -157,6 +161,20 @@ def main():
             if rows != local_rows:
                 sys.exit(f"{executors}-executor cluster: case_results differ from the local run")
             results.append((f"cluster, {executors} executor(s) x {slots} slot(s)", wall, report))
+        # Executors pinned to a core each (one task slot each; with more executors than
+        # cores, they share cores in turn): loopback executors otherwise spread over every
+        # core, which hides how work divides between them. The client's share is its CPU
+        # seconds over all processes' (client, scheduler, executors).
+        pinned = []
+        for executors in (1, 2, 4):
+            c = Cluster(pieval, executors, 1, logs, pin=True)
+            try:
+                wall, report, rows = score(pieval, preds, os.path.join(work, f"p{executors}"), c)
+            finally:
+                c.stop()
+            if rows != local_rows:
+                sys.exit(f"{executors} pinned executor(s): case_results differ from the local run")
+            pinned.append((executors, wall, report))
         base, base_cpu = results[0][1], results[0][2]["client_cpu_s"]
         print(f"\n| scoring | wall | throughput | wall vs local | CPU, all processes | CPU vs local | staging (client) |")
         print("|---|---|---|---|---|---|---|")
@@ -166,6 +184,14 @@ def main():
             cpu = report["client_cpu_s"] + report["cluster_cpu_s"]
             print(f"| {name} | {wall:.2f} s | {mb / wall:.1f} MB/s | {100 * (wall / base - 1):+.0f}% "
                   f"| {cpu:.1f} s | {100 * (cpu / base_cpu - 1):+.0f}% | {st} |")
+        print(f"\nexecutors pinned to one of this machine's {os.cpu_count()} cores each (taskset), one task slot each")
+        print("| executors | wall | throughput | vs 1 executor | scheduler's and executors' CPU | client CPU | client's share of all CPU |")
+        print("|---|---|---|---|---|---|---|")
+        for executors, wall, report in pinned:
+            allcpu = report["client_cpu_s"] + report["cluster_cpu_s"]
+            print(f"| {executors} | {wall:.2f} s | {mb / wall:.1f} MB/s | {pinned[0][1] / wall:.2f}x "
+                  f"| {report['cluster_cpu_s']:.1f} s | {report['client_cpu_s']:.1f} s "
+                  f"| {100 * report['client_cpu_s'] / allcpu:.0f}% |")
         print("\nevery cluster run's case_results rows are identical to the local run's")
         # The model, from the one-executor run (see the module docs).
         _, wall1, r1 = results[1]
