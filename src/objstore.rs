@@ -224,6 +224,17 @@ impl Store {
     /// Stream an object into a local file, written under a temporary name and renamed
     /// when whole: its size and SHA-256.
     pub async fn download(&self, key: &ObjPath, to: &Path) -> Result<(u64, String)> {
+        self.download_at_most(key, to, u64::MAX).await
+    }
+
+    /// [`Store::download`], stopped (nothing kept) once more than `limit` bytes arrive: a
+    /// committed file is read no further than the size its commit gives it.
+    pub async fn download_at_most(
+        &self,
+        key: &ObjPath,
+        to: &Path,
+        limit: u64,
+    ) -> Result<(u64, String)> {
         use std::io::Write;
         let got = self
             .inner
@@ -238,6 +249,12 @@ impl Store {
             let chunk = chunk.map_err(|e| self.err(key, "read", e))?;
             hash.update(&chunk);
             bytes += chunk.len() as u64;
+            if bytes > limit {
+                return Err(Error::State(format!(
+                    "{}: more than the {limit} bytes its commit gives it",
+                    self.at(key)
+                )));
+            }
             file.write_all(&chunk)
                 .map_err(|e| Error::io(to, "cannot write", e))?;
         }
@@ -537,7 +554,9 @@ pub async fn fetch_run(store: &Store, run: &Location, commit: &Commit, to: &Path
     let dir = commit.dir(run);
     for f in &commit.files {
         let local = to.join(&f.name);
-        let (bytes, sha) = store.download(&dir.child(&f.name).key, &local).await?;
+        let (bytes, sha) = store
+            .download_at_most(&dir.child(&f.name).key, &local, f.bytes)
+            .await?;
         if bytes != f.bytes || sha != f.sha256 {
             let _ = std::fs::remove_file(&local);
             return Err(Error::State(format!(

@@ -731,6 +731,21 @@ fn bad_locations_missing_objects_bad_lines_and_foreign_commits_are_clear_errors(
         r.stderr
     );
 
+    // A file longer than its commit says: the download stops there.
+    put_object(
+        port,
+        "bkt/results/evil/v/x/summary.json",
+        &vec![b' '; 1 << 20],
+    );
+    let r = sql_count(port);
+    assert_ne!(r.code, 0);
+    assert!(
+        r.stderr
+            .contains("summary.json: more than the 2 bytes its commit gives it"),
+        "{}",
+        r.stderr
+    );
+
     // SQLite cannot be exported to object storage (it is updated in place).
     let r = run(s3_pieval(port)
         .args([
