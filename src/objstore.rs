@@ -45,6 +45,9 @@ pub const SCHEME: &str = "s3://";
 /// The object that commits a run on object storage.
 pub const COMMIT_FILE: &str = "_pieval_commit.json";
 
+/// The largest `_pieval_commit.json` read (a run has a handful of files).
+const COMMIT_MAX_BYTES: u64 = 16 << 20;
+
 /// `_pieval_commit.json`'s format.
 pub const COMMIT_FORMAT: &str = "pieval.run-commit/1";
 
@@ -91,9 +94,12 @@ impl Location {
             return Err(bad("no bucket"));
         }
         if bucket.contains('@') || bucket.contains(':') {
-            return Err(bad(
-                "credentials or a port in the URL (credentials come from the environment: \
-                 AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY; the endpoint from AWS_ENDPOINT_URL)",
+            // Not repeated: what precedes '@' may be a secret.
+            return Err(Error::Usage(
+                "an s3:// location with credentials or a port is refused (not repeated here): \
+                 credentials come from the environment (AWS_ACCESS_KEY_ID, \
+                 AWS_SECRET_ACCESS_KEY), the endpoint from AWS_ENDPOINT_URL"
+                    .into(),
             ));
         }
         if !bucket
@@ -120,7 +126,9 @@ impl Location {
                 parts.push(part);
             }
         }
-        let key = ObjPath::from_iter(parts);
+        // The key as given, not percent-encoded (object_store's `From` would turn `~` into
+        // `%7E` and ask for another object).
+        let key = ObjPath::parse(parts.join("/")).map_err(|e| bad(&e.to_string()))?;
         Ok(Self {
             bucket: bucket.to_owned(),
             key,
@@ -137,13 +145,9 @@ impl Location {
 
     /// The location of `name` inside this one (`name` may hold `/`).
     pub fn child(&self, name: &str) -> Self {
-        let mut key = self.key.clone();
-        for part in name.split('/').filter(|p| !p.is_empty()) {
-            key = key.clone().join(part);
-        }
         Self {
             bucket: self.bucket.clone(),
-            key,
+            key: child_key(&self.key, name),
         }
     }
 
@@ -208,8 +212,13 @@ impl Store {
     }
 
     /// The object's bytes (for small objects: a commit, a summary).
-    pub async fn get_bytes(&self, key: &ObjPath) -> Result<Option<Vec<u8>>> {
+    pub async fn get_bytes(&self, key: &ObjPath, limit: u64) -> Result<Option<Vec<u8>>> {
         match self.inner.get(key).await {
+            Ok(r) if r.meta.size > limit => Err(Error::State(format!(
+                "{}: {} bytes, more than the {limit} this file may have",
+                self.at(key),
+                r.meta.size
+            ))),
             Ok(r) => Ok(Some(
                 r.bytes()
                     .await
@@ -272,6 +281,7 @@ impl Store {
             .map_err(|e| Error::io(from, "cannot read", e))?
             .len();
         let mut hash = Sha256::new();
+        let mut read = 0u64;
         let mut read_chunk = |buf: &mut Vec<u8>| -> Result<usize> {
             buf.clear();
             let n = (&mut file)
@@ -279,12 +289,19 @@ impl Store {
                 .read_to_end(buf)
                 .map_err(|e| Error::io(from, "cannot read", e))?;
             hash.update(&buf[..n]);
+            read += n as u64;
             Ok(n)
         };
         let mut buf = Vec::with_capacity(PART_BYTES.min(size as usize + 1));
         let multipart = size > PART_BYTES as u64;
         if !multipart {
             read_chunk(&mut buf)?;
+            if read_chunk(&mut Vec::new())? != 0 {
+                return Err(Error::State(format!(
+                    "{}: grew while it was being uploaded",
+                    from.display()
+                )));
+            }
             let payload = PutPayload::from(std::mem::take(&mut buf));
             self.inner
                 .put(key, payload)
@@ -304,10 +321,16 @@ impl Store {
                         .await
                         .map_err(|e| self.err(key, "write a part of", e))?;
                     if read_chunk(&mut buf)? == 0 {
-                        return Ok(());
+                        break;
                     }
                     writer.write(&buf);
                 }
+                // The last parts too, here: `finish` would return their error without
+                // aborting the upload.
+                writer
+                    .wait_for_capacity(0)
+                    .await
+                    .map_err(|e| self.err(key, "write a part of", e))
             }
             .await;
             match written {
@@ -325,7 +348,7 @@ impl Store {
         }
         Ok(FileEntry {
             name: String::new(),
-            bytes: size,
+            bytes: read,
             sha256: hex::encode(hash.finalize()),
             multipart,
         })
@@ -346,6 +369,16 @@ impl Store {
         Ok(out)
     }
 
+    /// Delete every object under `prefix` (best effort).
+    async fn delete_prefix(&self, prefix: &ObjPath) {
+        let mut listed = self.inner.list(Some(prefix));
+        while let Some(meta) = listed.next().await {
+            if let Ok(meta) = meta {
+                let _ = self.inner.delete(&meta.location).await;
+            }
+        }
+    }
+
     async fn delete_files(&self, dir: &ObjPath, files: &[FileEntry]) {
         for f in files {
             let _ = self.inner.delete(&child_key(dir, &f.name)).await;
@@ -353,12 +386,23 @@ impl Store {
     }
 }
 
+/// `name` (which may hold `/`) under `dir`, as raw key text: a Hive partition folder
+/// `model_name=a%2Fb` stays that key (object_store's `join` would encode the `%` again).
+/// A segment object_store refuses raw (a control character) is encoded instead.
 fn child_key(dir: &ObjPath, name: &str) -> ObjPath {
-    let mut key = dir.clone();
-    for part in name.split('/').filter(|p| !p.is_empty()) {
-        key = key.join(part);
-    }
-    key
+    let parts: Vec<&str> = name.split('/').filter(|p| !p.is_empty()).collect();
+    let text = if dir.as_ref().is_empty() {
+        parts.join("/")
+    } else {
+        format!("{}/{}", dir.as_ref(), parts.join("/"))
+    };
+    ObjPath::parse(&text).unwrap_or_else(|_| {
+        let mut key = dir.clone();
+        for part in parts {
+            key = key.join(part);
+        }
+        key
+    })
 }
 
 /// An error of the S3 client as text, with anything that looks like a credential
@@ -399,6 +443,10 @@ pub struct Commit {
     pub format: String,
     pub run_id: String,
     pub commit_id: String,
+    /// The commit this one replaced: its files are kept until the next commit, so a
+    /// reader that read it is not cut off mid-fetch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_commit_id: Option<String>,
     pub committed_at: String,
     pub files: Vec<FileEntry>,
 }
@@ -424,7 +472,7 @@ pub fn new_commit_id() -> String {
 /// error naming it (a run folder received from someone else is checked, not trusted).
 pub async fn read_commit(store: &Store, run: &Location) -> Result<Option<Commit>> {
     let at = run.child(COMMIT_FILE);
-    let Some(bytes) = store.get_bytes(&at.key).await? else {
+    let Some(bytes) = store.get_bytes(&at.key, COMMIT_MAX_BYTES).await? else {
         return Ok(None);
     };
     let commit: Commit = serde_json::from_slice(&bytes)
@@ -435,11 +483,11 @@ pub async fn read_commit(store: &Store, run: &Location) -> Result<Option<Commit>
             commit.format
         )));
     }
-    let id_ok = !commit.commit_id.is_empty()
+    let id_ok = valid_commit_id(&commit.commit_id)
         && commit
-            .commit_id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-');
+            .previous_commit_id
+            .as_deref()
+            .is_none_or(valid_commit_id);
     if !id_ok {
         return Err(Error::State(format!(
             "{at}: commit_id {:?} is not one pieval writes",
@@ -457,6 +505,11 @@ pub async fn read_commit(store: &Store, run: &Location) -> Result<Option<Commit>
         }
     }
     Ok(Some(commit))
+}
+
+/// A commit id as pieval writes them: letters, digits and '-'.
+fn valid_commit_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
 /// A run folder's file name: one plain segment (no folder, no path tricks).
@@ -513,6 +566,7 @@ pub async fn publish_run(
         format: COMMIT_FORMAT.into(),
         run_id: run_id.into(),
         commit_id: commit_id.into(),
+        previous_commit_id: previous.as_ref().map(|p| p.commit_id.clone()),
         committed_at: crate::text::utc_rfc3339_millis(),
         files: Vec::new(),
     };
@@ -538,11 +592,24 @@ pub async fn publish_run(
         .map_err(|e| Error::Internal(format!("cannot encode the commit: {e}")))?;
     let at = run.child(COMMIT_FILE);
     if let Err(e) = store.inner.put(&at.key, PutPayload::from(text)).await {
-        store.delete_files(&dir.key, &commit.files).await;
-        return Err(store.err(&at.key, "write", e));
+        // The PUT may have landed with its answer lost: then this commit is in force,
+        // and its files must stay.
+        match read_commit(store, run).await {
+            Ok(Some(now)) if now.commit_id == commit.commit_id => {}
+            _ => {
+                store.delete_files(&dir.key, &commit.files).await;
+                return Err(store.err(&at.key, "write", e));
+            }
+        }
     }
-    if let Some(old) = previous.filter(|p| p.commit_id != commit.commit_id) {
-        store.delete_files(&old.dir(run).key, &old.files).await;
+    // The files of the commit before the one replaced (kept one generation, see above).
+    if let Some(old) = previous
+        .and_then(|p| p.previous_commit_id)
+        .filter(|id| *id != commit.commit_id && valid_commit_id(id))
+    {
+        store
+            .delete_prefix(&run.child(&format!("v/{old}")).key)
+            .await;
     }
     Ok(commit)
 }
@@ -601,12 +668,15 @@ impl Scratch {
             std::process::id(),
             fastrand::u64(..)
         ));
-        std::fs::create_dir(&dir).map_err(|e| Error::io(&dir, "cannot create folder", e))?;
+        let mut builder = std::fs::DirBuilder::new();
         #[cfg(unix)]
         {
-            use std::os::unix::fs::PermissionsExt;
-            let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+            use std::os::unix::fs::DirBuilderExt;
+            builder.mode(0o700);
         }
+        builder
+            .create(&dir)
+            .map_err(|e| Error::io(&dir, "cannot create folder", e))?;
         Ok(Self { dir })
     }
 }
@@ -787,12 +857,9 @@ impl RemoteRun {
     pub fn url_of(&self, local: &Path) -> PathBuf {
         match local.strip_prefix(&self.work) {
             Ok(rel) => PathBuf::from(
-                Location {
-                    bucket: self.run.bucket.clone(),
-                    key: ObjPath::from(format!("{}/v/{}", self.run.key, self.commit_id)),
-                }
-                .child(&rel.to_string_lossy())
-                .to_string(),
+                self.run
+                    .child(&format!("v/{}/{}", self.commit_id, rel.to_string_lossy()))
+                    .to_string(),
             ),
             Err(_) => local.to_path_buf(),
         }
@@ -916,6 +983,21 @@ mod tests {
             assert!(Location::parse(bad).is_err(), "{bad} was accepted");
         }
         assert!(Location::of(Path::new("results/r1")).unwrap().is_none());
+        // Keys as written: not percent-encoded by object_store, and a Hive partition's own
+        // escape kept (a second encoding would make Spark read `%2F` as the value).
+        let l = Location::parse("s3://b/in/preds~v2 [x].jsonl").unwrap();
+        assert_eq!(l.key.as_ref(), "in/preds~v2 [x].jsonl");
+        assert_eq!(l.to_string(), "s3://b/in/preds~v2 [x].jsonl");
+        let w = Location::parse("s3://b/w").unwrap();
+        assert_eq!(
+            w.child("case_results/model_name=meta-llama%2FLlama-3/part-r1.parquet")
+                .to_string(),
+            "s3://b/w/case_results/model_name=meta-llama%2FLlama-3/part-r1.parquet"
+        );
+        let e = Location::parse("s3://AKIAX:wJalrSecret@b/x")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("wJalrSecret") && !e.contains("AKIAX"), "{e}");
         assert!(is_remote(Path::new("s3://b/x")));
     }
 

@@ -97,7 +97,13 @@ pub fn run(args: Args) -> Result<ExitStatus> {
     let work_dir = remote
         .as_ref()
         .map_or_else(|| out_dir.clone(), |r| r.work.clone());
-    let judge = super::judge::open_judge(args.judge.as_deref(), Some(&work_dir))?;
+    // A run fetched from object storage is received, not this machine's own: its
+    // recorded verdicts are not served from it (anyone who can write the prefix could
+    // have put them there); the judge asks again, or finds them in its shared cache.
+    let judge = super::judge::open_judge(
+        args.judge.as_deref(),
+        remote.is_none().then_some(work_dir.as_path()),
+    )?;
     let mut opts = ScoreOptions::new(predictions.clone(), cases_here.clone(), work_dir, run_id);
     opts.mitigation = args.mitigation;
     opts.leakage_threshold = args.leakage_threshold;

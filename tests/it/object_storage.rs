@@ -585,11 +585,27 @@ fn a_run_on_object_storage_is_a_local_runs_twin_and_commits_all_or_nothing() {
         sorted_lines(&rows),
         sorted_lines(&std::fs::read(long_out.join("case_results.jsonl")).unwrap())
     );
+    // The replaced commit's files are kept one generation (a reader of it is not cut off),
+    // and go with the next commit.
+    assert_eq!(latest["previous_commit_id"], commit["commit_id"]);
+    let all = keys(port, "bkt");
+    assert!(
+        all.iter().any(|k| k.contains(&format!("/v/{id}/"))),
+        "the replaced commit's files went at once: {all:?}"
+    );
+    let r = score(
+        &mut s3_pieval(port),
+        "s3://bkt/in/long.jsonl",
+        "s3://bkt/results/r1",
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
     let all = keys(port, "bkt");
     assert!(
         !all.iter().any(|k| k.contains(&format!("/v/{id}/"))),
-        "the replaced commit's files are left: {all:?}"
+        "the commit before the replaced one is left: {all:?}"
     );
+    let latest_id = latest["commit_id"].as_str().unwrap();
+    assert!(all.iter().any(|k| k.contains(&format!("/v/{latest_id}/"))));
 
     // The warehouse export, into the bucket; a run's row in `runs` comes last.
     let r = run(s3_pieval(port).args([
@@ -645,13 +661,18 @@ fn bad_locations_missing_objects_bad_lines_and_foreign_commits_are_clear_errors(
     // Credentials in the URL: refused before anything is read or written.
     let r = score(
         &mut s3_pieval(port),
-        "s3://KEY:SECRET@bkt/in/p.jsonl",
+        "s3://AKIAPIEVALTEST:wJalrPievalTestSecret@bkt/in/p.jsonl",
         out.to_str().unwrap(),
     );
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(
         r.stderr.contains("credentials come from the environment"),
         "{}",
+        r.stderr
+    );
+    assert!(
+        !r.stderr.contains("wJalrPievalTestSecret") && !r.stderr.contains("AKIAPIEVALTEST"),
+        "the URL's credentials were repeated: {}",
         r.stderr
     );
     assert!(!out.exists());
