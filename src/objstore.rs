@@ -897,13 +897,19 @@ impl RemoteRun {
     }
 }
 
-/// An error about the local copy `local` of `remote`, told about `remote` (a problem on
-/// line 7 of a downloaded file is `s3://…:7`).
+/// An error about the local copy `local` of `remote` (a file, or a folder and what is in
+/// it), told about `remote` (a problem on line 7 of a downloaded file is `s3://…:7`).
 pub fn relocate(e: Error, local: &Path, remote: &Path) -> Error {
     if local == remote {
         return e;
     }
-    let swap = |p: PathBuf| if p == local { remote.to_path_buf() } else { p };
+    // The copy itself, or a file inside a copied folder (a fetched run's file is named
+    // `s3://…/results/RUN/FILE`: the run and the file, its commit folder left out).
+    let swap = |p: PathBuf| match p.strip_prefix(local) {
+        Ok(rel) if rel.as_os_str().is_empty() => remote.to_path_buf(),
+        Ok(rel) => remote.join(rel),
+        Err(_) => p,
+    };
     match e {
         Error::Io {
             path,
@@ -1023,5 +1029,14 @@ mod tests {
             Path::new("s3://b/in/preds.jsonl"),
         );
         assert_eq!(e.to_string(), "s3://b/in/preds.jsonl:7: case_id: missing");
+        let e = Error::config(Path::new("/tmp/x/results/r1/summary.json"), "not JSON");
+        let e = relocate(e, Path::new("/tmp/x/results"), Path::new("s3://b/results"));
+        assert_eq!(e.to_string(), "s3://b/results/r1/summary.json: not JSON");
+        let e = Error::Query("/tmp/x/results/r1/case_results.parquet: damaged".into());
+        let e = relocate(e, Path::new("/tmp/x/results"), Path::new("s3://b/results"));
+        assert_eq!(
+            e.to_string(),
+            "s3://b/results/r1/case_results.parquet: damaged"
+        );
     }
 }

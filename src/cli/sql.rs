@@ -152,6 +152,11 @@ pub fn run(args: Args) -> Result<ExitStatus> {
             Some(url) => cluster_session(url, &cases, &results).await?,
         };
         for line in skipped {
+            // A fetched run's copy is named as the object it came from.
+            let line = line.replace(
+                &results.display().to_string(),
+                &args.results.display().to_string(),
+            );
             crate::cli::output::stderr_line(&format!("warning: {line}"));
         }
         for (name, path) in &tables {
@@ -179,7 +184,7 @@ pub fn run(args: Args) -> Result<ExitStatus> {
         }
         sink.finish()
     };
-    runtime()?.block_on(async {
+    let ran = runtime()?.block_on(async {
         match timeout {
             None => query.await,
             Some(limit) => match tokio::time::timeout(limit, query).await {
@@ -190,10 +195,19 @@ pub fn run(args: Args) -> Result<ExitStatus> {
                 ))),
             },
         }
+    });
+    ran.map_err(|e| {
+        let mut e = objstore::relocate(e, &results, &args.results);
+        for ((_, local), spec) in tables.iter().zip(&args.tables) {
+            if let Some((_, given)) = spec.split_once('=') {
+                e = objstore::relocate(e, local, Path::new(given));
+            }
+        }
+        e
     })?;
     if let Some(j) = &judge {
         j.persist(None)?;
-        crate::cli::output::stderr_line(&format!("{}", super::judge::judge_line(&j.report())));
+        crate::cli::output::stderr_line(&super::judge::judge_line(&j.report()));
     }
     Ok(ExitStatus::Success)
 }

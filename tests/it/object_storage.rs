@@ -128,7 +128,7 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
 fn make_bucket(port: u16) {
     assert_eq!(http(port, "PUT", "/bkt", b"").0, 200);
     let policy = json!({"Version": "2012-10-17", "Statement": [{"Effect": "Allow",
-        "Principal": "*", "Action": ["s3:GetObject", "s3:PutObject", "s3:ListBucket"],
+        "Principal": "*", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBucket"],
         "Resource": ["arn:aws:s3:::bkt", "arn:aws:s3:::bkt/*"]}]});
     let (status, body) = http(port, "PUT", "/bkt?policy", policy.to_string().as_bytes());
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
@@ -711,6 +711,43 @@ fn bad_locations_missing_objects_bad_lines_and_foreign_commits_are_clear_errors(
             .iter()
             .all(|k| !k.starts_with("results/bad"))
     );
+
+    // A committed run whose file is damaged (digest and size as committed): the warning
+    // names the object, not the private copy it was read from.
+    let junk = b"PAR1 not a parquet file PAR1".to_vec();
+    let sha = {
+        use sha2::{Digest, Sha256};
+        hex::encode(Sha256::digest(&junk))
+    };
+    let damaged = json!({"format": "pieval.run-commit/1", "run_id": "damaged", "commit_id": "c1",
+        "committed_at": "2026-01-01T00:00:00Z",
+        "files": [{"name": "case_results.parquet", "bytes": junk.len(), "sha256": sha}]});
+    put_object(port, "bkt/results/damaged/v/c1/case_results.parquet", &junk);
+    put_object(
+        port,
+        "bkt/results/damaged/_pieval_commit.json",
+        damaged.to_string().as_bytes(),
+    );
+    let r = sql_count(port);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("s3://bkt/results/damaged/case_results.parquet"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        !r.stderr.contains(".pieval-objstore"),
+        "a scratch path leaked: {}",
+        r.stderr
+    );
+    let (status, _) = http(
+        port,
+        "DELETE",
+        "/bkt/results/damaged/_pieval_commit.json",
+        b"",
+    );
+    assert_eq!(status, 204);
 
     // A commit received from someone else: not JSON, then naming a file outside the run.
     put_object(port, "bkt/results/evil/_pieval_commit.json", b"{not json");
