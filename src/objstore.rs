@@ -681,6 +681,19 @@ impl Scratch {
     }
 }
 
+impl Scratch {
+    /// The folder of `scratch`, created on first use.
+    pub fn dir_of(scratch: &mut Option<Scratch>) -> Result<PathBuf> {
+        let created = match scratch.take() {
+            Some(s) => s,
+            None => Scratch::create()?,
+        };
+        let dir = created.dir.clone();
+        *scratch = Some(created);
+        Ok(dir)
+    }
+}
+
 impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -701,10 +714,7 @@ pub fn local_input(
     if loc.name().is_empty() {
         return Err(Error::Usage(format!("{loc}: names a bucket, not a file")));
     }
-    if scratch.is_none() {
-        *scratch = Some(Scratch::create()?);
-    }
-    let dir = &scratch.as_ref().expect("created above").dir;
+    let dir = Scratch::dir_of(scratch)?;
     let sub = dir.join(format!("input-{:016x}", fastrand::u64(..)));
     std::fs::create_dir(&sub).map_err(|e| Error::io(&sub, "cannot create folder", e))?;
     let local = sub.join(loc.name());
@@ -782,10 +792,7 @@ pub fn local_results(
     let Some(loc) = Location::of(results)? else {
         return Ok(results.to_path_buf());
     };
-    if scratch.is_none() {
-        *scratch = Some(Scratch::create()?);
-    }
-    let to = scratch.as_ref().expect("created above").dir.join("results");
+    let to = Scratch::dir_of(scratch)?.join("results");
     std::fs::create_dir(&to).map_err(|e| Error::io(&to, "cannot create folder", e))?;
     let store = Store::open(&loc)?;
     rt.block_on(async {
@@ -833,10 +840,7 @@ impl RemoteRun {
         }
         crate::rundir::check_run_id(run.name())
             .map_err(|e| Error::Usage(format!("{run}: the run's folder name: {e}")))?;
-        if scratch.is_none() {
-            *scratch = Some(Scratch::create()?);
-        }
-        let work = scratch.as_ref().expect("created above").dir.join("run");
+        let work = Scratch::dir_of(scratch)?.join("run");
         std::fs::create_dir(&work).map_err(|e| Error::io(&work, "cannot create folder", e))?;
         let store = Store::open(&run)?;
         rt.block_on(async {

@@ -79,10 +79,7 @@ pub fn run(args: Args) -> Result<ExitStatus> {
     let mut report = match &remote_to {
         None => export(&runs, &args.to, args.format).map_err(relocated)?,
         Some(to) => {
-            if scratch.is_none() {
-                scratch = Some(objstore::Scratch::create()?);
-            }
-            let local = scratch.as_ref().expect("created above").dir.join("export");
+            let local = objstore::Scratch::dir_of(&mut scratch)?.join("export");
             let report = export(&runs, &local, args.format).map_err(relocated)?;
             objstore::upload_tree(to, &local, "runs", &rt)?;
             report

@@ -308,6 +308,12 @@ fn refuse(conn: &mut TcpStream, status: &str, code: &str) -> std::io::Result<()>
     )
 }
 
+/// A command that failed with an error saying `what`.
+fn fails_naming(r: &common::Output, what: &str) {
+    assert_ne!(r.code, 0, "it did not fail: {}", r.stdout);
+    assert!(r.stderr.contains(what), "{}", r.stderr);
+}
+
 /// pieval with the S3 settings in its environment (and nothing else of AWS's).
 fn s3_pieval(port: u16) -> Command {
     let mut cmd = pieval();
@@ -683,12 +689,7 @@ fn bad_locations_missing_objects_bad_lines_and_foreign_commits_are_clear_errors(
         "s3://bkt/in/nope.jsonl",
         out.to_str().unwrap(),
     );
-    assert_ne!(r.code, 0);
-    assert!(
-        r.stderr.contains("s3://bkt/in/nope.jsonl: no such object"),
-        "{}",
-        r.stderr
-    );
+    fails_naming(&r, "s3://bkt/in/nope.jsonl: no such object");
 
     // A malformed line: named by the object's URL and its line.
     let mut bad = jsonl_bytes(&predictions(1, false)[..3]);
@@ -699,8 +700,7 @@ fn bad_locations_missing_objects_bad_lines_and_foreign_commits_are_clear_errors(
         "s3://bkt/in/bad.jsonl",
         "s3://bkt/results/bad",
     );
-    assert_ne!(r.code, 0);
-    assert!(r.stderr.contains("s3://bkt/in/bad.jsonl:4"), "{}", r.stderr);
+    fails_naming(&r, "s3://bkt/in/bad.jsonl:4");
     assert!(
         !r.stderr.contains(".pieval-objstore"),
         "a scratch path leaked: {}",
@@ -752,12 +752,9 @@ fn bad_locations_missing_objects_bad_lines_and_foreign_commits_are_clear_errors(
     // A commit received from someone else: not JSON, then naming a file outside the run.
     put_object(port, "bkt/results/evil/_pieval_commit.json", b"{not json");
     let r = sql_count(port);
-    assert_ne!(r.code, 0);
-    assert!(
-        r.stderr
-            .contains("s3://bkt/results/evil/_pieval_commit.json: not a pieval run commit"),
-        "{}",
-        r.stderr
+    fails_naming(
+        &r,
+        "s3://bkt/results/evil/_pieval_commit.json: not a pieval run commit",
     );
     let forged = json!({"format": "pieval.run-commit/1", "run_id": "evil", "commit_id": "x",
         "committed_at": "2026-01-01T00:00:00Z",
@@ -768,8 +765,7 @@ fn bad_locations_missing_objects_bad_lines_and_foreign_commits_are_clear_errors(
         forged.to_string().as_bytes(),
     );
     let r = sql_count(port);
-    assert_ne!(r.code, 0);
-    assert!(r.stderr.contains("not a plain file name"), "{}", r.stderr);
+    fails_naming(&r, "not a plain file name");
     // A file that is not the one committed (tampered, or torn): its digest says so.
     let tampered = json!({"format": "pieval.run-commit/1", "run_id": "evil", "commit_id": "x",
         "committed_at": "2026-01-01T00:00:00Z",
@@ -781,12 +777,9 @@ fn bad_locations_missing_objects_bad_lines_and_foreign_commits_are_clear_errors(
     );
     put_object(port, "bkt/results/evil/v/x/summary.json", b"{}");
     let r = sql_count(port);
-    assert_ne!(r.code, 0);
-    assert!(
-        r.stderr
-            .contains("s3://bkt/results/evil/v/x/summary.json: 2 bytes, sha256"),
-        "{}",
-        r.stderr
+    fails_naming(
+        &r,
+        "s3://bkt/results/evil/v/x/summary.json: 2 bytes, sha256",
     );
 
     // A file longer than its commit says: the download stops there.
@@ -796,12 +789,9 @@ fn bad_locations_missing_objects_bad_lines_and_foreign_commits_are_clear_errors(
         &vec![b' '; 1 << 20],
     );
     let r = sql_count(port);
-    assert_ne!(r.code, 0);
-    assert!(
-        r.stderr
-            .contains("summary.json: more than the 2 bytes its commit gives it"),
-        "{}",
-        r.stderr
+    fails_naming(
+        &r,
+        "summary.json: more than the 2 bytes its commit gives it",
     );
 
     // SQLite cannot be exported to object storage (it is updated in place).
@@ -826,12 +816,7 @@ fn bad_locations_missing_objects_bad_lines_and_foreign_commits_are_clear_errors(
         "s3://bkt/in/bad.jsonl",
         out.to_str().unwrap(),
     );
-    assert_ne!(r.code, 0);
-    assert!(
-        r.stderr.contains("s3://bkt/in/bad.jsonl: cannot read"),
-        "{}",
-        r.stderr
-    );
+    fails_naming(&r, "s3://bkt/in/bad.jsonl: cannot read");
     assert!(started.elapsed() < Duration::from_secs(60));
     for secret in [SECRET, KEY_ID] {
         assert!(!r.stderr.contains(secret) && !r.stdout.contains(secret));
