@@ -15,6 +15,8 @@ pub struct ClusterSession {
     pub info: ClusterInfo,
     /// `df://HOST:PORT`.
     pub url: String,
+    /// The scheduler's gRPC address (`http://HOST:PORT`).
+    scheduler: String,
 }
 
 /// Connect to the scheduler at `url`. `config` is the session's configuration (what a
@@ -46,10 +48,43 @@ pub async fn connect(url: &str, config: SessionConfig) -> Result<ClusterSession>
         .upgrade_for_ballista(format!("http://{host}:{port}"))?;
     // After the upgrade, which sets Ballista's function lists.
     let ctx = SessionContext::new_with_state(state);
+    // Plans this session's queries would ship hold only DataFusion's nodes; physical
+    // plans submitted by `submitter` hold pieval's too.
     crate::engine::register_functions(&ctx);
     Ok(ClusterSession {
         ctx,
         info,
         url: format!("df://{host}:{port}"),
+        scheduler: format!("http://{host}:{port}"),
+    })
+}
+
+/// Submits physical plans planned in this process (pieval's nodes encoded by
+/// [`super::codec`]) to `session`'s scheduler, under its session id and configuration;
+/// the rows of the plan's one output partition stream back.
+pub fn submitter(session: &ClusterSession) -> crate::ops::score::SubmitPlan {
+    use ballista_core::extension::SessionConfigExt;
+    let scheduler = session.scheduler.clone();
+    let session_id = session.ctx.session_id();
+    let config = session.ctx.copied_config();
+    std::sync::Arc::new(move |plan| {
+        let scheduler = scheduler.clone();
+        let session_id = session_id.clone();
+        let config = config.clone();
+        Box::pin(async move {
+            let codec = super::codec::physical();
+            let stream = ballista_core::execution_plans::execute_physical_plan::<
+                datafusion_proto::protobuf::PhysicalPlanNode,
+            >(
+                scheduler,
+                &config.ballista_config(),
+                plan,
+                codec.as_ref(),
+                session_id,
+                config,
+            )
+            .await?;
+            Ok(stream)
+        })
     })
 }

@@ -20,6 +20,8 @@ use crate::error::{Error, Result};
 #[cfg(feature = "distributed")]
 mod client;
 #[cfg(feature = "distributed")]
+mod codec;
+#[cfg(feature = "distributed")]
 mod process;
 
 #[cfg(feature = "distributed")]
@@ -195,7 +197,12 @@ pub fn scoring(url: &str) -> Result<crate::ops::score::ClusterConnect> {
                     task_slots: Some(s.info.task_slots),
                     ..ScoringEngine::local()
                 };
-                Ok((s.ctx, engine))
+                let submit = client::submitter(&s);
+                Ok(crate::ops::score::ClusterScoring {
+                    ctx: s.ctx,
+                    engine,
+                    submit,
+                })
             })
         }))
     }

@@ -79,6 +79,9 @@ pub async fn run_scheduler(opts: SchedulerOptions) -> Result<()> {
     // functions, or a plan naming one would not decode.
     let builder: SessionBuilder = Arc::new(pieval_state);
     config.override_session_builder = Some(builder);
+    // Decodes the plans clients submit (pieval's part writers among them) and encodes
+    // the stages it hands out.
+    config.override_physical_codec = Some(super::codec::physical());
     config.validate().map_err(ballista)?;
     let listener = tokio::net::TcpListener::bind(opts.bind)
         .await
@@ -243,6 +246,8 @@ pub async fn run_executor(opts: ExecutorOptions) -> Result<()> {
     }
     // Plans name functions; this registry resolves them.
     config.override_function_registry = Some(Arc::new(BallistaFunctionRegistry::from(&state)));
+    // Decodes its tasks' plans, pieval's part writers among them.
+    config.override_physical_codec = Some(super::codec::physical());
     start_executor_process(Arc::new(config))
         .await
         .map_err(ballista)

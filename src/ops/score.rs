@@ -12,15 +12,18 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::json::WriterBuilder;
 use datafusion::arrow::json::writer::LineDelimited;
 use futures::StreamExt;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::atomic::ParquetFile;
 use crate::corpus::ReadOptions;
 use crate::corpus::predictions::PredictionStats;
 use crate::engine::{corpus_table, predictions_table, runtime, session};
 use crate::error::{Error, Result};
+
+mod parts;
 use crate::rundir::Rate;
 use crate::rundir::summary::{AggregateMetrics, Latency, Ordered, Rates};
+pub use parts::PartWriterExec;
 
 /// `queries/score_cases.sql`.
 pub const SCORE_CASES_SQL: &str = crate::engine::queries::SCORE_CASES.sql;
@@ -75,7 +78,7 @@ impl ScoreOptions {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ReviewCount {
     pub count: u64,
     pub first_case_ids: Vec<String>,
@@ -104,16 +107,36 @@ pub struct ScoreReport {
     pub scoring: ScoringEngine,
 }
 
-/// Opens a session on a cluster from the scoring configuration: the session, with
-/// pieval's functions registered, and where it runs. The cluster module builds it (it
-/// sits above the engine); scoring only calls it.
+/// Submits a physical plan (planned in this process, with the cluster session's
+/// configuration) to a cluster; the rows of its one output partition stream back.
+pub type SubmitPlan = Arc<
+    dyn Fn(
+            Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+        ) -> futures::future::BoxFuture<
+            'static,
+            Result<datafusion::physical_plan::SendableRecordBatchStream>,
+        > + Send
+        + Sync,
+>;
+
+/// A session on a cluster, as scoring uses it.
+pub struct ClusterScoring {
+    /// Queries through it run on the cluster (the scheduler plans them), with pieval's
+    /// functions registered; scoring plans with its configuration.
+    pub ctx: datafusion::prelude::SessionContext,
+    /// Where it runs.
+    pub engine: ScoringEngine,
+    /// Runs a physical plan on the cluster: how scoring ships its part writers.
+    pub submit: SubmitPlan,
+}
+
+/// Opens a session on a cluster from the scoring configuration. The cluster module
+/// builds it (it sits above the engine); scoring only calls it.
 pub type ClusterConnect = Arc<
     dyn Fn(
             datafusion::prelude::SessionConfig,
-        ) -> futures::future::BoxFuture<
-            'static,
-            Result<(datafusion::prelude::SessionContext, ScoringEngine)>,
-        > + Send
+        ) -> futures::future::BoxFuture<'static, Result<ClusterScoring>>
+        + Send
         + Sync,
 >;
 
@@ -137,14 +160,18 @@ pub struct ScoringEngine {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rulepack_digest: Option<String>,
     /// On a cluster: milliseconds validating and staging the inputs (this process),
-    /// from submitting the query to its last batch, and of those, writing the results
-    /// here (docs/cluster.md: the scaling model).
+    /// from submitting the scoring to the last part reported (the executors score and
+    /// write), and checking and splicing the parts here with the summary's query (on
+    /// the cluster) (docs/cluster.md: the scaling model).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub staging_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub query_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub client_write_ms: Option<u64>,
+    pub commit_ms: Option<u64>,
+    /// On a cluster: the part files the executors wrote (one per partition of the scan).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parts: Option<usize>,
 }
 
 impl ScoringEngine {
@@ -168,15 +195,22 @@ struct ResultWriters {
 
 impl ResultWriters {
     fn create(dir: &Path, schema: Arc<Schema>) -> Result<Self> {
-        let parquet = dir.join(crate::rundir::CASE_RESULTS_PARQUET);
-        let jsonl = dir.join(crate::rundir::CASE_RESULTS_JSONL);
-        let pw = crate::atomic::ParquetFile::create(&parquet, schema)?;
+        Self::create_named(
+            &dir.join(crate::rundir::CASE_RESULTS_PARQUET),
+            &dir.join(crate::rundir::CASE_RESULTS_JSONL),
+            schema,
+        )
+    }
+
+    /// Under other names (a cluster's part files).
+    fn create_named(parquet: &Path, jsonl: &Path, schema: Arc<Schema>) -> Result<Self> {
+        let pw = crate::atomic::ParquetFile::create(parquet, schema)?;
         let jw = WriterBuilder::new()
             .with_explicit_nulls(true)
-            .build::<_, LineDelimited>(crate::atomic::TempFile::create(&jsonl)?);
+            .build::<_, LineDelimited>(crate::atomic::TempFile::create(jsonl)?);
         Ok(Self {
-            parquet: (parquet, pw),
-            jsonl: (jsonl, jw),
+            parquet: (parquet.to_path_buf(), pw),
+            jsonl: (jsonl.to_path_buf(), jw),
         })
     }
 
@@ -298,12 +332,20 @@ pub fn register_reviews(
     Ok(())
 }
 
-/// A scoring session, where it runs, and its staged inputs (a cluster's).
-type OpenSession = (
-    datafusion::prelude::SessionContext,
-    ScoringEngine,
-    Option<Staging>,
-);
+/// A scoring session (where `score_cases.sql` is planned, and run when local), where it
+/// runs, and on a cluster what it needs there.
+struct Opened {
+    ctx: datafusion::prelude::SessionContext,
+    scoring: ScoringEngine,
+    cluster: Option<OnCluster>,
+}
+
+/// Scoring on a cluster: how plans are submitted, and the staging folder (the inputs
+/// and the parts, removed when this drops).
+struct OnCluster {
+    submit: SubmitPlan,
+    staging: Staging,
+}
 
 /// The scoring session and where it runs: this process, with the corpus and the
 /// predictions streamed; or a cluster, with both validated and staged as Parquet in a
@@ -312,12 +354,16 @@ async fn open_session(
     opts: &ScoreOptions,
     corpus: &crate::engine::CorpusTable,
     predictions: &crate::engine::PredictionsTable,
-) -> Result<OpenSession> {
+) -> Result<Opened> {
     let Some(connect) = &opts.cluster else {
         let ctx = scoring_session();
         ctx.register_table("attack_cases", corpus.table.clone())?;
         ctx.register_table("predictions", predictions.table.clone())?;
-        return Ok((ctx, ScoringEngine::local(), None));
+        return Ok(Opened {
+            ctx,
+            scoring: ScoringEngine::local(),
+            cluster: None,
+        });
     };
     if opts.judge.is_some() {
         return Err(Error::Usage(
@@ -332,19 +378,25 @@ async fn open_session(
 
 /// Connect first (an unreachable or mismatched cluster fails before any work), then
 /// stage both inputs through the same validating readers a local run streams, so the
-/// cluster reads exactly the rows a local run would.
+/// cluster reads exactly the rows a local run would. The scoring plan is made here, in a
+/// session of the cluster session's configuration (its partitions: the cluster's task
+/// slots) over the staged files.
 async fn cluster_session(
     connect: &ClusterConnect,
     opts: &ScoreOptions,
     corpus: &crate::engine::CorpusTable,
     predictions: &crate::engine::PredictionsTable,
-) -> Result<OpenSession> {
+) -> Result<Opened> {
     // Split the staged scan between the executors however well its text compresses
     // (DataFusion's default splits only files over 10 MB; detectors cost by text, not by
     // compressed bytes).
     let config =
         scoring_config().set_usize("datafusion.optimizer.repartition_file_min_size", 256 << 10);
-    let (ctx, mut engine) = connect(config).await?;
+    let ClusterScoring {
+        ctx: remote,
+        engine: mut scoring,
+        submit,
+    } = connect(config).await?;
     let started = std::time::Instant::now();
     let staging = match &opts.staging {
         Some(dir) => Staging::create(dir, false)?,
@@ -355,6 +407,7 @@ async fn cluster_session(
     );
     local.register_table("attack_cases", corpus.table.clone())?;
     local.register_table("predictions", predictions.table.clone())?;
+    let planner = crate::engine::session_with(remote.copied_config());
     for table in ["attack_cases", "predictions"] {
         let path = staging.dir.join(format!("{table}.parquet"));
         let df = local.table(table).await?;
@@ -362,15 +415,20 @@ async fn cluster_session(
         stage(df, &path).await?;
         // The folder's path was checked (UTF-8, nothing DataFusion reads as a pattern).
         let path = path.to_string_lossy();
-        ctx.register_parquet(
-            table,
-            &*path,
-            datafusion::prelude::ParquetReadOptions::default().schema(&schema),
-        )
-        .await?;
+        planner
+            .register_parquet(
+                table,
+                &*path,
+                datafusion::prelude::ParquetReadOptions::default().schema(&schema),
+            )
+            .await?;
     }
-    engine.staging_ms = Some(started.elapsed().as_millis() as u64);
-    Ok((ctx, engine, Some(staging)))
+    scoring.staging_ms = Some(started.elapsed().as_millis() as u64);
+    Ok(Opened {
+        ctx: planner,
+        scoring,
+        cluster: Some(OnCluster { submit, staging }),
+    })
 }
 
 /// Rows per row group of a staged input: a scan is split between executors by row
@@ -436,12 +494,13 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
     std::fs::create_dir_all(&opts.output)
         .map_err(|e| Error::io(&opts.output, "cannot create folder", e))?;
     let rt = runtime()?;
-    let (ctx, scoring, staging) = rt.block_on(open_session(opts, &corpus, &predictions))?;
-    if opts.cluster.is_none() {
-        crate::judge::udf::register(&ctx, opts.judge.clone());
+    let opened = rt.block_on(open_session(opts, &corpus, &predictions))?;
+    let ctx = &opened.ctx;
+    if opened.cluster.is_none() {
+        crate::judge::udf::register(ctx, opts.judge.clone());
     }
-    score_params(&ctx, opts)?;
-    register_reviews(&ctx, &opts.reviews)?;
+    score_params(ctx, opts)?;
+    register_reviews(ctx, &opts.reviews)?;
 
     let mut report = ScoreReport {
         run_id: opts.run_id.clone(),
@@ -458,50 +517,22 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
         judge: None,
         scoring: ScoringEngine {
             rulepack_digest: Some(crate::detect::packs::digest()),
-            ..scoring
+            ..opened.scoring.clone()
         },
     };
+    let mut counts = Tally::default();
     let scored = rt.block_on(async {
-        let df = ctx.sql(SCORE_CASES_SQL).await?;
-        let scored_schema = Arc::new(df.schema().as_arrow().clone());
-        // Everything but the last column (rule_spans, for findings only) is case_results.
-        let results_columns: Vec<usize> = (0..scored_schema.fields().len())
-            .filter(|&i| scored_schema.field(i).name() != RULE_SPANS)
-            .collect();
-        let schema = Arc::new(scored_schema.project(&results_columns)?);
-        let mut writers = ResultWriters::create(&opts.output, schema)?;
-        let mut findings = FindingsWriter::create(
-            &opts.output.join(crate::rundir::FINDINGS_FILE),
-            Arc::clone(&scored_schema),
-        )
-        .await?;
-        let started = std::time::Instant::now();
-        let mut writing = std::time::Duration::ZERO;
-        let stream = df.execute_stream().await?;
-        let mut stream: futures::stream::BoxStream<'_, Result<RecordBatch>> =
-            if opts.cluster.is_some() {
-                Box::pin(coalesced(stream, RESULT_BATCH_ROWS))
-            } else {
-                Box::pin(stream.map(|b| b.map_err(Error::from)))
-            };
-        while let Some(batch) = stream.next().await {
-            let batch = batch?;
-            let t = std::time::Instant::now();
-            findings.write(&batch).await?;
-            let batch = batch.project(&results_columns)?;
-            tally(&batch, &mut report)?;
-            writers.write(&batch)?;
-            writing += t.elapsed();
+        match &opened.cluster {
+            None => score_here(ctx, opts, &mut counts).await,
+            Some(cluster) => {
+                score_on_cluster(ctx, cluster, opts, &mut counts, &mut report.scoring).await
+            }
         }
-        if report.scoring.engine != "local" {
-            report.scoring.query_ms = Some(started.elapsed().as_millis() as u64);
-            report.scoring.client_write_ms = Some(writing.as_millis() as u64);
-        }
-        Ok::<_, Error>((writers, findings))
     });
-    drop(staging);
-    let (writers, findings) = match scored {
-        Ok(w) => w,
+    // The staged inputs and the parts go now, with a result or an error.
+    drop(opened);
+    let pending = match scored {
+        Ok(p) => p,
         Err(e) => {
             // Verdicts already paid for are kept for the next attempt (shared cache).
             if let Some(judge) = &opts.judge {
@@ -510,6 +541,11 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
             return Err(e);
         }
     };
+    report.rows = counts.rows;
+    report.attack_success = counts.attack_success;
+    report.over_refused = counts.over_refused;
+    report.manual_review = counts.manual_review;
+    report.review = counts.review;
     // The verdicts behind these results are written before the results are committed:
     // a committed case_results never points at verdicts that are not on disk.
     let judgements = opts.output.join(crate::judge::JUDGEMENTS_FILE);
@@ -533,15 +569,22 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
             Err(e) => return Err(Error::io(&path, "cannot remove", e)),
         }
     }
-    report.result_paths.extend(writers.commit()?);
-    report
-        .result_paths
-        .insert("findings_parquet".into(), findings.commit()?);
+    match pending {
+        Pending::Here(writers, findings) => {
+            report.result_paths.extend(writers.commit()?);
+            report
+                .result_paths
+                .insert("findings_parquet".into(), findings.commit()?);
+        }
+        Pending::Parts(merged) => report.result_paths.extend(merged.commit()?),
+    }
     if !report.result_paths.contains_key("judgements_parquet") && judgements.is_file() {
         // An earlier scoring's verdicts do not belong to these results.
         std::fs::remove_file(&judgements)
             .map_err(|e| Error::io(&judgements, "cannot remove", e))?;
     }
+    // On a cluster too, from the spliced file: queries/summary.sql does not finish on
+    // Ballista 55 (docs/cluster.md#limits).
     let parquet = report.result_paths["case_results_parquet"].clone();
     report.aggregate_metrics = rt.block_on(aggregate_metrics(&parquet))?;
     let summary_path = opts.output.join(crate::rundir::SUMMARY_FILE);
@@ -576,6 +619,81 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
         .map(|r| r.sha256.clone())
         .unwrap_or_default();
     Ok(report)
+}
+
+/// Results scored, not yet committed: written here, or spliced from a cluster's parts.
+enum Pending {
+    Here(ResultWriters, FindingsWriter),
+    Parts(parts::Merged),
+}
+
+/// Score in this process: the scored stream is written here, as it comes.
+async fn score_here(
+    ctx: &datafusion::prelude::SessionContext,
+    opts: &ScoreOptions,
+    counts: &mut Tally,
+) -> Result<Pending> {
+    let df = ctx.sql(SCORE_CASES_SQL).await?;
+    let scored_schema = Arc::new(df.schema().as_arrow().clone());
+    // Everything but the last column (rule_spans, for findings only) is case_results.
+    let results_columns: Vec<usize> = (0..scored_schema.fields().len())
+        .filter(|&i| scored_schema.field(i).name() != RULE_SPANS)
+        .collect();
+    let schema = Arc::new(scored_schema.project(&results_columns)?);
+    let mut writers = ResultWriters::create(&opts.output, schema)?;
+    let mut findings = FindingsWriter::create(
+        &opts.output.join(crate::rundir::FINDINGS_FILE),
+        Arc::clone(&scored_schema),
+    )
+    .await?;
+    let mut stream = df.execute_stream().await?;
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        findings.write(&batch).await?;
+        let batch = batch.project(&results_columns)?;
+        tally(&batch, counts)?;
+        writers.write(&batch)?;
+    }
+    Ok(Pending::Here(writers, findings))
+}
+
+/// Score on a cluster whose executors write the results ([`parts`]): plan here, submit
+/// the part writers, check and splice the reported parts, and compute the summary's
+/// metrics from the parts on the cluster.
+async fn score_on_cluster(
+    planner: &datafusion::prelude::SessionContext,
+    cluster: &OnCluster,
+    opts: &ScoreOptions,
+    counts: &mut Tally,
+    scoring: &mut ScoringEngine,
+) -> Result<Pending> {
+    use datafusion::physical_plan::ExecutionPlanProperties;
+    use futures::TryStreamExt;
+    let started = std::time::Instant::now();
+    let plan = planner
+        .sql(SCORE_CASES_SQL)
+        .await?
+        .create_physical_plan()
+        .await?;
+    let partitions = plan.output_partitioning().partition_count();
+    let dir = cluster.staging.dir.join("parts");
+    std::fs::create_dir(&dir).map_err(|e| Error::io(&dir, "cannot create folder", e))?;
+    let dir_text = crate::rundir::table_path(&dir)?;
+    let writer = Arc::new(parts::PartWriterExec::try_new(plan, &dir_text)?);
+    let root = Arc::new(
+        datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec::new(writer),
+    );
+    let batches: Vec<RecordBatch> = (cluster.submit)(root).await?.try_collect().await?;
+    let reports = parts::reports(&batches, partitions)?;
+    scoring.query_ms = Some(started.elapsed().as_millis() as u64);
+    scoring.parts = Some(reports.len());
+    let started = std::time::Instant::now();
+    for r in &reports {
+        parts::add(counts, &r.tally);
+    }
+    let merged = parts::merge(&reports, &dir, &opts.output)?;
+    scoring.commit_ms = Some(started.elapsed().as_millis() as u64);
+    Ok(Pending::Parts(merged))
 }
 
 /// Rows per result batch from a cluster: its results arrive in Arrow Flight messages of a
@@ -616,8 +734,18 @@ fn coalesced(
     )
 }
 
+/// Outcomes and review reasons counted over result rows (a run's, or one part's).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Tally {
+    pub rows: u64,
+    pub attack_success: u64,
+    pub over_refused: u64,
+    pub manual_review: u64,
+    pub review: BTreeMap<String, ReviewCount>,
+}
+
 /// Count outcomes and review reasons of one result batch.
-fn tally(batch: &RecordBatch, report: &mut ScoreReport) -> Result<()> {
+fn tally(batch: &RecordBatch, report: &mut Tally) -> Result<()> {
     let boolean = |name: &str| -> Result<datafusion::arrow::array::BooleanArray> {
         let col = batch
             .column_by_name(name)
@@ -740,10 +868,10 @@ impl FindingsWriter {
 /// aggregate_metrics.
 pub async fn aggregate_metrics(case_results: &Path) -> Result<AggregateMetrics> {
     use datafusion::arrow::datatypes::{Float64Type, Int64Type};
-    let ctx = results_session(case_results).await?;
+    let ctx = &results_session(case_results).await?;
     let mut by: BTreeMap<String, Ordered<Ordered<Rate>>> = BTreeMap::new();
     let mut overall: Ordered<Rate> = Ordered::default();
-    for batch in crate::engine::collect(&ctx, SUMMARY_SQL).await? {
+    for batch in crate::engine::collect(ctx, SUMMARY_SQL).await? {
         let s = |name: &str| crate::engine::utf8_column(&batch, name);
         let i = |name: &str| crate::engine::typed_column::<Int64Type>(&batch, name);
         let f = |name: &str| crate::engine::typed_column::<Float64Type>(&batch, name);
@@ -767,7 +895,7 @@ pub async fn aggregate_metrics(case_results: &Path) -> Result<AggregateMetrics> 
             }
         }
     }
-    let totals = crate::engine::collect(&ctx, TOTALS_SQL).await?;
+    let totals = crate::engine::collect(ctx, TOTALS_SQL).await?;
     let t = totals
         .first()
         .ok_or_else(|| Error::Internal("totals query returned nothing".into()))?;

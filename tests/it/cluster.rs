@@ -302,7 +302,13 @@ fn a_two_executor_cluster_scores_the_same_rows_as_a_local_run() {
         summary(&on_cluster)["scoring"]["rulepack_digest"]
     );
     assert_eq!(summary(&on_cluster)["scoring"]["executors"], 2);
-    // The staged inputs are gone.
+    // The executors wrote the results as parts, which the client checked and spliced.
+    assert!(
+        summary(&on_cluster)["scoring"]["parts"].as_u64().unwrap() >= 1,
+        "{}",
+        summary(&on_cluster)["scoring"]
+    );
+    // The staged inputs and the parts are gone.
     assert!(
         !common::files_under(&on_cluster)
             .iter()
@@ -428,13 +434,11 @@ fn logs_of(cluster: &Cluster) -> String {
     logs(&cluster.logs)
 }
 
-#[test]
-fn an_executor_killed_mid_query_leaves_a_whole_result_or_a_clear_error() {
-    let dir = tempfile::tempdir().unwrap();
-    let preds_path = dir.path().join("predictions.jsonl");
-    // Long responses, so the query is still running when the executor dies.
-    let long = "The assistant considered the request carefully. ".repeat(60);
-    let preds: Vec<Value> = predictions(12)
+/// [`predictions`] with long responses, so a query is still running a while after it
+/// was submitted; `tag` makes one set's rows differ from another's.
+fn long_predictions(copies: usize, tag: &str) -> Vec<Value> {
+    let long = format!("The assistant considered the request carefully {tag}. ").repeat(60);
+    predictions(copies)
         .into_iter()
         .map(|mut p| {
             if let Some(t) = p["response_text"].as_str() {
@@ -442,7 +446,15 @@ fn an_executor_killed_mid_query_leaves_a_whole_result_or_a_clear_error() {
             }
             p
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn an_executor_killed_mid_query_leaves_a_whole_result_or_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let preds_path = dir.path().join("predictions.jsonl");
+    // Long responses, so the query is still running when the executor dies.
+    let preds = long_predictions(12, "");
     write_jsonl(&preds_path, &preds);
     let local = dir.path().join("results/local");
     let r = run(&mut score_cmd(None, &preds_path, &local));
@@ -481,6 +493,133 @@ fn an_executor_killed_mid_query_leaves_a_whole_result_or_a_clear_error() {
     failed_cleanly(&result, &out);
     let stderr = String::from_utf8_lossy(&result.stderr);
     assert!(stderr.contains("executors were lost"), "{stderr}");
+}
+
+/// The client (`pieval score --cluster`) killed outright mid-query, then the scheduler:
+/// the run committed before stays whole each time — its rows, its summary — and the
+/// parts a dead client's job wrote are never read; the next scoring in the folder
+/// removes what the killed client left and commits.
+#[test]
+fn a_killed_client_or_scheduler_leaves_the_previous_run_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = dir.path().join("first.jsonl");
+    let second = dir.path().join("second.jsonl");
+    let (p1, p2) = (long_predictions(12, "one"), long_predictions(12, "two"));
+    write_jsonl(&first, &p1);
+    write_jsonl(&second, &p2);
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let mut cluster = start_cluster(1, &logs);
+    let out = dir.path().join("results/r");
+    let r = run(&mut score_cmd(Some(&cluster.url), &first, &out));
+    assert_eq!(r.code, 0, "{}\n{}", r.stderr, logs_of(&cluster));
+    let committed = rows(&out);
+    assert_eq!(committed.len(), p1.len());
+    let summary = std::fs::read(out.join("summary.json")).unwrap();
+    let whole = |what: &str| {
+        assert_eq!(rows(&out), committed, "{what}: case_results changed");
+        assert_eq!(
+            std::fs::read(out.join("summary.json")).unwrap(),
+            summary,
+            "{what}: summary.json changed"
+        );
+        // What readers see: only the committed rows.
+        let r = run(pieval()
+            .args(["sql", "--format", "json", "--results"])
+            .arg(dir.path().join("results"))
+            .arg("SELECT count(*) AS n FROM case_results"));
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let v: Value = serde_json::from_str(&r.stdout).unwrap();
+        assert_eq!(v[0]["n"], p1.len(), "{what}");
+    };
+
+    // The client killed (SIGKILL) while its job runs on the cluster.
+    let mut score = score_cmd(Some(&cluster.url), &second, &out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_staged(&mut score, &out);
+    std::thread::sleep(Duration::from_millis(1500));
+    let running = score.try_wait().unwrap().is_none();
+    score.kill().unwrap();
+    score.wait().unwrap();
+    assert!(running, "the scoring ended before its client was killed");
+    whole("client killed");
+    // Its job may still be writing parts into the dead client's staging folder: let it
+    // finish, then the next scoring here removes the folder and commits.
+    settle(&out);
+    whole("client killed, its job finished");
+    let r = run(&mut score_cmd(Some(&cluster.url), &second, &out));
+    assert_eq!(r.code, 0, "{}\n{}", r.stderr, logs_of(&cluster));
+    nothing_left_behind(&out);
+    assert_eq!(rows(&out).len(), p2.len());
+    assert_ne!(rows(&out), committed);
+
+    // The scheduler killed mid-query: a clear error, and the run just committed whole.
+    let (committed, summary) = (rows(&out), std::fs::read(out.join("summary.json")).unwrap());
+    let mut score = score_cmd(Some(&cluster.url), &first, &out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_staged(&mut score, &out);
+    std::thread::sleep(Duration::from_millis(1500));
+    cluster.scheduler.kill().unwrap();
+    cluster.scheduler.wait().unwrap();
+    let result = score.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(2), "{stderr}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    nothing_left_behind(&out);
+    assert_eq!(
+        rows(&out),
+        committed,
+        "scheduler killed: case_results changed"
+    );
+    assert_eq!(std::fs::read(out.join("summary.json")).unwrap(), summary);
+}
+
+/// Wait until `score` has staged its inputs in `out` (or ended).
+fn wait_staged(score: &mut Child, out: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let staged = || {
+        out.is_dir()
+            && common::files_under(out).iter().any(|p| {
+                p.ends_with("predictions.parquet")
+                    && p.to_string_lossy().contains(".pieval-staging")
+            })
+    };
+    while !staged() && score.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "staging did not finish");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Wait until nothing under `dir` has changed for 3 s (a dead client's job finishing on
+/// the cluster), at most 2 minutes.
+fn settle(dir: &Path) {
+    let snapshot = || {
+        let mut files: Vec<(PathBuf, u64)> = common::files_under(dir)
+            .into_iter()
+            .map(|p| {
+                let len = std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
+                (p, len)
+            })
+            .collect();
+        files.sort();
+        files
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut last = snapshot();
+    loop {
+        std::thread::sleep(Duration::from_secs(3));
+        let now = snapshot();
+        if now == last || Instant::now() > deadline {
+            return;
+        }
+        last = now;
+    }
 }
 
 /// `pieval score --cluster` in the background; once its inputs are staged (the query is

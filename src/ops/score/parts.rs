@@ -1,0 +1,739 @@
+//! Scoring on a cluster whose executors write the results (docs/cluster.md, "Score and
+//! query on it").
+//!
+//! The scoring plan (`queries/score_cases.sql`, planned here) is wrapped in a
+//! [`PartWriterExec`]: each of its partitions — one task on some executor — streams its
+//! scored rows into three part files in the parts folder, which every executor sees
+//! (case_results as Parquet and as JSONL, and findings as Parquet, through the same
+//! writers a local run uses), then returns one row: a [`PartReport`] naming its files with
+//! their sizes and SHA-256 digests, and its tallies. Only those rows travel back.
+//!
+//! The client then commits: it checks that exactly one report came back for each
+//! partition, checks every named part (size, digest, rows), splices the parts into the
+//! run's files under temporary names — Parquet row groups copied as they are, without
+//! decoding them; JSONL concatenated — and renames them into place as a local run does.
+//! A part no report names (a task attempt that was lost or retried) is never read, and
+//! the parts folder goes with the staging folder.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::DataFusionError;
+use datafusion::execution::TaskContext;
+use datafusion::parquet::file::reader::{FileReader, SerializedFileReader};
+use datafusion::parquet::file::writer::SerializedFileWriter;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning,
+    PlanProperties, SendableRecordBatchStream,
+};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+
+use super::{
+    FindingsWriter, RESULT_BATCH_ROWS, RULE_SPANS, ResultWriters, ReviewCount, Tally, coalesced,
+    tally,
+};
+use crate::error::{Error, Result};
+
+/// The one column of [`PartWriterExec`]'s output: a [`PartReport`] as JSON.
+const REPORT_COLUMN: &str = "part_report";
+
+/// The kinds of part file, in the order a report lists them.
+pub const CASE_RESULTS_PARQUET: &str = "case_results.parquet";
+pub const CASE_RESULTS_JSONL: &str = "case_results.jsonl";
+pub const FINDINGS_PARQUET: &str = "findings.parquet";
+
+/// Writes each partition of its input (the scored stream) into part files in `dir`, and
+/// outputs one row per partition, its [`PartReport`].
+pub struct PartWriterExec {
+    input: Arc<dyn ExecutionPlan>,
+    /// The parts folder (absolute; the same path on every executor).
+    dir: String,
+    properties: Arc<PlanProperties>,
+}
+
+impl fmt::Debug for PartWriterExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PartWriterExec")
+            .field("dir", &self.dir)
+            .finish()
+    }
+}
+
+impl PartWriterExec {
+    /// Refuses a folder that is not an absolute UTF-8 path (it travels as text and is
+    /// opened by executors on other machines).
+    pub fn try_new(input: Arc<dyn ExecutionPlan>, dir: &str) -> Result<Self> {
+        if !Path::new(dir).is_absolute() || dir.contains('\0') {
+            return Err(Error::Internal(format!(
+                "PartWriterExec: the parts folder {dir:?} is not an absolute path"
+            )));
+        }
+        let schema = report_schema();
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(schema),
+            Partitioning::UnknownPartitioning(input.output_partitioning().partition_count()),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        );
+        Ok(Self {
+            input,
+            dir: dir.to_owned(),
+            properties: Arc::new(properties),
+        })
+    }
+
+    /// The parts folder.
+    pub fn dir(&self) -> &str {
+        &self.dir
+    }
+
+    /// The scored stream it writes.
+    pub fn input(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.input
+    }
+}
+
+/// [`PartWriterExec`]'s output schema.
+fn report_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new(
+        REPORT_COLUMN,
+        DataType::Utf8,
+        false,
+    )]))
+}
+
+impl DisplayAs for PartWriterExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "PartWriterExec: dir={}", self.dir)
+    }
+}
+
+impl ExecutionPlan for PartWriterExec {
+    fn name(&self) -> &str {
+        "PartWriterExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> datafusion::error::Result<TreeNodeRecursion>,
+    ) -> datafusion::error::Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        if children.len() != 1 {
+            return Err(DataFusionError::Internal(format!(
+                "PartWriterExec takes one input, not {}",
+                children.len()
+            )));
+        }
+        Ok(Arc::new(Self::try_new(children.swap_remove(0), &self.dir)?))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> datafusion::error::Result<SendableRecordBatchStream> {
+        let input = self.input.execute(partition, context)?;
+        let dir = PathBuf::from(&self.dir);
+        let schema = report_schema();
+        let out = Arc::clone(&schema);
+        let report = async move {
+            let report = write_part(input, &dir, partition).await?;
+            let json = serde_json::to_string(&report)
+                .map_err(|e| Error::Internal(format!("cannot encode a part report: {e}")))?;
+            Ok(RecordBatch::try_new(
+                out,
+                vec![Arc::new(StringArray::from(vec![json]))],
+            )?)
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            schema,
+            futures::stream::once(report),
+        )))
+    }
+}
+
+/// What one partition wrote: its files and its tallies.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PartReport {
+    /// The scored stream's partition it holds.
+    pub partition: u64,
+    /// Rows in each of its case_results files.
+    pub rows: u64,
+    /// case_results.parquet, case_results.jsonl, findings.parquet (by [`PartFile::kind`]).
+    pub files: Vec<PartFile>,
+    pub tally: Tally,
+}
+
+/// One part file: what kind of run file it is part of, its name in the parts folder,
+/// its size and digest.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PartFile {
+    pub kind: String,
+    pub name: String,
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+/// Stream one partition of the scored rows into part files in `dir` (on an executor).
+async fn write_part(
+    input: SendableRecordBatchStream,
+    dir: &Path,
+    partition: usize,
+) -> Result<PartReport> {
+    // A fresh name for each attempt: a retried task never writes over a part another
+    // attempt may still be writing, and only the reported one is read.
+    let stem = format!("part-{partition:05}-{:016x}", fastrand::u64(..));
+    let name = |kind: &str| format!("{stem}.{kind}");
+    let scored = input.schema();
+    let results_columns: Vec<usize> = (0..scored.fields().len())
+        .filter(|&i| scored.field(i).name() != RULE_SPANS)
+        .collect();
+    let schema = Arc::new(scored.project(&results_columns)?);
+    let mut writers = ResultWriters::create_named(
+        &dir.join(name(CASE_RESULTS_PARQUET)),
+        &dir.join(name(CASE_RESULTS_JSONL)),
+        schema,
+    )?;
+    let mut findings =
+        FindingsWriter::create(&dir.join(name(FINDINGS_PARQUET)), Arc::clone(&scored)).await?;
+    let mut counts = Tally::default();
+    let mut stream = Box::pin(coalesced(input, RESULT_BATCH_ROWS));
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        findings.write(&batch).await?;
+        let batch = batch.project(&results_columns)?;
+        tally(&batch, &mut counts)?;
+        writers.write(&batch)?;
+    }
+    writers.commit()?;
+    findings.commit()?;
+    let mut files = Vec::with_capacity(3);
+    for kind in [CASE_RESULTS_PARQUET, CASE_RESULTS_JSONL, FINDINGS_PARQUET] {
+        let path = dir.join(name(kind));
+        let bytes = std::fs::metadata(&path)
+            .map_err(|e| Error::io(&path, "cannot read", e))?
+            .len();
+        files.push(PartFile {
+            kind: kind.to_owned(),
+            name: name(kind),
+            bytes,
+            sha256: crate::digest::sha256_file(&path)?,
+        });
+    }
+    Ok(PartReport {
+        partition: partition as u64,
+        rows: counts.rows,
+        files,
+        tally: counts,
+    })
+}
+
+/// The reports of a [`PartWriterExec`] run, checked: exactly one for each of the
+/// `partitions`, in partition order, each naming one file of each kind by a name the
+/// parts folder could hold.
+pub fn reports(batches: &[RecordBatch], partitions: usize) -> Result<Vec<PartReport>> {
+    let mut by_partition: BTreeMap<u64, PartReport> = BTreeMap::new();
+    for batch in batches {
+        let column = crate::engine::utf8_column(batch, REPORT_COLUMN)?;
+        for i in 0..column.len() {
+            if column.is_null(i) {
+                return Err(Error::Query(
+                    "the cluster returned an empty part report".into(),
+                ));
+            }
+            let report: PartReport = serde_json::from_str(column.value(i)).map_err(|e| {
+                Error::Query(format!(
+                    "the cluster returned a part report that does not parse: {e}"
+                ))
+            })?;
+            let p = report.partition;
+            if p as usize >= partitions {
+                return Err(Error::Query(format!(
+                    "the cluster returned a part for partition {p} of a plan of {partitions}"
+                )));
+            }
+            for (file, kind) in report.files.iter().zip([
+                CASE_RESULTS_PARQUET,
+                CASE_RESULTS_JSONL,
+                FINDINGS_PARQUET,
+            ]) {
+                let expected = format!(".{kind}");
+                if file.kind != kind
+                    || !file.name.starts_with("part-")
+                    || !file.name.ends_with(&expected)
+                    || file.name.contains(['/', '\\'])
+                    || file.name.contains("..")
+                {
+                    return Err(Error::Query(format!(
+                        "the cluster's report for partition {p} names {:?} as its {kind} part",
+                        crate::text::excerpt(&file.name, 120)
+                    )));
+                }
+            }
+            if report.files.len() != 3 {
+                return Err(Error::Query(format!(
+                    "the cluster's report for partition {p} names {} files, not 3",
+                    report.files.len()
+                )));
+            }
+            if by_partition.insert(p, report).is_some() {
+                return Err(Error::Query(format!(
+                    "the cluster returned two parts for partition {p}"
+                )));
+            }
+        }
+    }
+    if by_partition.len() != partitions {
+        let missing: Vec<usize> = (0..partitions)
+            .filter(|p| !by_partition.contains_key(&(*p as u64)))
+            .collect();
+        return Err(Error::Query(format!(
+            "the cluster returned no part for partition(s) {missing:?} of {partitions}"
+        )));
+    }
+    Ok(by_partition.into_values().collect())
+}
+
+/// The run's case_results and findings files spliced from checked parts, under temporary
+/// names until [`Merged::commit`].
+pub struct Merged {
+    files: Vec<(PathBuf, crate::atomic::TempFile)>,
+}
+
+impl Merged {
+    /// Rename every file into place; their paths by summary.json's `result_paths` key.
+    pub fn commit(self) -> Result<BTreeMap<String, PathBuf>> {
+        let mut out = BTreeMap::new();
+        for (path, file) in self.files {
+            file.commit()?;
+            let key = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default()
+                .replace('.', "_");
+            out.insert(key, path);
+        }
+        Ok(out)
+    }
+}
+
+/// Check every part the reports name and splice them into `output`'s case_results.parquet,
+/// case_results.jsonl and findings.parquet (temporary until committed).
+pub fn merge(reports: &[PartReport], parts: &Path, output: &Path) -> Result<Merged> {
+    let mut files = Vec::with_capacity(3);
+    for (i, kind) in [CASE_RESULTS_PARQUET, CASE_RESULTS_JSONL, FINDINGS_PARQUET]
+        .into_iter()
+        .enumerate()
+    {
+        let target = output.join(kind);
+        let mut out = crate::atomic::TempFile::create(&target)?;
+        let list: Vec<(&PartFile, u64)> = reports.iter().map(|r| (&r.files[i], r.rows)).collect();
+        if kind == CASE_RESULTS_JSONL {
+            for (file, rows) in list {
+                concat_jsonl(&parts.join(&file.name), file, rows, &mut out)?;
+            }
+        } else {
+            let rows = (kind == CASE_RESULTS_PARQUET).then_some(());
+            splice_parquet(parts, &list, rows.is_some(), out.by_ref())?;
+        }
+        files.push((target, out));
+    }
+    Ok(Merged { files })
+}
+
+/// Open a part and check its size and digest against its report; the open file, at its
+/// start.
+fn open_checked(path: &Path, file: &PartFile) -> Result<std::fs::File> {
+    let mut f = crate::files::open_regular(path, crate::files::Links::Refuse)?;
+    let len = f
+        .metadata()
+        .map_err(|e| Error::io(path, "cannot read", e))?
+        .len();
+    if len != file.bytes {
+        return Err(Error::State(format!(
+            "{}: {len} bytes, but its executor reported {}: the part changed after it was written",
+            path.display(),
+            file.bytes
+        )));
+    }
+    let digest = crate::digest::sha256_reader(&mut f, path)?;
+    if digest != file.sha256 {
+        return Err(Error::State(format!(
+            "{}: sha256 {digest}, but its executor reported {}: the part changed after it was written",
+            path.display(),
+            file.sha256
+        )));
+    }
+    f.rewind().map_err(|e| Error::io(path, "cannot read", e))?;
+    Ok(f)
+}
+
+/// Append a checked JSONL part holding `rows` lines.
+fn concat_jsonl(
+    path: &Path,
+    file: &PartFile,
+    rows: u64,
+    out: &mut crate::atomic::TempFile,
+) -> Result<()> {
+    let mut f = open_checked(path, file)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut lines = 0u64;
+    let mut last = b'\n';
+    loop {
+        let n = f
+            .read(&mut buf)
+            .map_err(|e| Error::io(path, "cannot read", e))?;
+        if n == 0 {
+            break;
+        }
+        lines += memchr::memchr_iter(b'\n', &buf[..n]).count() as u64;
+        last = buf[n - 1];
+        out.write_all(&buf[..n])
+            .map_err(|e| Error::io(out.tmp_path(), "cannot write", e))?;
+    }
+    if lines != rows || last != b'\n' {
+        return Err(Error::State(format!(
+            "{}: {lines} lines, but its executor reported {rows} rows",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Copy the row groups of checked Parquet parts into one file, as they are (no decoding):
+/// the schema and key-value metadata (the Arrow schema) of the first part, which every
+/// other part must share. With `check_rows`, each part must hold its reported rows.
+fn splice_parquet(
+    parts: &Path,
+    list: &[(&PartFile, u64)],
+    check_rows: bool,
+    out: &mut crate::atomic::TempFile,
+) -> Result<()> {
+    use datafusion::parquet::column::writer::ColumnCloseResult;
+    use datafusion::parquet::file::properties::WriterProperties;
+    let mut opened = Vec::with_capacity(list.len());
+    for (file, rows) in list {
+        let path = parts.join(&file.name);
+        let f = open_checked(&path, file)?;
+        let reader = SerializedFileReader::new(
+            f.try_clone()
+                .map_err(|e| Error::io(&path, "cannot read", e))?,
+        )
+        .map_err(|e| Error::State(format!("{}: not a Parquet file: {e}", path.display())))?;
+        let meta = reader.metadata().clone();
+        if check_rows && meta.file_metadata().num_rows() as u64 != *rows {
+            return Err(Error::State(format!(
+                "{}: {} rows, but its executor reported {rows}",
+                path.display(),
+                meta.file_metadata().num_rows()
+            )));
+        }
+        opened.push((path, f, meta));
+    }
+    let Some((_, _, first)) = opened.first() else {
+        return Err(Error::Internal("no part to splice".into()));
+    };
+    let first = first.file_metadata();
+    let schema = first.schema_descr_ptr();
+    let mut props = WriterProperties::builder();
+    if let Some(kv) = first.key_value_metadata() {
+        props = props.set_key_value_metadata(Some(kv.clone()));
+    }
+    if let Some(by) = first.created_by() {
+        props = props.set_created_by(by.to_owned());
+    }
+    let mut writer =
+        SerializedFileWriter::new(out, schema.root_schema_ptr(), Arc::new(props.build()))?;
+    for (path, f, meta) in &opened {
+        if meta.file_metadata().schema_descr().root_schema() != schema.root_schema() {
+            return Err(Error::State(format!(
+                "{}: its Parquet schema differs from the first part's",
+                path.display()
+            )));
+        }
+        for group in meta.row_groups() {
+            let mut rg = writer.next_row_group()?;
+            for column in group.columns() {
+                rg.append_column(
+                    f,
+                    ColumnCloseResult {
+                        bytes_written: column.compressed_size() as u64,
+                        rows_written: group.num_rows() as u64,
+                        metadata: column.clone(),
+                        bloom_filter: None,
+                        column_index: None,
+                        offset_index: None,
+                    },
+                )?;
+            }
+            rg.close()?;
+        }
+    }
+    writer.close()?;
+    Ok(())
+}
+
+/// Add a part's tallies to the run's, keeping the first examples of each review reason
+/// in partition order.
+pub fn add(total: &mut Tally, part: &Tally) {
+    total.rows += part.rows;
+    total.attack_success += part.attack_success;
+    total.over_refused += part.over_refused;
+    total.manual_review += part.manual_review;
+    for (reason, count) in &part.review {
+        let entry = total.review.entry(reason.clone()).or_insert(ReviewCount {
+            count: 0,
+            first_case_ids: Vec::new(),
+        });
+        entry.count += count.count;
+        for id in &count.first_case_ids {
+            if entry.first_case_ids.len() < super::EXAMPLES {
+                entry.first_case_ids.push(id.clone());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Int64Array, StringArray};
+
+    fn batch(ids: &[&str]) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("case_id", DataType::Utf8, false),
+            Field::new("n", DataType::Int64, true),
+        ]));
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(StringArray::from(ids.to_vec())),
+                Arc::new(Int64Array::from_iter(
+                    (0..ids.len() as i64).map(|i| (i % 3 != 0).then_some(i)),
+                )),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn file(dir: &Path, name: &str, kind: &str) -> PartFile {
+        let path = dir.join(name);
+        PartFile {
+            kind: kind.into(),
+            name: name.into(),
+            bytes: std::fs::metadata(&path).unwrap().len(),
+            sha256: crate::digest::sha256_file(&path).unwrap(),
+        }
+    }
+
+    /// A part as an executor writes it: the three files and a report.
+    fn part(dir: &Path, partition: u64, ids: &[&str]) -> PartReport {
+        let stem = format!("part-{partition:05}-00000000000000aa");
+        let b = batch(ids);
+        // Row groups of 2 rows, so a part holds several.
+        let props = crate::atomic::writer_properties_with(2).unwrap();
+        for kind in [CASE_RESULTS_PARQUET, FINDINGS_PARQUET] {
+            let mut f = crate::atomic::ParquetFile::create_with(
+                &dir.join(format!("{stem}.{kind}")),
+                b.schema(),
+                props.clone(),
+            )
+            .unwrap();
+            f.write(&b).unwrap();
+            f.commit().unwrap();
+        }
+        let lines: String = ids
+            .iter()
+            .map(|id| format!("{{\"case_id\":\"{id}\"}}\n"))
+            .collect();
+        std::fs::write(dir.join(format!("{stem}.{CASE_RESULTS_JSONL}")), lines).unwrap();
+        PartReport {
+            partition,
+            rows: ids.len() as u64,
+            files: [CASE_RESULTS_PARQUET, CASE_RESULTS_JSONL, FINDINGS_PARQUET]
+                .iter()
+                .map(|k| file(dir, &format!("{stem}.{k}"), k))
+                .collect(),
+            tally: Tally {
+                rows: ids.len() as u64,
+                ..Tally::default()
+            },
+        }
+    }
+
+    fn as_batch(reports: &[PartReport]) -> RecordBatch {
+        let json: Vec<String> = reports
+            .iter()
+            .map(|r| serde_json::to_string(r).unwrap())
+            .collect();
+        RecordBatch::try_new(report_schema(), vec![Arc::new(StringArray::from(json))]).unwrap()
+    }
+
+    fn read_rows(path: &Path) -> Vec<String> {
+        let f = std::fs::File::open(path).unwrap();
+        let reader =
+            datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
+                .unwrap()
+                .build()
+                .unwrap();
+        let mut out = Vec::new();
+        for b in reader {
+            let b = b.unwrap();
+            let ids = b.column(0).as_any().downcast_ref::<StringArray>().unwrap();
+            let n = b.column(1).as_any().downcast_ref::<Int64Array>().unwrap();
+            for i in 0..b.num_rows() {
+                out.push(format!(
+                    "{}:{:?}",
+                    ids.value(i),
+                    n.is_valid(i).then(|| n.value(i))
+                ));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn parts_are_spliced_in_partition_order_without_decoding_and_committed_whole() {
+        let parts = tempfile::tempdir().unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let a = part(parts.path(), 0, &["a1", "a2", "a3"]);
+        let empty = part(parts.path(), 1, &[]);
+        let b = part(parts.path(), 2, &["b1", "b2", "b3", "b4", "b5"]);
+        // Reports arrive in any order; an orphan part (a lost attempt) lies beside them.
+        part(parts.path(), 7, &["orphan"]);
+        let reports = reports(&[as_batch(&[b.clone(), a.clone()]), as_batch(&[empty])], 3).unwrap();
+        assert_eq!(
+            reports.iter().map(|r| r.partition).collect::<Vec<_>>(),
+            [0, 1, 2]
+        );
+        let merged = merge(&reports, parts.path(), out.path()).unwrap();
+        // Nothing is in place before the commit.
+        assert!(!out.path().join(CASE_RESULTS_PARQUET).exists());
+        let paths = merged.commit().unwrap();
+        assert_eq!(
+            paths.keys().collect::<Vec<_>>(),
+            [
+                "case_results_jsonl",
+                "case_results_parquet",
+                "findings_parquet"
+            ]
+        );
+        let rows = read_rows(&out.path().join(CASE_RESULTS_PARQUET));
+        assert_eq!(
+            rows,
+            [
+                "a1:None",
+                "a2:Some(1)",
+                "a3:Some(2)",
+                "b1:None",
+                "b2:Some(1)",
+                "b3:Some(2)",
+                "b4:None",
+                "b5:Some(4)"
+            ]
+        );
+        assert_eq!(read_rows(&out.path().join(FINDINGS_PARQUET)), rows);
+        let jsonl = std::fs::read_to_string(out.path().join(CASE_RESULTS_JSONL)).unwrap();
+        assert_eq!(jsonl.lines().count(), 8);
+        assert!(!jsonl.contains("orphan"));
+        // The Arrow schema travels in the key-value metadata: types read back as written.
+        let f = std::fs::File::open(out.path().join(CASE_RESULTS_PARQUET)).unwrap();
+        let builder =
+            datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
+                .unwrap();
+        assert_eq!(builder.schema().as_ref(), batch(&[]).schema().as_ref());
+        assert_eq!(builder.metadata().num_row_groups(), 2 + 3);
+    }
+
+    #[test]
+    fn a_part_changed_after_its_report_is_refused_and_nothing_is_committed() {
+        let parts = tempfile::tempdir().unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let a = part(parts.path(), 0, &["a1", "a2"]);
+        let b = part(parts.path(), 1, &["b1"]);
+        // Same size, other bytes.
+        let jsonl = parts.path().join(&b.files[1].name);
+        std::fs::write(&jsonl, "{\"case_id\":\"bX\"}\n").unwrap();
+        let e = merge(&[a.clone(), b.clone()], parts.path(), out.path())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains(&b.files[1].name) && e.contains("sha256"), "{e}");
+        // A part gone.
+        std::fs::remove_file(parts.path().join(&a.files[0].name)).unwrap();
+        let e = merge(&[a, b], parts.path(), out.path())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("part-00000"), "{e}");
+        let left: Vec<_> = std::fs::read_dir(out.path()).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn a_report_that_lies_about_rows_is_refused() {
+        let parts = tempfile::tempdir().unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let mut a = part(parts.path(), 0, &["a1", "a2"]);
+        a.rows = 3;
+        let e = merge(&[a], parts.path(), out.path())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("reported 3"), "{e}");
+    }
+
+    #[test]
+    fn reports_must_cover_each_partition_once_with_names_inside_the_parts_folder() {
+        let parts = tempfile::tempdir().unwrap();
+        let a = part(parts.path(), 0, &["a"]);
+        let b = part(parts.path(), 1, &["b"]);
+        let err = |batches: &[RecordBatch], n: usize| reports(batches, n).unwrap_err().to_string();
+        assert!(err(&[as_batch(&[a.clone()])], 2).contains("no part for partition(s) [1]"));
+        assert!(err(&[as_batch(&[a.clone(), a.clone()])], 1).contains("two parts for partition 0"));
+        assert!(
+            err(&[as_batch(&[a.clone(), b.clone()])], 1).contains("partition 1 of a plan of 1")
+        );
+        let mut evil = b.clone();
+        evil.files[1].name = "../../etc/passwd.case_results.jsonl".into();
+        assert!(err(&[as_batch(&[a.clone(), evil])], 2).contains("names"));
+        let mut short = b.clone();
+        short.files.pop();
+        assert!(err(&[as_batch(&[a.clone(), short])], 2).contains("2 files"));
+        let garbage = RecordBatch::try_new(
+            report_schema(),
+            vec![Arc::new(StringArray::from(vec!["{not json"]))],
+        )
+        .unwrap();
+        assert!(err(&[garbage], 1).contains("does not parse"));
+        assert_eq!(reports(&[as_batch(&[b, a])], 2).unwrap().len(), 2);
+    }
+}
