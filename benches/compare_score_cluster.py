@@ -10,9 +10,10 @@ measured model of how throughput scales with executors on separate machines.
 The model, from CPU seconds measured on the one-executor run (loopback processes share these
 two cores, so their wall times measure the cluster path's overhead, not its scaling): a
 cluster scoring is the client's staging pass (G: `scoring.staging_ms`, one thread, nothing
-else running), then the query, during which the executors score (E: their CPU seconds, read
-from /proc) while the client receives and writes the rows (C: its CPU seconds in that phase,
-the loop writing one batch at a time, so counted on one core), then the client's summary (R).
+else running), then the query, during which the executors score and write the results as
+part files (E: their CPU seconds, read from /proc) while the client waits for their reports
+(C: its CPU seconds in that phase, near zero since the executors write), then the client's
+commit — checking and splicing the parts (`scoring.commit_ms`) — and summary (R).
 With N executors of two cores each on their own machines:
 
     time(N) = G + max(E / 2N, C / k) + R        throughput(N) = text MB / time(N)
@@ -200,8 +201,10 @@ def main():
         rest = max(wall1 - g - query, 0)
         e = r1["cluster_cpu_s"]
         c = max(r1["client_cpu_s"] - g - rest, 0)
+        commit = sc.get("commit_ms", 0) / 1000
         print(f"\nmodel (measured on the one-executor run): staging G = {g:.2f} s, executors' CPU "
-              f"E = {e:.1f} s, the client's CPU while the query runs C = {c:.1f} s, the rest R = {rest:.2f} s")
+              f"E = {e:.1f} s, the client's CPU while the query runs C = {c:.1f} s, the rest R = {rest:.2f} s "
+              f"(of which checking and splicing the {sc.get('parts')} parts: {commit:.2f} s)")
         print("| executors (2 cores each, own machines) | time, client on 1 core | throughput | time, client on 2 cores | throughput |")
         print("|---|---|---|---|---|")
         for n in (1, 2, 4, 8, 16, 32):

@@ -44,6 +44,7 @@
 --                   on) takes precedence over the judge's, which takes precedence over
 --                   the rules'; NULL when undecided
 --   manual_review   anything undecided or suspect; review_reason says why
+--   source_line     the prediction's line or row, not written to case_results
 --   rule_spans      every injection-rule match in the response (pi_rule_spans), for
 --                   findings.sql; the last column, not written to case_results
 --   attempt_id, attack_pipeline, attack_strategy, turns_used, success_turn
@@ -75,6 +76,7 @@ WITH joined AS (
         p.model_name,
         p.error,
         p.duplicate_prediction,
+        p.source_line,
         p.attempt_id,
         p.attack_pipeline,
         p.attack_strategy,
@@ -350,7 +352,10 @@ SELECT
     owasp_agentic,
     mitre_atlas,
     nist_ai_600_1,
-    -- not a case_results field: the injection-rule spans findings.sql reads, dropped
-    -- before case_results is written (src/ops/score.rs)
+    -- not case_results fields, dropped before case_results is written
+    -- (src/ops/score.rs): the prediction's line or row (a cluster's parts prove with it
+    -- that they cover every prediction once), and the injection-rule spans findings.sql
+    -- reads
+    source_line,
     rule_spans
 FROM decided

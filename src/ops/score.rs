@@ -344,6 +344,8 @@ struct Opened {
 /// and the parts, removed when this drops).
 struct OnCluster {
     submit: SubmitPlan,
+    /// The staged predictions, which the parts must cover once each.
+    staged: parts::Coverage,
     staging: Staging,
 }
 
@@ -408,11 +410,12 @@ async fn cluster_session(
     local.register_table("attack_cases", corpus.table.clone())?;
     local.register_table("predictions", predictions.table.clone())?;
     let planner = crate::engine::session_with(remote.copied_config());
+    let mut staged = parts::Coverage::default();
     for table in ["attack_cases", "predictions"] {
         let path = staging.dir.join(format!("{table}.parquet"));
         let df = local.table(table).await?;
         let schema = df.schema().as_arrow().clone();
-        stage(df, &path).await?;
+        stage(df, &path, (table == "predictions").then_some(&mut staged)).await?;
         // The folder's path was checked (UTF-8, nothing DataFusion reads as a pattern).
         let path = path.to_string_lossy();
         planner
@@ -427,7 +430,11 @@ async fn cluster_session(
     Ok(Opened {
         ctx: planner,
         scoring,
-        cluster: Some(OnCluster { submit, staging }),
+        cluster: Some(OnCluster {
+            submit,
+            staged,
+            staging,
+        }),
     })
 }
 
@@ -435,13 +442,22 @@ async fn cluster_session(
 /// groups, so a file of one group would run on one task.
 const STAGED_ROW_GROUP_ROWS: usize = 8192;
 
-/// Stream a table into a staged Parquet file.
-async fn stage(df: datafusion::dataframe::DataFrame, out: &Path) -> Result<()> {
+/// Stream a table into a staged Parquet file, adding its `source_line`s to `coverage`
+/// when given.
+async fn stage(
+    df: datafusion::dataframe::DataFrame,
+    out: &Path,
+    mut coverage: Option<&mut parts::Coverage>,
+) -> Result<()> {
     let props = crate::atomic::writer_properties_with(STAGED_ROW_GROUP_ROWS)?;
     let mut file = ParquetFile::create_with(out, Arc::new(df.schema().as_arrow().clone()), props)?;
     let mut stream = df.execute_stream().await?;
     while let Some(batch) = stream.next().await {
-        file.write(&batch?)?;
+        let batch = batch?;
+        if let Some(c) = coverage.as_deref_mut() {
+            c.add_batch(&batch)?;
+        }
+        file.write(&batch)?;
     }
     file.commit()?;
     Ok(())
@@ -635,10 +651,7 @@ async fn score_here(
 ) -> Result<Pending> {
     let df = ctx.sql(SCORE_CASES_SQL).await?;
     let scored_schema = Arc::new(df.schema().as_arrow().clone());
-    // Everything but the last column (rule_spans, for findings only) is case_results.
-    let results_columns: Vec<usize> = (0..scored_schema.fields().len())
-        .filter(|&i| scored_schema.field(i).name() != RULE_SPANS)
-        .collect();
+    let results_columns = results_columns(&scored_schema);
     let schema = Arc::new(scored_schema.project(&results_columns)?);
     let mut writers = ResultWriters::create(&opts.output, schema)?;
     let mut findings = FindingsWriter::create(
@@ -667,7 +680,6 @@ async fn score_on_cluster(
     counts: &mut Tally,
     scoring: &mut ScoringEngine,
 ) -> Result<Pending> {
-    use datafusion::physical_plan::ExecutionPlanProperties;
     use futures::TryStreamExt;
     let started = std::time::Instant::now();
     let plan = planner
@@ -675,7 +687,6 @@ async fn score_on_cluster(
         .await?
         .create_physical_plan()
         .await?;
-    let partitions = plan.output_partitioning().partition_count();
     let dir = cluster.staging.dir.join("parts");
     std::fs::create_dir(&dir).map_err(|e| Error::io(&dir, "cannot create folder", e))?;
     let dir_text = crate::rundir::table_path(&dir)?;
@@ -684,7 +695,7 @@ async fn score_on_cluster(
         datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec::new(writer),
     );
     let batches: Vec<RecordBatch> = (cluster.submit)(root).await?.try_collect().await?;
-    let reports = parts::reports(&batches, partitions)?;
+    let reports = parts::reports(&batches, &cluster.staged)?;
     scoring.query_ms = Some(started.elapsed().as_millis() as u64);
     scoring.parts = Some(reports.len());
     let started = std::time::Instant::now();
@@ -808,14 +819,28 @@ async fn results_session(case_results: &Path) -> Result<datafusion::prelude::Ses
 /// (`queries/score_cases.sql`); findings read it, case_results does not hold it.
 const RULE_SPANS: &str = "rule_spans";
 
+/// The column of the scored stream that holds the prediction's line or row; case_results
+/// does not hold it (a cluster's parts report what they cover with it).
+const SOURCE_LINE: &str = "source_line";
+
+/// The scored stream's columns that case_results holds (all but [`SOURCE_LINE`] and
+/// [`RULE_SPANS`]).
+fn results_columns(scored: &Schema) -> Vec<usize> {
+    (0..scored.fields().len())
+        .filter(|&i| ![RULE_SPANS, SOURCE_LINE].contains(&scored.field(i).name().as_str()))
+        .collect()
+}
+
 /// The scored stream's schema, the table `queries/findings.sql` reads as `scored`:
-/// case_results' fields and `rule_spans` (a list of `pi_rule_spans` elements).
+/// case_results' fields, `source_line` and `rule_spans` (a list of `pi_rule_spans`
+/// elements).
 pub fn scored_schema() -> Arc<Schema> {
     let mut fields: Vec<Field> = crate::contract::arrow::case_results_schema()
         .fields()
         .iter()
         .map(|f| f.as_ref().clone())
         .collect();
+    fields.push(Field::new(SOURCE_LINE, DataType::Int64, true));
     fields.push(Field::new(
         RULE_SPANS,
         DataType::List(Arc::new(Field::new_list_field(

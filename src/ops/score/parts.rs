@@ -8,8 +8,8 @@
 //! writers a local run uses), then returns one row: a [`PartReport`] naming its files with
 //! their sizes and SHA-256 digests, and its tallies. Only those rows travel back.
 //!
-//! The client then commits: it checks that exactly one report came back for each
-//! partition, checks every named part (size, digest, rows), splices the parts into the
+//! The client then commits: it checks that the reports cover every staged prediction
+//! once ([`Coverage`]), checks every named part (size, digest, rows), splices the parts into the
 //! run's files under temporary names — Parquet row groups copied as they are, without
 //! decoding them; JSONL concatenated — and renames them into place as a local run does.
 //! A part no report names (a task attempt that was lost or retried) is never read, and
@@ -39,8 +39,8 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    FindingsWriter, RESULT_BATCH_ROWS, RULE_SPANS, ResultWriters, ReviewCount, Tally, coalesced,
-    tally,
+    FindingsWriter, RESULT_BATCH_ROWS, ResultWriters, ReviewCount, SOURCE_LINE, Tally, coalesced,
+    results_columns, tally,
 };
 use crate::error::{Error, Result};
 
@@ -180,16 +180,69 @@ impl ExecutionPlan for PartWriterExec {
     }
 }
 
-/// What one partition wrote: its files and its tallies.
+/// What one partition wrote: its files, what it covers and its tallies.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PartReport {
-    /// The scored stream's partition it holds.
-    pub partition: u64,
-    /// Rows in each of its case_results files.
-    pub rows: u64,
+    /// The predictions its rows came from. Not a partition number: Ballista hands each
+    /// task a plan cut to its own partitions, numbered from 0 again.
+    pub coverage: Coverage,
     /// case_results.parquet, case_results.jsonl, findings.parquet (by [`PartFile::kind`]).
     pub files: Vec<PartFile>,
     pub tally: Tally,
+}
+
+/// Which predictions a set of scored rows came from, by their `source_line`s: how many,
+/// the first, and a fingerprint — the wrapping sum of a 64-bit mix of each line — that
+/// adds up over parts. Parts cover the staged predictions once each exactly when their
+/// rows and fingerprints add up to the staged file's (a part lost, or one reported
+/// twice, changes both; 2^-64 is the chance of another set of lines matching).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Coverage {
+    pub rows: u64,
+    pub fingerprint: u64,
+    pub first_line: Option<i64>,
+}
+
+impl Coverage {
+    /// Add the `source_line` column of a batch.
+    pub fn add_batch(&mut self, batch: &RecordBatch) -> Result<()> {
+        use datafusion::arrow::array::AsArray;
+        use datafusion::arrow::datatypes::Int64Type;
+        let col = batch
+            .column_by_name(SOURCE_LINE)
+            .ok_or_else(|| Error::Internal(format!("no {SOURCE_LINE} column to cover")))?;
+        let col = datafusion::arrow::compute::cast(col, &DataType::Int64)?;
+        let lines = col.as_primitive::<Int64Type>();
+        for i in 0..lines.len() {
+            let line = lines.is_valid(i).then(|| lines.value(i));
+            self.rows += 1;
+            self.fingerprint = self
+                .fingerprint
+                .wrapping_add(mix(line.map_or(u64::MAX, |l| l as u64)));
+            if let Some(l) = line {
+                self.first_line = Some(self.first_line.map_or(l, |f| f.min(l)));
+            }
+        }
+        Ok(())
+    }
+
+    fn add(&mut self, other: &Coverage) {
+        self.rows += other.rows;
+        self.fingerprint = self.fingerprint.wrapping_add(other.fingerprint);
+        self.first_line = match (self.first_line, other.first_line) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+}
+
+/// SplitMix64's finalizer (Steele, Lea and Flood, "Fast splittable pseudorandom number
+/// generators", OOPSLA 2014): consecutive lines spread over all 64 bits.
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// One part file: what kind of run file it is part of, its name in the parts folder,
@@ -210,12 +263,11 @@ async fn write_part(
 ) -> Result<PartReport> {
     // A fresh name for each attempt: a retried task never writes over a part another
     // attempt may still be writing, and only the reported one is read.
-    let stem = format!("part-{partition:05}-{:016x}", fastrand::u64(..));
+    let _ = partition;
+    let stem = format!("part-{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
     let name = |kind: &str| format!("{stem}.{kind}");
     let scored = input.schema();
-    let results_columns: Vec<usize> = (0..scored.fields().len())
-        .filter(|&i| scored.field(i).name() != RULE_SPANS)
-        .collect();
+    let results_columns = results_columns(&scored);
     let schema = Arc::new(scored.project(&results_columns)?);
     let mut writers = ResultWriters::create_named(
         &dir.join(name(CASE_RESULTS_PARQUET)),
@@ -225,9 +277,11 @@ async fn write_part(
     let mut findings =
         FindingsWriter::create(&dir.join(name(FINDINGS_PARQUET)), Arc::clone(&scored)).await?;
     let mut counts = Tally::default();
+    let mut coverage = Coverage::default();
     let mut stream = Box::pin(coalesced(input, RESULT_BATCH_ROWS));
     while let Some(batch) = stream.next().await {
         let batch = batch?;
+        coverage.add_batch(&batch)?;
         findings.write(&batch).await?;
         let batch = batch.project(&results_columns)?;
         tally(&batch, &mut counts)?;
@@ -249,18 +303,19 @@ async fn write_part(
         });
     }
     Ok(PartReport {
-        partition: partition as u64,
-        rows: counts.rows,
+        coverage,
         files,
         tally: counts,
     })
 }
 
-/// The reports of a [`PartWriterExec`] run, checked: exactly one for each of the
-/// `partitions`, in partition order, each naming one file of each kind by a name the
-/// parts folder could hold.
-pub fn reports(batches: &[RecordBatch], partitions: usize) -> Result<Vec<PartReport>> {
-    let mut by_partition: BTreeMap<u64, PartReport> = BTreeMap::new();
+/// The reports of a [`PartWriterExec`] run, checked: each names one file of each kind by
+/// a name the parts folder could hold, no part is reported twice, and together they cover
+/// the staged predictions (`expected`) once each. In the order of their first lines.
+pub fn reports(batches: &[RecordBatch], expected: &Coverage) -> Result<Vec<PartReport>> {
+    let mut out: Vec<PartReport> = Vec::new();
+    let mut names = std::collections::BTreeSet::new();
+    let mut covered = Coverage::default();
     for batch in batches {
         let column = crate::engine::utf8_column(batch, REPORT_COLUMN)?;
         for i in 0..column.len() {
@@ -274,10 +329,10 @@ pub fn reports(batches: &[RecordBatch], partitions: usize) -> Result<Vec<PartRep
                     "the cluster returned a part report that does not parse: {e}"
                 ))
             })?;
-            let p = report.partition;
-            if p as usize >= partitions {
+            if report.files.len() != 3 {
                 return Err(Error::Query(format!(
-                    "the cluster returned a part for partition {p} of a plan of {partitions}"
+                    "the cluster returned a part report of {} files, not 3",
+                    report.files.len()
                 )));
             }
             for (file, kind) in report.files.iter().zip([
@@ -293,33 +348,40 @@ pub fn reports(batches: &[RecordBatch], partitions: usize) -> Result<Vec<PartRep
                     || file.name.contains("..")
                 {
                     return Err(Error::Query(format!(
-                        "the cluster's report for partition {p} names {:?} as its {kind} part",
+                        "the cluster returned a part report that names {:?} as its {kind} part",
+                        crate::text::excerpt(&file.name, 120)
+                    )));
+                }
+                if !names.insert(file.name.clone()) {
+                    return Err(Error::Query(format!(
+                        "the cluster reported the part {} twice",
                         crate::text::excerpt(&file.name, 120)
                     )));
                 }
             }
-            if report.files.len() != 3 {
+            if report.coverage.rows != report.tally.rows {
                 return Err(Error::Query(format!(
-                    "the cluster's report for partition {p} names {} files, not 3",
-                    report.files.len()
+                    "the cluster's report of {} counts {} rows and covers {}",
+                    crate::text::excerpt(&report.files[0].name, 120),
+                    report.tally.rows,
+                    report.coverage.rows
                 )));
             }
-            if by_partition.insert(p, report).is_some() {
-                return Err(Error::Query(format!(
-                    "the cluster returned two parts for partition {p}"
-                )));
-            }
+            covered.add(&report.coverage);
+            out.push(report);
         }
     }
-    if by_partition.len() != partitions {
-        let missing: Vec<usize> = (0..partitions)
-            .filter(|p| !by_partition.contains_key(&(*p as u64)))
-            .collect();
+    if covered.rows != expected.rows || covered.fingerprint != expected.fingerprint {
         return Err(Error::Query(format!(
-            "the cluster returned no part for partition(s) {missing:?} of {partitions}"
+            "the cluster's {} part(s) hold {} rows that do not cover the {} staged \
+             predictions once each (a part lost or reported twice)",
+            out.len(),
+            covered.rows,
+            expected.rows
         )));
     }
-    Ok(by_partition.into_values().collect())
+    out.sort_by_key(|r| (r.coverage.first_line.is_none(), r.coverage.first_line));
+    Ok(out)
 }
 
 /// The run's case_results and findings files spliced from checked parts, under temporary
@@ -355,7 +417,10 @@ pub fn merge(reports: &[PartReport], parts: &Path, output: &Path) -> Result<Merg
     {
         let target = output.join(kind);
         let mut out = crate::atomic::TempFile::create(&target)?;
-        let list: Vec<(&PartFile, u64)> = reports.iter().map(|r| (&r.files[i], r.rows)).collect();
+        let list: Vec<(&PartFile, u64)> = reports
+            .iter()
+            .map(|r| (&r.files[i], r.coverage.rows))
+            .collect();
         if kind == CASE_RESULTS_JSONL {
             for (file, rows) in list {
                 concat_jsonl(&parts.join(&file.name), file, rows, &mut out)?;
@@ -554,9 +619,24 @@ mod tests {
         }
     }
 
-    /// A part as an executor writes it: the three files and a report.
-    fn part(dir: &Path, partition: u64, ids: &[&str]) -> PartReport {
-        let stem = format!("part-{partition:05}-00000000000000aa");
+    /// The coverage of predictions on `lines`.
+    fn lines(lines: std::ops::Range<i64>) -> Coverage {
+        let mut c = Coverage::default();
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            SOURCE_LINE,
+            DataType::Int64,
+            true,
+        )]));
+        let b = RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from_iter_values(lines))])
+            .unwrap();
+        c.add_batch(&b).unwrap();
+        c
+    }
+
+    /// A part as an executor writes it, of the predictions on lines `first..`: the three
+    /// files and a report.
+    fn part(dir: &Path, first: i64, ids: &[&str]) -> PartReport {
+        let stem = format!("part-{first:05}-00000000000000aa");
         let b = batch(ids);
         // Row groups of 2 rows, so a part holds several.
         let props = crate::atomic::writer_properties_with(2).unwrap();
@@ -570,14 +650,13 @@ mod tests {
             f.write(&b).unwrap();
             f.commit().unwrap();
         }
-        let lines: String = ids
+        let jsonl: String = ids
             .iter()
             .map(|id| format!("{{\"case_id\":\"{id}\"}}\n"))
             .collect();
-        std::fs::write(dir.join(format!("{stem}.{CASE_RESULTS_JSONL}")), lines).unwrap();
+        std::fs::write(dir.join(format!("{stem}.{CASE_RESULTS_JSONL}")), jsonl).unwrap();
         PartReport {
-            partition,
-            rows: ids.len() as u64,
+            coverage: lines(first..first + ids.len() as i64),
             files: [CASE_RESULTS_PARQUET, CASE_RESULTS_JSONL, FINDINGS_PARQUET]
                 .iter()
                 .map(|k| file(dir, &format!("{stem}.{k}"), k))
@@ -624,15 +703,22 @@ mod tests {
     fn parts_are_spliced_in_partition_order_without_decoding_and_committed_whole() {
         let parts = tempfile::tempdir().unwrap();
         let out = tempfile::tempdir().unwrap();
-        let a = part(parts.path(), 0, &["a1", "a2", "a3"]);
-        let empty = part(parts.path(), 1, &[]);
-        let b = part(parts.path(), 2, &["b1", "b2", "b3", "b4", "b5"]);
+        let a = part(parts.path(), 1, &["a1", "a2", "a3"]);
+        let empty = part(parts.path(), 90, &[]);
+        let b = part(parts.path(), 4, &["b1", "b2", "b3", "b4", "b5"]);
         // Reports arrive in any order; an orphan part (a lost attempt) lies beside them.
-        part(parts.path(), 7, &["orphan"]);
-        let reports = reports(&[as_batch(&[b.clone(), a.clone()]), as_batch(&[empty])], 3).unwrap();
+        part(parts.path(), 50, &["orphan"]);
+        let reports = reports(
+            &[as_batch(&[b.clone(), a.clone()]), as_batch(&[empty])],
+            &lines(1..9),
+        )
+        .unwrap();
         assert_eq!(
-            reports.iter().map(|r| r.partition).collect::<Vec<_>>(),
-            [0, 1, 2]
+            reports
+                .iter()
+                .map(|r| r.coverage.first_line)
+                .collect::<Vec<_>>(),
+            [Some(1), Some(4), None]
         );
         let merged = merge(&reports, parts.path(), out.path()).unwrap();
         // Nothing is in place before the commit.
@@ -677,8 +763,8 @@ mod tests {
     fn a_part_changed_after_its_report_is_refused_and_nothing_is_committed() {
         let parts = tempfile::tempdir().unwrap();
         let out = tempfile::tempdir().unwrap();
-        let a = part(parts.path(), 0, &["a1", "a2"]);
-        let b = part(parts.path(), 1, &["b1"]);
+        let a = part(parts.path(), 1, &["a1", "a2"]);
+        let b = part(parts.path(), 3, &["b1"]);
         // Same size, other bytes.
         let jsonl = parts.path().join(&b.files[1].name);
         std::fs::write(&jsonl, "{\"case_id\":\"bX\"}\n").unwrap();
@@ -693,7 +779,7 @@ mod tests {
             .err()
             .unwrap()
             .to_string();
-        assert!(e.contains("part-00000"), "{e}");
+        assert!(e.contains("part-00001"), "{e}");
         let left: Vec<_> = std::fs::read_dir(out.path()).unwrap().collect();
         assert!(left.is_empty(), "{left:?}");
     }
@@ -702,8 +788,8 @@ mod tests {
     fn a_report_that_lies_about_rows_is_refused() {
         let parts = tempfile::tempdir().unwrap();
         let out = tempfile::tempdir().unwrap();
-        let mut a = part(parts.path(), 0, &["a1", "a2"]);
-        a.rows = 3;
+        let mut a = part(parts.path(), 1, &["a1", "a2"]);
+        a.coverage.rows = 3;
         let e = merge(&[a], parts.path(), out.path())
             .err()
             .unwrap()
@@ -712,28 +798,39 @@ mod tests {
     }
 
     #[test]
-    fn reports_must_cover_each_partition_once_with_names_inside_the_parts_folder() {
+    fn reports_must_cover_every_prediction_once_with_names_inside_the_parts_folder() {
         let parts = tempfile::tempdir().unwrap();
-        let a = part(parts.path(), 0, &["a"]);
-        let b = part(parts.path(), 1, &["b"]);
-        let err = |batches: &[RecordBatch], n: usize| reports(batches, n).unwrap_err().to_string();
-        assert!(err(&[as_batch(&[a.clone()])], 2).contains("no part for partition(s) [1]"));
-        assert!(err(&[as_batch(&[a.clone(), a.clone()])], 1).contains("two parts for partition 0"));
-        assert!(
-            err(&[as_batch(&[a.clone(), b.clone()])], 1).contains("partition 1 of a plan of 1")
-        );
+        let a = part(parts.path(), 1, &["a1", "a2"]);
+        let b = part(parts.path(), 3, &["b1", "b2"]);
+        let err =
+            |batches: &[RecordBatch], c: &Coverage| reports(batches, c).unwrap_err().to_string();
+        let all = lines(1..5);
+        // A part lost.
+        assert!(err(&[as_batch(&[a.clone()])], &all).contains("do not cover the 4 staged"));
+        // The same part reported twice.
+        assert!(err(&[as_batch(&[a.clone(), a.clone()])], &all).contains("twice"));
+        // Another attempt of the same partition, under another name, and none of lines
+        // 3–4: the rows add up to the staged count, the fingerprints do not.
+        let mut again = part(parts.path(), 1, &["a1", "a2"]);
+        for f in &mut again.files {
+            f.name = f.name.replace("00000000000000aa", "00000000000000bb");
+        }
+        assert!(err(&[as_batch(&[a.clone(), again])], &all).contains("do not cover"));
         let mut evil = b.clone();
         evil.files[1].name = "../../etc/passwd.case_results.jsonl".into();
-        assert!(err(&[as_batch(&[a.clone(), evil])], 2).contains("names"));
+        assert!(err(&[as_batch(&[a.clone(), evil])], &all).contains("names"));
         let mut short = b.clone();
         short.files.pop();
-        assert!(err(&[as_batch(&[a.clone(), short])], 2).contains("2 files"));
+        assert!(err(&[as_batch(&[a.clone(), short])], &all).contains("2 files"));
+        let mut miscounted = b.clone();
+        miscounted.tally.rows = 7;
+        assert!(err(&[as_batch(&[a.clone(), miscounted])], &all).contains("counts 7 rows"));
         let garbage = RecordBatch::try_new(
             report_schema(),
             vec![Arc::new(StringArray::from(vec!["{not json"]))],
         )
         .unwrap();
-        assert!(err(&[garbage], 1).contains("does not parse"));
-        assert_eq!(reports(&[as_batch(&[b, a])], 2).unwrap().len(), 2);
+        assert!(err(&[garbage], &all).contains("does not parse"));
+        assert_eq!(reports(&[as_batch(&[b, a])], &all).unwrap().len(), 2);
     }
 }
