@@ -567,7 +567,7 @@ fn splice_parquet(
 }
 
 /// Add a part's tallies to the run's, keeping the first examples of each review reason
-/// in partition order.
+/// in the order the parts are given (their first lines).
 pub fn add(total: &mut Tally, part: &Tally) {
     total.rows += part.rows;
     total.attack_success += part.attack_success;
