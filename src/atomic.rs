@@ -109,6 +109,13 @@ impl TempFile {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             clean_stale(parent);
         }
+        Self::create_shared(path)
+    }
+
+    /// [`TempFile::create`] in a folder other machines write in too (a cluster's parts
+    /// folder): what others left is not cleaned, since a process id names a process on
+    /// one machine only — another executor's file being written would look abandoned.
+    pub fn create_shared(path: &Path) -> Result<Self> {
         let tmp = temp_path(path)?;
         let file = std::fs::OpenOptions::new()
             .write(true)
@@ -303,7 +310,15 @@ impl ParquetFile {
     }
 
     pub fn create_with(path: &Path, schema: SchemaRef, props: WriterProperties) -> Result<Self> {
-        let file = TempFile::create(path)?;
+        Self::from_temp(TempFile::create(path)?, schema, props)
+    }
+
+    /// [`ParquetFile::create`] through [`TempFile::create_shared`].
+    pub fn create_shared(path: &Path, schema: SchemaRef) -> Result<Self> {
+        Self::from_temp(TempFile::create_shared(path)?, schema, writer_properties()?)
+    }
+
+    fn from_temp(file: TempFile, schema: SchemaRef, props: WriterProperties) -> Result<Self> {
         Ok(Self {
             writer: ArrowWriter::try_new(file, schema, Some(props))?,
             rows: 0,
@@ -347,6 +362,29 @@ pub fn write_batches(schema: SchemaRef, batches: &[RecordBatch], out: &Path) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shared_folder_keeps_what_another_machines_process_is_writing() {
+        let dir = tempfile::tempdir().unwrap();
+        // A process id that is not this machine's: another executor's part in progress.
+        let other = dir
+            .path()
+            .join(".part-a.case_results.jsonl.4194999-00000000000000aa.tmp");
+        std::fs::write(&other, "half a part").unwrap();
+        let mut f = TempFile::create_shared(&dir.path().join("part-b.case_results.jsonl")).unwrap();
+        f.write_all(b"{}\n").unwrap();
+        f.commit().unwrap();
+        assert!(
+            other.exists(),
+            "another machine's file in progress was removed"
+        );
+        // Where this machine's processes are the only writers, it is cleaned.
+        TempFile::create(&dir.path().join("run.jsonl"))
+            .unwrap()
+            .commit()
+            .unwrap();
+        assert!(!other.exists());
+    }
 
     #[test]
     fn stale_temporary_names_are_recognised_and_cleaned() {

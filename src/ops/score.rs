@@ -195,19 +195,25 @@ struct ResultWriters {
 
 impl ResultWriters {
     fn create(dir: &Path, schema: Arc<Schema>) -> Result<Self> {
-        Self::create_named(
-            &dir.join(crate::rundir::CASE_RESULTS_PARQUET),
-            &dir.join(crate::rundir::CASE_RESULTS_JSONL),
-            schema,
-        )
-    }
-
-    /// Under other names (a cluster's part files).
-    fn create_named(parquet: &Path, jsonl: &Path, schema: Arc<Schema>) -> Result<Self> {
-        let pw = crate::atomic::ParquetFile::create(parquet, schema)?;
+        let parquet = dir.join(crate::rundir::CASE_RESULTS_PARQUET);
+        let jsonl = dir.join(crate::rundir::CASE_RESULTS_JSONL);
+        let pw = crate::atomic::ParquetFile::create(&parquet, schema)?;
         let jw = WriterBuilder::new()
             .with_explicit_nulls(true)
-            .build::<_, LineDelimited>(crate::atomic::TempFile::create(jsonl)?);
+            .build::<_, LineDelimited>(crate::atomic::TempFile::create(&jsonl)?);
+        Ok(Self {
+            parquet: (parquet, pw),
+            jsonl: (jsonl, jw),
+        })
+    }
+
+    /// Under other names, in a folder other machines write in too (a cluster's part
+    /// files: [`crate::atomic::TempFile::create_shared`]).
+    fn create_shared(parquet: &Path, jsonl: &Path, schema: Arc<Schema>) -> Result<Self> {
+        let pw = crate::atomic::ParquetFile::create_shared(parquet, schema)?;
+        let jw = WriterBuilder::new()
+            .with_explicit_nulls(true)
+            .build::<_, LineDelimited>(crate::atomic::TempFile::create_shared(jsonl)?);
         Ok(Self {
             parquet: (parquet.to_path_buf(), pw),
             jsonl: (jsonl.to_path_buf(), jw),
@@ -864,12 +870,23 @@ struct FindingsWriter {
 
 impl FindingsWriter {
     async fn create(path: &Path, scored: Arc<Schema>) -> Result<Self> {
+        Self::create_in(path, scored, false).await
+    }
+
+    /// With `shared`, in a folder other machines write in too
+    /// ([`crate::atomic::TempFile::create_shared`]).
+    async fn create_in(path: &Path, scored: Arc<Schema>, shared: bool) -> Result<Self> {
         let ctx = session();
         ctx.register_batch("scored", RecordBatch::new_empty(scored))?;
         let schema = Arc::new(ctx.sql(FINDINGS_SQL).await?.schema().as_arrow().clone());
+        let file = if shared {
+            crate::atomic::ParquetFile::create_shared(path, schema)?
+        } else {
+            crate::atomic::ParquetFile::create(path, schema)?
+        };
         Ok(Self {
             ctx,
-            file: crate::atomic::ParquetFile::create(path, schema)?,
+            file,
             path: path.to_path_buf(),
         })
     }
@@ -886,6 +903,11 @@ impl FindingsWriter {
     fn commit(self) -> Result<PathBuf> {
         self.file.commit()?;
         Ok(self.path)
+    }
+
+    /// [`FindingsWriter::commit`], answering the rows written.
+    fn commit_counted(self) -> Result<u64> {
+        self.file.commit()
     }
 }
 

@@ -334,6 +334,26 @@ fn a_two_executor_cluster_scores_the_same_rows_as_a_local_run() {
     };
     let (l, c) = (sql(None), sql(Some(&cluster.url)));
     assert_eq!(l, c);
+    // A UNION is not run on the cluster: Ballista 55 answers some wrongly (this one
+    // counted 150 rows for 100) or never (queries/summary.sql).
+    let union = "WITH t AS (SELECT case_id, label FROM case_results WHERE attempt_id IS NULL \
+                 UNION ALL SELECT case_id, label FROM case_results WHERE attempt_id IS NOT NULL \
+                 GROUP BY case_id, label) \
+                 SELECT count(*) AS n FROM (SELECT label FROM t UNION ALL SELECT label FROM t)";
+    let r = run(pieval()
+        .args([
+            "sql",
+            "--format",
+            "json",
+            "--cluster",
+            &cluster.url,
+            "--results",
+        ])
+        .arg(dir.path().join("results"))
+        .arg(union));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("has a UNION"), "{}", r.stderr);
+    assert!(r.stdout.is_empty(), "{}", r.stdout);
     assert!(
         l.as_array()
             .unwrap()

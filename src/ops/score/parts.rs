@@ -26,7 +26,6 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::DataFusionError;
 use datafusion::execution::TaskContext;
-use datafusion::parquet::file::reader::{FileReader, SerializedFileReader};
 use datafusion::parquet::file::writer::SerializedFileWriter;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
@@ -46,6 +45,10 @@ use crate::error::{Error, Result};
 
 /// The one column of [`PartWriterExec`]'s output: a [`PartReport`] as JSON.
 const REPORT_COLUMN: &str = "part_report";
+
+/// A part report's largest size: its files and tallies (review reasons with five
+/// example ids each) take a few KiB.
+const MAX_REPORT_BYTES: usize = 1 << 20;
 
 /// The kinds of part file, in the order a report lists them.
 pub const CASE_RESULTS_PARQUET: &str = "case_results.parquet";
@@ -186,6 +189,8 @@ pub struct PartReport {
     /// The predictions its rows came from. Not a partition number: Ballista hands each
     /// task a plan cut to its own partitions, numbered from 0 again.
     pub coverage: Coverage,
+    /// Rows of its findings part.
+    pub findings_rows: u64,
     /// case_results.parquet, case_results.jsonl, findings.parquet (by [`PartFile::kind`]).
     pub files: Vec<PartFile>,
     pub tally: Tally,
@@ -227,7 +232,7 @@ impl Coverage {
     }
 
     fn add(&mut self, other: &Coverage) {
-        self.rows += other.rows;
+        self.rows = self.rows.saturating_add(other.rows);
         self.fingerprint = self.fingerprint.wrapping_add(other.fingerprint);
         self.first_line = match (self.first_line, other.first_line) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -269,13 +274,14 @@ async fn write_part(
     let scored = input.schema();
     let results_columns = results_columns(&scored);
     let schema = Arc::new(scored.project(&results_columns)?);
-    let mut writers = ResultWriters::create_named(
+    let mut writers = ResultWriters::create_shared(
         &dir.join(name(CASE_RESULTS_PARQUET)),
         &dir.join(name(CASE_RESULTS_JSONL)),
         schema,
     )?;
     let mut findings =
-        FindingsWriter::create(&dir.join(name(FINDINGS_PARQUET)), Arc::clone(&scored)).await?;
+        FindingsWriter::create_in(&dir.join(name(FINDINGS_PARQUET)), Arc::clone(&scored), true)
+            .await?;
     let mut counts = Tally::default();
     let mut coverage = Coverage::default();
     let mut stream = Box::pin(coalesced(input, RESULT_BATCH_ROWS));
@@ -288,7 +294,7 @@ async fn write_part(
         writers.write(&batch)?;
     }
     writers.commit()?;
-    findings.commit()?;
+    let findings_rows = findings.commit_counted()?;
     let mut files = Vec::with_capacity(3);
     for kind in [CASE_RESULTS_PARQUET, CASE_RESULTS_JSONL, FINDINGS_PARQUET] {
         let path = dir.join(name(kind));
@@ -304,6 +310,7 @@ async fn write_part(
     }
     Ok(PartReport {
         coverage,
+        findings_rows,
         files,
         tally: counts,
     })
@@ -323,6 +330,12 @@ pub fn reports(batches: &[RecordBatch], expected: &Coverage) -> Result<Vec<PartR
                 return Err(Error::Query(
                     "the cluster returned an empty part report".into(),
                 ));
+            }
+            if column.value(i).len() > MAX_REPORT_BYTES {
+                return Err(Error::Query(format!(
+                    "the cluster returned a part report of {} bytes (at most {MAX_REPORT_BYTES})",
+                    column.value(i).len()
+                )));
             }
             let report: PartReport = serde_json::from_str(column.value(i)).map_err(|e| {
                 Error::Query(format!(
@@ -419,15 +432,21 @@ pub fn merge(reports: &[PartReport], parts: &Path, output: &Path) -> Result<Merg
         let mut out = crate::atomic::TempFile::create(&target)?;
         let list: Vec<(&PartFile, u64)> = reports
             .iter()
-            .map(|r| (&r.files[i], r.coverage.rows))
+            .map(|r| {
+                let rows = if kind == FINDINGS_PARQUET {
+                    r.findings_rows
+                } else {
+                    r.coverage.rows
+                };
+                (&r.files[i], rows)
+            })
             .collect();
         if kind == CASE_RESULTS_JSONL {
             for (file, rows) in list {
                 concat_jsonl(&parts.join(&file.name), file, rows, &mut out)?;
             }
         } else {
-            let rows = (kind == CASE_RESULTS_PARQUET).then_some(());
-            splice_parquet(parts, &list, rows.is_some(), out.by_ref())?;
+            splice_parquet(parts, &list, &mut out)?;
         }
         files.push((target, out));
     }
@@ -461,16 +480,20 @@ fn open_checked(path: &Path, file: &PartFile) -> Result<std::fs::File> {
     Ok(f)
 }
 
-/// Append a checked JSONL part holding `rows` lines.
+/// Append a JSONL part holding `rows` lines, checked as it is copied (one read: what
+/// was hashed is what was copied): its size, SHA-256 and lines must be its report's, or
+/// the copy is an error (and nothing is committed).
 fn concat_jsonl(
     path: &Path,
     file: &PartFile,
     rows: u64,
     out: &mut crate::atomic::TempFile,
 ) -> Result<()> {
-    let mut f = open_checked(path, file)?;
+    use sha2::Digest;
+    let mut f = crate::files::open_regular(path, crate::files::Links::Refuse)?;
+    let mut hasher = sha2::Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
-    let mut lines = 0u64;
+    let (mut lines, mut bytes) = (0u64, 0u64);
     let mut last = b'\n';
     loop {
         let n = f
@@ -479,10 +502,23 @@ fn concat_jsonl(
         if n == 0 {
             break;
         }
-        lines += memchr::memchr_iter(b'\n', &buf[..n]).count() as u64;
-        last = buf[n - 1];
-        out.write_all(&buf[..n])
+        let chunk = &buf[..n];
+        hasher.update(chunk);
+        lines += memchr::memchr_iter(b'\n', chunk).count() as u64;
+        bytes += n as u64;
+        last = chunk[n - 1];
+        out.write_all(chunk)
             .map_err(|e| Error::io(out.tmp_path(), "cannot write", e))?;
+    }
+    let digest = hex::encode(hasher.finalize());
+    if bytes != file.bytes || digest != file.sha256 {
+        return Err(Error::State(format!(
+            "{}: {bytes} bytes, sha256 {digest}, but its executor reported {} bytes, sha256 {}: \
+             the part changed after it was written",
+            path.display(),
+            file.bytes,
+            file.sha256
+        )));
     }
     if lines != rows || last != b'\n' {
         return Err(Error::State(format!(
@@ -493,39 +529,39 @@ fn concat_jsonl(
     Ok(())
 }
 
-/// Copy the row groups of checked Parquet parts into one file, as they are (no decoding):
-/// the schema and key-value metadata (the Arrow schema) of the first part, which every
-/// other part must share. With `check_rows`, each part must hold its reported rows.
+/// Copy the row groups of checked Parquet parts into one file, as they are (no decoding),
+/// one part at a time: the schema and key-value metadata (the Arrow schema) of the first
+/// part, which every other part must share. Each part's footer is checked against the
+/// decoding bounds before it is read ([`crate::rundir::bounds::check_parquet_file`]) and
+/// must hold its reported rows.
 fn splice_parquet(
     parts: &Path,
     list: &[(&PartFile, u64)],
-    check_rows: bool,
     out: &mut crate::atomic::TempFile,
 ) -> Result<()> {
     use datafusion::parquet::column::writer::ColumnCloseResult;
     use datafusion::parquet::file::properties::WriterProperties;
-    let mut opened = Vec::with_capacity(list.len());
-    for (file, rows) in list {
+    let limits = crate::rundir::bounds::ParquetLimits::from_env()?;
+    let footer = |file: &PartFile, rows: u64| -> Result<_> {
         let path = parts.join(&file.name);
-        let f = open_checked(&path, file)?;
-        let reader = SerializedFileReader::new(
-            f.try_clone()
-                .map_err(|e| Error::io(&path, "cannot read", e))?,
-        )
-        .map_err(|e| Error::State(format!("{}: not a Parquet file: {e}", path.display())))?;
-        let meta = reader.metadata().clone();
-        if check_rows && meta.file_metadata().num_rows() as u64 != *rows {
+        let meta =
+            crate::rundir::bounds::check_parquet_file(&path, crate::files::Links::Refuse, &limits)?;
+        let in_groups: i64 = meta.row_groups().iter().map(|g| g.num_rows()).sum();
+        if meta.file_metadata().num_rows() != in_groups
+            || u64::try_from(in_groups).ok() != Some(rows)
+        {
             return Err(Error::State(format!(
-                "{}: {} rows, but its executor reported {rows}",
+                "{}: {} rows ({in_groups} in its row groups), but its executor reported {rows}",
                 path.display(),
                 meta.file_metadata().num_rows()
             )));
         }
-        opened.push((path, f, meta));
-    }
-    let Some((_, _, first)) = opened.first() else {
+        Ok((path, meta))
+    };
+    let Some(&(first, first_rows)) = list.first() else {
         return Err(Error::Internal("no part to splice".into()));
     };
+    let (_, first) = footer(first, first_rows)?;
     let first = first.file_metadata();
     let schema = first.schema_descr_ptr();
     let mut props = WriterProperties::builder();
@@ -535,20 +571,32 @@ fn splice_parquet(
     if let Some(by) = first.created_by() {
         props = props.set_created_by(by.to_owned());
     }
+    let target = out.tmp_path().to_path_buf();
     let mut writer =
         SerializedFileWriter::new(out, schema.root_schema_ptr(), Arc::new(props.build()))?;
-    for (path, f, meta) in &opened {
-        if meta.file_metadata().schema_descr().root_schema() != schema.root_schema() {
+    for (file, rows) in list {
+        let (path, meta) = footer(file, *rows)?;
+        if meta.file_metadata().schema_descr().root_schema() != schema.root_schema()
+            || meta.file_metadata().key_value_metadata() != first.key_value_metadata()
+        {
             return Err(Error::State(format!(
                 "{}: its Parquet schema differs from the first part's",
                 path.display()
             )));
         }
+        let f = open_checked(&path, file)?;
+        let splice = |e: datafusion::parquet::errors::ParquetError| {
+            Error::State(format!(
+                "{}: cannot copy it into {}: {e}",
+                path.display(),
+                target.display()
+            ))
+        };
         for group in meta.row_groups() {
-            let mut rg = writer.next_row_group()?;
+            let mut rg = writer.next_row_group().map_err(splice)?;
             for column in group.columns() {
                 rg.append_column(
-                    f,
+                    &f,
                     ColumnCloseResult {
                         bytes_written: column.compressed_size() as u64,
                         rows_written: group.num_rows() as u64,
@@ -557,9 +605,10 @@ fn splice_parquet(
                         column_index: None,
                         offset_index: None,
                     },
-                )?;
+                )
+                .map_err(splice)?;
             }
-            rg.close()?;
+            rg.close().map_err(splice)?;
         }
     }
     writer.close()?;
@@ -569,16 +618,17 @@ fn splice_parquet(
 /// Add a part's tallies to the run's, keeping the first examples of each review reason
 /// in the order the parts are given (their first lines).
 pub fn add(total: &mut Tally, part: &Tally) {
-    total.rows += part.rows;
-    total.attack_success += part.attack_success;
-    total.over_refused += part.over_refused;
-    total.manual_review += part.manual_review;
+    // Saturating: the counts come from reports (checked against the parts' rows).
+    total.rows = total.rows.saturating_add(part.rows);
+    total.attack_success = total.attack_success.saturating_add(part.attack_success);
+    total.over_refused = total.over_refused.saturating_add(part.over_refused);
+    total.manual_review = total.manual_review.saturating_add(part.manual_review);
     for (reason, count) in &part.review {
         let entry = total.review.entry(reason.clone()).or_insert(ReviewCount {
             count: 0,
             first_case_ids: Vec::new(),
         });
-        entry.count += count.count;
+        entry.count = entry.count.saturating_add(count.count);
         for id in &count.first_case_ids {
             if entry.first_case_ids.len() < super::EXAMPLES {
                 entry.first_case_ids.push(id.clone());
@@ -657,6 +707,7 @@ mod tests {
         std::fs::write(dir.join(format!("{stem}.{CASE_RESULTS_JSONL}")), jsonl).unwrap();
         PartReport {
             coverage: lines(first..first + ids.len() as i64),
+            findings_rows: ids.len() as u64,
             files: [CASE_RESULTS_PARQUET, CASE_RESULTS_JSONL, FINDINGS_PARQUET]
                 .iter()
                 .map(|k| file(dir, &format!("{stem}.{k}"), k))
@@ -700,7 +751,7 @@ mod tests {
     }
 
     #[test]
-    fn parts_are_spliced_in_partition_order_without_decoding_and_committed_whole() {
+    fn parts_are_spliced_by_first_line_without_decoding_and_committed_whole() {
         let parts = tempfile::tempdir().unwrap();
         let out = tempfile::tempdir().unwrap();
         let a = part(parts.path(), 1, &["a1", "a2", "a3"]);
@@ -795,6 +846,18 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("reported 3"), "{e}");
+        // The findings part is counted too.
+        let mut b = part(parts.path(), 5, &["b1", "b2"]);
+        b.findings_rows = 9;
+        let e = merge(&[b], parts.path(), out.path())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("findings.parquet") && e.contains("reported 9"),
+            "{e}"
+        );
+        assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 0);
     }
 
     #[test]
