@@ -27,9 +27,20 @@ pub fn sha256_file_in(path: &Path, links: Links) -> Result<String> {
 }
 
 /// sha256 of everything `f` reads, streamed; `path` names it in errors.
-pub fn sha256_reader(mut f: impl Read, path: &Path) -> Result<String> {
+pub fn sha256_reader(f: impl Read, path: &Path) -> Result<String> {
+    Ok(sha256_streamed(f, path, |_| Ok(()))?.0)
+}
+
+/// sha256 and length of everything `f` reads, streamed, each chunk handed to `chunk` as
+/// it is hashed (to copy what was hashed, in one read); `path` names it in errors.
+pub fn sha256_streamed(
+    mut f: impl Read,
+    path: &Path,
+    mut chunk: impl FnMut(&[u8]) -> Result<()>,
+) -> Result<(String, u64)> {
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
+    let mut bytes = 0u64;
     loop {
         let n = f
             .read(&mut buf)
@@ -38,6 +49,8 @@ pub fn sha256_reader(mut f: impl Read, path: &Path) -> Result<String> {
             break;
         }
         hasher.update(&buf[..n]);
+        chunk(&buf[..n])?;
+        bytes += n as u64;
     }
-    Ok(hex::encode(hasher.finalize()))
+    Ok((hex::encode(hasher.finalize()), bytes))
 }

@@ -90,7 +90,6 @@ mod tests {
             .expect("a PartWriterExec");
         assert_eq!(w.dir(), "/shared/staging/parts");
         assert!(w.input().downcast_ref::<EmptyExec>().is_some());
-        let _ = DefaultPhysicalProtoConverter {};
         // A folder that is not absolute is refused when decoded, not written relative to
         // an executor's working folder.
         let mut buf = PART_WRITER.to_vec();

@@ -656,18 +656,7 @@ fn score_and_kill(
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let staged = || {
-        out.is_dir()
-            && common::files_under(out).iter().any(|p| {
-                p.ends_with("predictions.parquet")
-                    && p.to_string_lossy().contains(".pieval-staging")
-            })
-    };
-    while !staged() && score.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "staging did not finish");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_staged(&mut score, out);
     std::thread::sleep(Duration::from_millis(1500));
     let running = score.try_wait().unwrap().is_none();
     cluster.executors[k].kill().unwrap();

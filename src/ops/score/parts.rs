@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io::{Read, Seek, Write};
+use std::io::{Seek, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -168,7 +168,7 @@ impl ExecutionPlan for PartWriterExec {
         let schema = report_schema();
         let out = Arc::clone(&schema);
         let report = async move {
-            let report = write_part(input, &dir, partition).await?;
+            let report = write_part(input, &dir).await?;
             let json = serde_json::to_string(&report)
                 .map_err(|e| Error::Internal(format!("cannot encode a part report: {e}")))?;
             Ok(RecordBatch::try_new(
@@ -261,14 +261,9 @@ pub struct PartFile {
 }
 
 /// Stream one partition of the scored rows into part files in `dir` (on an executor).
-async fn write_part(
-    input: SendableRecordBatchStream,
-    dir: &Path,
-    partition: usize,
-) -> Result<PartReport> {
+async fn write_part(input: SendableRecordBatchStream, dir: &Path) -> Result<PartReport> {
     // A fresh name for each attempt: a retried task never writes over a part another
     // attempt may still be writing, and only the reported one is read.
-    let _ = partition;
     let stem = format!("part-{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
     let name = |kind: &str| format!("{stem}.{kind}");
     let scored = input.schema();
@@ -489,28 +484,15 @@ fn concat_jsonl(
     rows: u64,
     out: &mut crate::atomic::TempFile,
 ) -> Result<()> {
-    use sha2::Digest;
-    let mut f = crate::files::open_regular(path, crate::files::Links::Refuse)?;
-    let mut hasher = sha2::Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let (mut lines, mut bytes) = (0u64, 0u64);
+    let f = crate::files::open_regular(path, crate::files::Links::Refuse)?;
+    let mut lines = 0u64;
     let mut last = b'\n';
-    loop {
-        let n = f
-            .read(&mut buf)
-            .map_err(|e| Error::io(path, "cannot read", e))?;
-        if n == 0 {
-            break;
-        }
-        let chunk = &buf[..n];
-        hasher.update(chunk);
+    let (digest, bytes) = crate::digest::sha256_streamed(f, path, |chunk| {
         lines += memchr::memchr_iter(b'\n', chunk).count() as u64;
-        bytes += n as u64;
-        last = chunk[n - 1];
+        last = chunk[chunk.len() - 1];
         out.write_all(chunk)
-            .map_err(|e| Error::io(out.tmp_path(), "cannot write", e))?;
-    }
-    let digest = hex::encode(hasher.finalize());
+            .map_err(|e| Error::io(out.tmp_path(), "cannot write", e))
+    })?;
     if bytes != file.bytes || digest != file.sha256 {
         return Err(Error::State(format!(
             "{}: {bytes} bytes, sha256 {digest}, but its executor reported {} bytes, sha256 {}: \
