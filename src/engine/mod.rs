@@ -186,6 +186,18 @@ pub async fn register_case_results(
     Ok(())
 }
 
+/// The table [`queries::SUMMARY`] and [`queries::TOTALS`] read: the partial aggregates
+/// of case_results (`queries/summary_partial.sql`).
+pub const SUMMARY_PARTIAL_TABLE: &str = "summary_partial";
+
+/// [`SUMMARY_PARTIAL_TABLE`] as a view over the whole of the registered `case_results`
+/// (a scoring computes the partials from its stream instead: `ops::score::summary`).
+pub async fn register_summary_partial(ctx: &datafusion::prelude::SessionContext) -> Result<()> {
+    let df = ctx.sql(queries::SUMMARY_PARTIAL.sql).await?;
+    ctx.register_table(SUMMARY_PARTIAL_TABLE, df.into_view())?;
+    Ok(())
+}
+
 /// case_results as every query reads them. Runs scored before benign controls had an
 /// outcome of their own (before `over_refused`; docs/contract.md#benign-controls)
 /// recorded an answered control as `attack_success = true`: such a row reads as

@@ -26,6 +26,9 @@ pub const CORPUS_STATS: Query = query!("corpus_stats.sql");
 pub const SCORE_CASES: Query = query!("score_cases.sql");
 /// Scoring: the spans behind each verdict.
 pub const FINDINGS: Query = query!("findings.sql");
+/// Scoring: the partial aggregates of a slice of case_results that [`SUMMARY`] and
+/// [`TOTALS`] read (the table `summary_partial`).
+pub const SUMMARY_PARTIAL: Query = query!("summary_partial.sql");
 /// Scoring: rates with their Wilson intervals, overall and per dimension.
 pub const SUMMARY: Query = query!("summary.sql");
 /// Scoring: the totals of `summary.json`.
@@ -78,6 +81,7 @@ pub fn all() -> Vec<Query> {
         CORPUS_STATS,
         SCORE_CASES,
         FINDINGS,
+        SUMMARY_PARTIAL,
         SUMMARY,
         TOTALS,
         RUNS_DIFF,

@@ -2,7 +2,8 @@
 //! present), and, across every run under the results folder, `case_results`,
 //! `findings`, `turns` (multi-turn transcripts), `controls`, `summaries` and `runs` — each row tagged with its `run_id`;
 //! `scored` is case_results with each response's `rule_spans` (what `queries/findings.sql`
-//! reads). Plus any
+//! reads), `summary_partial` their partial aggregates (what `queries/summary.sql` reads).
+//! Plus any
 //! file the user registers (Parquet, JSONL, CSV, by extension).
 
 use std::path::{Path, PathBuf};
@@ -342,6 +343,8 @@ async fn register_tables(
         .sql("SELECT *, pi_rule_spans(response_text) AS rule_spans FROM case_results")
         .await?;
     ctx.register_table("scored", scored.into_view())?;
+    // What queries/summary.sql and queries/metrics/totals.sql read.
+    crate::engine::register_summary_partial(ctx).await?;
     register_runs_parquet(
         ctx,
         "findings",

@@ -1,7 +1,8 @@
 //! `pieval score`: predictions ⋈ attack_cases through `queries/score_cases.sql`, streamed
 //! into `case_results.parquet` and `case_results.jsonl` in one pass. Files are written
 //! under temporary names and renamed only when the whole query succeeded, so a failure
-//! leaves no half-written artifact.
+//! leaves no half-written artifact. summary.json's figures come from partial aggregates
+//! of the same stream ([`summary`]), not from reading the results back.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,8 +22,8 @@ use crate::engine::{corpus_table, predictions_table, runtime, session};
 use crate::error::{Error, Result};
 
 mod parts;
-use crate::rundir::Rate;
-use crate::rundir::summary::{AggregateMetrics, Latency, Ordered, Rates};
+pub mod summary;
+use crate::rundir::summary::AggregateMetrics;
 pub use parts::PartWriterExec;
 
 /// `queries/score_cases.sql`.
@@ -160,9 +161,9 @@ pub struct ScoringEngine {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rulepack_digest: Option<String>,
     /// On a cluster: milliseconds validating and staging the inputs (this process),
-    /// from submitting the scoring to the last part reported (the executors score and
-    /// write), and checking and splicing the parts here with the summary's query (on
-    /// the cluster) (docs/cluster.md: the scaling model).
+    /// from submitting the scoring to the last part reported (the executors score,
+    /// write, and compute the summary's partial aggregates), and checking and splicing
+    /// the parts here and adding up the partials (docs/cluster.md: the scaling model).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub staging_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -553,7 +554,7 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
     });
     // The staged inputs and the parts go now, with a result or an error.
     drop(opened);
-    let pending = match scored {
+    let (pending, metrics) = match scored {
         Ok(p) => p,
         Err(e) => {
             // Verdicts already paid for are kept for the next attempt (shared cache).
@@ -605,10 +606,7 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
         std::fs::remove_file(&judgements)
             .map_err(|e| Error::io(&judgements, "cannot remove", e))?;
     }
-    // On a cluster too, from the spliced file: queries/summary.sql does not finish on
-    // Ballista 55 (docs/cluster.md#limits).
-    let parquet = report.result_paths["case_results_parquet"].clone();
-    report.aggregate_metrics = rt.block_on(aggregate_metrics(&parquet))?;
+    report.aggregate_metrics = metrics;
     let summary_path = opts.output.join(crate::rundir::SUMMARY_FILE);
     report
         .result_paths
@@ -654,17 +652,18 @@ async fn score_here(
     ctx: &datafusion::prelude::SessionContext,
     opts: &ScoreOptions,
     counts: &mut Tally,
-) -> Result<Pending> {
+) -> Result<(Pending, AggregateMetrics)> {
     let df = ctx.sql(SCORE_CASES_SQL).await?;
     let scored_schema = Arc::new(df.schema().as_arrow().clone());
     let results_columns = results_columns(&scored_schema);
     let schema = Arc::new(scored_schema.project(&results_columns)?);
-    let mut writers = ResultWriters::create(&opts.output, schema)?;
+    let mut writers = ResultWriters::create(&opts.output, Arc::clone(&schema))?;
     let mut findings = FindingsWriter::create(
         &opts.output.join(crate::rundir::FINDINGS_FILE),
         Arc::clone(&scored_schema),
     )
     .await?;
+    let mut partials = summary::Partials::new(schema).await?;
     let mut stream = df.execute_stream().await?;
     while let Some(batch) = stream.next().await {
         let batch = batch?;
@@ -672,20 +671,23 @@ async fn score_here(
         let batch = batch.project(&results_columns)?;
         tally(&batch, counts)?;
         writers.write(&batch)?;
+        partials.push(&batch).await?;
     }
-    Ok(Pending::Here(writers, findings))
+    let (schema, partials) = partials.finish().await?;
+    let metrics = summary::from_partials(schema, partials).await?;
+    Ok((Pending::Here(writers, findings), metrics))
 }
 
 /// Score on a cluster whose executors write the results ([`parts`]): plan here, submit
-/// the part writers, check and splice the reported parts, and compute the summary's
-/// metrics from the parts on the cluster.
+/// the part writers, check and splice the reported parts, and add up the summary's
+/// partial aggregates the executors computed.
 async fn score_on_cluster(
     planner: &datafusion::prelude::SessionContext,
     cluster: &OnCluster,
     opts: &ScoreOptions,
     counts: &mut Tally,
     scoring: &mut ScoringEngine,
-) -> Result<Pending> {
+) -> Result<(Pending, AggregateMetrics)> {
     use futures::TryStreamExt;
     let started = std::time::Instant::now();
     let plan = planner
@@ -709,8 +711,10 @@ async fn score_on_cluster(
         parts::add(counts, &r.tally);
     }
     let merged = parts::merge(&reports, &dir, &opts.output)?;
+    let (schema, partials) = parts::summary_partials(&reports, &dir).await?;
+    let metrics = summary::from_partials(schema, partials).await?;
     scoring.commit_ms = Some(started.elapsed().as_millis() as u64);
-    Ok(Pending::Parts(merged))
+    Ok((Pending::Parts(merged), metrics))
 }
 
 /// Rows per result batch from a cluster: its results arrive in Arrow Flight messages of a
@@ -811,16 +815,6 @@ fn tally(batch: &RecordBatch, report: &mut Tally) -> Result<()> {
     Ok(())
 }
 
-/// A session with `case_results` registered from a written Parquet file.
-async fn results_session(case_results: &Path) -> Result<datafusion::prelude::SessionContext> {
-    let ctx = session();
-    let path = case_results
-        .to_str()
-        .ok_or_else(|| Error::Usage(format!("{}: not a UTF-8 path", case_results.display())))?;
-    crate::engine::register_case_results(&ctx, "case_results", path).await?;
-    Ok(ctx)
-}
-
 /// The column of the scored stream that holds each response's injection-rule spans
 /// (`queries/score_cases.sql`); findings read it, case_results does not hold it.
 const RULE_SPANS: &str = "rule_spans";
@@ -909,73 +903,4 @@ impl FindingsWriter {
     fn commit_counted(self) -> Result<u64> {
         self.file.commit()
     }
-}
-
-/// `queries/summary.sql` and `queries/metrics/totals.sql` → summary.json's
-/// aggregate_metrics.
-pub async fn aggregate_metrics(case_results: &Path) -> Result<AggregateMetrics> {
-    use datafusion::arrow::datatypes::{Float64Type, Int64Type};
-    let ctx = &results_session(case_results).await?;
-    let mut by: BTreeMap<String, Ordered<Ordered<Rate>>> = BTreeMap::new();
-    let mut overall: Ordered<Rate> = Ordered::default();
-    for batch in crate::engine::collect(ctx, SUMMARY_SQL).await? {
-        let s = |name: &str| crate::engine::utf8_column(&batch, name);
-        let i = |name: &str| crate::engine::typed_column::<Int64Type>(&batch, name);
-        let f = |name: &str| crate::engine::typed_column::<Float64Type>(&batch, name);
-        let (metric, dimension, value) = (s("metric")?, s("dimension")?, s("value")?);
-        let (n, k, rate, lo, hi) = (i("n")?, i("k")?, f("rate")?, f("ci_low")?, f("ci_high")?);
-        for r in 0..batch.num_rows() {
-            let opt =
-                |a: &datafusion::arrow::array::Float64Array| (!a.is_null(r)).then(|| a.value(r));
-            let entry = Rate {
-                n: n.value(r).max(0) as u64,
-                k: k.value(r).max(0) as u64,
-                rate: opt(&rate),
-                ci_low: opt(&lo),
-                ci_high: opt(&hi),
-            };
-            if dimension.value(r) == "all" {
-                *overall.entry(metric.value(r)) = entry;
-            } else {
-                let group = by.entry(format!("by_{}", dimension.value(r))).or_default();
-                *group.entry(value.value(r)).entry(metric.value(r)) = entry;
-            }
-        }
-    }
-    let totals = crate::engine::collect(ctx, TOTALS_SQL).await?;
-    let t = totals
-        .first()
-        .ok_or_else(|| Error::Internal("totals query returned nothing".into()))?;
-    let count = |name: &str| -> Result<u64> {
-        Ok(crate::engine::typed_column::<Int64Type>(t, name)?
-            .value(0)
-            .max(0) as u64)
-    };
-    let float = |name: &str| -> Result<Option<f64>> {
-        let a = crate::engine::typed_column::<Float64Type>(t, name)?;
-        Ok((!a.is_null(0)).then(|| a.value(0)))
-    };
-    Ok(AggregateMetrics {
-        total: count("total")?,
-        attack_cases: count("attack_cases")?,
-        benign_cases: count("benign_cases")?,
-        errors: count("errors")?,
-        manual_review: count("manual_review")?,
-        judged: count("judged")?,
-        judge_errors: count("judge_errors")?,
-        echoes: count("echoes")?,
-        decided_by_human: count("decided_by_human")?,
-        decided_by_judge: count("decided_by_judge")?,
-        decided_by_rules: count("decided_by_rules")?,
-        corrected: super::corrected::corrected_rates(&overall),
-        rates: Rates {
-            overall,
-            by: Ordered(by.into_iter().collect()),
-        },
-        latency_ms: Latency {
-            p50: float("latency_p50")?,
-            p95: float("latency_p95")?,
-            max: float("latency_max")?,
-        },
-    })
 }

@@ -87,6 +87,7 @@ pub(crate) async fn run_session(dir: &Path) -> Result<SessionContext> {
         &crate::rundir::table_path(&results)?,
     )
     .await?;
+    crate::engine::register_summary_partial(&ctx).await?;
     let controls = format!("{}/controls.parquet", crate::rundir::CONTROLS_DIR);
     match crate::rundir::parquet_artifact(dir, &controls)? {
         Some(p) => {

@@ -301,6 +301,10 @@ fn every_query_file_is_registered_and_plans() {
             Field::new("attempt_id", DataType::Utf8, true),
         ]));
         ctx.register_table("selected_cases", empty(ids)).unwrap();
+        // summary.sql and metrics/totals.sql read case_results' partial aggregates.
+        pieval::engine::register_summary_partial(&ctx)
+            .await
+            .unwrap();
         ctx.register_table("labels", empty(pieval::ops::calibrate::labels_schema()))
             .unwrap();
         // `judged` is what calibrate.sql makes of the labels.

@@ -3,15 +3,17 @@
 //!
 //! The scoring plan (`queries/score_cases.sql`, planned here) is wrapped in a
 //! [`PartWriterExec`]: each of its partitions — one task on some executor — streams its
-//! scored rows into three part files in the parts folder, which every executor sees
+//! scored rows into part files in the parts folder, which every executor sees
 //! (case_results as Parquet and as JSONL, and findings as Parquet, through the same
-//! writers a local run uses), then returns one row: a [`PartReport`] naming its files with
+//! writers a local run uses, and the summary's partial aggregates of its rows,
+//! [`super::summary`]), then returns one row: a [`PartReport`] naming its files with
 //! their sizes and SHA-256 digests, and its tallies. Only those rows travel back.
 //!
 //! The client then commits: it checks that the reports cover every staged prediction
 //! once ([`Coverage`]), checks every named part (size, digest, rows), splices the parts into the
 //! run's files under temporary names — Parquet row groups copied as they are, without
-//! decoding them; JSONL concatenated — and renames them into place as a local run does.
+//! decoding them; JSONL concatenated — and renames them into place as a local run does;
+//! the summary is the sum of the parts' partial aggregates, not a reading of the results.
 //! A part no report names (a task attempt that was lost or retried) is never read, and
 //! the parts folder goes with the staging folder.
 
@@ -54,6 +56,16 @@ const MAX_REPORT_BYTES: usize = 1 << 20;
 pub const CASE_RESULTS_PARQUET: &str = "case_results.parquet";
 pub const CASE_RESULTS_JSONL: &str = "case_results.jsonl";
 pub const FINDINGS_PARQUET: &str = "findings.parquet";
+/// The summary's partial aggregates of a part's rows (read, not spliced).
+pub const SUMMARY_PARTIAL_PARQUET: &str = "summary_partial.parquet";
+
+/// Every kind of part file, in the order a report lists them.
+const KINDS: [&str; 4] = [
+    CASE_RESULTS_PARQUET,
+    CASE_RESULTS_JSONL,
+    FINDINGS_PARQUET,
+    SUMMARY_PARTIAL_PARQUET,
+];
 
 /// Writes each partition of its input (the scored stream) into part files in `dir`, and
 /// outputs one row per partition, its [`PartReport`].
@@ -191,7 +203,8 @@ pub struct PartReport {
     pub coverage: Coverage,
     /// Rows of its findings part.
     pub findings_rows: u64,
-    /// case_results.parquet, case_results.jsonl, findings.parquet (by [`PartFile::kind`]).
+    /// case_results.parquet, case_results.jsonl, findings.parquet, summary_partial.parquet
+    /// (by [`PartFile::kind`]).
     pub files: Vec<PartFile>,
     pub tally: Tally,
 }
@@ -272,11 +285,12 @@ async fn write_part(input: SendableRecordBatchStream, dir: &Path) -> Result<Part
     let mut writers = ResultWriters::create_shared(
         &dir.join(name(CASE_RESULTS_PARQUET)),
         &dir.join(name(CASE_RESULTS_JSONL)),
-        schema,
+        Arc::clone(&schema),
     )?;
     let mut findings =
         FindingsWriter::create_in(&dir.join(name(FINDINGS_PARQUET)), Arc::clone(&scored), true)
             .await?;
+    let mut partials = super::summary::Partials::new(Arc::clone(&schema)).await?;
     let mut counts = Tally::default();
     let mut coverage = Coverage::default();
     let mut stream = Box::pin(coalesced(input, RESULT_BATCH_ROWS));
@@ -287,11 +301,21 @@ async fn write_part(input: SendableRecordBatchStream, dir: &Path) -> Result<Part
         let batch = batch.project(&results_columns)?;
         tally(&batch, &mut counts)?;
         writers.write(&batch)?;
+        partials.push(&batch).await?;
     }
     writers.commit()?;
     let findings_rows = findings.commit_counted()?;
-    let mut files = Vec::with_capacity(3);
-    for kind in [CASE_RESULTS_PARQUET, CASE_RESULTS_JSONL, FINDINGS_PARQUET] {
+    let (partial_schema, partials) = partials.finish().await?;
+    let mut summary = crate::atomic::ParquetFile::create_shared(
+        &dir.join(name(SUMMARY_PARTIAL_PARQUET)),
+        partial_schema,
+    )?;
+    for batch in &partials {
+        summary.write(batch)?;
+    }
+    summary.commit()?;
+    let mut files = Vec::with_capacity(KINDS.len());
+    for kind in KINDS {
         let path = dir.join(name(kind));
         let bytes = std::fs::metadata(&path)
             .map_err(|e| Error::io(&path, "cannot read", e))?
@@ -337,17 +361,14 @@ pub fn reports(batches: &[RecordBatch], expected: &Coverage) -> Result<Vec<PartR
                     "the cluster returned a part report that does not parse: {e}"
                 ))
             })?;
-            if report.files.len() != 3 {
+            if report.files.len() != KINDS.len() {
                 return Err(Error::Query(format!(
-                    "the cluster returned a part report of {} files, not 3",
-                    report.files.len()
+                    "the cluster returned a part report of {} files, not {}",
+                    report.files.len(),
+                    KINDS.len()
                 )));
             }
-            for (file, kind) in report.files.iter().zip([
-                CASE_RESULTS_PARQUET,
-                CASE_RESULTS_JSONL,
-                FINDINGS_PARQUET,
-            ]) {
+            for (file, kind) in report.files.iter().zip(KINDS) {
                 let expected = format!(".{kind}");
                 if file.kind != kind
                     || !file.name.starts_with("part-")
@@ -419,10 +440,7 @@ impl Merged {
 /// case_results.jsonl and findings.parquet (temporary until committed).
 pub fn merge(reports: &[PartReport], parts: &Path, output: &Path) -> Result<Merged> {
     let mut files = Vec::with_capacity(3);
-    for (i, kind) in [CASE_RESULTS_PARQUET, CASE_RESULTS_JSONL, FINDINGS_PARQUET]
-        .into_iter()
-        .enumerate()
-    {
+    for (i, kind) in KINDS.into_iter().take(3).enumerate() {
         let target = output.join(kind);
         let mut out = crate::atomic::TempFile::create(&target)?;
         let list: Vec<(&PartFile, u64)> = reports
@@ -446,6 +464,45 @@ pub fn merge(reports: &[PartReport], parts: &Path, output: &Path) -> Result<Merg
         files.push((target, out));
     }
     Ok(Merged { files })
+}
+
+/// The summary's partial aggregates of every part the reports name, each checked (size,
+/// digest, decoding bounds) and read from the file that was checked; and their schema.
+pub async fn summary_partials(
+    reports: &[PartReport],
+    parts: &Path,
+) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let limits = crate::rundir::bounds::ParquetLimits::from_env()?;
+    let schema = super::summary::partial_schema().await?;
+    let mut out = Vec::new();
+    for report in reports {
+        let file = &report.files[3];
+        let path = parts.join(&file.name);
+        crate::rundir::bounds::check_parquet_file(&path, crate::files::Links::Refuse, &limits)?;
+        let f = open_checked(&path, file)?;
+        let read = |e: datafusion::parquet::errors::ParquetError| {
+            Error::State(format!("{}: cannot read it: {e}", path.display()))
+        };
+        let reader = ParquetRecordBatchReaderBuilder::try_new(f)
+            .map_err(read)?
+            .build()
+            .map_err(read)?;
+        for batch in reader {
+            let batch = batch?;
+            if batch.schema().fields() != schema.fields() {
+                return Err(Error::State(format!(
+                    "{}: not the summary's partial aggregates (its columns differ)",
+                    path.display()
+                )));
+            }
+            out.push(RecordBatch::try_new(
+                Arc::clone(&schema),
+                batch.columns().to_vec(),
+            )?);
+        }
+    }
+    Ok((schema, out))
 }
 
 /// Open a part and check its size and digest against its report; the open file, at its
@@ -687,10 +744,20 @@ mod tests {
             .map(|id| format!("{{\"case_id\":\"{id}\"}}\n"))
             .collect();
         std::fs::write(dir.join(format!("{stem}.{CASE_RESULTS_JSONL}")), jsonl).unwrap();
+        let schema = crate::engine::runtime()
+            .unwrap()
+            .block_on(super::super::summary::partial_schema())
+            .unwrap();
+        let f = crate::atomic::ParquetFile::create(
+            &dir.join(format!("{stem}.{SUMMARY_PARTIAL_PARQUET}")),
+            schema,
+        )
+        .unwrap();
+        f.commit().unwrap();
         PartReport {
             coverage: lines(first..first + ids.len() as i64),
             findings_rows: ids.len() as u64,
-            files: [CASE_RESULTS_PARQUET, CASE_RESULTS_JSONL, FINDINGS_PARQUET]
+            files: KINDS
                 .iter()
                 .map(|k| file(dir, &format!("{stem}.{k}"), k))
                 .collect(),
@@ -818,6 +885,39 @@ mod tests {
     }
 
     #[test]
+    fn summary_partials_are_read_only_as_reported() {
+        let parts = tempfile::tempdir().unwrap();
+        let rt = crate::engine::runtime().unwrap();
+        let a = part(parts.path(), 1, &["a1", "a2"]);
+        let b = part(parts.path(), 3, &["b1"]);
+        let (schema, batches) = rt
+            .block_on(summary_partials(&[a.clone(), b.clone()], parts.path()))
+            .unwrap();
+        assert!(schema.field_with_name("success_k").is_ok());
+        assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 0);
+        // A part of another shape under the name (same check as any part: its digest
+        // is the report's), and one changed after its report.
+        let mut other = b.clone();
+        other.files[3] = other.files[0].clone();
+        other.files[3].kind = SUMMARY_PARTIAL_PARQUET.into();
+        let e = rt
+            .block_on(summary_partials(&[other], parts.path()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("columns differ"), "{e}");
+        std::fs::write(
+            parts.path().join(&a.files[3].name),
+            b"PAR1 not a footer PAR1",
+        )
+        .unwrap();
+        let e = rt
+            .block_on(summary_partials(&[a], parts.path()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("summary_partial.parquet"), "{e}");
+    }
+
+    #[test]
     fn a_report_that_lies_about_rows_is_refused() {
         let parts = tempfile::tempdir().unwrap();
         let out = tempfile::tempdir().unwrap();
@@ -866,7 +966,7 @@ mod tests {
         assert!(err(&[as_batch(&[a.clone(), evil])], &all).contains("names"));
         let mut short = b.clone();
         short.files.pop();
-        assert!(err(&[as_batch(&[a.clone(), short])], &all).contains("2 files"));
+        assert!(err(&[as_batch(&[a.clone(), short])], &all).contains("3 files"));
         let mut miscounted = b.clone();
         miscounted.tally.rows = 7;
         assert!(err(&[as_batch(&[a.clone(), miscounted])], &all).contains("counts 7 rows"));
