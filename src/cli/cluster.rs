@@ -54,6 +54,22 @@ pub fn run(_cmd: Command) -> Result<ExitStatus> {
     Err(crate::cluster::not_built())
 }
 
+/// Run a cluster process until it ends or is asked to stop: SIGTERM (what `podman stop`,
+/// `docker stop` and Kubernetes send) or SIGINT. In a container the process is PID 1,
+/// for which the kernel ignores a signal it does not handle: without this, `stop` waited
+/// its 10 s and killed it.
+#[cfg(feature = "distributed")]
+async fn until_stopped(process: impl std::future::Future<Output = Result<()>>) -> Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())
+        .map_err(|e| crate::error::Error::Internal(format!("cannot handle SIGTERM: {e}")))?;
+    tokio::select! {
+        r = process => r,
+        _ = term.recv() => Ok(()),
+        _ = tokio::signal::ctrl_c() => Ok(()),
+    }
+}
+
 #[cfg(feature = "distributed")]
 pub fn run(cmd: Command) -> Result<ExitStatus> {
     use crate::cluster::{ClusterInfo, ExecutorOptions, SchedulerOptions};
@@ -67,10 +83,12 @@ pub fn run(cmd: Command) -> Result<ExitStatus> {
                 "pieval scheduler on {bind}, rule packs {}",
                 crate::detect::packs::digest()
             ));
-            rt.block_on(crate::cluster::run_scheduler(SchedulerOptions {
-                bind,
-                external_host,
-            }))?;
+            rt.block_on(until_stopped(crate::cluster::run_scheduler(
+                SchedulerOptions {
+                    bind,
+                    external_host,
+                },
+            )))?;
             Ok(ExitStatus::Success)
         }
         Command::Executor {
@@ -91,13 +109,15 @@ pub fn run(cmd: Command) -> Result<ExitStatus> {
                 scheduler.1,
                 crate::detect::packs::digest()
             ));
-            rt.block_on(crate::cluster::run_executor(ExecutorOptions {
-                scheduler,
-                bind,
-                external_host,
-                concurrency: concurrency.map(|n| n as usize),
-                work_dir,
-            }))?;
+            rt.block_on(until_stopped(crate::cluster::run_executor(
+                ExecutorOptions {
+                    scheduler,
+                    bind,
+                    external_host,
+                    concurrency: concurrency.map(|n| n as usize),
+                    work_dir,
+                },
+            )))?;
             Ok(ExitStatus::Success)
         }
         Command::Info { scheduler } => {

@@ -2,7 +2,8 @@
 //! executors as separate `pieval cluster` processes on 127.0.0.1 give the same
 //! case_results rows as a local run; an executor or client with other rule packs is
 //! refused; an executor killed mid-query leaves a complete result or a clear error,
-//! never a partial artifact.
+//! never a partial artifact; deploy/Containerfile builds, and a scheduler and an
+//! executor started from it in Podman score for a client on the host.
 
 use crate::common;
 
@@ -754,5 +755,210 @@ fn a_server_that_is_not_a_pieval_scheduler_is_named_as_such() {
             r.stderr
         );
         server.join().unwrap();
+    }
+}
+
+/// Containers and images made by a test, removed when it ends however it ends.
+struct Podman {
+    containers: Vec<String>,
+    images: Vec<String>,
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        for c in &self.containers {
+            let _ = Command::new("podman")
+                .args(["rm", "-f", "-t", "0", c])
+                .output();
+        }
+        for i in &self.images {
+            let _ = Command::new("podman").args(["rmi", "-f", i]).output();
+        }
+    }
+}
+
+fn podman(args: &[&str]) -> String {
+    let out = Command::new("podman")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "podman is needed for this test ({e}): apt-get install podman (bash .ci/run \
+                 does this)"
+            )
+        });
+    assert!(
+        out.status.success(),
+        "podman {}: {}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// A base image holding only what the binary links (the libraries `ldd` names) and a
+/// /tmp, imported from a tar: no registry is reachable here (deploy/Containerfile takes
+/// any glibc image as `BASE`).
+fn base_image(bin: &Path, dir: &Path, tag: &str) {
+    let root = dir.join("root");
+    std::fs::create_dir_all(root.join("tmp")).unwrap();
+    let ldd = Command::new("ldd").arg(bin).output().expect("ldd runs");
+    let ldd = String::from_utf8_lossy(&ldd.stdout).into_owned();
+    let libs: Vec<&str> = ldd
+        .split_whitespace()
+        .filter(|w| w.starts_with('/'))
+        .collect();
+    assert!(libs.iter().any(|l| l.contains("libc.so")), "ldd: {ldd}");
+    for lib in libs {
+        let to = root.join(lib.trim_start_matches('/'));
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(lib, &to).unwrap();
+    }
+    let tar = dir.join("base.tar");
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "chmod 1777 '{}' && tar -C '{}' -cf '{}' .",
+            root.join("tmp").display(),
+            root.display(),
+            tar.display()
+        ))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    podman(&["import", tar.to_str().unwrap(), tag]);
+}
+
+/// deploy/Containerfile, built and started: a scheduler and an executor in containers
+/// (host network, the staging folder mounted at its own path) score predictions for a
+/// client on this machine, with the same rows as a local run; `podman stop` stops each
+/// at once (SIGTERM is handled: a container's PID 1 ignores signals it does not handle).
+#[test]
+fn the_container_file_builds_and_its_scheduler_and_executor_score() {
+    let dir = tempfile::tempdir().unwrap();
+    let tag = format!("{:08x}", std::process::id() ^ fastrand::u32(..));
+    let base = format!("localhost/pieval-test-base:{tag}");
+    let image = format!("localhost/pieval-cluster-test:{tag}");
+    let mut podman_state = Podman {
+        containers: Vec::new(),
+        images: vec![image.clone(), base.clone()],
+    };
+    let bin = Path::new(env!("CARGO_BIN_EXE_pieval"));
+    base_image(bin, dir.path(), &base);
+    let ctx = dir.path().join("ctx");
+    std::fs::create_dir_all(&ctx).unwrap();
+    std::fs::copy(repo("deploy/Containerfile"), ctx.join("Containerfile")).unwrap();
+    std::fs::copy(bin, ctx.join("pieval")).unwrap();
+    podman(&[
+        "build",
+        "-q",
+        "--build-arg",
+        &format!("BASE={base}"),
+        "-t",
+        &image,
+        "-f",
+        ctx.join("Containerfile").to_str().unwrap(),
+        ctx.to_str().unwrap(),
+    ]);
+    // The image runs as an unprivileged user (its config says so).
+    assert_eq!(
+        podman(&["image", "inspect", "--format", "{{.Config.User}}", &image]),
+        "65534:65534"
+    );
+
+    let stage = dir.path().join("stage");
+    std::fs::create_dir_all(&stage).unwrap();
+    // This sandbox's hard limits are below podman's defaults, which crun cannot raise.
+    let limits = [
+        "--ulimit",
+        "nofile=8192:8192",
+        "--ulimit",
+        "nproc=8192:8192",
+    ];
+    let port = free_port_pair();
+    let url = format!("df://127.0.0.1:{port}");
+    let name = |role: &str| format!("pieval-test-{role}-{tag}");
+    let mut args = vec!["run", "-d", "--network", "host"];
+    args.extend(limits);
+    let sched_name = name("scheduler");
+    let bind = format!("127.0.0.1:{port}");
+    let mut sched = args.clone();
+    sched.extend(["--name", &sched_name, &image, "scheduler", "--bind", &bind]);
+    podman(&sched);
+    podman_state.containers.push(sched_name.clone());
+    let exec_name = name("executor");
+    let exec_port = free_port_pair();
+    let exec_bind = format!("127.0.0.1:{exec_port}");
+    let mount = format!("{0}:{0}", stage.display());
+    let mut exec = args.clone();
+    // The staging folder is the client's (root here, umask 022): the executor writes its
+    // parts there as its owner.
+    exec.extend([
+        "--name",
+        &exec_name,
+        "--user",
+        "0:0",
+        "-v",
+        &mount,
+        &image,
+        "executor",
+        "--scheduler",
+        &url,
+        "--bind",
+        &exec_bind,
+        "--concurrency",
+        "2",
+    ]);
+    podman(&exec);
+    podman_state.containers.push(exec_name.clone());
+    let container_logs = || {
+        format!(
+            "scheduler:\n{}\nexecutor:\n{}",
+            podman(&["logs", &sched_name]),
+            podman(&["logs", &exec_name])
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        if info(&url).is_some_and(|i| i["cluster"]["executors"] == 1) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the containers did not come up:\n{}",
+            container_logs()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
+    let preds_path = dir.path().join("predictions.jsonl");
+    let preds = predictions(1);
+    write_jsonl(&preds_path, &preds);
+    let local = dir.path().join("local");
+    let r = run(&mut score_cmd(None, &preds_path, &local));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let out = stage.join("out");
+    let r = run(&mut score_cmd(Some(&url), &preds_path, &out)
+        .arg("--staging")
+        .arg(&stage));
+    assert_eq!(r.code, 0, "{}\n{}", r.stderr, container_logs());
+    let report: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(report["scoring"]["engine"], "ballista");
+    assert!(report["scoring"]["parts"].as_u64() >= Some(1), "{report}");
+    assert_eq!(rows(&local), rows(&out));
+
+    // Stopped by SIGTERM, well within podman's 10 s before it kills.
+    for c in [&exec_name, &sched_name] {
+        let started = Instant::now();
+        podman(&["stop", "-t", "10", c]);
+        assert!(
+            started.elapsed() < Duration::from_secs(8),
+            "{c} took {:?} to stop",
+            started.elapsed()
+        );
+        let state = podman(&["inspect", "--format", "{{.State.ExitCode}}", c]);
+        assert_eq!(state, "0", "{c} exited with {state}");
     }
 }
