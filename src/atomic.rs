@@ -100,6 +100,8 @@ pub struct TempFile {
     path: PathBuf,
     tmp: PathBuf,
     file: Option<std::io::BufWriter<File>>,
+    /// What was written, hashed as it was (files in a shared folder: a cluster's parts).
+    written: Option<crate::digest::Running>,
 }
 
 impl TempFile {
@@ -109,13 +111,21 @@ impl TempFile {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             clean_stale(parent);
         }
-        Self::create_shared(path)
+        Self::open(path)
     }
 
     /// [`TempFile::create`] in a folder other machines write in too (a cluster's parts
     /// folder): what others left is not cleaned, since a process id names a process on
     /// one machine only — another executor's file being written would look abandoned.
+    /// What is written is hashed as it is ([`TempFile::commit_hashed`]): a part's digest
+    /// without reading it back.
     pub fn create_shared(path: &Path) -> Result<Self> {
+        let mut file = Self::open(path)?;
+        file.written = Some(crate::digest::Running::default());
+        Ok(file)
+    }
+
+    fn open(path: &Path) -> Result<Self> {
         let tmp = temp_path(path)?;
         let file = std::fs::OpenOptions::new()
             .write(true)
@@ -126,6 +136,7 @@ impl TempFile {
             path: path.to_path_buf(),
             tmp,
             file: Some(std::io::BufWriter::new(file)),
+            written: None,
         })
     }
 
@@ -133,6 +144,16 @@ impl TempFile {
     /// after a [`Write::flush`]).
     pub fn tmp_path(&self) -> &Path {
         &self.tmp
+    }
+
+    /// [`TempFile::commit`] of a file made by [`TempFile::create_shared`]: the SHA-256 and
+    /// length of what was written.
+    pub fn commit_hashed(mut self) -> Result<(String, u64)> {
+        let written = self.written.take().ok_or_else(|| {
+            Error::Internal(format!("{}: not hashed while written", self.path.display()))
+        })?;
+        self.commit()?;
+        Ok(written.finish())
     }
 
     /// Flush, sync to disk and rename over the target.
@@ -152,7 +173,15 @@ impl TempFile {
 
 impl Write for TempFile {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.file.as_mut().expect("open until committed").write(buf)
+        let n = self
+            .file
+            .as_mut()
+            .expect("open until committed")
+            .write(buf)?;
+        if let Some(w) = &mut self.written {
+            w.update(&buf[..n]);
+        }
+        Ok(n)
     }
     fn flush(&mut self) -> std::io::Result<()> {
         self.file.as_mut().expect("open until committed").flush()
@@ -337,6 +366,13 @@ impl ParquetFile {
         self.writer.into_inner()?.commit()?;
         Ok(self.rows)
     }
+
+    /// [`ParquetFile::commit`] of a file made by [`ParquetFile::create_shared`]: the rows,
+    /// and the SHA-256 and length of the file, hashed as it was written.
+    pub fn commit_hashed(self) -> Result<(u64, String, u64)> {
+        let (sha256, bytes) = self.writer.into_inner()?.commit_hashed()?;
+        Ok((self.rows, sha256, bytes))
+    }
 }
 
 /// Stream a query's result into a Parquet file, atomically ([`ParquetFile`]). Returns
@@ -371,9 +407,14 @@ mod tests {
             .path()
             .join(".part-a.case_results.jsonl.4194999-00000000000000aa.tmp");
         std::fs::write(&other, "half a part").unwrap();
-        let mut f = TempFile::create_shared(&dir.path().join("part-b.case_results.jsonl")).unwrap();
+        let part = dir.path().join("part-b.case_results.jsonl");
+        let mut f = TempFile::create_shared(&part).unwrap();
         f.write_all(b"{}\n").unwrap();
-        f.commit().unwrap();
+        f.write_all(&[b'x'; 100_000]).unwrap();
+        // Hashed as it was written: the digest of the file as it lies.
+        let (sha256, bytes) = f.commit_hashed().unwrap();
+        assert_eq!(bytes, 100_003);
+        assert_eq!(sha256, crate::digest::sha256_file(&part).unwrap());
         assert!(
             other.exists(),
             "another machine's file in progress was removed"
@@ -384,6 +425,9 @@ mod tests {
             .commit()
             .unwrap();
         assert!(!other.exists());
+        // A file of a private folder is not hashed: asking for its digest is an error.
+        let f = TempFile::create(&dir.path().join("private.jsonl")).unwrap();
+        assert!(f.commit_hashed().is_err());
     }
 
     #[test]

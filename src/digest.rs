@@ -38,9 +38,8 @@ pub fn sha256_streamed(
     path: &Path,
     mut chunk: impl FnMut(&[u8]) -> Result<()>,
 ) -> Result<(String, u64)> {
-    let mut hasher = Sha256::new();
+    let mut running = Running::default();
     let mut buf = vec![0u8; 1 << 20];
-    let mut bytes = 0u64;
     loop {
         let n = f
             .read(&mut buf)
@@ -48,9 +47,28 @@ pub fn sha256_streamed(
         if n == 0 {
             break;
         }
-        hasher.update(&buf[..n]);
+        running.update(&buf[..n]);
         chunk(&buf[..n])?;
-        bytes += n as u64;
     }
-    Ok((hex::encode(hasher.finalize()), bytes))
+    Ok(running.finish())
+}
+
+/// sha256 and length of bytes given in order, as they are written (a file hashed while it
+/// is written is not read again).
+#[derive(Clone, Default)]
+pub struct Running {
+    hasher: Sha256,
+    bytes: u64,
+}
+
+impl Running {
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.hasher.update(bytes);
+        self.bytes += bytes.len() as u64;
+    }
+
+    /// The hex digest and the length.
+    pub fn finish(self) -> (String, u64) {
+        (hex::encode(self.hasher.finalize()), self.bytes)
+    }
 }

@@ -227,6 +227,16 @@ impl ResultWriters {
         Ok(())
     }
 
+    /// [`ResultWriters::commit`] of [`ResultWriters::create_shared`] files: the Parquet
+    /// file's and the JSONL file's SHA-256 and length, hashed as they were written.
+    fn commit_hashed(self) -> Result<[(String, u64); 2]> {
+        let (_, pw) = self.parquet;
+        let (_, mut jw) = self.jsonl;
+        jw.finish()?;
+        let (_, sha256, bytes) = pw.commit_hashed()?;
+        Ok([(sha256, bytes), jw.into_inner().commit_hashed()?])
+    }
+
     fn commit(self) -> Result<BTreeMap<String, PathBuf>> {
         let (parquet, pw) = self.parquet;
         let (jsonl, mut jw) = self.jsonl;
@@ -899,8 +909,9 @@ impl FindingsWriter {
         Ok(self.path)
     }
 
-    /// [`FindingsWriter::commit`], answering the rows written.
-    fn commit_counted(self) -> Result<u64> {
-        self.file.commit()
+    /// [`FindingsWriter::commit`] of a file made with `shared`: its rows, SHA-256 and
+    /// length (hashed as it was written).
+    fn commit_hashed(self) -> Result<(u64, String, u64)> {
+        self.file.commit_hashed()
     }
 }

@@ -303,8 +303,9 @@ async fn write_part(input: SendableRecordBatchStream, dir: &Path) -> Result<Part
         writers.write(&batch)?;
         partials.push(&batch).await?;
     }
-    writers.commit()?;
-    let findings_rows = findings.commit_counted()?;
+    // Every part is hashed as it is written (shared files), not read back.
+    let [parquet, jsonl] = writers.commit_hashed()?;
+    let (findings_rows, findings_sha256, findings_bytes) = findings.commit_hashed()?;
     let (partial_schema, partials) = partials.finish().await?;
     let mut summary = crate::atomic::ParquetFile::create_shared(
         &dir.join(name(SUMMARY_PARTIAL_PARQUET)),
@@ -313,20 +314,23 @@ async fn write_part(input: SendableRecordBatchStream, dir: &Path) -> Result<Part
     for batch in &partials {
         summary.write(batch)?;
     }
-    summary.commit()?;
-    let mut files = Vec::with_capacity(KINDS.len());
-    for kind in KINDS {
-        let path = dir.join(name(kind));
-        let bytes = std::fs::metadata(&path)
-            .map_err(|e| Error::io(&path, "cannot read", e))?
-            .len();
-        files.push(PartFile {
+    let (_, summary_sha256, summary_bytes) = summary.commit_hashed()?;
+    let digests = [
+        parquet,
+        jsonl,
+        (findings_sha256, findings_bytes),
+        (summary_sha256, summary_bytes),
+    ];
+    let files = KINDS
+        .into_iter()
+        .zip(digests)
+        .map(|(kind, (sha256, bytes))| PartFile {
             kind: kind.to_owned(),
             name: name(kind),
             bytes,
-            sha256: crate::digest::sha256_file(&path)?,
-        });
-    }
+            sha256,
+        })
+        .collect();
     Ok(PartReport {
         coverage,
         findings_rows,
