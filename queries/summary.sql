@@ -30,7 +30,7 @@
 -- an attack section has one trial per row.
 WITH parts AS (
     -- the partial aggregates (queries/summary_partial.sql) of every slice
-    SELECT * FROM summary_partial WHERE kind = 'rows'
+    SELECT * FROM summary_partial
 ),
 attempt_trials AS (
     -- one row per trial of an attack section, over its attempts in every slice: decided

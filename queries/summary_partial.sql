@@ -5,16 +5,14 @@
 -- results back; over a whole table they are the view `summary_partial`. Partials of
 -- several slices are simply put together: the two queries add them up.
 --
--- kind = 'rows': one row per group of result rows, with the counts of true and of decided
+-- One row per group of result rows, with the counts of true and of decided
 -- (non-NULL) values of each outcome. A row outside an attack section's trials is a trial
 -- of its own and needs only its dimensions, so those rows are grouped by dimensions
 -- alone (a corpus has few combinations). A trial's attempts (attempt_id) and an adaptive
 -- case's trials (attack_pipeline, attack_strategy) are combined over the whole run by
--- the summary, so those rows keep their case_id.
--- kind = 'latency': one row per latency value with its count: the percentiles are exact
--- over the same values whatever the slices (totals.sql expands them again).
+-- the summary, so those rows keep their case_id. The latencies have their own partials
+-- (queries/summary_latency.sql).
 SELECT
-    'rows' AS kind,
     CASE WHEN attempt_id IS NOT NULL OR attack_pipeline IS NOT NULL
               OR attack_strategy IS NOT NULL THEN case_id END AS case_id,
     attempt_id IS NOT NULL AS attempts,
@@ -43,16 +41,6 @@ SELECT
     count(*) FILTER (WHERE array_has(pi_review_reasons(review_reason), 'echo') AND manual_review) AS echoes,
     count(*) FILTER (WHERE decided_by = 'human')                                     AS decided_by_human,
     count(*) FILTER (WHERE decided_by = 'judge')                                     AS decided_by_judge,
-    count(*) FILTER (WHERE decided_by = 'rules')                                     AS decided_by_rules,
-    CAST(NULL AS DOUBLE) AS latency_ms
+    count(*) FILTER (WHERE decided_by = 'rules')                                     AS decided_by_rules
 FROM case_results
-GROUP BY 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15
-UNION ALL
-SELECT 'latency', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL,
-       count(*), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-       0, 0, 0, 0, 0, 0, 0, 0,
-       latency_ms
-FROM case_results
-WHERE latency_ms IS NOT NULL
-GROUP BY latency_ms
+GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14

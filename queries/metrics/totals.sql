@@ -1,5 +1,5 @@
 -- Totals over case_results, from their partial aggregates (`summary_partial`,
--- queries/summary_partial.sql): rows, attack and benign cases, provider errors,
+-- queries/summary_partial.sql, and `summary_latency`, queries/summary_latency.sql): rows, attack and benign cases, provider errors,
 -- manual-review backlog, cases the judge decided and cases it failed on, echoes left
 -- undecided, and latency percentiles (ms): exact (linear interpolation) over every
 -- value with its count, so the same results give the same figures whatever order their
@@ -21,7 +21,6 @@ FROM (
         coalesce(sum(decided_by_judge), 0)                        AS decided_by_judge,
         coalesce(sum(decided_by_rules), 0)                        AS decided_by_rules
     FROM summary_partial
-    WHERE kind = 'rows'
 ) AS totals
 CROSS JOIN (
     -- each latency value as many times as it was seen
@@ -30,7 +29,6 @@ CROSS JOIN (
            max(v)                                          AS latency_max
     FROM (
         SELECT unnest(array_repeat(latency_ms, rows)) AS v
-        FROM summary_partial
-        WHERE kind = 'latency'
+        FROM summary_latency
     )
 ) AS latency

@@ -54,10 +54,11 @@ pub fn run(_cmd: Command) -> Result<ExitStatus> {
     Err(crate::cluster::not_built())
 }
 
-/// Run a cluster process until it ends or is asked to stop: SIGTERM (what `podman stop`,
-/// `docker stop` and Kubernetes send) or SIGINT. In a container the process is PID 1,
-/// for which the kernel ignores a signal it does not handle: without this, `stop` waited
-/// its 10 s and killed it.
+/// Run the scheduler until it ends or is asked to stop: SIGTERM (what `podman stop`,
+/// `docker stop` and Kubernetes send) or SIGINT. Ballista's scheduler handles neither, and
+/// in a container the process is PID 1, for which the kernel ignores a signal it does not
+/// handle: without this, `stop` waited its 10 s and killed it. (The executor handles
+/// both itself.)
 #[cfg(feature = "distributed")]
 async fn until_stopped(process: impl std::future::Future<Output = Result<()>>) -> Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
@@ -109,15 +110,15 @@ pub fn run(cmd: Command) -> Result<ExitStatus> {
                 scheduler.1,
                 crate::detect::packs::digest()
             ));
-            rt.block_on(until_stopped(crate::cluster::run_executor(
-                ExecutorOptions {
-                    scheduler,
-                    bind,
-                    external_host,
-                    concurrency: concurrency.map(|n| n as usize),
-                    work_dir,
-                },
-            )))?;
+            // Ballista's executor stops on SIGTERM and SIGINT by itself, and gracefully:
+            // it tells the scheduler it is stopping and lets its running tasks finish.
+            rt.block_on(crate::cluster::run_executor(ExecutorOptions {
+                scheduler,
+                bind,
+                external_host,
+                concurrency: concurrency.map(|n| n as usize),
+                work_dir,
+            }))?;
             Ok(ExitStatus::Success)
         }
         Command::Info { scheduler } => {

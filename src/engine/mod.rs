@@ -186,15 +186,23 @@ pub async fn register_case_results(
     Ok(())
 }
 
-/// The table [`queries::SUMMARY`] and [`queries::TOTALS`] read: the partial aggregates
-/// of case_results (`queries/summary_partial.sql`).
+/// The tables [`queries::SUMMARY`] and [`queries::TOTALS`] read: the partial aggregates
+/// of case_results (`queries/summary_partial.sql`) and their latencies
+/// (`queries/summary_latency.sql`).
 pub const SUMMARY_PARTIAL_TABLE: &str = "summary_partial";
+pub const SUMMARY_LATENCY_TABLE: &str = "summary_latency";
 
-/// [`SUMMARY_PARTIAL_TABLE`] as a view over the whole of the registered `case_results`
-/// (a scoring computes the partials from its stream instead: `ops::score::summary`).
+/// [`SUMMARY_PARTIAL_TABLE`] and [`SUMMARY_LATENCY_TABLE`] as views over the whole of the
+/// registered `case_results` (a scoring computes the partials from its stream instead:
+/// `ops::score::summary`).
 pub async fn register_summary_partial(ctx: &datafusion::prelude::SessionContext) -> Result<()> {
-    let df = ctx.sql(queries::SUMMARY_PARTIAL.sql).await?;
-    ctx.register_table(SUMMARY_PARTIAL_TABLE, df.into_view())?;
+    for (table, query) in [
+        (SUMMARY_PARTIAL_TABLE, queries::SUMMARY_PARTIAL),
+        (SUMMARY_LATENCY_TABLE, queries::SUMMARY_LATENCY),
+    ] {
+        let df = ctx.sql(query.sql).await?;
+        ctx.register_table(table, df.into_view())?;
+    }
     Ok(())
 }
 

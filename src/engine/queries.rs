@@ -29,6 +29,9 @@ pub const FINDINGS: Query = query!("findings.sql");
 /// Scoring: the partial aggregates of a slice of case_results that [`SUMMARY`] and
 /// [`TOTALS`] read (the table `summary_partial`).
 pub const SUMMARY_PARTIAL: Query = query!("summary_partial.sql");
+/// Scoring: the latencies of a slice of case_results with their counts, what [`TOTALS`]'
+/// percentiles read (the table `summary_latency`).
+pub const SUMMARY_LATENCY: Query = query!("summary_latency.sql");
 /// Scoring: rates with their Wilson intervals, overall and per dimension.
 pub const SUMMARY: Query = query!("summary.sql");
 /// Scoring: the totals of `summary.json`.
@@ -82,6 +85,7 @@ pub fn all() -> Vec<Query> {
         SCORE_CASES,
         FINDINGS,
         SUMMARY_PARTIAL,
+        SUMMARY_LATENCY,
         SUMMARY,
         TOTALS,
         RUNS_DIFF,

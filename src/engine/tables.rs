@@ -2,7 +2,8 @@
 //! present), and, across every run under the results folder, `case_results`,
 //! `findings`, `turns` (multi-turn transcripts), `controls`, `summaries` and `runs` — each row tagged with its `run_id`;
 //! `scored` is case_results with each response's `rule_spans` (what `queries/findings.sql`
-//! reads), `summary_partial` their partial aggregates (what `queries/summary.sql` reads).
+//! reads), `summary_partial` and `summary_latency` their partial aggregates (what
+//! `queries/summary.sql` and `queries/metrics/totals.sql` read).
 //! Plus any
 //! file the user registers (Parquet, JSONL, CSV, by extension).
 

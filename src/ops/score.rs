@@ -683,8 +683,7 @@ async fn score_here(
         writers.write(&batch)?;
         partials.push(&batch).await?;
     }
-    let (schema, partials) = partials.finish().await?;
-    let metrics = summary::from_partials(schema, partials).await?;
+    let metrics = summary::from_partials(vec![partials.finish().await?]).await?;
     Ok((Pending::Here(writers, findings), metrics))
 }
 
@@ -721,8 +720,7 @@ async fn score_on_cluster(
         parts::add(counts, &r.tally);
     }
     let merged = parts::merge(&reports, &dir, &opts.output)?;
-    let (schema, partials) = parts::summary_partials(&reports, &dir).await?;
-    let metrics = summary::from_partials(schema, partials).await?;
+    let metrics = summary::from_partials(parts::summary_partials(&reports, &dir)?).await?;
     scoring.commit_ms = Some(started.elapsed().as_millis() as u64);
     Ok((Pending::Parts(merged), metrics))
 }

@@ -151,23 +151,38 @@ pub fn check_parquet_file(
     links: crate::files::Links,
     limits: &ParquetLimits,
 ) -> Result<ParquetMetaData> {
-    use std::io::{Read, Seek, SeekFrom};
-    let bad = |m: String| Error::config(path, m);
     // Regular, and in a run folder never through a link (src/files.rs).
-    let mut file = crate::files::open_regular(path, links)?;
+    let file = crate::files::open_regular(path, links)?;
     let len = file
         .metadata()
         .map_err(|e| Error::io(path, "cannot read", e))?
         .len();
+    check_parquet_chunks(&file, len, path, limits)
+}
+
+/// [`check_parquet_file`] of a Parquet file already read, or open: `len` bytes that
+/// `file` reads (a `File`, or the file's bytes in memory: what is checked is then what is
+/// decoded); `path` names it in errors.
+pub fn check_parquet_chunks<R: datafusion::parquet::file::reader::ChunkReader>(
+    file: &R,
+    len: u64,
+    path: &Path,
+    limits: &ParquetLimits,
+) -> Result<ParquetMetaData> {
+    let bad = |m: String| Error::config(path, m);
     if len < 12 {
         return Err(bad(
             "not a readable Parquet file: shorter than a footer".into()
         ));
     }
-    let mut tail = [0u8; 8];
-    file.seek(SeekFrom::End(-8))
-        .and_then(|_| file.read_exact(&mut tail))
-        .map_err(|e| Error::io(path, "cannot read", e))?;
+    let tail = file
+        .get_bytes(len - 8, 8)
+        .map_err(|e| bad(format!("not a readable Parquet file: {e}")))?;
+    if tail.len() < 8 {
+        return Err(bad(
+            "not a readable Parquet file: shorter than a footer".into()
+        ));
+    }
     let footer = u32::from_le_bytes(tail[..4].try_into().expect("4 bytes")) as u64;
     if footer > MAX_FOOTER_BYTES {
         return Err(bad(format!(
@@ -177,7 +192,7 @@ pub fn check_parquet_file(
         )));
     }
     let meta = datafusion::parquet::file::metadata::ParquetMetaDataReader::new()
-        .parse_and_finish(&file)
+        .parse_and_finish(file)
         .map_err(|e| bad(format!("not a readable Parquet file: {e}")))?;
     // The data region: after the leading magic, before the footer.
     let data_end = len.saturating_sub(8 + footer);
@@ -265,7 +280,7 @@ pub fn check_parquet_file(
         use datafusion::parquet::file::metadata::PageIndexPolicy;
         let with_index = datafusion::parquet::file::metadata::ParquetMetaDataReader::new()
             .with_page_index_policy(PageIndexPolicy::Optional)
-            .parse_and_finish(&file)
+            .parse_and_finish(file)
             .map_err(|e| bad(format!("damaged: its page index does not read: {e}")))?;
         if let Some(index) = with_index.offset_index() {
             for (g, (rg, cols)) in with_index.row_groups().iter().zip(index).enumerate() {
@@ -291,7 +306,7 @@ pub fn check_parquet_file(
     }
     // Every page header (the footer does not bind them): each page's declared size, and
     // their sum against the same limit.
-    decoded = decoded.max(check_pages(&mut file, path, &meta)?);
+    decoded = decoded.max(check_pages(file, path, &meta)?);
     if decoded > limits.max_decoded_bytes {
         return Err(bad(format!(
             "declares {} of data once decoded ({} rows, {} on disk), more than the {} a run table may decode; \
@@ -310,8 +325,11 @@ pub fn check_parquet_file(
 /// header that does not parse, or a page that runs past its chunk is an error naming the
 /// file. Parquet's `PageHeader` is Thrift's compact protocol: fields 2 and 3 are the
 /// uncompressed and compressed sizes (parquet-format, `PageHeader`).
-fn check_pages(file: &mut std::fs::File, path: &Path, meta: &ParquetMetaData) -> Result<u64> {
-    use std::io::{Read, Seek, SeekFrom};
+fn check_pages<R: datafusion::parquet::file::reader::ChunkReader>(
+    file: &R,
+    path: &Path,
+    meta: &ParquetMetaData,
+) -> Result<u64> {
     let bad = |m: String| Error::config(path, format!("damaged: {m}"));
     let mut total: u64 = 0;
     let mut pages: u64 = 0;
@@ -330,10 +348,16 @@ fn check_pages(file: &mut std::fs::File, path: &Path, meta: &ParquetMetaData) ->
                 let mut header = None;
                 for want in [4u64 << 10, 64 << 10, 1 << 20] {
                     let n = want.min((end - pos) as u64);
-                    buf.resize(n as usize, 0);
-                    file.seek(SeekFrom::Start(pos as u64))
-                        .and_then(|_| file.read_exact(&mut buf))
-                        .map_err(|e| Error::io(path, "cannot read", e))?;
+                    let read = file.get_bytes(pos as u64, n as usize).map_err(|e| {
+                        bad(format!("cannot read a page header at byte {pos}: {e}"))
+                    })?;
+                    if (read.len() as u64) < n {
+                        return Err(bad(format!(
+                            "a page header at byte {pos} runs past the file"
+                        )));
+                    }
+                    buf.clear();
+                    buf.extend_from_slice(&read);
                     match page_header(&buf) {
                         Some(h) => {
                             header = Some(h);

@@ -788,12 +788,18 @@ fn podman(args: &[&str]) -> String {
                  does this)"
             )
         });
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let hint = if stderr.contains("cgroups in hybrid mode") {
+        "\n(this host's cgroups are hybrid with a controller left in v2: \
+         PIEVAL_MOUNT_CGROUPS=1 bash .ci/run mounts it as v1, host-wide)"
+    } else {
+        ""
+    };
     assert!(
         out.status.success(),
-        "podman {}: {}{}",
+        "podman {}: {}{stderr}{hint}",
         args.join(" "),
         String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
@@ -880,7 +886,8 @@ fn the_container_file_builds_and_its_scheduler_and_executor_score() {
     let port = free_port_pair();
     let url = format!("df://127.0.0.1:{port}");
     let name = |role: &str| format!("pieval-test-{role}-{tag}");
-    let mut args = vec!["run", "-d", "--network", "host"];
+    // Labelled: what a killed test left is found with `podman ps -a --filter label=pieval-test`.
+    let mut args = vec!["run", "-d", "--label", "pieval-test", "--network", "host"];
     args.extend(limits);
     let sched_name = name("scheduler");
     let bind = format!("127.0.0.1:{port}");

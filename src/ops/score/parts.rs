@@ -56,15 +56,18 @@ const MAX_REPORT_BYTES: usize = 1 << 20;
 pub const CASE_RESULTS_PARQUET: &str = "case_results.parquet";
 pub const CASE_RESULTS_JSONL: &str = "case_results.jsonl";
 pub const FINDINGS_PARQUET: &str = "findings.parquet";
-/// The summary's partial aggregates of a part's rows (read, not spliced).
+/// The summary's partial aggregates of a part's rows, and its latencies (read, not
+/// spliced: [`super::summary`]).
 pub const SUMMARY_PARTIAL_PARQUET: &str = "summary_partial.parquet";
+pub const SUMMARY_LATENCY_PARQUET: &str = "summary_latency.parquet";
 
 /// Every kind of part file, in the order a report lists them.
-const KINDS: [&str; 4] = [
+const KINDS: [&str; 5] = [
     CASE_RESULTS_PARQUET,
     CASE_RESULTS_JSONL,
     FINDINGS_PARQUET,
     SUMMARY_PARTIAL_PARQUET,
+    SUMMARY_LATENCY_PARQUET,
 ];
 
 /// Writes each partition of its input (the scored stream) into part files in `dir`, and
@@ -203,8 +206,8 @@ pub struct PartReport {
     pub coverage: Coverage,
     /// Rows of its findings part.
     pub findings_rows: u64,
-    /// case_results.parquet, case_results.jsonl, findings.parquet, summary_partial.parquet
-    /// (by [`PartFile::kind`]).
+    /// case_results.parquet, case_results.jsonl, findings.parquet, summary_partial.parquet,
+    /// summary_latency.parquet (by [`PartFile::kind`]).
     pub files: Vec<PartFile>,
     pub tally: Tally,
 }
@@ -306,20 +309,32 @@ async fn write_part(input: SendableRecordBatchStream, dir: &Path) -> Result<Part
     // Every part is hashed as it is written (shared files), not read back.
     let [parquet, jsonl] = writers.commit_hashed()?;
     let (findings_rows, findings_sha256, findings_bytes) = findings.commit_hashed()?;
-    let (partial_schema, partials) = partials.finish().await?;
-    let mut summary = crate::atomic::ParquetFile::create_shared(
-        &dir.join(name(SUMMARY_PARTIAL_PARQUET)),
-        partial_schema,
-    )?;
-    for batch in &partials {
-        summary.write(batch)?;
+    let partial = partials.finish().await?;
+    let mut summary = Vec::with_capacity(2);
+    for (table, kind) in partial
+        .tables
+        .iter()
+        .zip([SUMMARY_PARTIAL_PARQUET, SUMMARY_LATENCY_PARQUET])
+    {
+        let mut file = crate::atomic::ParquetFile::create_shared(
+            &dir.join(name(kind)),
+            Arc::clone(&table.schema),
+        )?;
+        for batch in &table.batches {
+            file.write(batch)?;
+        }
+        let (_, sha256, bytes) = file.commit_hashed()?;
+        summary.push((sha256, bytes));
     }
-    let (_, summary_sha256, summary_bytes) = summary.commit_hashed()?;
+    let [partial_digest, latency_digest]: [(String, u64); 2] = summary
+        .try_into()
+        .map_err(|_| Error::Internal("two summary parts".into()))?;
     let digests = [
         parquet,
         jsonl,
         (findings_sha256, findings_bytes),
-        (summary_sha256, summary_bytes),
+        partial_digest,
+        latency_digest,
     ];
     let files = KINDS
         .into_iter()
@@ -470,43 +485,89 @@ pub fn merge(reports: &[PartReport], parts: &Path, output: &Path) -> Result<Merg
     Ok(Merged { files })
 }
 
-/// The summary's partial aggregates of every part the reports name, each checked (size,
-/// digest, decoding bounds) and read from the file that was checked; and their schema.
-pub async fn summary_partials(
+/// The largest summary part read: its partials are a few rows per group of dimensions,
+/// its latencies sixteen bytes a distinct value before compression.
+const MAX_SUMMARY_PART_BYTES: u64 = 4 << 30;
+
+/// The summary's partial aggregates of every part the reports name. Each file is read
+/// once into memory, and what was read is what is hashed, checked against the decoding
+/// bounds and decoded (no window for the file to change in between); its counts must be
+/// those of its part's rows ([`super::summary::check_received`]).
+pub fn summary_partials(
     reports: &[PartReport],
     parts: &Path,
-) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+) -> Result<Vec<super::summary::Partial>> {
     use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use std::io::Read;
     let limits = crate::rundir::bounds::ParquetLimits::from_env()?;
-    let schema = super::summary::partial_schema().await?;
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(reports.len());
     for report in reports {
-        let file = &report.files[3];
-        let path = parts.join(&file.name);
-        crate::rundir::bounds::check_parquet_file(&path, crate::files::Links::Refuse, &limits)?;
-        let f = open_checked(&path, file)?;
-        let read = |e: datafusion::parquet::errors::ParquetError| {
-            Error::State(format!("{}: cannot read it: {e}", path.display()))
-        };
-        let reader = ParquetRecordBatchReaderBuilder::try_new(f)
-            .map_err(read)?
-            .build()
-            .map_err(read)?;
-        for batch in reader {
-            let batch = batch?;
-            if batch.schema().fields() != schema.fields() {
+        let mut tables = Vec::with_capacity(2);
+        for file in &report.files[3..5] {
+            let path = parts.join(&file.name);
+            if file.bytes > MAX_SUMMARY_PART_BYTES {
                 return Err(Error::State(format!(
-                    "{}: not the summary's partial aggregates (its columns differ)",
-                    path.display()
+                    "{}: its executor reported {} bytes (a summary part is at most {})",
+                    path.display(),
+                    file.bytes,
+                    MAX_SUMMARY_PART_BYTES
                 )));
             }
-            out.push(RecordBatch::try_new(
-                Arc::clone(&schema),
-                batch.columns().to_vec(),
-            )?);
+            let f = crate::files::open_regular(&path, crate::files::Links::Refuse)?;
+            let mut bytes = Vec::new();
+            f.take(file.bytes + 1)
+                .read_to_end(&mut bytes)
+                .map_err(|e| Error::io(&path, "cannot read", e))?;
+            let digest = crate::digest::sha256_hex(&bytes);
+            if bytes.len() as u64 != file.bytes || digest != file.sha256 {
+                return Err(Error::State(format!(
+                    "{}: {} bytes, sha256 {digest}, but its executor reported {} bytes, sha256 {}: \
+                     the part changed after it was written",
+                    path.display(),
+                    bytes.len(),
+                    file.bytes,
+                    file.sha256
+                )));
+            }
+            let bytes = bytes::Bytes::from(bytes);
+            crate::rundir::bounds::check_parquet_chunks(&bytes, file.bytes, &path, &limits)?;
+            let read = |e: datafusion::parquet::errors::ParquetError| {
+                Error::State(format!("{}: cannot read it: {e}", path.display()))
+            };
+            let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+                .map_err(read)?
+                .build()
+                .map_err(read)?;
+            let schema = datafusion::arrow::record_batch::RecordBatchReader::schema(&reader);
+            let mut batches = Vec::new();
+            for batch in reader {
+                batches.push(batch?);
+            }
+            tables.push(super::summary::Table { schema, batches });
+        }
+        let [partial, latency]: [super::summary::Table; 2] = tables
+            .try_into()
+            .map_err(|_| Error::Internal("two summary parts".into()))?;
+        let partial = super::summary::Partial {
+            tables: [partial, latency],
+        };
+        super::summary::check_received(&partial, report.coverage.rows, &report.files[3].name)?;
+        out.push(partial);
+    }
+    // Every part's tables must have one shape (the same executors' code).
+    if let Some(first) = out.first() {
+        for p in &out {
+            for i in 0..2 {
+                if p.tables[i].schema.fields() != first.tables[i].schema.fields() {
+                    return Err(Error::State(format!(
+                        "{}: the summary parts of the executors differ in their columns",
+                        parts.display()
+                    )));
+                }
+            }
         }
     }
-    Ok((schema, out))
+    Ok(out)
 }
 
 /// Open a part and check its size and digest against its report; the open file, at its
@@ -702,6 +763,33 @@ mod tests {
         .unwrap()
     }
 
+    /// case_results rows of these ids (attacks, nothing decided, latencies 0, 1, …).
+    fn case_results(ids: &[&str]) -> RecordBatch {
+        use datafusion::arrow::array::{ArrayRef, BooleanArray, Float64Array, new_null_array};
+        let schema = crate::contract::arrow::case_results_schema();
+        let n = ids.len();
+        let columns: Vec<ArrayRef> = schema
+            .fields()
+            .iter()
+            .map(|f| -> ArrayRef {
+                match (f.name().as_str(), f.data_type()) {
+                    ("case_id", _) => Arc::new(StringArray::from(ids.to_vec())),
+                    ("latency_ms", _) => {
+                        Arc::new(Float64Array::from_iter_values((0..n).map(|i| i as f64)))
+                    }
+                    (_, DataType::Utf8) if !f.is_nullable() => {
+                        Arc::new(StringArray::from(vec!["attack"; n]))
+                    }
+                    (_, DataType::Boolean) if !f.is_nullable() => {
+                        Arc::new(BooleanArray::from(vec![false; n]))
+                    }
+                    (_, t) => new_null_array(t, n),
+                }
+            })
+            .collect();
+        RecordBatch::try_new(schema, columns).unwrap()
+    }
+
     fn file(dir: &Path, name: &str, kind: &str) -> PartFile {
         let path = dir.join(name);
         PartFile {
@@ -748,16 +836,30 @@ mod tests {
             .map(|id| format!("{{\"case_id\":\"{id}\"}}\n"))
             .collect();
         std::fs::write(dir.join(format!("{stem}.{CASE_RESULTS_JSONL}")), jsonl).unwrap();
-        let schema = crate::engine::runtime()
-            .unwrap()
-            .block_on(super::super::summary::partial_schema())
+        // The summary parts of these rows, as an executor computes them.
+        let rt = crate::engine::runtime().unwrap();
+        let partial = rt.block_on(async {
+            let mut p = super::super::summary::Partials::new(case_results(ids).schema())
+                .await
+                .unwrap();
+            p.push(&case_results(ids)).await.unwrap();
+            p.finish().await.unwrap()
+        });
+        for (table, kind) in partial
+            .tables
+            .iter()
+            .zip([SUMMARY_PARTIAL_PARQUET, SUMMARY_LATENCY_PARQUET])
+        {
+            let mut f = crate::atomic::ParquetFile::create(
+                &dir.join(format!("{stem}.{kind}")),
+                Arc::clone(&table.schema),
+            )
             .unwrap();
-        let f = crate::atomic::ParquetFile::create(
-            &dir.join(format!("{stem}.{SUMMARY_PARTIAL_PARQUET}")),
-            schema,
-        )
-        .unwrap();
-        f.commit().unwrap();
+            for b in &table.batches {
+                f.write(b).unwrap();
+            }
+            f.commit().unwrap();
+        }
         PartReport {
             coverage: lines(first..first + ids.len() as i64),
             findings_rows: ids.len() as u64,
@@ -891,34 +993,48 @@ mod tests {
     #[test]
     fn summary_partials_are_read_only_as_reported() {
         let parts = tempfile::tempdir().unwrap();
-        let rt = crate::engine::runtime().unwrap();
         let a = part(parts.path(), 1, &["a1", "a2"]);
         let b = part(parts.path(), 3, &["b1"]);
-        let (schema, batches) = rt
-            .block_on(summary_partials(&[a.clone(), b.clone()], parts.path()))
+        let read = summary_partials(&[a.clone(), b.clone()], parts.path()).unwrap();
+        assert_eq!(read.len(), 2);
+        let rows = |p: &super::super::summary::Partial, i: usize| -> usize {
+            p.tables[i].batches.iter().map(|b| b.num_rows()).sum()
+        };
+        assert_eq!((rows(&read[0], 0), rows(&read[0], 1)), (1, 2));
+        let metrics = crate::engine::runtime()
+            .unwrap()
+            .block_on(super::super::summary::from_partials(read))
             .unwrap();
-        assert!(schema.field_with_name("success_k").is_ok());
-        assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 0);
-        // A part of another shape under the name (same check as any part: its digest
-        // is the report's), and one changed after its report.
+        assert_eq!((metrics.total, metrics.attack_cases), (3, 3));
+        assert_eq!(metrics.latency_ms.max, Some(1.0));
+        // A part of another shape under the name (its digest is the report's).
         let mut other = b.clone();
         other.files[3] = other.files[0].clone();
         other.files[3].kind = SUMMARY_PARTIAL_PARQUET.into();
-        let e = rt
-            .block_on(summary_partials(&[other], parts.path()))
+        let e = summary_partials(&[other], parts.path())
             .unwrap_err()
             .to_string();
-        assert!(e.contains("columns differ"), "{e}");
+        assert!(e.contains("without rows"), "{e}");
+        // Partials that do not count the part's rows.
+        let mut lying = b.clone();
+        lying.coverage.rows = 5;
+        let e = summary_partials(&[lying], parts.path())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("counts 1 rows, but the part holds 5"), "{e}");
+        // Changed after its report.
         std::fs::write(
             parts.path().join(&a.files[3].name),
             b"PAR1 not a footer PAR1",
         )
         .unwrap();
-        let e = rt
-            .block_on(summary_partials(&[a], parts.path()))
+        let e = summary_partials(&[a], parts.path())
             .unwrap_err()
             .to_string();
-        assert!(e.contains("summary_partial.parquet"), "{e}");
+        assert!(
+            e.contains("summary_partial.parquet") && e.contains("changed"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -970,7 +1086,7 @@ mod tests {
         assert!(err(&[as_batch(&[a.clone(), evil])], &all).contains("names"));
         let mut short = b.clone();
         short.files.pop();
-        assert!(err(&[as_batch(&[a.clone(), short])], &all).contains("3 files"));
+        assert!(err(&[as_batch(&[a.clone(), short])], &all).contains("4 files"));
         let mut miscounted = b.clone();
         miscounted.tally.rows = 7;
         assert!(err(&[as_batch(&[a.clone(), miscounted])], &all).contains("counts 7 rows"));

@@ -1,14 +1,14 @@
 //! `summary.json`'s aggregate_metrics from partial aggregates of the scored stream: a
-//! scoring computes `queries/summary_partial.sql` over slices of its results as it
-//! writes them (here, or each executor over its own part on a cluster), and
+//! scoring computes `queries/summary_partial.sql` and `queries/summary_latency.sql` over
+//! slices of its results as it writes them (here, or each executor over its own part on a cluster), and
 //! `queries/summary.sql` and `queries/metrics/totals.sql` add the partials of every slice
 //! up. The written results are never read back for their summary, and the figures are
-//! those of the two queries over the whole table (the view `summary_partial`; the tests
+//! those of the two queries over the whole table (the views `summary_partial` and
+//! `summary_latency`; the tests
 //! below hold the two equal, and equal to the queries as they were written over
 //! case_results before partials).
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, RecordBatch};
@@ -18,26 +18,58 @@ use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::SessionContext;
 
 use super::{SUMMARY_SQL, TOTALS_SQL};
-use crate::engine::queries::SUMMARY_PARTIAL;
-use crate::engine::{SUMMARY_PARTIAL_TABLE, session};
+use crate::engine::queries::{SUMMARY_LATENCY, SUMMARY_PARTIAL};
+use crate::engine::{SUMMARY_LATENCY_TABLE, SUMMARY_PARTIAL_TABLE, session};
 use crate::error::{Error, Result};
 use crate::rundir::Rate;
 use crate::rundir::summary::{AggregateMetrics, Latency, Ordered, Rates};
 
-/// Result rows per slice: the partial query is planned once per slice, and a slice holds
-/// only the columns it reads (a few hundred bytes a row).
+/// Result rows per slice: the partial queries are planned once per slice, and a slice
+/// holds only the columns they read (a few hundred bytes a row).
 const SLICE_ROWS: usize = 128 * 1024;
+
+/// The two partial queries, with the tables their rows make.
+const QUERIES: [(&str, crate::engine::queries::Query); 2] = [
+    (SUMMARY_PARTIAL_TABLE, SUMMARY_PARTIAL),
+    (SUMMARY_LATENCY_TABLE, SUMMARY_LATENCY),
+];
+
+/// Rows of one partial table, and their schema.
+#[derive(Clone, Debug)]
+pub struct Table {
+    pub schema: SchemaRef,
+    pub batches: Vec<RecordBatch>,
+}
+
+/// The partial aggregates of some results: `summary_partial` rows and `summary_latency`
+/// rows (in [`QUERIES`]' order).
+#[derive(Clone, Debug)]
+pub struct Partial {
+    pub tables: [Table; 2],
+}
+
+impl Partial {
+    /// No rows, the same schemas.
+    fn clone_schemas(&self) -> Partial {
+        let table = |t: &Table| Table {
+            schema: Arc::clone(&t.schema),
+            batches: Vec::new(),
+        };
+        Partial {
+            tables: [table(&self.tables[0]), table(&self.tables[1])],
+        }
+    }
+}
 
 /// The partial aggregates of a stream of case_results batches.
 pub struct Partials {
     ctx: SessionContext,
-    /// The case_results columns the partial query reads, by index.
+    /// The case_results columns the partial queries read, by index.
     columns: Vec<usize>,
     slice_rows: usize,
     buffered: Vec<RecordBatch>,
     rows: usize,
-    out: Vec<RecordBatch>,
-    schema: SchemaRef,
+    out: [Table; 2],
 }
 
 impl Partials {
@@ -49,18 +81,25 @@ impl Partials {
     async fn with_slice_rows(results: SchemaRef, slice_rows: usize) -> Result<Self> {
         let ctx = session();
         ctx.register_batch("case_results", RecordBatch::new_empty(Arc::clone(&results)))?;
-        let plan = ctx.sql(SUMMARY_PARTIAL.sql).await?.into_optimized_plan()?;
-        let columns = scanned_columns(&plan, results.fields().len());
-        let schema = Arc::new(plan.schema().as_arrow().clone());
+        let mut read = std::collections::BTreeSet::new();
+        let mut schemas = Vec::new();
+        for (_, query) in QUERIES {
+            let plan = ctx.sql(query.sql).await?.into_optimized_plan()?;
+            read.extend(scanned_columns(&plan, results.fields().len()));
+            schemas.push(Arc::new(plan.schema().as_arrow().clone()));
+        }
         ctx.deregister_table("case_results")?;
+        let table = |schema: &SchemaRef| Table {
+            schema: Arc::clone(schema),
+            batches: Vec::new(),
+        };
         Ok(Self {
             ctx,
-            columns,
+            columns: read.into_iter().collect(),
             slice_rows: slice_rows.max(1),
             buffered: Vec::new(),
             rows: 0,
-            out: Vec::new(),
-            schema,
+            out: [table(&schemas[0]), table(&schemas[1])],
         })
     }
 
@@ -84,16 +123,27 @@ impl Partials {
         let table = MemTable::try_new(first.schema(), vec![std::mem::take(&mut self.buffered)])?;
         self.rows = 0;
         self.ctx.register_table("case_results", Arc::new(table))?;
-        let partial = self.ctx.sql(SUMMARY_PARTIAL.sql).await?.collect().await;
+        let mut result = Ok(());
+        for ((_, query), out) in QUERIES.iter().zip(&mut self.out) {
+            match self.ctx.sql(query.sql).await {
+                Ok(df) => match df.collect().await {
+                    Ok(batches) => out.batches.extend(batches),
+                    Err(e) => result = Err(e),
+                },
+                Err(e) => result = Err(e),
+            }
+            if result.is_err() {
+                break;
+            }
+        }
         self.ctx.deregister_table("case_results")?;
-        self.out.extend(partial?);
-        Ok(())
+        Ok(result?)
     }
 
-    /// The partial aggregates of every batch pushed, and their schema.
-    pub async fn finish(mut self) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+    /// The partial aggregates of every batch pushed.
+    pub async fn finish(mut self) -> Result<Partial> {
         self.flush().await?;
-        Ok((self.schema, self.out))
+        Ok(Partial { tables: self.out })
     }
 }
 
@@ -116,34 +166,82 @@ fn scanned_columns(plan: &LogicalPlan, width: usize) -> Vec<usize> {
 
 /// summary.json's aggregate_metrics from partial aggregates (of one stream or of many
 /// parts, in any order).
-pub async fn from_partials(
-    schema: SchemaRef,
-    partials: Vec<RecordBatch>,
-) -> Result<AggregateMetrics> {
+pub async fn from_partials(partials: Vec<Partial>) -> Result<AggregateMetrics> {
     let ctx = session();
-    let table = MemTable::try_new(schema, vec![partials])?;
-    ctx.register_table(SUMMARY_PARTIAL_TABLE, Arc::new(table))?;
+    let empty = match partials.first() {
+        Some(p) => p.clone_schemas(),
+        None => empty_partial().await?,
+    };
+    for (i, (name, _)) in QUERIES.iter().enumerate() {
+        let schema = Arc::clone(&empty.tables[i].schema);
+        let batches: Vec<RecordBatch> = partials
+            .iter()
+            .flat_map(|p| p.tables[i].batches.iter().cloned())
+            .collect();
+        let table = MemTable::try_new(schema, vec![batches])?;
+        ctx.register_table(*name, Arc::new(table))?;
+    }
     metrics(&ctx).await
 }
 
-/// summary.json's aggregate_metrics of a written case_results file, read whole.
-pub async fn from_file(case_results: &Path) -> Result<AggregateMetrics> {
-    let ctx = session();
-    let path = case_results
-        .to_str()
-        .ok_or_else(|| Error::Usage(format!("{}: not a UTF-8 path", case_results.display())))?;
-    crate::engine::register_case_results(&ctx, "case_results", path).await?;
-    crate::engine::register_summary_partial(&ctx).await?;
-    metrics(&ctx).await
-}
-
-/// The schema of the partial aggregates of case_results.
-pub async fn partial_schema() -> Result<SchemaRef> {
-    let (schema, _) = Partials::new(crate::contract::arrow::case_results_schema())
+/// The partial aggregates of no results: the tables' schemas.
+pub async fn empty_partial() -> Result<Partial> {
+    Partials::new(crate::contract::arrow::case_results_schema())
         .await?
         .finish()
-        .await?;
-    Ok(schema)
+        .await
+}
+
+/// Check the partial aggregates of `rows` result rows received from elsewhere (a
+/// cluster's part): every count between 0 and its group's rows, the groups' rows adding
+/// up to `rows`, each latency counted at least once and at most `rows` in all. A part
+/// that is otherwise whole but whose summary would not be its rows' is refused, and no
+/// count can make the totals' expansion of latencies unbounded.
+pub fn check_received(partial: &Partial, rows: u64, what: &str) -> Result<()> {
+    use datafusion::arrow::array::AsArray;
+    use datafusion::arrow::datatypes::{DataType, Int64Type};
+    let bad = |m: String| Error::State(format!("{what}: {m}"));
+    for (i, (name, _)) in QUERIES.iter().enumerate() {
+        let mut total: u64 = 0;
+        for batch in &partial.tables[i].batches {
+            let group = batch
+                .column_by_name("rows")
+                .ok_or_else(|| bad(format!("{name} without rows")))?
+                .as_primitive::<Int64Type>();
+            for r in 0..batch.num_rows() {
+                let n = if group.is_valid(r) {
+                    group.value(r)
+                } else {
+                    -1
+                };
+                if n < 1 {
+                    return Err(bad(format!("{name}: a group of {n} rows")));
+                }
+                total = total.saturating_add(n as u64);
+                for (f, column) in batch.schema().fields().iter().zip(batch.columns()) {
+                    if f.name() == "rows" || f.data_type() != &DataType::Int64 {
+                        continue;
+                    }
+                    let c = column.as_primitive::<Int64Type>();
+                    let v = if c.is_valid(r) { c.value(r) } else { -1 };
+                    if !(0..=n).contains(&v) {
+                        return Err(bad(format!(
+                            "{name}: {} = {v} in a group of {n} rows",
+                            f.name()
+                        )));
+                    }
+                }
+            }
+        }
+        // Every row is in one group; only rows with a latency have one.
+        let ok = if i == 0 { total == rows } else { total <= rows };
+        if !ok {
+            return Err(bad(format!(
+                "{name} counts {total} rows, but the part holds {rows}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// `queries/summary.sql` and `queries/metrics/totals.sql` over the registered
@@ -314,25 +412,28 @@ mod tests {
             rows.rotate_left(500);
             let (first, second) = rows.split_at(900);
             let mut all = Vec::new();
-            let mut partial_schema = None;
-            for part in [first, second] {
+            for (part, rows) in [(first, 900), (second, 600)] {
                 let mut p = Partials::with_slice_rows(Arc::clone(&schema), 7)
                     .await
                     .unwrap();
                 for b in part.iter().rev() {
                     p.push(b).await.unwrap();
                 }
-                let (s, out) = p.finish().await.unwrap();
-                partial_schema = Some(s);
-                all.extend(out);
+                let partial = p.finish().await.unwrap();
+                // What a client checks of a part's partials holds of true ones.
+                check_received(&partial, rows, "part").unwrap();
+                let e = check_received(&partial, rows + 1, "part").unwrap_err();
+                assert!(
+                    e.to_string().contains(&format!("counts {rows} rows")),
+                    "{e}"
+                );
+                all.push(partial);
             }
-            let streamed = from_partials(partial_schema.unwrap(), all).await.unwrap();
+            let streamed = from_partials(all).await.unwrap();
             assert_eq!(json(&streamed), json(&direct));
 
             // No rows at all.
-            let empty = from_partials(partial_schema_of(&schema).await, Vec::new())
-                .await
-                .unwrap();
+            let empty = from_partials(Vec::new()).await.unwrap();
             let ctx = session();
             ctx.register_batch("case_results", RecordBatch::new_empty(Arc::clone(&schema)))
                 .unwrap();
@@ -345,16 +446,6 @@ mod tests {
             .unwrap();
             assert_eq!(json(&empty), json(&direct_empty));
         });
-    }
-
-    async fn partial_schema_of(results: &SchemaRef) -> SchemaRef {
-        Partials::new(Arc::clone(results))
-            .await
-            .unwrap()
-            .finish()
-            .await
-            .unwrap()
-            .0
     }
 
     #[test]
