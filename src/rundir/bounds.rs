@@ -588,9 +588,9 @@ mod tests {
                 .collect(),
         );
         check_parquet(&honest, &limits).unwrap();
-        let mut f = std::fs::File::open(&honest).unwrap();
+        let f = std::fs::File::open(&honest).unwrap();
         let meta = check_parquet(&honest, &limits).unwrap();
-        let summed = check_pages(&mut f, &honest, &meta).unwrap();
+        let summed = check_pages(&f, &honest, &meta).unwrap();
         assert!(summed > 100_000, "{summed}");
         // A bomb: one value of 300 MiB, a few KiB on disk.
         let bomb = write("bomb.parquet", vec!["a".repeat(300 << 20)]);

@@ -309,32 +309,22 @@ async fn write_part(input: SendableRecordBatchStream, dir: &Path) -> Result<Part
     // Every part is hashed as it is written (shared files), not read back.
     let [parquet, jsonl] = writers.commit_hashed()?;
     let (findings_rows, findings_sha256, findings_bytes) = findings.commit_hashed()?;
-    let partial = partials.finish().await?;
-    let mut summary = Vec::with_capacity(2);
-    for (table, kind) in partial
-        .tables
-        .iter()
-        .zip([SUMMARY_PARTIAL_PARQUET, SUMMARY_LATENCY_PARQUET])
-    {
-        let mut file = crate::atomic::ParquetFile::create_shared(
-            &dir.join(name(kind)),
-            Arc::clone(&table.schema),
-        )?;
+    let [partial, latency] = partials.finish().await?.tables;
+    let write_table = |table: super::summary::Table, kind: &str| -> Result<(String, u64)> {
+        let mut file =
+            crate::atomic::ParquetFile::create_shared(&dir.join(name(kind)), table.schema)?;
         for batch in &table.batches {
             file.write(batch)?;
         }
         let (_, sha256, bytes) = file.commit_hashed()?;
-        summary.push((sha256, bytes));
-    }
-    let [partial_digest, latency_digest]: [(String, u64); 2] = summary
-        .try_into()
-        .map_err(|_| Error::Internal("two summary parts".into()))?;
+        Ok((sha256, bytes))
+    };
     let digests = [
         parquet,
         jsonl,
         (findings_sha256, findings_bytes),
-        partial_digest,
-        latency_digest,
+        write_table(partial, SUMMARY_PARTIAL_PARQUET)?,
+        write_table(latency, SUMMARY_LATENCY_PARQUET)?,
     ];
     let files = KINDS
         .into_iter()
@@ -497,59 +487,14 @@ pub fn summary_partials(
     reports: &[PartReport],
     parts: &Path,
 ) -> Result<Vec<super::summary::Partial>> {
-    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-    use std::io::Read;
     let limits = crate::rundir::bounds::ParquetLimits::from_env()?;
     let mut out = Vec::with_capacity(reports.len());
     for report in reports {
-        let mut tables = Vec::with_capacity(2);
-        for file in &report.files[3..5] {
-            let path = parts.join(&file.name);
-            if file.bytes > MAX_SUMMARY_PART_BYTES {
-                return Err(Error::State(format!(
-                    "{}: its executor reported {} bytes (a summary part is at most {})",
-                    path.display(),
-                    file.bytes,
-                    MAX_SUMMARY_PART_BYTES
-                )));
-            }
-            let f = crate::files::open_regular(&path, crate::files::Links::Refuse)?;
-            let mut bytes = Vec::new();
-            f.take(file.bytes + 1)
-                .read_to_end(&mut bytes)
-                .map_err(|e| Error::io(&path, "cannot read", e))?;
-            let digest = crate::digest::sha256_hex(&bytes);
-            if bytes.len() as u64 != file.bytes || digest != file.sha256 {
-                return Err(Error::State(format!(
-                    "{}: {} bytes, sha256 {digest}, but its executor reported {} bytes, sha256 {}: \
-                     the part changed after it was written",
-                    path.display(),
-                    bytes.len(),
-                    file.bytes,
-                    file.sha256
-                )));
-            }
-            let bytes = bytes::Bytes::from(bytes);
-            crate::rundir::bounds::check_parquet_chunks(&bytes, file.bytes, &path, &limits)?;
-            let read = |e: datafusion::parquet::errors::ParquetError| {
-                Error::State(format!("{}: cannot read it: {e}", path.display()))
-            };
-            let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
-                .map_err(read)?
-                .build()
-                .map_err(read)?;
-            let schema = datafusion::arrow::record_batch::RecordBatchReader::schema(&reader);
-            let mut batches = Vec::new();
-            for batch in reader {
-                batches.push(batch?);
-            }
-            tables.push(super::summary::Table { schema, batches });
-        }
-        let [partial, latency]: [super::summary::Table; 2] = tables
-            .try_into()
-            .map_err(|_| Error::Internal("two summary parts".into()))?;
         let partial = super::summary::Partial {
-            tables: [partial, latency],
+            tables: [
+                read_summary_part(parts, &report.files[3], &limits)?,
+                read_summary_part(parts, &report.files[4], &limits)?,
+            ],
         };
         super::summary::check_received(&partial, report.coverage.rows, &report.files[3].name)?;
         out.push(partial);
@@ -568,6 +513,57 @@ pub fn summary_partials(
         }
     }
     Ok(out)
+}
+
+/// One summary part, read once into memory: hashed, its footer checked against the
+/// decoding bounds, and decoded with the footer that was checked.
+fn read_summary_part(
+    parts: &Path,
+    file: &PartFile,
+    limits: &crate::rundir::bounds::ParquetLimits,
+) -> Result<super::summary::Table> {
+    use datafusion::parquet::arrow::arrow_reader::{
+        ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+    };
+    use std::io::Read;
+    let path = parts.join(&file.name);
+    if file.bytes > MAX_SUMMARY_PART_BYTES {
+        return Err(Error::State(format!(
+            "{}: its executor reported {} bytes (a summary part is at most {})",
+            path.display(),
+            file.bytes,
+            MAX_SUMMARY_PART_BYTES
+        )));
+    }
+    let f = crate::files::open_regular(&path, crate::files::Links::Refuse)?;
+    let mut bytes = Vec::new();
+    f.take(file.bytes + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(&path, "cannot read", e))?;
+    let digest = crate::digest::sha256_hex(&bytes);
+    if bytes.len() as u64 != file.bytes || digest != file.sha256 {
+        return Err(Error::State(format!(
+            "{}: {} bytes, sha256 {digest}, but its executor reported {} bytes, sha256 {}: \
+             the part changed after it was written",
+            path.display(),
+            bytes.len(),
+            file.bytes,
+            file.sha256
+        )));
+    }
+    let bytes = bytes::Bytes::from(bytes);
+    let meta = crate::rundir::bounds::check_parquet_chunks(&bytes, file.bytes, &path, limits)?;
+    let read = |e: datafusion::parquet::errors::ParquetError| {
+        Error::State(format!("{}: cannot read it: {e}", path.display()))
+    };
+    let meta = ArrowReaderMetadata::try_new(Arc::new(meta), ArrowReaderOptions::default())
+        .map_err(read)?;
+    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(bytes, meta)
+        .build()
+        .map_err(read)?;
+    let schema = datafusion::arrow::record_batch::RecordBatchReader::schema(&reader);
+    let batches = reader.collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(super::summary::Table { schema, batches })
 }
 
 /// Open a part and check its size and digest against its report; the open file, at its

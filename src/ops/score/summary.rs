@@ -123,21 +123,22 @@ impl Partials {
         let table = MemTable::try_new(first.schema(), vec![std::mem::take(&mut self.buffered)])?;
         self.rows = 0;
         self.ctx.register_table("case_results", Arc::new(table))?;
-        let mut result = Ok(());
-        for ((_, query), out) in QUERIES.iter().zip(&mut self.out) {
-            match self.ctx.sql(query.sql).await {
-                Ok(df) => match df.collect().await {
-                    Ok(batches) => out.batches.extend(batches),
-                    Err(e) => result = Err(e),
-                },
-                Err(e) => result = Err(e),
-            }
-            if result.is_err() {
-                break;
-            }
-        }
+        let collected = self.run_queries().await;
+        // The slice goes whatever the queries answered.
         self.ctx.deregister_table("case_results")?;
-        Ok(result?)
+        for (out, batches) in self.out.iter_mut().zip(collected?) {
+            out.batches.extend(batches);
+        }
+        Ok(())
+    }
+
+    /// Both partial queries over the registered slice.
+    async fn run_queries(&self) -> Result<Vec<Vec<RecordBatch>>> {
+        let mut collected = Vec::with_capacity(QUERIES.len());
+        for (_, query) in QUERIES {
+            collected.push(self.ctx.sql(query.sql).await?.collect().await?);
+        }
+        Ok(collected)
     }
 
     /// The partial aggregates of every batch pushed.
