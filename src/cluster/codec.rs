@@ -1,5 +1,6 @@
-//! The plan nodes pieval ships to a cluster besides DataFusion's and Ballista's: today
-//! [`PartWriterExec`] (executors write the results of `score --cluster`). The client,
+//! The plan nodes pieval ships to a cluster besides DataFusion's and Ballista's:
+//! [`PartWriterExec`] (executors write the results of `score --cluster`) and
+//! [`PredictionsScanExec`] (executors read the predictions). The client,
 //! the scheduler and every executor encode and decode plans with this codec; what it does
 //! not know goes to Ballista's own.
 
@@ -8,13 +9,16 @@ use std::sync::Arc;
 use ballista_core::serde::BallistaPhysicalExtensionCodec;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
 
-use crate::ops::score::PartWriterExec;
+use crate::ops::score::{PartWriterExec, PredictionsScanExec, ScanSpec};
 
 /// What a [`PartWriterExec`] node's bytes start with (then its parts folder, UTF-8).
 const PART_WRITER: &[u8] = b"pieval.part-writer/1\n";
+
+/// What a [`PredictionsScanExec`] node's bytes start with (then its [`ScanSpec`], JSON).
+const PREDICTIONS_SCAN: &[u8] = b"pieval.predictions-scan/1\n";
 
 /// pieval's nodes, then Ballista's.
 #[derive(Debug, Default)]
@@ -35,6 +39,18 @@ impl PhysicalExtensionCodec for PievalCodec {
         ctx: &TaskContext,
         proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        if let Some(spec) = buf.strip_prefix(PREDICTIONS_SCAN) {
+            let spec: ScanSpec = serde_json::from_slice(spec).map_err(|e| {
+                DataFusionError::Internal(format!("a PredictionsScanExec that does not parse: {e}"))
+            })?;
+            let [input] = inputs else {
+                return Err(DataFusionError::Internal(format!(
+                    "a PredictionsScanExec with {} inputs",
+                    inputs.len()
+                )));
+            };
+            return Ok(Arc::new(PredictionsScanExec::try_new(spec, Arc::clone(input))?));
+        }
         let Some(dir) = buf.strip_prefix(PART_WRITER) else {
             return self.ballista.try_decode(buf, inputs, ctx, proto_converter);
         };
@@ -56,6 +72,13 @@ impl PhysicalExtensionCodec for PievalCodec {
         buf: &mut Vec<u8>,
         proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<()> {
+        if let Some(scan) = node.downcast_ref::<PredictionsScanExec>() {
+            buf.extend_from_slice(PREDICTIONS_SCAN);
+            serde_json::to_writer(&mut *buf, scan.spec()).map_err(|e| {
+                DataFusionError::Internal(format!("cannot encode a PredictionsScanExec: {e}"))
+            })?;
+            return Ok(());
+        }
         if let Some(writer) = node.downcast_ref::<PartWriterExec>() {
             buf.extend_from_slice(PART_WRITER);
             buf.extend_from_slice(writer.dir().as_bytes());
@@ -107,5 +130,61 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("not an absolute path"), "{e}");
+    }
+
+    /// A predictions scan travels with its slices, and a task given one partition by
+    /// the scheduler (restricted, renumbered from 0) reads that partition's slice.
+    #[test]
+    fn a_predictions_scan_restricted_to_one_partition_reads_its_own_slice() {
+        use crate::corpus::predictions::{Slice, Span};
+        use datafusion::arrow::array::AsArray;
+        use datafusion::arrow::datatypes::Int64Type;
+        use futures::TryStreamExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.jsonl");
+        let lines = ["{\"case_id\":\"a\"}\n", "{\"case_id\":\"b\"}\n", "{\"case_id\":\"a\"}\n"];
+        std::fs::write(&path, lines.concat()).unwrap();
+        let mut at = 0u64;
+        let slices: Vec<Slice> = lines
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let start = at;
+                at += l.len() as u64;
+                Slice {
+                    span: Span::Bytes { start, end: at },
+                    first_line: i as u64 + 1,
+                    seen_before: if i == 2 { vec![3] } else { Vec::new() },
+                }
+            })
+            .collect();
+        let plan: Arc<dyn ExecutionPlan> = Arc::new(
+            PredictionsScanExec::scan(path.to_str().unwrap(), slices, None).unwrap(),
+        );
+        let codec = PievalCodec::default();
+        let node = PhysicalPlanNode::try_from_physical_plan(plan, &codec).unwrap();
+        let ctx = datafusion::prelude::SessionContext::new();
+        let back = node
+            .try_into_physical_plan(&ctx.task_ctx(), &codec)
+            .unwrap();
+        assert_eq!(back.output_partitioning().partition_count(), 3);
+        let rt = crate::engine::runtime().unwrap();
+        for global in 0..3 {
+            let task = ballista_scheduler::state::task_builder::restrict_plan_to_partitions(
+                Arc::clone(&back),
+                &[global],
+            )
+            .unwrap();
+            assert_eq!(task.output_partitioning().partition_count(), 1);
+            let batches: Vec<_> = rt
+                .block_on(task.execute(0, ctx.task_ctx()).unwrap().try_collect::<Vec<_>>())
+                .unwrap();
+            let b = &batches[0];
+            assert_eq!(b.num_rows(), 1);
+            let line = b.column_by_name("source_line").unwrap().as_primitive::<Int64Type>();
+            assert_eq!(line.value(0), global as i64 + 1);
+            let dup = b.column_by_name("duplicate_prediction").unwrap().as_boolean();
+            assert_eq!(dup.value(0), global == 2);
+        }
     }
 }

@@ -54,6 +54,12 @@ impl<R: Read> LineReader<R> {
         )
     }
 
+    /// A reader that does not hash (a slice of a file, whose digest is taken whole
+    /// elsewhere).
+    pub fn without_hash(src: R, max_line: usize) -> Self {
+        Self::with_hasher(src, max_line, BackgroundSha256::Off)
+    }
+
     fn with_hasher(src: R, max_line: usize, hasher: BackgroundSha256) -> Self {
         // The buffer starts small and grows (doubling) only as a long line needs it: a
         // generous --max-line-bytes costs nothing until a line that long comes.
@@ -80,6 +86,12 @@ impl<R: Read> LineReader<R> {
 
     pub fn bytes_read(&self) -> u64 {
         self.bytes_read
+    }
+
+    /// Bytes consumed: read and returned as lines (with their newlines), or skipped.
+    /// Past the last line returned, this is where the next line starts.
+    pub fn consumed(&self) -> u64 {
+        self.bytes_read - (self.end - self.start) as u64
     }
 
     /// The sha256 of the whole input; call once `next_line` gave `None`.
@@ -183,6 +195,8 @@ enum BackgroundSha256 {
     },
     Inline(Box<Sha256>),
     Done(String),
+    /// Not hashing ([`LineReader::without_hash`]).
+    Off,
 }
 
 const QUEUED_CHUNKS: usize = 8;
@@ -217,6 +231,7 @@ impl BackgroundSha256 {
                 h.update(data);
                 Ok(())
             }
+            BackgroundSha256::Off => Ok(()),
             _ => Err(io::Error::other("sha256 already finished")),
         }
     }
@@ -224,6 +239,7 @@ impl BackgroundSha256 {
     fn finish(&mut self) -> String {
         let digest = match self {
             BackgroundSha256::Done(d) => return d.clone(),
+            BackgroundSha256::Off => return String::new(),
             BackgroundSha256::Inline(h) => hex::encode(h.clone().finalize()),
             BackgroundSha256::Thread { tx, worker } => {
                 tx.take();

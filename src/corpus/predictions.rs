@@ -26,7 +26,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema, SchemaR
 use datafusion::parquet::arrow::arrow_reader::{
     ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::contract::arrow::predictions_schema;
 use crate::contract::fields::{PREDICTION_FIELDS, PredictionType, prediction_field_type};
@@ -90,7 +90,40 @@ pub struct PredictionsReader {
 struct Sink {
     builders: Builders,
     seen: (RandomState, RandomState, HashMap<u128, ()>),
+    /// `source_line`s whose key came on an earlier slice ([`Slice::seen_before`]).
+    seen_before: Vec<u64>,
     stats: PredictionStats,
+    /// The `source_line` of the first line read, and how many lines the reader had
+    /// counted before it (a slice's partial first line).
+    first_line: u64,
+    skip_lines: u64,
+    /// Where a slice ends, in bytes the line reader has consumed: a line starting there
+    /// or later belongs to the next slice.
+    stop_at: Option<u64>,
+}
+
+/// A part of a predictions file read on its own, by a task on a cluster: a byte range
+/// of a JSONL file (the lines that start in it) or a run of a Parquet file's row groups.
+/// Read with where its lines stand in the whole file and which of its rows repeat a key
+/// of an earlier slice, its rows are exactly the whole file's rows there —
+/// `duplicate_prediction` and `source_line` included (docs/cluster.md).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Slice {
+    pub span: Span,
+    /// The `source_line` of its first line (or row).
+    pub first_line: u64,
+    /// `source_line`s of its rows whose key (case and attempt) came on an earlier slice,
+    /// sorted; later rows of the same key in the slice are found by the reader.
+    pub seen_before: Vec<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Span {
+    /// JSONL: the lines whose first byte is in `start..end`.
+    Bytes { start: u64, end: u64 },
+    /// Parquet: rows `start..end` (from 0, in file order), whichever row groups hold
+    /// them.
+    Rows { start: u64, end: u64 },
 }
 
 struct Builders {
@@ -206,43 +239,145 @@ impl Builders {
     }
 }
 
+/// The row groups holding rows `start..end` of a Parquet file, and which of their rows to
+/// read; `None` when the range is not within the file.
+fn select_rows(
+    meta: &datafusion::parquet::file::metadata::ParquetMetaData,
+    start: u64,
+    end: u64,
+) -> Option<(
+    Vec<usize>,
+    datafusion::parquet::arrow::arrow_reader::RowSelection,
+)> {
+    use datafusion::parquet::arrow::arrow_reader::RowSelector;
+    let (mut groups, mut selectors, mut first) = (Vec::new(), Vec::new(), 0u64);
+    for (g, group) in meta.row_groups().iter().enumerate() {
+        let n = u64::try_from(group.num_rows()).ok()?;
+        let (a, b) = (first, first + n);
+        first = b;
+        if b <= start || a >= end {
+            continue;
+        }
+        let (lo, hi) = (start.max(a) - a, end.min(b) - a);
+        groups.push(g);
+        if lo > 0 {
+            selectors.push(RowSelector::skip(lo as usize));
+        }
+        selectors.push(RowSelector::select((hi - lo) as usize));
+        if hi < n {
+            selectors.push(RowSelector::skip((n - hi) as usize));
+        }
+    }
+    (start <= end && end <= first).then(|| (groups, selectors.into()))
+}
+
+/// Whether a predictions path is read as Parquet (by its extension) or as JSONL.
+pub fn is_parquet(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("parquet"))
+}
+
 impl PredictionsReader {
+    /// The whole file, with its SHA-256.
     pub fn open(path: impl AsRef<Path>, batch_size: usize) -> Result<Self> {
-        let path = path.as_ref();
-        let file = crate::files::open_input(path, "cannot open predictions")?;
-        let is_parquet = path
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("parquet"));
+        Self::open_at(path.as_ref(), batch_size, None)
+    }
+
+    /// One slice of the file (no digest: the file's is taken whole).
+    pub fn open_slice(path: impl AsRef<Path>, batch_size: usize, slice: &Slice) -> Result<Self> {
+        Self::open_at(path.as_ref(), batch_size, Some(slice))
+    }
+
+    fn open_at(path: &Path, batch_size: usize, slice: Option<&Slice>) -> Result<Self> {
+        use std::io::{Seek, SeekFrom};
+        let mut file = crate::files::open_input(path, "cannot open predictions")?;
+        let parquet = is_parquet(path);
         let mut stats = PredictionStats {
             path: path.to_path_buf(),
             ..PredictionStats::default()
         };
-        let source = if is_parquet {
-            stats.sha256 = crate::digest::sha256_file(path)?;
-            // Footer and page headers first: a decompression bomb is refused unread.
-            crate::rundir::bounds::check_parquet_file(
-                path,
-                crate::files::Links::Follow,
-                &crate::rundir::bounds::ParquetLimits::from_env()?,
-            )?;
-            let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-                .and_then(|b| b.with_batch_size(batch_size).build())
-                .map_err(|e| Error::config(path, format!("not a readable Parquet file: {e}")))?;
-            Source::Parquet {
-                reader,
-                next_row: 1,
+        let (mut skip_lines, mut stop_at) = (0, None);
+        let source = match (parquet, slice.map(|s| s.span)) {
+            (true, span) => {
+                if span.is_none() {
+                    stats.sha256 = crate::digest::sha256_file(path)?;
+                }
+                // Footer and page headers first: a decompression bomb is refused unread.
+                crate::rundir::bounds::check_parquet_file(
+                    path,
+                    crate::files::Links::Follow,
+                    &crate::rundir::bounds::ParquetLimits::from_env()?,
+                )?;
+                let not_readable =
+                    |e| Error::config(path, format!("not a readable Parquet file: {e}"));
+                let mut builder =
+                    ParquetRecordBatchReaderBuilder::try_new(file).map_err(not_readable)?;
+                match span {
+                    Some(Span::Rows { start, end }) => {
+                        let (groups, selection) = select_rows(builder.metadata(), start, end)
+                            .ok_or_else(|| {
+                                Error::Internal(format!(
+                                    "{}: rows {start}..{end} past the file's",
+                                    path.display()
+                                ))
+                            })?;
+                        builder = builder
+                            .with_row_groups(groups)
+                            .with_row_selection(selection);
+                    }
+                    Some(Span::Bytes { .. }) => {
+                        return Err(Error::Internal(format!(
+                            "{}: a byte range of a Parquet file",
+                            path.display()
+                        )));
+                    }
+                    None => {}
+                }
+                let reader = builder
+                    .with_batch_size(batch_size)
+                    .build()
+                    .map_err(not_readable)?;
+                Source::Parquet {
+                    reader,
+                    next_row: slice.map_or(1, |s| s.first_line),
+                }
             }
-        } else {
-            Source::Jsonl(Box::new(LineReader::new(file, MAX_LINE_BYTES)))
+            (false, None) => Source::Jsonl(Box::new(LineReader::new(file, MAX_LINE_BYTES))),
+            (false, Some(Span::Bytes { start, end })) => {
+                // Start on the byte before: the slice's first line is the one after the
+                // newline found there (a line that started earlier is the slice before's).
+                let from = start.saturating_sub(1);
+                file.seek(SeekFrom::Start(from))
+                    .map_err(|e| Error::io(path, "cannot read predictions", e))?;
+                let mut lines = LineReader::without_hash(file, MAX_LINE_BYTES);
+                if start > 0 {
+                    lines
+                        .next_line()
+                        .map_err(|e| Error::io(path, "cannot read predictions", e))?;
+                    skip_lines = lines.line_no();
+                }
+                stop_at = Some(end.saturating_sub(from));
+                Source::Jsonl(Box::new(lines))
+            }
+            (false, Some(Span::Rows { .. })) => {
+                return Err(Error::Internal(format!(
+                    "{}: rows of a JSONL file, not bytes",
+                    path.display()
+                )));
+            }
         };
         Ok(Self {
             source,
             batch_size: batch_size.max(1),
             sink: Sink {
                 // Parquet batches come out as their columns: only JSONL lines need builders.
-                builders: Builders::new(if is_parquet { 0 } else { batch_size }),
+                builders: Builders::new(if parquet { 0 } else { batch_size }),
                 seen: (RandomState::new(), RandomState::new(), HashMap::new()),
+                seen_before: slice.map(|s| s.seen_before.clone()).unwrap_or_default(),
                 stats,
+                first_line: slice.map_or(1, |s| s.first_line),
+                skip_lines,
+                stop_at,
             },
             done: false,
         })
@@ -251,6 +386,14 @@ impl PredictionsReader {
     /// The counts and examples; complete once the iterator is exhausted.
     pub fn stats(&self) -> &PredictionStats {
         &self.sink.stats
+    }
+
+    /// Lines (JSONL) or rows (Parquet) read so far, predictions or not.
+    pub fn lines_read(&self) -> u64 {
+        match &self.source {
+            Source::Jsonl(lines) => lines.line_no() - self.sink.skip_lines,
+            Source::Parquet { next_row, .. } => next_row - self.sink.first_line,
+        }
     }
 }
 
@@ -263,6 +406,7 @@ impl Sink {
             text("attempt_id"),
             text("response_text"),
             text("error"),
+            line,
         );
         self.builders.append(row, duplicate, line);
     }
@@ -274,11 +418,14 @@ impl Sink {
         attempt: Option<&str>,
         response: Option<&str>,
         error: Option<&str>,
+        line: u64,
     ) -> bool {
         // An attempt is one prediction: the key is the case and the attempt.
         let key = (id, attempt);
         let h = ((self.seen.0.hash_one(key) as u128) << 64) | self.seen.1.hash_one(key) as u128;
-        let duplicate = self.seen.2.insert(h, ()).is_some();
+        // Inserted either way: a later row of this key in the slice repeats it too.
+        let duplicate = self.seen.2.insert(h, ()).is_some()
+            | (!self.seen_before.is_empty() && self.seen_before.binary_search(&line).is_ok());
         let s = &mut self.stats;
         s.rows += 1;
         if duplicate {
@@ -295,7 +442,10 @@ impl Sink {
 
     /// Read one JSONL line; `false` at the end.
     fn read_line(&mut self, lines: &mut LineReader<File>) -> Result<bool> {
-        let no = lines.line_no() + 1;
+        if self.stop_at.is_some_and(|stop| lines.consumed() >= stop) {
+            return Ok(false);
+        }
+        let no = self.first_line + lines.line_no() - self.skip_lines;
         let path = self.stats.path.clone();
         let bad = |field: Option<&str>, msg: String| Err(Error::input(&path, no, field, msg));
         let line = match lines
@@ -513,6 +663,7 @@ impl Sink {
                 value(&attempts, r),
                 value(&responses, r),
                 value(&errors, r),
+                first + r as u64,
             ));
         }
         columns.push(Arc::new(duplicate.finish()));

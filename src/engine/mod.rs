@@ -8,7 +8,7 @@
 pub mod bounded;
 pub mod predicates;
 pub mod queries;
-mod stream_table;
+pub mod stream_table;
 pub mod tables;
 pub mod wilson;
 

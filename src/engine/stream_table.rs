@@ -29,7 +29,7 @@ use crate::corpus::predictions::{PredictionStats, PredictionsReader, predictions
 use crate::corpus::{CorpusReader, ReadOptions, ValidationReport};
 use crate::error::{Error, Result};
 
-type Batches = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
+pub type Batches = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
 /// Opens the source for one scan, building only the projected columns (or projecting).
 type Open = Arc<dyn Fn(Option<Vec<usize>>) -> Result<Batches> + Send + Sync>;
 
@@ -110,49 +110,71 @@ struct SharedSource {
     rx: tokio::sync::Mutex<Option<Receiver>>,
 }
 
-type Receiver = tokio::sync::mpsc::Receiver<datafusion::error::Result<RecordBatch>>;
+pub type Receiver = tokio::sync::mpsc::Receiver<datafusion::error::Result<RecordBatch>>;
 
 impl SharedSource {
     /// The next batch of the source (`None` at its end), starting it on first use.
     async fn next(&self) -> Option<datafusion::error::Result<RecordBatch>> {
         let mut rx = self.rx.lock().await;
         if rx.is_none() {
-            let (tx, new_rx) = tokio::sync::mpsc::channel(2);
             let (open, projection) = (Arc::clone(&self.open), self.projection.clone());
-            let name = self.name.clone();
-            tokio::task::spawn_blocking(move || {
-                // A panic in the reader must not look like the end of the input.
-                let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    for batch in open(projection)? {
-                        if tx.blocking_send(batch.map_err(Into::into)).is_err() {
-                            break; // the query was cancelled
-                        }
-                    }
-                    Ok::<_, Error>(())
-                }));
-                let failed = match read {
-                    Ok(Ok(())) => None,
-                    Ok(Err(e)) => Some(e.into()),
-                    Err(panic) => {
-                        let why = panic
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| panic.downcast_ref::<String>().cloned())
-                            .unwrap_or_default();
-                        Some(datafusion::error::DataFusionError::Execution(format!(
-                            "reading {name} failed (the reader panicked: {})",
-                            crate::text::excerpt(&why, 200)
-                        )))
-                    }
-                };
-                if let Some(e) = failed {
-                    let _ = tx.blocking_send(Err(e));
-                }
-            });
-            *rx = Some(new_rx);
+            *rx = Some(spawn_reader(self.name.clone(), move || open(projection)));
         }
         rx.as_mut()?.recv().await
     }
+}
+
+/// Run a blocking source of batches on a blocking thread, feeding a channel of two
+/// batches; an error (or a panic) of the source is its last item, never a quiet end.
+pub fn spawn_reader(
+    name: String,
+    open: impl FnOnce() -> Result<Batches> + Send + 'static,
+) -> Receiver {
+    let (tx, rx) = tokio::sync::mpsc::channel(2);
+    tokio::task::spawn_blocking(move || {
+        // A panic in the reader must not look like the end of the input.
+        let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            for batch in open()? {
+                if tx.blocking_send(batch.map_err(Into::into)).is_err() {
+                    break; // the query was cancelled
+                }
+            }
+            Ok::<_, Error>(())
+        }));
+        let failed = match read {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e.into()),
+            Err(panic) => {
+                let why = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                Some(datafusion::error::DataFusionError::Execution(format!(
+                    "reading {name} failed (the reader panicked: {})",
+                    crate::text::excerpt(&why, 200)
+                )))
+            }
+        };
+        if let Some(e) = failed {
+            let _ = tx.blocking_send(Err(e));
+        }
+    });
+    rx
+}
+
+/// [`spawn_reader`] as a query's stream.
+pub fn reader_stream(
+    name: String,
+    schema: SchemaRef,
+    open: impl FnOnce() -> Result<Batches> + Send + 'static,
+) -> SendableRecordBatchStream {
+    let rx = spawn_reader(name, open);
+    let batches = futures::stream::unfold(rx, |mut rx| async move {
+        let next = rx.recv().await?;
+        Some((next, rx))
+    });
+    Box::pin(RecordBatchStreamAdapter::new(schema, batches))
 }
 
 struct StreamPartition {

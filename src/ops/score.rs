@@ -22,9 +22,11 @@ use crate::engine::{corpus_table, predictions_table, runtime, session};
 use crate::error::{Error, Result};
 
 mod parts;
+mod slices;
 pub mod summary;
 use crate::rundir::summary::AggregateMetrics;
 pub use parts::PartWriterExec;
+pub use slices::{PredictionsScanExec, ScanSpec};
 
 /// `queries/score_cases.sql`.
 pub const SCORE_CASES_SQL: &str = crate::engine::queries::SCORE_CASES.sql;
@@ -160,7 +162,8 @@ pub struct ScoringEngine {
     /// shipped ones, or `--rules`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rulepack_digest: Option<String>,
-    /// On a cluster: milliseconds validating and staging the inputs (this process),
+    /// On a cluster: milliseconds staging the inputs and surveying the predictions (the
+    /// executors validate them),
     /// from submitting the scoring to the last part reported (the executors score,
     /// write, and compute the summary's partial aggregates), and checking and splicing
     /// the parts here and adding up the partials (docs/cluster.md: the scaling model).
@@ -361,14 +364,16 @@ struct Opened {
 /// and the parts, removed when this drops).
 struct OnCluster {
     submit: SubmitPlan,
-    /// The staged predictions, which the parts must cover once each.
+    /// The predictions' rows (by `source_line`), which the parts must cover once each.
     staged: parts::Coverage,
+    /// What the executors' survey of the predictions counted (a local run's counts).
+    stats: PredictionStats,
     staging: Staging,
 }
 
 /// The scoring session and where it runs: this process, with the corpus and the
-/// predictions streamed; or a cluster, with both validated and staged as Parquet in a
-/// folder the executors see (kept until the guard drops).
+/// predictions streamed; or a cluster, with both in a folder the executors see (kept
+/// until the guard drops).
 async fn open_session(
     opts: &ScoreOptions,
     corpus: &crate::engine::CorpusTable,
@@ -392,30 +397,26 @@ async fn open_session(
                 .into(),
         ));
     }
-    cluster_session(connect, opts, corpus, predictions).await
+    cluster_session(connect, opts, corpus).await
 }
 
-/// Connect first (an unreachable or mismatched cluster fails before any work), then
-/// stage both inputs through the same validating readers a local run streams, so the
-/// cluster reads exactly the rows a local run would. The scoring plan is made here, in a
-/// session of the cluster session's configuration (its partitions: the cluster's task
-/// slots) over the staged files.
+/// Connect first (an unreachable or mismatched cluster fails before any work), then put
+/// the inputs where the executors see them: the corpus (small: the join's build side)
+/// validated and staged as Parquet here; the predictions as they are — linked into the
+/// staging folder, or copied there when it is on another file system — and validated,
+/// counted and checked for duplicates by the executors ([`slices`]). The scoring plan is
+/// made here, in a session of the cluster session's configuration (its partitions: the
+/// cluster's task slots).
 async fn cluster_session(
     connect: &ClusterConnect,
     opts: &ScoreOptions,
     corpus: &crate::engine::CorpusTable,
-    predictions: &crate::engine::PredictionsTable,
 ) -> Result<Opened> {
-    // Split the staged scan between the executors however well its text compresses
-    // (DataFusion's default splits only files over 10 MB; detectors cost by text, not by
-    // compressed bytes).
-    let config =
-        scoring_config().set_usize("datafusion.optimizer.repartition_file_min_size", 256 << 10);
     let ClusterScoring {
         ctx: remote,
         engine: mut scoring,
         submit,
-    } = connect(config).await?;
+    } = connect(scoring_config()).await?;
     let started = std::time::Instant::now();
     let staging = match &opts.staging {
         Some(dir) => Staging::create(dir, false)?,
@@ -425,31 +426,39 @@ async fn cluster_session(
         crate::engine::session_config().with_target_partitions(1),
     );
     local.register_table("attack_cases", corpus.table.clone())?;
-    local.register_table("predictions", predictions.table.clone())?;
     let planner = crate::engine::session_with(remote.copied_config());
-    let mut staged = parts::Coverage::default();
-    for table in ["attack_cases", "predictions"] {
-        let path = staging.dir.join(format!("{table}.parquet"));
-        let df = local.table(table).await?;
-        let schema = df.schema().as_arrow().clone();
-        stage(df, &path, (table == "predictions").then_some(&mut staged)).await?;
-        // The folder's path was checked (UTF-8, nothing DataFusion reads as a pattern).
-        let path = path.to_string_lossy();
-        planner
-            .register_parquet(
-                table,
-                &*path,
-                datafusion::prelude::ParquetReadOptions::default().schema(&schema),
-            )
-            .await?;
-    }
+    let cases = staging.dir.join("attack_cases.parquet");
+    let df = local.table("attack_cases").await?;
+    let schema = df.schema().as_arrow().clone();
+    stage(df, &cases).await?;
+    // The folder's path was checked (UTF-8, nothing DataFusion reads as a pattern).
+    planner
+        .register_parquet(
+            "attack_cases",
+            &*cases.to_string_lossy(),
+            datafusion::prelude::ParquetReadOptions::default().schema(&schema),
+        )
+        .await?;
+    let predictions = staging.place(&opts.predictions)?;
+    let path = crate::rundir::table_path(&predictions)?;
+    let n = planner.copied_config().target_partitions();
+    let spans = slices::spans(&predictions, n)?;
+    let surveyed = slices::survey(&submit, &path, &opts.predictions, &spans).await?;
+    planner.register_table(
+        "predictions",
+        Arc::new(slices::SlicedPredictions {
+            path,
+            slices: surveyed.slices,
+        }),
+    )?;
     scoring.staging_ms = Some(started.elapsed().as_millis() as u64);
     Ok(Opened {
         ctx: planner,
         scoring,
         cluster: Some(OnCluster {
             submit,
-            staged,
+            staged: surveyed.coverage,
+            stats: surveyed.stats,
             staging,
         }),
     })
@@ -459,22 +468,13 @@ async fn cluster_session(
 /// groups, so a file of one group would run on one task.
 const STAGED_ROW_GROUP_ROWS: usize = 8192;
 
-/// Stream a table into a staged Parquet file, adding its `source_line`s to `coverage`
-/// when given.
-async fn stage(
-    df: datafusion::dataframe::DataFrame,
-    out: &Path,
-    mut coverage: Option<&mut parts::Coverage>,
-) -> Result<()> {
+/// Stream a table into a staged Parquet file.
+async fn stage(df: datafusion::dataframe::DataFrame, out: &Path) -> Result<()> {
     let props = crate::atomic::writer_properties_with(STAGED_ROW_GROUP_ROWS)?;
     let mut file = ParquetFile::create_with(out, Arc::new(df.schema().as_arrow().clone()), props)?;
     let mut stream = df.execute_stream().await?;
     while let Some(batch) = stream.next().await {
-        let batch = batch?;
-        if let Some(c) = coverage.as_deref_mut() {
-            c.add_batch(&batch)?;
-        }
-        file.write(&batch)?;
+        file.write(&batch?)?;
     }
     file.commit()?;
     Ok(())
@@ -510,6 +510,33 @@ impl Staging {
         ));
         std::fs::create_dir(&dir).map_err(|e| Error::io(&dir, "cannot create folder", e))?;
         Ok(Self { dir })
+    }
+}
+
+impl Staging {
+    /// The input at `path` in the folder, under a name of its kind (`predictions.jsonl`
+    /// or `.parquet`): a hard link to the file itself when the folder is on its file
+    /// system (nothing copied), a copy otherwise.
+    fn place(&self, path: &Path) -> Result<PathBuf> {
+        let kind = if crate::corpus::predictions::is_parquet(path) {
+            "parquet"
+        } else {
+            "jsonl"
+        };
+        let to = self.dir.join(format!("predictions.{kind}"));
+        // The file a link points at (a link to a link would be read relative to here).
+        let from = std::fs::canonicalize(path)
+            .map_err(|e| Error::io(path, "cannot open predictions", e))?;
+        if !from.is_file() {
+            return Err(Error::Usage(format!(
+                "--predictions {}: not a file",
+                path.display()
+            )));
+        }
+        if std::fs::hard_link(&from, &to).is_err() {
+            std::fs::copy(&from, &to).map_err(|e| Error::io(&to, "cannot stage predictions", e))?;
+        }
+        Ok(to)
     }
 }
 
@@ -562,6 +589,7 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
             }
         }
     });
+    let surveyed = opened.cluster.as_ref().map(|c| c.stats.clone());
     // The staged inputs and the parts go now, with a result or an error.
     drop(opened);
     let (pending, metrics) = match scored {
@@ -635,12 +663,14 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
     let text = serde_json::to_string_pretty(&summary)
         .map_err(|e| Error::Internal(format!("cannot encode summary: {e}")))?;
     crate::atomic::write_lines(&summary_path, std::iter::once(text))?;
-    report.predictions = predictions
-        .stats
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take()
-        .unwrap_or_default();
+    report.predictions = surveyed.unwrap_or_else(|| {
+        predictions
+            .stats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .unwrap_or_default()
+    });
     report.cases_sha256 = corpus
         .report
         .lock()

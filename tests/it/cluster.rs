@@ -318,6 +318,79 @@ fn a_two_executor_cluster_scores_the_same_rows_as_a_local_run() {
         common::files_under(&on_cluster)
     );
 
+    // The executors read the predictions: their counts are a local run's.
+    let local_report: Value = serde_json::from_str(
+        &run(&mut score_cmd(None, &preds_path, &dir.path().join("results/local-2"))).stdout,
+    )
+    .unwrap();
+    let mut theirs = report["predictions"].clone();
+    theirs["path"] = local_report["predictions"]["path"].clone();
+    assert_eq!(theirs, local_report["predictions"]);
+    assert!(report["predictions"]["duplicates"].as_u64() > Some(100), "{report}");
+
+    // Parquet predictions: sliced by row groups (of 50 rows here), the same rows.
+    let parquet = dir.path().join("predictions.parquet");
+    {
+        use datafusion::arrow::array::{Float64Array, StringArray};
+        let text = |k: &str| -> StringArray {
+            preds.iter().map(|p| p[k].as_str().map(str::to_owned)).collect()
+        };
+        let latency: Float64Array = preds.iter().map(|p| p["latency_ms"].as_f64()).collect();
+        let batch = datafusion::arrow::array::RecordBatch::try_from_iter(vec![
+            ("case_id", std::sync::Arc::new(text("case_id")) as _),
+            ("response_text", std::sync::Arc::new(text("response_text")) as _),
+            ("error", std::sync::Arc::new(text("error")) as _),
+            ("latency_ms", std::sync::Arc::new(latency) as _),
+        ])
+        .unwrap();
+        let props = datafusion::parquet::file::properties::WriterProperties::builder()
+            .set_max_row_group_row_count(Some(50))
+            .build();
+        let mut w = datafusion::parquet::arrow::ArrowWriter::try_new(
+            std::fs::File::create(&parquet).unwrap(),
+            batch.schema(),
+            Some(props),
+        )
+        .unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+    }
+    let (pl, pc) = (
+        dir.path().join("results/parquet-local"),
+        dir.path().join("results/parquet-cluster"),
+    );
+    let r = run(&mut score_cmd(None, &parquet, &pl));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = run(&mut score_cmd(Some(&cluster.url), &parquet, &pc));
+    assert_eq!(r.code, 0, "{}\n{}", r.stderr, logs_of(&cluster));
+    assert_eq!(rows(&pl).len(), preds.len());
+    assert_eq!(rows(&pl), rows(&pc));
+
+    // A bad line far into the file (a later slice): the error a local run gives, with
+    // the same line number, and nothing written.
+    let bad = dir.path().join("bad.jsonl");
+    let mut text = std::fs::read_to_string(&preds_path).unwrap();
+    let at = preds.len() - 3;
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines[at] = r#"{"case_id": "x", "latency_ms": "slow"}"#;
+    text = lines.join("\n");
+    std::fs::write(&bad, text).unwrap();
+    let r_local = run(&mut score_cmd(None, &bad, &dir.path().join("results/bad-local")));
+    let out = dir.path().join("results/bad-cluster");
+    let r = run(&mut score_cmd(Some(&cluster.url), &bad, &out));
+    assert_eq!((r.code, r_local.code), (2, 2), "{}", r.stderr);
+    assert_eq!(r.stderr, r_local.stderr);
+    assert!(
+        r.stderr.contains(&format!("bad.jsonl:{}: latency_ms:", at + 1)),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        common::files_under(&out).is_empty(),
+        "{:?}",
+        common::files_under(&out)
+    );
+
     // SQL on the cluster: the executors run the detector UDFs over every run.
     let q = "SELECT run_id, count(*) AS n, sum(CASE WHEN pi_refusal(response_text) THEN 1 ELSE 0 END) AS refusals, \
              sum(CASE WHEN attack_success THEN 1 ELSE 0 END) AS successes FROM case_results GROUP BY run_id";
@@ -561,7 +634,7 @@ fn a_killed_client_or_scheduler_leaves_the_previous_run_whole() {
         .spawn()
         .unwrap();
     wait_staged(&mut score, &out);
-    std::thread::sleep(Duration::from_millis(1500));
+    std::thread::sleep(Duration::from_millis(300));
     let running = score.try_wait().unwrap().is_none();
     score.kill().unwrap();
     score.wait().unwrap();
@@ -585,11 +658,13 @@ fn a_killed_client_or_scheduler_leaves_the_previous_run_whole() {
         .spawn()
         .unwrap();
     wait_staged(&mut score, &out);
-    std::thread::sleep(Duration::from_millis(1500));
+    std::thread::sleep(Duration::from_millis(300));
+    let running = score.try_wait().unwrap().is_none();
     cluster.scheduler.kill().unwrap();
     cluster.scheduler.wait().unwrap();
     let result = score.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(running, "the scoring ended before the scheduler was killed: {stderr}");
     assert_eq!(result.status.code(), Some(2), "{stderr}");
     assert!(stderr.starts_with("error: "), "{stderr}");
     nothing_left_behind(&out);
@@ -601,14 +676,15 @@ fn a_killed_client_or_scheduler_leaves_the_previous_run_whole() {
     assert_eq!(std::fs::read(out.join("summary.json")).unwrap(), summary);
 }
 
-/// Wait until `score` has staged its inputs in `out` (or ended).
+/// Wait until `score`'s executors write their parts under `out` — its inputs staged and
+/// surveyed, the scoring query running — (or it ended).
 fn wait_staged(score: &mut Child, out: &Path) {
     let deadline = Instant::now() + Duration::from_secs(120);
     let staged = || {
         out.is_dir()
             && common::files_under(out).iter().any(|p| {
-                p.ends_with("predictions.parquet")
-                    && p.to_string_lossy().contains(".pieval-staging")
+                let p = p.to_string_lossy();
+                p.contains(".pieval-staging") && p.contains("/parts/part-")
             })
     };
     while !staged() && score.try_wait().unwrap().is_none() {
@@ -643,8 +719,8 @@ fn settle(dir: &Path) {
     }
 }
 
-/// `pieval score --cluster` in the background; once its inputs are staged (the query is
-/// being submitted) and 1.5 s more, executor `k` is killed. Whether the score was still
+/// `pieval score --cluster` in the background; once its executors write parts (the
+/// scoring query runs) and 0.3 s more, executor `k` is killed. Whether the score was still
 /// running then, and its output.
 fn score_and_kill(
     cluster: &mut Cluster,
@@ -658,7 +734,7 @@ fn score_and_kill(
         .spawn()
         .unwrap();
     wait_staged(&mut score, out);
-    std::thread::sleep(Duration::from_millis(1500));
+    std::thread::sleep(Duration::from_millis(300));
     let running = score.try_wait().unwrap().is_none();
     cluster.executors[k].kill().unwrap();
     cluster.executors[k].wait().unwrap();

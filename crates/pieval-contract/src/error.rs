@@ -85,8 +85,19 @@ pub enum Error {
 }
 
 impl From<datafusion::error::DataFusionError> for Error {
+    /// pieval's own error, carried through a query (a reader's `file:line: field`), comes
+    /// back as itself rather than wrapped as DataFusion's.
     fn from(e: datafusion::error::DataFusionError) -> Self {
-        Error::DataFusion(Box::new(e))
+        match e {
+            datafusion::error::DataFusionError::External(inner) => match inner.downcast::<Error>()
+            {
+                Ok(ours) => *ours,
+                Err(other) => Error::DataFusion(Box::new(
+                    datafusion::error::DataFusionError::External(other),
+                )),
+            },
+            other => Error::DataFusion(Box::new(other)),
+        }
     }
 }
 

@@ -235,16 +235,20 @@ impl Coverage {
         let col = datafusion::arrow::compute::cast(col, &DataType::Int64)?;
         let lines = col.as_primitive::<Int64Type>();
         for i in 0..lines.len() {
-            let line = lines.is_valid(i).then(|| lines.value(i));
-            self.rows += 1;
-            self.fingerprint = self
-                .fingerprint
-                .wrapping_add(mix(line.map_or(u64::MAX, |l| l as u64)));
-            if let Some(l) = line {
-                self.first_line = Some(self.first_line.map_or(l, |f| f.min(l)));
-            }
+            self.add_line(lines.is_valid(i).then(|| lines.value(i)));
         }
         Ok(())
+    }
+
+    /// Add one row's `source_line`.
+    pub fn add_line(&mut self, line: Option<i64>) {
+        self.rows += 1;
+        self.fingerprint = self
+            .fingerprint
+            .wrapping_add(mix(line.map_or(u64::MAX, |l| l as u64)));
+        if let Some(l) = line {
+            self.first_line = Some(self.first_line.map_or(l, |f| f.min(l)));
+        }
     }
 
     fn add(&mut self, other: &Coverage) {

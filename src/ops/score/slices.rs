@@ -1,0 +1,928 @@
+//! Predictions read by the cluster, not by the client (docs/cluster.md, "Score and query
+//! on it"): the file is cut into slices — byte ranges of a JSONL file, runs of a Parquet
+//! file's row groups — each read by a task through the same validating reader a local
+//! run streams ([`crate::corpus::predictions`]), in two passes:
+//!
+//! 1. **The survey** ([`PredictionsScanExec::survey`]): each slice's task validates its
+//!    rows and returns how many lines it holds, which of them are not predictions (a
+//!    run's turn lines), the key (case and attempt) of the first row of each key in it,
+//!    and its counts and examples; one more task takes the file's SHA-256. The client
+//!    then knows where each slice's lines stand in the file, which rows repeat a key of
+//!    an earlier slice, the counts a local run reports, and the first bad line in file
+//!    order (the same error a local run gives, with the same line number).
+//! 2. **The scan** ([`PredictionsScanExec::scan`]), under the scoring plan: each slice is
+//!    read again, told its first line and its rows that repeat an earlier slice's key,
+//!    so `source_line` and `duplicate_prediction` are exactly a local run's.
+//!
+//! The client reads no prediction: it cuts the file by its size (or its footer), and
+//! receives one small row per distinct key per slice.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::hash::BuildHasher;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, RecordBatch, StringBuilder, UInt64Builder,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
+use datafusion::catalog::Session;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::datasource::{TableProvider, TableType};
+use datafusion::error::DataFusionError;
+use datafusion::execution::TaskContext;
+use datafusion::logical_expr::Expr;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning,
+    PlanProperties, SendableRecordBatchStream,
+};
+use serde::{Deserialize, Serialize};
+
+use super::SubmitPlan;
+use super::parts::Coverage;
+use crate::corpus::predictions::{
+    PredictionStats, PredictionsReader, Slice, Span, is_parquet, predictions_table_schema,
+};
+use crate::engine::stream_table::{Batches, reader_stream};
+use crate::error::{Error, Result};
+
+/// Rows per batch a slice's reader builds.
+const BATCH_ROWS: usize = 8192;
+/// Examples kept per kind of flagged row (as the local reader keeps).
+const EXAMPLES: usize = 5;
+
+/// A scan of a predictions file's slices on a cluster: the survey (one partition per
+/// slice, and one for the file's digest) or the scan of the scoring plan (one per
+/// slice, in the predictions table's schema, projected).
+///
+/// Its input is a tiny in-memory table, one row per partition: that partition's number.
+/// Ballista hands each task a plan restricted to its own partitions, renumbered from 0,
+/// and restricts only the scans it knows (files, memory); a leaf of pieval's own would
+/// be told partition 0 in every task. Through its input, each partition learns which
+/// slice it is.
+pub struct PredictionsScanExec {
+    spec: Arc<ScanSpec>,
+    input: Arc<dyn ExecutionPlan>,
+    schema: SchemaRef,
+    properties: Arc<PlanProperties>,
+}
+
+/// What a [`PredictionsScanExec`] travels as (JSON, in pieval's plan codec), with its
+/// input.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ScanSpec {
+    /// The file, at a path every executor sees (absolute).
+    pub path: String,
+    pub slices: Vec<Slice>,
+    pub survey: bool,
+    pub projection: Option<Vec<usize>>,
+}
+
+impl fmt::Debug for PredictionsScanExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PredictionsScanExec")
+            .field("path", &self.spec.path)
+            .field("slices", &self.spec.slices.len())
+            .field("survey", &self.spec.survey)
+            .finish()
+    }
+}
+
+/// The schema of a [`PredictionsScanExec`]'s input: the partition's number.
+fn index_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new(
+        "partition",
+        DataType::UInt32,
+        false,
+    )]))
+}
+
+impl PredictionsScanExec {
+    /// The survey of `spans` of the file at `path`.
+    pub fn survey(path: &str, spans: &[Span]) -> Result<Self> {
+        let slices = spans
+            .iter()
+            .map(|&span| Slice {
+                span,
+                first_line: 1,
+                seen_before: Vec::new(),
+            })
+            .collect();
+        Self::planned(ScanSpec {
+            path: path.to_owned(),
+            slices,
+            survey: true,
+            projection: None,
+        })
+    }
+
+    /// The scoring plan's scan of `slices`, as surveyed.
+    pub fn scan(path: &str, slices: Vec<Slice>, projection: Option<Vec<usize>>) -> Result<Self> {
+        Self::planned(ScanSpec {
+            path: path.to_owned(),
+            slices,
+            survey: false,
+            projection,
+        })
+    }
+
+    /// With its input: one partition per slice (and the digest's), each its number.
+    fn planned(spec: ScanSpec) -> Result<Self> {
+        let n = spec.slices.len() + usize::from(spec.survey);
+        let partitions = (0..n as u32)
+            .map(|i| {
+                Ok(vec![RecordBatch::try_new(
+                    index_schema(),
+                    vec![Arc::new(datafusion::arrow::array::UInt32Array::from(vec![i]))],
+                )?])
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let input = datafusion::datasource::memory::MemorySourceConfig::try_new_exec(
+            &partitions,
+            index_schema(),
+            None,
+        )?;
+        Self::try_new(spec, input)
+    }
+
+    /// Refuses a path that is not absolute UTF-8, a projection out of the schema, an
+    /// input that is not partition numbers.
+    pub fn try_new(spec: ScanSpec, input: Arc<dyn ExecutionPlan>) -> Result<Self> {
+        if !Path::new(&spec.path).is_absolute() || spec.path.contains('\0') {
+            return Err(Error::Internal(format!(
+                "PredictionsScanExec: the predictions path {:?} is not an absolute path",
+                spec.path
+            )));
+        }
+        if input.schema().fields() != index_schema().fields() {
+            return Err(Error::Internal(
+                "PredictionsScanExec: an input that is not partition numbers".into(),
+            ));
+        }
+        let schema = if spec.survey {
+            survey_schema()
+        } else {
+            let full = predictions_table_schema();
+            match &spec.projection {
+                Some(p) => Arc::new(full.project(p)?),
+                None => full,
+            }
+        };
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&schema)),
+            Partitioning::UnknownPartitioning(input.output_partitioning().partition_count()),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        );
+        Ok(Self {
+            spec: Arc::new(spec),
+            input,
+            schema,
+            properties: Arc::new(properties),
+        })
+    }
+
+    pub fn spec(&self) -> &ScanSpec {
+        &self.spec
+    }
+
+    pub fn input(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.input
+    }
+}
+
+impl DisplayAs for PredictionsScanExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "PredictionsScanExec: {} slices of {}{}",
+            self.spec.slices.len(),
+            self.spec.path,
+            if self.spec.survey { ", survey" } else { "" }
+        )
+    }
+}
+
+impl ExecutionPlan for PredictionsScanExec {
+    fn name(&self) -> &str {
+        "PredictionsScanExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> datafusion::error::Result<TreeNodeRecursion>,
+    ) -> datafusion::error::Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        if children.len() != 1 {
+            return Err(DataFusionError::Internal(format!(
+                "PredictionsScanExec takes one input, not {}",
+                children.len()
+            )));
+        }
+        Ok(Arc::new(Self::try_new(
+            (*self.spec).clone(),
+            children.swap_remove(0),
+        )?))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> datafusion::error::Result<SendableRecordBatchStream> {
+        use futures::{StreamExt, TryStreamExt};
+        let numbers = self.input.execute(partition, context)?;
+        let (spec, schema) = (Arc::clone(&self.spec), Arc::clone(&self.schema));
+        let out = Arc::clone(&schema);
+        let stream = futures::stream::once(async move {
+            let batches: Vec<RecordBatch> = numbers.try_collect().await?;
+            let mut numbers = Vec::new();
+            for b in &batches {
+                numbers.extend(
+                    b.column(0)
+                        .as_primitive::<datafusion::arrow::datatypes::UInt32Type>()
+                        .values()
+                        .iter()
+                        .map(|&i| i as usize),
+                );
+            }
+            Ok::<_, DataFusionError>(numbers)
+        })
+        .map_ok(move |numbers| {
+            let (spec, out) = (Arc::clone(&spec), Arc::clone(&out));
+            futures::stream::iter(numbers)
+                .map(move |i| match slice_stream(&spec, &out, i) {
+                    Ok(s) => s,
+                    Err(e) => Box::pin(RecordBatchStreamAdapter::new(
+                        Arc::clone(&out),
+                        futures::stream::once(async move { Err(e) }),
+                    )),
+                })
+                .flatten()
+        })
+        .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}
+
+/// The rows of slice `i` (or, past the last slice of a survey, the file's digest).
+fn slice_stream(
+    spec: &ScanSpec,
+    schema: &SchemaRef,
+    i: usize,
+) -> datafusion::error::Result<SendableRecordBatchStream> {
+    let path = PathBuf::from(&spec.path);
+    let out = Arc::clone(schema);
+    let name = "predictions".to_owned();
+    let Some(slice) = spec.slices.get(i).cloned() else {
+        if spec.survey && i == spec.slices.len() {
+            return Ok(reader_stream(name, Arc::clone(schema), move || {
+                let report = SliceReport {
+                    sha256: Some(crate::digest::sha256_file(&path)?),
+                    ..SliceReport::default()
+                };
+                let batch = survey_batch(&out, i as u32, Vec::new(), &report)?;
+                Ok(Box::new(std::iter::once(Ok(batch))) as Batches)
+            }));
+        }
+        return Err(DataFusionError::Internal(format!(
+            "PredictionsScanExec: no slice {i} of {}",
+            spec.slices.len()
+        )));
+    };
+    if spec.survey {
+        return Ok(reader_stream(name, Arc::clone(schema), move || {
+            let batch = survey_slice(&path, i as u32, &slice, &out)?;
+            Ok(Box::new(std::iter::once(Ok(batch))) as Batches)
+        }));
+    }
+    let projection = spec.projection.clone();
+    Ok(reader_stream(name, Arc::clone(schema), move || {
+        let reader = PredictionsReader::open_slice(&path, BATCH_ROWS, &slice)?;
+        Ok(Box::new(reader.map(move |b| match (&projection, b) {
+            (Some(p), Ok(b)) => Ok(b.project(p)?),
+            (_, b) => b,
+        })) as Batches)
+    }))
+}
+
+/// The survey's rows: a slice's key rows (`line`, `case_id`, `attempt_id`), its lines
+/// that are not predictions (`line` only), and its one report row (`report`, JSON). Lines
+/// are the slice's own, from 1.
+fn survey_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("slice", DataType::UInt32, false),
+        Field::new("line", DataType::UInt64, true),
+        Field::new("case_id", DataType::Utf8, true),
+        Field::new("attempt_id", DataType::Utf8, true),
+        Field::new("report", DataType::Utf8, true),
+    ]))
+}
+
+/// What a slice's survey found besides its keys (or, for the last partition, the file's
+/// digest).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct SliceReport {
+    lines: u64,
+    rows: u64,
+    /// Rows repeating a key of an earlier row of the slice, and the first few (line, id).
+    duplicates: u64,
+    first_duplicates: Vec<(u64, String)>,
+    empty_responses: u64,
+    first_empty_responses: Vec<String>,
+    provider_errors: u64,
+    first_provider_errors: Vec<String>,
+    /// The slice's first bad line (its own line number; 0: the file as a whole).
+    error: Option<BadLine>,
+    sha256: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct BadLine {
+    line: u64,
+    field: Option<String>,
+    message: String,
+}
+
+/// One survey row per key row and skipped line, then the report row.
+struct SurveyRows {
+    line: UInt64Builder,
+    case_id: StringBuilder,
+    attempt_id: StringBuilder,
+    rows: usize,
+}
+
+impl SurveyRows {
+    fn new() -> Self {
+        Self {
+            line: UInt64Builder::new(),
+            case_id: StringBuilder::new(),
+            attempt_id: StringBuilder::new(),
+            rows: 0,
+        }
+    }
+
+    fn push(&mut self, line: u64, key: Option<(&str, Option<&str>)>) {
+        self.line.append_value(line);
+        self.case_id.append_option(key.map(|k| k.0));
+        self.attempt_id.append_option(key.and_then(|k| k.1));
+        self.rows += 1;
+    }
+}
+
+fn survey_batch(
+    schema: &SchemaRef,
+    slice: u32,
+    rows: Vec<SurveyRows>,
+    report: &SliceReport,
+) -> Result<RecordBatch> {
+    let mut rows = rows.into_iter().next().unwrap_or_else(SurveyRows::new);
+    let json = serde_json::to_string(report)
+        .map_err(|e| Error::Internal(format!("cannot encode a slice report: {e}")))?;
+    let n = rows.rows + 1;
+    rows.line.append_null();
+    rows.case_id.append_null();
+    rows.attempt_id.append_null();
+    let mut reports = StringBuilder::new();
+    for _ in 1..n {
+        reports.append_null();
+    }
+    reports.append_value(json);
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(datafusion::arrow::array::UInt32Array::from(vec![slice; n])),
+        Arc::new(rows.line.finish()),
+        Arc::new(rows.case_id.finish()),
+        Arc::new(rows.attempt_id.finish()),
+        Arc::new(reports.finish()),
+    ];
+    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
+}
+
+/// Survey one slice (on an executor): read it as a local run would, from line 1.
+fn survey_slice(path: &Path, index: u32, slice: &Slice, schema: &SchemaRef) -> Result<RecordBatch> {
+    let mut reader = PredictionsReader::open_slice(path, BATCH_ROWS, slice)?;
+    let mut report = SliceReport::default();
+    let mut rows = SurveyRows::new();
+    let mut next_line = 1u64;
+    for batch in reader.by_ref() {
+        let batch = match batch {
+            Ok(b) => b,
+            Err(Error::Input {
+                line,
+                field,
+                message,
+                ..
+            }) => {
+                report.error = Some(BadLine {
+                    line,
+                    field,
+                    message,
+                });
+                break;
+            }
+            Err(e) => return Err(e),
+        };
+        let lines = batch
+            .column_by_name("source_line")
+            .ok_or_else(|| Error::Internal("predictions without source_line".into()))?
+            .as_primitive::<Int64Type>()
+            .clone();
+        let duplicate = batch
+            .column_by_name("duplicate_prediction")
+            .ok_or_else(|| Error::Internal("predictions without duplicate_prediction".into()))?
+            .as_boolean()
+            .clone();
+        let ids = crate::engine::utf8_column(&batch, "case_id")?;
+        let attempts = crate::engine::utf8_column(&batch, "attempt_id")?;
+        for r in 0..batch.num_rows() {
+            let line = lines.value(r) as u64;
+            for skipped in next_line..line {
+                rows.push(skipped, None);
+            }
+            next_line = line + 1;
+            if duplicate.value(r) {
+                report.duplicates += 1;
+                if report.first_duplicates.len() < EXAMPLES {
+                    report
+                        .first_duplicates
+                        .push((line, crate::text::excerpt(ids.value(r), 80)));
+                }
+            } else {
+                let attempt = attempts.is_valid(r).then(|| attempts.value(r));
+                rows.push(line, Some((ids.value(r), attempt)));
+            }
+        }
+    }
+    if report.error.is_none() {
+        report.lines = reader.lines_read();
+        for skipped in next_line..=report.lines {
+            rows.push(skipped, None);
+        }
+    }
+    let stats = reader.stats();
+    report.rows = stats.rows;
+    report.empty_responses = stats.empty_responses;
+    report.first_empty_responses = stats.first_empty_responses.clone();
+    report.provider_errors = stats.provider_errors;
+    report.first_provider_errors = stats.first_provider_errors.clone();
+    survey_batch(schema, index, vec![rows], &report)
+}
+
+/// How to cut the file at `path` into `n` slices: equal byte ranges of a JSONL file,
+/// equal runs of rows of a Parquet file (its footer is read here; a slice reads the row
+/// groups that hold its rows, selecting them).
+pub fn spans(path: &Path, n: usize) -> Result<Vec<Span>> {
+    let n = n.max(1);
+    if !is_parquet(path) {
+        let size = std::fs::metadata(path)
+            .map_err(|e| Error::io(path, "cannot read predictions", e))?
+            .len();
+        let at = |i: usize| (u128::from(size) * i as u128 / n as u128) as u64;
+        return Ok((0..n)
+            .map(|i| Span::Bytes {
+                start: at(i),
+                end: at(i + 1),
+            })
+            .collect());
+    }
+    crate::rundir::bounds::check_parquet_file(
+        path,
+        crate::files::Links::Follow,
+        &crate::rundir::bounds::ParquetLimits::from_env()?,
+    )?;
+    let file = crate::files::open_input(path, "cannot open predictions")?;
+    let meta = datafusion::parquet::file::metadata::ParquetMetaDataReader::new()
+        .parse_and_finish(&file)
+        .map_err(|e| Error::config(path, format!("not a readable Parquet file: {e}")))?;
+    let rows = meta
+        .row_groups()
+        .iter()
+        .map(|g| u64::try_from(g.num_rows()))
+        .sum::<std::result::Result<u64, _>>()
+        .map_err(|_| Error::config(path, "a negative row count in its footer"))?;
+    let at = |i: usize| (u128::from(rows) * i as u128 / n as u128) as u64;
+    Ok((0..n)
+        .map(|i| Span::Rows {
+            start: at(i),
+            end: at(i + 1),
+        })
+        .collect())
+}
+
+/// What the survey told the client: the slices to scan, the counts a local run reports,
+/// and which `source_line`s the scored parts must cover.
+pub struct Surveyed {
+    pub slices: Vec<Slice>,
+    pub stats: PredictionStats,
+    pub coverage: Coverage,
+}
+
+/// Survey the file at `path` (as the executors see it) cut at `spans`; `shown` is the
+/// path the user gave, which messages and the report name.
+pub async fn survey(
+    submit: &SubmitPlan,
+    path: &str,
+    shown: &Path,
+    spans: &[Span],
+) -> Result<Surveyed> {
+    use futures::TryStreamExt;
+    let plan = Arc::new(PredictionsScanExec::survey(path, spans)?);
+    let root = Arc::new(
+        datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec::new(plan),
+    );
+    let batches: Vec<RecordBatch> = submit(root).await?.try_collect().await?;
+    surveyed(&batches, shown, spans)
+}
+
+/// The survey's rows, put together: checked (one report per slice and one digest),
+/// slice by slice in file order.
+fn surveyed(batches: &[RecordBatch], shown: &Path, spans: &[Span]) -> Result<Surveyed> {
+    let bad = |what: String| Error::Query(format!("the cluster's survey of the predictions: {what}"));
+    let n = spans.len();
+    let mut reports: Vec<Option<SliceReport>> = vec![None; n + 1];
+    // (line, batch, row) of each slice's key rows and skipped lines.
+    let mut rows: Vec<Vec<(u64, u32, u32)>> = vec![Vec::new(); n];
+    for (b, batch) in batches.iter().enumerate() {
+        if batch.schema().fields() != survey_schema().fields() {
+            return Err(bad("rows of another shape".into()));
+        }
+        let slice = batch.column(0).as_primitive::<datafusion::arrow::datatypes::UInt32Type>();
+        let line = batch.column(1).as_primitive::<datafusion::arrow::datatypes::UInt64Type>();
+        let report = batch.column(4).as_string::<i32>();
+        for r in 0..batch.num_rows() {
+            let s = slice.value(r) as usize;
+            if s > n {
+                return Err(bad(format!("a row of slice {s} of {n}")));
+            }
+            if report.is_valid(r) {
+                let parsed: SliceReport = serde_json::from_str(report.value(r))
+                    .map_err(|e| bad(format!("a report that does not parse: {e}")))?;
+                if reports[s].replace(parsed).is_some() {
+                    return Err(bad(format!("slice {s} reported twice")));
+                }
+            } else if s < n && line.is_valid(r) {
+                rows[s].push((line.value(r), b as u32, r as u32));
+            } else {
+                return Err(bad(format!("a row of slice {s} without a line")));
+            }
+        }
+    }
+    let mut reports = reports
+        .into_iter()
+        .enumerate()
+        .map(|(s, r)| r.ok_or_else(|| bad(format!("no report of slice {s}"))))
+        .collect::<Result<Vec<_>>>()?;
+    let digest = reports.pop().and_then(|r| r.sha256).ok_or_else(|| bad("no digest".into()))?;
+    // The first bad line in file order is the one a local run reports.
+    let mut first_line = 1u64;
+    for report in &reports {
+        if let Some(e) = &report.error {
+            let line = if e.line == 0 { 0 } else { first_line + e.line - 1 };
+            return Err(Error::input(shown, line, e.field.as_deref(), e.message.clone()));
+        }
+        first_line += report.lines;
+    }
+    let mut stats = PredictionStats {
+        path: shown.to_path_buf(),
+        sha256: digest,
+        ..PredictionStats::default()
+    };
+    let mut slices = Vec::with_capacity(n);
+    let mut coverage = Coverage::default();
+    let mut dup_examples: Vec<(u64, String)> = Vec::new();
+    let hasher = (
+        std::collections::hash_map::RandomState::new(),
+        std::collections::hash_map::RandomState::new(),
+    );
+    let mut seen: HashSet<u128> = HashSet::new();
+    let mut first_line = 1u64;
+    for (s, report) in reports.iter().enumerate() {
+        let keys = &mut rows[s];
+        keys.sort_unstable();
+        let mut seen_before = Vec::new();
+        let abs = |l: u64| (first_line + l - 1) as i64;
+        // Every line but the turn lines is a prediction the parts must cover.
+        let (mut skipped, mut covered_to, mut last) = (0u64, 1u64, 0u64);
+        for &(line, b, r) in keys.iter() {
+            if line <= last || line > report.lines {
+                return Err(bad(format!(
+                    "slice {s}: line {line} repeated or past its {} lines",
+                    report.lines
+                )));
+            }
+            last = line;
+            let batch = &batches[b as usize];
+            let ids = batch.column(2).as_string::<i32>();
+            let attempts = batch.column(3).as_string::<i32>();
+            let r = r as usize;
+            if ids.is_null(r) {
+                for l in covered_to..line {
+                    coverage.add_line(Some(abs(l)));
+                }
+                covered_to = line + 1;
+                skipped += 1;
+                continue;
+            }
+            let key = (ids.value(r), attempts.is_valid(r).then(|| attempts.value(r)));
+            let h = ((hasher.0.hash_one(key) as u128) << 64) | hasher.1.hash_one(key) as u128;
+            if !seen.insert(h) {
+                seen_before.push(abs(line) as u64);
+                if dup_examples.len() < EXAMPLES {
+                    dup_examples.push((abs(line) as u64, crate::text::excerpt(key.0, 80)));
+                }
+            }
+        }
+        for l in covered_to..=report.lines {
+            coverage.add_line(Some(abs(l)));
+        }
+        let predictions = report.lines - skipped;
+        if predictions != report.rows {
+            return Err(bad(format!(
+                "slice {s} counts {} predictions in {} lines, {skipped} of them turn lines",
+                report.rows, report.lines
+            )));
+        }
+        stats.rows += report.rows;
+        stats.duplicates += report.duplicates + seen_before.len() as u64;
+        dup_examples.extend(
+            report
+                .first_duplicates
+                .iter()
+                .map(|(l, id)| (first_line + l - 1, id.clone())),
+        );
+        dup_examples.sort_unstable();
+        dup_examples.truncate(EXAMPLES);
+        for (count, examples, theirs, their_examples) in [
+            (
+                &mut stats.empty_responses,
+                &mut stats.first_empty_responses,
+                report.empty_responses,
+                &report.first_empty_responses,
+            ),
+            (
+                &mut stats.provider_errors,
+                &mut stats.first_provider_errors,
+                report.provider_errors,
+                &report.first_provider_errors,
+            ),
+        ] {
+            *count += theirs;
+            let room = EXAMPLES.saturating_sub(examples.len());
+            examples.extend(their_examples.iter().take(room).cloned());
+        }
+        slices.push(Slice {
+            span: spans[s],
+            first_line,
+            seen_before,
+        });
+        first_line += report.lines;
+    }
+    stats.first_duplicates = dup_examples.into_iter().map(|(_, id)| id).collect();
+    Ok(Surveyed {
+        slices,
+        stats,
+        coverage,
+    })
+}
+
+/// `predictions` for the scoring plan on a cluster: the surveyed slices, scanned by the
+/// executors.
+#[derive(Debug)]
+pub struct SlicedPredictions {
+    pub path: String,
+    pub slices: Vec<Slice>,
+}
+
+#[async_trait::async_trait]
+impl TableProvider for SlicedPredictions {
+    fn schema(&self) -> SchemaRef {
+        predictions_table_schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(PredictionsScanExec::scan(
+            &self.path,
+            self.slices.clone(),
+            projection.cloned(),
+        )?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::compute::{concat_batches, sort_to_indices, take_record_batch};
+    use futures::TryStreamExt;
+
+    /// Every partition of `plan` run here, as executors would, last first: nothing may
+    /// depend on the order partitions come back in.
+    async fn run_all(plan: Arc<dyn ExecutionPlan>) -> Result<Vec<RecordBatch>> {
+        let ctx = datafusion::prelude::SessionContext::new();
+        let n = plan.properties().partitioning.partition_count();
+        let mut out = Vec::new();
+        for p in (0..n).rev() {
+            let stream = plan.execute(p, ctx.task_ctx())?;
+            out.extend(stream.try_collect::<Vec<_>>().await?);
+        }
+        Ok(out)
+    }
+
+    /// Rows in `source_line` order.
+    fn by_line(batches: &[RecordBatch]) -> RecordBatch {
+        let all = concat_batches(&predictions_table_schema(), batches).unwrap();
+        let order = sort_to_indices(all.column_by_name("source_line").unwrap(), None, None)
+            .unwrap();
+        take_record_batch(&all, &order).unwrap()
+    }
+
+    /// The file read whole in this process, as a local run does.
+    fn whole(path: &Path) -> Result<(RecordBatch, PredictionStats, Coverage)> {
+        let mut reader = PredictionsReader::open(path, 3)?;
+        let batches = reader.by_ref().collect::<Result<Vec<_>>>()?;
+        let mut coverage = Coverage::default();
+        for b in &batches {
+            coverage.add_batch(b)?;
+        }
+        Ok((by_line(&batches), reader.stats().clone(), coverage))
+    }
+
+    /// The file read in `n` slices: surveyed, then scanned.
+    fn sliced(path: &Path, n: usize) -> Result<(RecordBatch, PredictionStats, Coverage)> {
+        let rt = crate::engine::runtime()?;
+        rt.block_on(async {
+            let spans = spans(path, n)?;
+            let text = path.to_str().unwrap();
+            let survey = run_all(Arc::new(PredictionsScanExec::survey(text, &spans)?)).await?;
+            let s = surveyed(&survey, path, &spans)?;
+            let scan =
+                run_all(Arc::new(PredictionsScanExec::scan(text, s.slices, None)?)).await?;
+            Ok((by_line(&scan), s.stats, s.coverage))
+        })
+    }
+
+    /// Lines of every kind: keys repeated near and far (across any cut), attempts of one
+    /// case, a run's turn lines, empty responses, provider errors, CRLF, a last line
+    /// without its newline.
+    fn lines(n: usize) -> String {
+        let mut rng = fastrand::Rng::with_seed(7);
+        let mut text = String::new();
+        for i in 0..n {
+            let line = match rng.u8(..10) {
+                0 => format!(
+                    r#"{{"pieval_record":"turn","case_id":"c{}","turn":1,"text":"hi"}}"#,
+                    rng.usize(..n)
+                ),
+                1 => format!(
+                    r#"{{"case_id":"c{}","attempt_id":"a{}","response_text":"try {i}"}}"#,
+                    rng.usize(..8),
+                    rng.u8(..3)
+                ),
+                2 => format!(r#"{{"case_id":"c{}","response_text":"","error":"HTTP 500"}}"#, rng.usize(..n)),
+                3 => format!(r#"{{"case_id":"c{}","response_text":null,"latency_ms":{i}}}"#, rng.usize(..n)),
+                _ => format!(
+                    r#"{{"case_id":"c{}","response_text":"{}","latency_ms":{}.5}}"#,
+                    rng.usize(..n),
+                    "word ".repeat(rng.usize(..40)),
+                    i
+                ),
+            };
+            text.push_str(&line);
+            text.push_str(if i % 11 == 0 { "\r\n" } else { "\n" });
+        }
+        text.pop();
+        text
+    }
+
+    #[test]
+    fn slices_read_as_the_whole_file_reads_whatever_the_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let jsonl = dir.path().join("p.jsonl");
+        std::fs::write(&jsonl, lines(300)).unwrap();
+        let (rows, stats, coverage) = whole(&jsonl).unwrap();
+        assert!(stats.duplicates > 20 && stats.rows > 200, "{stats:?}");
+        assert!(rows.num_rows() < 300, "turn lines are not predictions");
+        // More slices than lines too: empty slices, slices inside one line.
+        for n in [1, 2, 3, 7, 16, 301, 2000] {
+            let (r, s, c) = sliced(&jsonl, n).unwrap();
+            assert_eq!(r, rows, "{n} slices");
+            assert_eq!(format!("{s:?}"), format!("{stats:?}"), "{n} slices");
+            assert_eq!(c, coverage, "{n} slices");
+        }
+
+        // Parquet: slices of rows across row groups of 7, row numbers as lines.
+        let parquet = dir.path().join("p.parquet");
+        let contract: Vec<usize> = (0..rows.num_columns() - 2).collect();
+        let file = std::fs::File::create(&parquet).unwrap();
+        let props = datafusion::parquet::file::properties::WriterProperties::builder()
+            .set_max_row_group_row_count(Some(7))
+            .build();
+        let batch = rows.project(&contract).unwrap();
+        let mut w =
+            datafusion::parquet::arrow::ArrowWriter::try_new(file, batch.schema(), Some(props))
+                .unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let (rows, stats, coverage) = whole(&parquet).unwrap();
+        for n in [1, 2, 5, 13, 100] {
+            let (r, s, c) = sliced(&parquet, n).unwrap();
+            assert_eq!(r, rows, "{n} slices");
+            assert_eq!(format!("{s:?}"), format!("{stats:?}"), "{n} slices");
+            assert_eq!(c, coverage, "{n} slices");
+        }
+    }
+
+    #[test]
+    fn a_bad_line_is_the_one_a_local_run_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.jsonl");
+        let good = lines(120);
+        let mut text: Vec<String> = good.lines().map(str::to_owned).collect();
+        text[40] = r#"{"case_id": "c1", "response_text": 7}"#.into();
+        text[90] = "{not json".into();
+        let long = format!(r#"{{"case_id":"c2","response_text":"{}"}}"#, "x".repeat(17 << 20));
+        for (bad, also) in [(40, None), (90, None), (3, Some(long))] {
+            let mut t = text.clone();
+            if let Some(l) = &also {
+                t[bad] = l.clone();
+            }
+            let only_later = bad != 40;
+            if only_later {
+                t[40] = good.lines().nth(40).unwrap().to_owned();
+            }
+            std::fs::write(&path, t.join("\n")).unwrap();
+            let local = whole(&path).unwrap_err().to_string();
+            assert!(local.contains(&format!(":{}:", bad + 1)), "{local}");
+            for n in [1, 3, 8] {
+                let e = sliced(&path, n).unwrap_err().to_string();
+                assert_eq!(e, local, "{n} slices");
+            }
+        }
+    }
+
+    #[test]
+    fn a_survey_that_does_not_add_up_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.jsonl");
+        std::fs::write(&path, lines(50)).unwrap();
+        let spans = spans(&path, 3).unwrap();
+        let rt = crate::engine::runtime().unwrap();
+        let text = path.to_str().unwrap();
+        let survey = rt
+            .block_on(run_all(Arc::new(
+                PredictionsScanExec::survey(text, &spans).unwrap(),
+            )))
+            .unwrap();
+        assert!(surveyed(&survey, &path, &spans).is_ok());
+        // A slice missing (a lost task), or reported twice.
+        let e = surveyed(&survey[1..], &path, &spans).err().unwrap().to_string();
+        assert!(e.contains("no report of slice"), "{e}");
+        let mut twice = survey.clone();
+        twice.push(survey[0].clone());
+        let e = surveyed(&twice, &path, &spans).err().unwrap().to_string();
+        assert!(e.contains("reported twice"), "{e}");
+        // A row past the slice's lines (the first slice: the last partition run).
+        let last = survey.len() - 1;
+        let b = &survey[last];
+        let mut columns = b.columns().to_vec();
+        let lines = b.column(1).as_primitive::<datafusion::arrow::datatypes::UInt64Type>();
+        columns[1] = Arc::new(datafusion::arrow::array::UInt64Array::from_iter(
+            lines.iter().map(|l| l.map(|l| l + 1000)),
+        ));
+        let mut bent = survey.clone();
+        bent[last] = RecordBatch::try_new(b.schema(), columns).unwrap();
+        let e = surveyed(&bent, &path, &spans).err().unwrap().to_string();
+        assert!(e.contains("past its"), "{e}");
+    }
+}
