@@ -9,7 +9,7 @@ use std::sync::Arc;
 use ballista_core::serde::BallistaPhysicalExtensionCodec;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
-use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
 
 use crate::ops::score::{PartWriterExec, PredictionsScanExec, ScanSpec};
@@ -91,6 +91,7 @@ impl PhysicalExtensionCodec for PievalCodec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use datafusion::physical_plan::ExecutionPlanProperties;
     use datafusion::physical_plan::empty::EmptyExec;
     use datafusion_proto::physical_plan::{AsExecutionPlan, DefaultPhysicalProtoConverter};
     use datafusion_proto::protobuf::PhysicalPlanNode;
@@ -154,7 +155,7 @@ mod tests {
                 Slice {
                     span: Span::Bytes { start, end: at },
                     first_line: i as u64 + 1,
-                    seen_before: if i == 2 { vec![3] } else { Vec::new() },
+                    seen_before: if i == 2 { vec![[3, 3]] } else { Vec::new() },
                 }
             })
             .collect();

@@ -91,7 +91,7 @@ struct Sink {
     builders: Builders,
     seen: (RandomState, RandomState, HashMap<u128, ()>),
     /// `source_line`s whose key came on an earlier slice ([`Slice::seen_before`]).
-    seen_before: Vec<u64>,
+    seen_before: Vec<[u64; 2]>,
     stats: PredictionStats,
     /// The `source_line` of the first line read, and how many lines the reader had
     /// counted before it (a slice's partial first line).
@@ -113,8 +113,10 @@ pub struct Slice {
     /// The `source_line` of its first line (or row).
     pub first_line: u64,
     /// `source_line`s of its rows whose key (case and attempt) came on an earlier slice,
-    /// sorted; later rows of the same key in the slice are found by the reader.
-    pub seen_before: Vec<u64>,
+    /// as sorted, disjoint runs `[first, last]` (a file appended to itself is one run a
+    /// slice, not a line each: the plan carrying them travels to every task); later rows
+    /// of the same key in the slice are found by the reader.
+    pub seen_before: Vec<[u64; 2]>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -271,6 +273,20 @@ fn select_rows(
     (start <= end && end <= first).then(|| (groups, selectors.into()))
 }
 
+/// Whether `x` is in one of the sorted, disjoint runs `[first, last]`.
+pub fn in_runs(runs: &[[u64; 2]], x: u64) -> bool {
+    let i = runs.partition_point(|r| r[1] < x);
+    runs.get(i).is_some_and(|r| r[0] <= x)
+}
+
+/// Add `x`, larger than every line in `runs`, to them.
+pub fn push_run(runs: &mut Vec<[u64; 2]>, x: u64) {
+    match runs.last_mut() {
+        Some(last) if last[1] + 1 == x => last[1] = x,
+        _ => runs.push([x, x]),
+    }
+}
+
 /// Whether a predictions path is read as Parquet (by its extension) or as JSONL.
 pub fn is_parquet(path: &Path) -> bool {
     path.extension()
@@ -425,7 +441,7 @@ impl Sink {
         let h = ((self.seen.0.hash_one(key) as u128) << 64) | self.seen.1.hash_one(key) as u128;
         // Inserted either way: a later row of this key in the slice repeats it too.
         let duplicate = self.seen.2.insert(h, ()).is_some()
-            | (!self.seen_before.is_empty() && self.seen_before.binary_search(&line).is_ok());
+            | in_runs(&self.seen_before, line);
         let s = &mut self.stats;
         s.rows += 1;
         if duplicate {

@@ -46,6 +46,7 @@ use super::SubmitPlan;
 use super::parts::Coverage;
 use crate::corpus::predictions::{
     PredictionStats, PredictionsReader, Slice, Span, is_parquet, predictions_table_schema,
+    push_run,
 };
 use crate::engine::stream_table::{Batches, reader_stream};
 use crate::error::{Error, Result};
@@ -621,7 +622,7 @@ fn surveyed(batches: &[RecordBatch], shown: &Path, spans: &[Span]) -> Result<Sur
     for (s, report) in reports.iter().enumerate() {
         let keys = &mut rows[s];
         keys.sort_unstable();
-        let mut seen_before = Vec::new();
+        let (mut seen_before, mut repeated) = (Vec::new(), 0u64);
         let abs = |l: u64| (first_line + l - 1) as i64;
         // Every line but the turn lines is a prediction the parts must cover.
         let (mut skipped, mut covered_to, mut last) = (0u64, 1u64, 0u64);
@@ -648,7 +649,8 @@ fn surveyed(batches: &[RecordBatch], shown: &Path, spans: &[Span]) -> Result<Sur
             let key = (ids.value(r), attempts.is_valid(r).then(|| attempts.value(r)));
             let h = ((hasher.0.hash_one(key) as u128) << 64) | hasher.1.hash_one(key) as u128;
             if !seen.insert(h) {
-                seen_before.push(abs(line) as u64);
+                push_run(&mut seen_before, abs(line) as u64);
+                repeated += 1;
                 if dup_examples.len() < EXAMPLES {
                     dup_examples.push((abs(line) as u64, crate::text::excerpt(key.0, 80)));
                 }
@@ -665,7 +667,7 @@ fn surveyed(batches: &[RecordBatch], shown: &Path, spans: &[Span]) -> Result<Sur
             )));
         }
         stats.rows += report.rows;
-        stats.duplicates += report.duplicates + seen_before.len() as u64;
+        stats.duplicates += report.duplicates + repeated;
         dup_examples.extend(
             report
                 .first_duplicates
@@ -861,6 +863,44 @@ mod tests {
             assert_eq!(format!("{s:?}"), format!("{stats:?}"), "{n} slices");
             assert_eq!(c, coverage, "{n} slices");
         }
+    }
+
+    #[test]
+    fn a_file_appended_to_itself_repeats_in_a_run_a_slice() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.jsonl");
+        let half: String = (0..400)
+            .map(|i| format!("{{\"case_id\":\"c{i}\",\"response_text\":\"r\"}}\n"))
+            .collect();
+        std::fs::write(&path, format!("{half}{half}")).unwrap();
+        let (rows, stats, coverage) = whole(&path).unwrap();
+        assert_eq!(stats.duplicates, 400);
+        let rt = crate::engine::runtime().unwrap();
+        let spans = spans(&path, 4).unwrap();
+        let text = path.to_str().unwrap();
+        let survey = rt
+            .block_on(run_all(Arc::new(
+                PredictionsScanExec::survey(text, &spans).unwrap(),
+            )))
+            .unwrap();
+        let s = surveyed(&survey, &path, &spans).unwrap();
+        // The second half's slices: one run each, whatever their length.
+        let runs: Vec<usize> = s.slices.iter().map(|s| s.seen_before.len()).collect();
+        assert_eq!(runs, [0, 0, 1, 1]);
+        assert_eq!(s.slices[3].seen_before[0][1], 800);
+        assert_eq!(s.coverage, coverage);
+        let (r, st, _) = sliced(&path, 4).unwrap();
+        assert_eq!((r, format!("{st:?}")), (rows, format!("{stats:?}")));
+        // Membership in runs.
+        let mut runs = Vec::new();
+        for x in [3, 4, 5, 9, 11, 12] {
+            crate::corpus::predictions::push_run(&mut runs, x);
+        }
+        assert_eq!(runs, [[3, 5], [9, 9], [11, 12]]);
+        let inside: Vec<u64> = (0..15)
+            .filter(|&x| crate::corpus::predictions::in_runs(&runs, x))
+            .collect();
+        assert_eq!(inside, [3, 4, 5, 9, 11, 12]);
     }
 
     #[test]
