@@ -125,6 +125,22 @@ impl TempFile {
         Ok(file)
     }
 
+    /// A temporary file another process wrote at `tmp` (a cluster's executors put a run
+    /// file together in the staging folder), committed as any other: synced and renamed
+    /// over `path` (so on `path`'s file system), or removed when dropped uncommitted.
+    pub fn adopt(tmp: PathBuf, path: &Path) -> Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&tmp)
+            .map_err(|e| Error::io(&tmp, "cannot open", e))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            tmp,
+            file: Some(std::io::BufWriter::new(file)),
+            written: None,
+        })
+    }
+
     fn open(path: &Path) -> Result<Self> {
         let tmp = temp_path(path)?;
         let file = std::fs::OpenOptions::new()

@@ -1,6 +1,7 @@
 //! The plan nodes pieval ships to a cluster besides DataFusion's and Ballista's:
-//! [`PartWriterExec`] (executors write the results of `score --cluster`) and
-//! [`PredictionsScanExec`] (executors read the predictions). The client,
+//! [`PartWriterExec`] (executors write the results of `score --cluster`),
+//! [`PredictionsScanExec`] (executors read the predictions) and [`AssembleExec`]
+//! (executors put the run's JSONL together). The client,
 //! the scheduler and every executor encode and decode plans with this codec; what it does
 //! not know goes to Ballista's own.
 
@@ -12,13 +13,18 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
 
-use crate::ops::score::{PartWriterExec, PredictionsScanExec, ScanSpec};
+use crate::ops::score::{
+    AssembleExec, AssembleSpec, PartWriterExec, PredictionsScanExec, ScanSpec,
+};
 
 /// What a [`PartWriterExec`] node's bytes start with (then its parts folder, UTF-8).
 const PART_WRITER: &[u8] = b"pieval.part-writer/1\n";
 
 /// What a [`PredictionsScanExec`] node's bytes start with (then its [`ScanSpec`], JSON).
 const PREDICTIONS_SCAN: &[u8] = b"pieval.predictions-scan/1\n";
+
+/// What an [`AssembleExec`] node's bytes start with (then its [`AssembleSpec`], JSON).
+const ASSEMBLE: &[u8] = b"pieval.assemble/1\n";
 
 /// pieval's nodes, then Ballista's.
 #[derive(Debug, Default)]
@@ -39,6 +45,18 @@ impl PhysicalExtensionCodec for PievalCodec {
         ctx: &TaskContext,
         proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        if let Some(spec) = buf.strip_prefix(ASSEMBLE) {
+            let spec: AssembleSpec = serde_json::from_slice(spec).map_err(|e| {
+                DataFusionError::Internal(format!("an AssembleExec that does not parse: {e}"))
+            })?;
+            let [input] = inputs else {
+                return Err(DataFusionError::Internal(format!(
+                    "an AssembleExec with {} inputs",
+                    inputs.len()
+                )));
+            };
+            return Ok(Arc::new(AssembleExec::try_new(spec, Arc::clone(input))?));
+        }
         if let Some(spec) = buf.strip_prefix(PREDICTIONS_SCAN) {
             let spec: ScanSpec = serde_json::from_slice(spec).map_err(|e| {
                 DataFusionError::Internal(format!("a PredictionsScanExec that does not parse: {e}"))
@@ -72,6 +90,13 @@ impl PhysicalExtensionCodec for PievalCodec {
         buf: &mut Vec<u8>,
         proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<()> {
+        if let Some(assemble) = node.downcast_ref::<AssembleExec>() {
+            buf.extend_from_slice(ASSEMBLE);
+            serde_json::to_writer(&mut *buf, assemble.spec()).map_err(|e| {
+                DataFusionError::Internal(format!("cannot encode an AssembleExec: {e}"))
+            })?;
+            return Ok(());
+        }
         if let Some(scan) = node.downcast_ref::<PredictionsScanExec>() {
             buf.extend_from_slice(PREDICTIONS_SCAN);
             serde_json::to_writer(&mut *buf, scan.spec()).map_err(|e| {

@@ -21,11 +21,13 @@ use crate::corpus::predictions::PredictionStats;
 use crate::engine::{corpus_table, predictions_table, runtime, session};
 use crate::error::{Error, Result};
 
+mod assemble;
 mod parts;
 mod slices;
 pub mod summary;
 use crate::rundir::summary::AggregateMetrics;
 pub use parts::PartWriterExec;
+pub use assemble::{AssembleExec, AssembleSpec};
 pub use slices::{PredictionsScanExec, ScanSpec};
 
 /// `queries/score_cases.sql`.
@@ -749,7 +751,23 @@ async fn score_on_cluster(
     for r in &reports {
         parts::add(counts, &r.tally);
     }
-    let merged = parts::merge(&reports, &dir, &opts.output)?;
+    // The JSONL, most of the parts' bytes, put together by the executors when a rename
+    // can take it from the staging folder into the run; spliced here otherwise.
+    let assembled = if assemble::can_assemble(&cluster.staging.dir, &opts.output) {
+        Some(
+            assemble::assemble_jsonl(
+                &cluster.submit,
+                &reports,
+                &dir,
+                &cluster.staging.dir,
+                &opts.output.join(parts::CASE_RESULTS_JSONL),
+            )
+            .await?,
+        )
+    } else {
+        None
+    };
+    let merged = parts::merge(&reports, &dir, &opts.output, assembled)?;
     let metrics = summary::from_partials(parts::summary_partials(&reports, &dir)?).await?;
     scoring.commit_ms = Some(started.elapsed().as_millis() as u64);
     Ok((Pending::Parts(merged), metrics))

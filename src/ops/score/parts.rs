@@ -62,7 +62,7 @@ pub const SUMMARY_PARTIAL_PARQUET: &str = "summary_partial.parquet";
 pub const SUMMARY_LATENCY_PARQUET: &str = "summary_latency.parquet";
 
 /// Every kind of part file, in the order a report lists them.
-const KINDS: [&str; 5] = [
+pub(super) const KINDS: [&str; 5] = [
     CASE_RESULTS_PARQUET,
     CASE_RESULTS_JSONL,
     FINDINGS_PARQUET,
@@ -450,11 +450,23 @@ impl Merged {
 }
 
 /// Check every part the reports name and splice them into `output`'s case_results.parquet,
-/// case_results.jsonl and findings.parquet (temporary until committed).
-pub fn merge(reports: &[PartReport], parts: &Path, output: &Path) -> Result<Merged> {
+/// case_results.jsonl and findings.parquet (temporary until committed); the JSONL is
+/// taken as `assembled` when the executors put it together ([`super::assemble`]).
+pub fn merge(
+    reports: &[PartReport],
+    parts: &Path,
+    output: &Path,
+    mut assembled: Option<crate::atomic::TempFile>,
+) -> Result<Merged> {
     let mut files = Vec::with_capacity(3);
     for (i, kind) in KINDS.into_iter().take(3).enumerate() {
         let target = output.join(kind);
+        if kind == CASE_RESULTS_JSONL
+            && let Some(done) = assembled.take()
+        {
+            files.push((target, done));
+            continue;
+        }
         let mut out = crate::atomic::TempFile::create(&target)?;
         let list: Vec<(&PartFile, u64)> = reports
             .iter()
@@ -606,14 +618,27 @@ fn concat_jsonl(
     rows: u64,
     out: &mut crate::atomic::TempFile,
 ) -> Result<()> {
+    copy_part(path, file, rows, |chunk| {
+        out.write_all(chunk)
+            .map_err(|e| Error::io(out.tmp_path(), "cannot write", e))
+    })
+}
+
+/// Read a JSONL part once, handing each chunk to `write`, and check what was read: its
+/// size and SHA-256 are the reported ones, and it holds `rows` whole lines.
+pub(super) fn copy_part(
+    path: &Path,
+    file: &PartFile,
+    rows: u64,
+    mut write: impl FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
     let f = crate::files::open_regular(path, crate::files::Links::Refuse)?;
     let mut lines = 0u64;
     let mut last = b'\n';
     let (digest, bytes) = crate::digest::sha256_streamed(f, path, |chunk| {
         lines += memchr::memchr_iter(b'\n', chunk).count() as u64;
         last = chunk[chunk.len() - 1];
-        out.write_all(chunk)
-            .map_err(|e| Error::io(out.tmp_path(), "cannot write", e))
+        write(chunk)
     })?;
     if bytes != file.bytes || digest != file.sha256 {
         return Err(Error::State(format!(
@@ -742,7 +767,7 @@ pub fn add(total: &mut Tally, part: &Tally) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use datafusion::arrow::array::{Int64Array, StringArray};
 
@@ -816,7 +841,7 @@ mod tests {
 
     /// A part as an executor writes it, of the predictions on lines `first..`: the three
     /// files and a report.
-    fn part(dir: &Path, first: i64, ids: &[&str]) -> PartReport {
+    pub(in crate::ops::score) fn part(dir: &Path, first: i64, ids: &[&str]) -> PartReport {
         let stem = format!("part-{first:05}-00000000000000aa");
         let b = batch(ids);
         // Row groups of 2 rows, so a part holds several.
@@ -926,7 +951,7 @@ mod tests {
                 .collect::<Vec<_>>(),
             [Some(1), Some(4), None]
         );
-        let merged = merge(&reports, parts.path(), out.path()).unwrap();
+        let merged = merge(&reports, parts.path(), out.path(), None).unwrap();
         // Nothing is in place before the commit.
         assert!(!out.path().join(CASE_RESULTS_PARQUET).exists());
         let paths = merged.commit().unwrap();
@@ -974,14 +999,14 @@ mod tests {
         // Same size, other bytes.
         let jsonl = parts.path().join(&b.files[1].name);
         std::fs::write(&jsonl, "{\"case_id\":\"bX\"}\n").unwrap();
-        let e = merge(&[a.clone(), b.clone()], parts.path(), out.path())
+        let e = merge(&[a.clone(), b.clone()], parts.path(), out.path(), None)
             .err()
             .unwrap()
             .to_string();
         assert!(e.contains(&b.files[1].name) && e.contains("sha256"), "{e}");
         // A part gone.
         std::fs::remove_file(parts.path().join(&a.files[0].name)).unwrap();
-        let e = merge(&[a, b], parts.path(), out.path())
+        let e = merge(&[a, b], parts.path(), out.path(), None)
             .err()
             .unwrap()
             .to_string();
@@ -1043,7 +1068,7 @@ mod tests {
         let out = tempfile::tempdir().unwrap();
         let mut a = part(parts.path(), 1, &["a1", "a2"]);
         a.coverage.rows = 3;
-        let e = merge(&[a], parts.path(), out.path())
+        let e = merge(&[a], parts.path(), out.path(), None)
             .err()
             .unwrap()
             .to_string();
@@ -1051,7 +1076,7 @@ mod tests {
         // The findings part is counted too.
         let mut b = part(parts.path(), 5, &["b1", "b2"]);
         b.findings_rows = 9;
-        let e = merge(&[b], parts.path(), out.path())
+        let e = merge(&[b], parts.path(), out.path(), None)
             .err()
             .unwrap()
             .to_string();

@@ -58,13 +58,8 @@ const EXAMPLES: usize = 5;
 
 /// A scan of a predictions file's slices on a cluster: the survey (one partition per
 /// slice, and one for the file's digest) or the scan of the scoring plan (one per
-/// slice, in the predictions table's schema, projected).
-///
-/// Its input is a tiny in-memory table, one row per partition: that partition's number.
-/// Ballista hands each task a plan restricted to its own partitions, renumbered from 0,
-/// and restricts only the scans it knows (files, memory); a leaf of pieval's own would
-/// be told partition 0 in every task. Through its input, each partition learns which
-/// slice it is.
+/// slice, in the predictions table's schema, projected). Its input is [`numbered`]:
+/// each partition learns which slice it reads.
 pub struct PredictionsScanExec {
     spec: Arc<ScanSpec>,
     input: Arc<dyn ExecutionPlan>,
@@ -93,13 +88,91 @@ impl fmt::Debug for PredictionsScanExec {
     }
 }
 
-/// The schema of a [`PredictionsScanExec`]'s input: the partition's number.
+/// The schema of a numbered input ([`numbered`]): the partition's number.
 fn index_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![Field::new(
         "partition",
         DataType::UInt32,
         false,
     )]))
+}
+
+/// The input of a node of pieval's whose partitions each do their own work on a cluster
+/// (a slice to read, a part to copy): `n` partitions of one row, the partition's number.
+/// Ballista hands each task a plan restricted to its own partitions, renumbered from 0,
+/// and restricts only the scans it knows (files, memory): a node of pieval's with no
+/// input would be told partition 0 in every task; through this input, each partition
+/// learns which it is.
+pub(super) fn numbered(n: usize) -> Result<Arc<dyn ExecutionPlan>> {
+    let partitions = (0..n as u32)
+        .map(|i| {
+            Ok(vec![RecordBatch::try_new(
+                index_schema(),
+                vec![Arc::new(datafusion::arrow::array::UInt32Array::from(vec![i]))],
+            )?])
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(datafusion::datasource::memory::MemorySourceConfig::try_new_exec(
+        &partitions,
+        index_schema(),
+        None,
+    )?)
+}
+
+/// Refuses an input that is not [`numbered`]'s.
+pub(super) fn check_numbered(node: &str, input: &Arc<dyn ExecutionPlan>) -> Result<()> {
+    if input.schema().fields() != index_schema().fields() {
+        return Err(Error::Internal(format!(
+            "{node}: an input that is not partition numbers"
+        )));
+    }
+    Ok(())
+}
+
+/// The rows of `work(i)` for each number `i` partition `partition` of a [`numbered`]
+/// input holds, one after the other.
+pub(super) fn each_number(
+    input: &Arc<dyn ExecutionPlan>,
+    partition: usize,
+    context: Arc<TaskContext>,
+    schema: SchemaRef,
+    work: impl Fn(usize) -> datafusion::error::Result<SendableRecordBatchStream>
+    + Send
+    + Sync
+    + 'static,
+) -> datafusion::error::Result<SendableRecordBatchStream> {
+    use futures::{StreamExt, TryStreamExt};
+    let numbers = input.execute(partition, context)?;
+    let out = Arc::clone(&schema);
+    let work = Arc::new(work);
+    let stream = futures::stream::once(async move {
+        let batches: Vec<RecordBatch> = numbers.try_collect().await?;
+        let mut numbers = Vec::new();
+        for b in &batches {
+            numbers.extend(
+                b.column(0)
+                    .as_primitive::<datafusion::arrow::datatypes::UInt32Type>()
+                    .values()
+                    .iter()
+                    .map(|&i| i as usize),
+            );
+        }
+        Ok::<_, DataFusionError>(numbers)
+    })
+    .map_ok(move |numbers| {
+        let (work, out) = (Arc::clone(&work), Arc::clone(&out));
+        futures::stream::iter(numbers)
+            .map(move |i| match work(i) {
+                Ok(s) => s,
+                Err(e) => Box::pin(RecordBatchStreamAdapter::new(
+                    Arc::clone(&out),
+                    futures::stream::once(async move { Err(e) }),
+                )) as SendableRecordBatchStream,
+            })
+            .flatten()
+    })
+    .try_flatten();
+    Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
 }
 
 impl PredictionsScanExec {
@@ -134,20 +207,7 @@ impl PredictionsScanExec {
     /// With its input: one partition per slice (and the digest's), each its number.
     fn planned(spec: ScanSpec) -> Result<Self> {
         let n = spec.slices.len() + usize::from(spec.survey);
-        let partitions = (0..n as u32)
-            .map(|i| {
-                Ok(vec![RecordBatch::try_new(
-                    index_schema(),
-                    vec![Arc::new(datafusion::arrow::array::UInt32Array::from(vec![i]))],
-                )?])
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let input = datafusion::datasource::memory::MemorySourceConfig::try_new_exec(
-            &partitions,
-            index_schema(),
-            None,
-        )?;
-        Self::try_new(spec, input)
+        Self::try_new(spec, numbered(n)?)
     }
 
     /// Refuses a path that is not absolute UTF-8, a projection out of the schema, an
@@ -159,11 +219,7 @@ impl PredictionsScanExec {
                 spec.path
             )));
         }
-        if input.schema().fields() != index_schema().fields() {
-            return Err(Error::Internal(
-                "PredictionsScanExec: an input that is not partition numbers".into(),
-            ));
-        }
+        check_numbered("PredictionsScanExec", &input)?;
         let schema = if spec.survey {
             survey_schema()
         } else {
@@ -253,38 +309,12 @@ impl ExecutionPlan for PredictionsScanExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> datafusion::error::Result<SendableRecordBatchStream> {
-        use futures::{StreamExt, TryStreamExt};
-        let numbers = self.input.execute(partition, context)?;
-        let (spec, schema) = (Arc::clone(&self.spec), Arc::clone(&self.schema));
+        let spec = Arc::clone(&self.spec);
+        let schema = Arc::clone(&self.schema);
         let out = Arc::clone(&schema);
-        let stream = futures::stream::once(async move {
-            let batches: Vec<RecordBatch> = numbers.try_collect().await?;
-            let mut numbers = Vec::new();
-            for b in &batches {
-                numbers.extend(
-                    b.column(0)
-                        .as_primitive::<datafusion::arrow::datatypes::UInt32Type>()
-                        .values()
-                        .iter()
-                        .map(|&i| i as usize),
-                );
-            }
-            Ok::<_, DataFusionError>(numbers)
+        each_number(&self.input, partition, context, schema, move |i| {
+            slice_stream(&spec, &out, i)
         })
-        .map_ok(move |numbers| {
-            let (spec, out) = (Arc::clone(&spec), Arc::clone(&out));
-            futures::stream::iter(numbers)
-                .map(move |i| match slice_stream(&spec, &out, i) {
-                    Ok(s) => s,
-                    Err(e) => Box::pin(RecordBatchStreamAdapter::new(
-                        Arc::clone(&out),
-                        futures::stream::once(async move { Err(e) }),
-                    )),
-                })
-                .flatten()
-        })
-        .try_flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
 }
 
