@@ -12,7 +12,8 @@
 //! The client then commits: it checks that the reports cover every staged prediction
 //! once ([`Coverage`]), checks every named part (size, digest, rows), splices the parts into the
 //! run's files under temporary names — Parquet row groups copied as they are, without
-//! decoding them; JSONL concatenated — and renames them into place as a local run does;
+//! decoding them; JSONL concatenated, by the executors where they can ([`super::assemble`])
+//! — and renames them into place as a local run does;
 //! the summary is the sum of the parts' partial aggregates, not a reading of the results.
 //! A part no report names (a task attempt that was lost or retried) is never read, and
 //! the parts folder goes with the staging folder.
