@@ -185,7 +185,13 @@ mod tests {
             })
             .collect();
         let plan: Arc<dyn ExecutionPlan> = Arc::new(
-            PredictionsScanExec::scan(path.to_str().unwrap(), slices, None).unwrap(),
+            PredictionsScanExec::scan(
+                path.to_str().unwrap(),
+                crate::ops::score::Stamp::of(&path).unwrap(),
+                slices,
+                None,
+            )
+            .unwrap(),
         );
         let codec = PievalCodec::default();
         let node = PhysicalPlanNode::try_from_physical_plan(plan, &codec).unwrap();

@@ -114,8 +114,9 @@ pub struct Slice {
     pub first_line: u64,
     /// `source_line`s of its rows whose key (case and attempt) came on an earlier slice,
     /// as sorted, disjoint runs `[first, last]` (a file appended to itself is one run a
-    /// slice, not a line each: the plan carrying them travels to every task); later rows
-    /// of the same key in the slice are found by the reader.
+    /// slice, not a line each: the plan carrying them travels to every task). A run may
+    /// cover lines that are not such rows but are never looked up (turn lines) or are
+    /// flagged anyway (later rows of a key already in the slice, which the reader finds).
     pub seen_before: Vec<[u64; 2]>,
 }
 
@@ -277,14 +278,6 @@ fn select_rows(
 pub fn in_runs(runs: &[[u64; 2]], x: u64) -> bool {
     let i = runs.partition_point(|r| r[1] < x);
     runs.get(i).is_some_and(|r| r[0] <= x)
-}
-
-/// Add `x`, larger than every line in `runs`, to them.
-pub fn push_run(runs: &mut Vec<[u64; 2]>, x: u64) {
-    match runs.last_mut() {
-        Some(last) if last[1] + 1 == x => last[1] = x,
-        _ => runs.push([x, x]),
-    }
 }
 
 /// Whether a predictions path is read as Parquet (by its extension) or as JSONL.

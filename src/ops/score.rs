@@ -28,7 +28,7 @@ pub mod summary;
 use crate::rundir::summary::AggregateMetrics;
 pub use parts::PartWriterExec;
 pub use assemble::{AssembleExec, AssembleSpec};
-pub use slices::{PredictionsScanExec, ScanSpec};
+pub use slices::{PredictionsScanExec, ScanSpec, Stamp};
 
 /// `queries/score_cases.sql`.
 pub const SCORE_CASES_SQL: &str = crate::engine::queries::SCORE_CASES.sql;
@@ -444,12 +444,18 @@ async fn cluster_session(
     let predictions = staging.place(&opts.predictions)?;
     let path = crate::rundir::table_path(&predictions)?;
     let n = planner.copied_config().target_partitions();
-    let spans = slices::spans(&predictions, n)?;
-    let surveyed = slices::survey(&submit, &path, &opts.predictions, &spans).await?;
+    // What goes wrong in the staged file is said of the user's.
+    let shown = |e| crate::objstore::relocate(e, &predictions, &opts.predictions);
+    let stamp = slices::Stamp::of(&predictions).map_err(shown)?;
+    let spans = slices::spans(&predictions, n).map_err(shown)?;
+    let surveyed = slices::survey(&submit, &path, stamp, &opts.predictions, &spans)
+        .await
+        .map_err(shown)?;
     planner.register_table(
         "predictions",
         Arc::new(slices::SlicedPredictions {
             path,
+            stamp,
             slices: surveyed.slices,
         }),
     )?;
@@ -518,25 +524,50 @@ impl Staging {
 impl Staging {
     /// The input at `path` in the folder, under a name of its kind (`predictions.jsonl`
     /// or `.parquet`): a hard link to the file itself when the folder is on its file
-    /// system (nothing copied), a copy otherwise.
+    /// system (nothing copied; the file keeps its own owner and mode, which the executors
+    /// must be able to read), a copy of the opened file otherwise (another file system, or
+    /// a link the system refuses). The staged entry is checked to be the file opened here,
+    /// whatever was swapped in at `path` meanwhile.
     fn place(&self, path: &Path) -> Result<PathBuf> {
+        use std::os::unix::fs::MetadataExt;
         let kind = if crate::corpus::predictions::is_parquet(path) {
             "parquet"
         } else {
             "jsonl"
         };
         let to = self.dir.join(format!("predictions.{kind}"));
-        // The file a link points at (a link to a link would be read relative to here).
-        let from = std::fs::canonicalize(path)
-            .map_err(|e| Error::io(path, "cannot open predictions", e))?;
-        if !from.is_file() {
+        let mut opened = crate::files::open_input(path, "cannot open predictions")?;
+        let meta = opened
+            .metadata()
+            .map_err(|e| Error::io(path, "cannot read predictions", e))?;
+        if !meta.is_file() {
             return Err(Error::Usage(format!(
                 "--predictions {}: not a file",
                 path.display()
             )));
         }
-        if std::fs::hard_link(&from, &to).is_err() {
-            std::fs::copy(&from, &to).map_err(|e| Error::io(&to, "cannot stage predictions", e))?;
+        // The file a link points at (a link to a link would be read relative to here).
+        let linked = std::fs::canonicalize(path)
+            .ok()
+            .and_then(|from| std::fs::hard_link(from, &to).ok())
+            .is_some();
+        if linked {
+            let staged = std::fs::symlink_metadata(&to)
+                .map_err(|e| Error::io(&to, "cannot stage predictions", e))?;
+            if !(staged.is_file() && staged.dev() == meta.dev() && staged.ino() == meta.ino()) {
+                return Err(Error::State(format!(
+                    "--predictions {}: the file changed while it was staged",
+                    path.display()
+                )));
+            }
+        } else {
+            let mut out = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&to)
+                .map_err(|e| Error::io(&to, "cannot stage predictions", e))?;
+            std::io::copy(&mut opened, &mut out)
+                .map_err(|e| Error::io(&to, "cannot stage predictions", e))?;
         }
         Ok(to)
     }
@@ -754,16 +785,14 @@ async fn score_on_cluster(
     // The JSONL, most of the parts' bytes, put together by the executors when a rename
     // can take it from the staging folder into the run; spliced here otherwise.
     let assembled = if assemble::can_assemble(&cluster.staging.dir, &opts.output) {
-        Some(
-            assemble::assemble_jsonl(
-                &cluster.submit,
-                &reports,
-                &dir,
-                &cluster.staging.dir,
-                &opts.output.join(parts::CASE_RESULTS_JSONL),
-            )
-            .await?,
+        assemble::assemble_jsonl(
+            &cluster.submit,
+            &reports,
+            &dir,
+            &cluster.staging.dir,
+            &opts.output.join(parts::CASE_RESULTS_JSONL),
         )
+        .await?
     } else {
         None
     };

@@ -365,6 +365,17 @@ fn a_two_executor_cluster_scores_the_same_rows_as_a_local_run() {
     assert_eq!(r.code, 0, "{}\n{}", r.stderr, logs_of(&cluster));
     assert_eq!(rows(&pl).len(), preds.len());
     assert_eq!(rows(&pl), rows(&pc));
+    // A truncated Parquet file: the error names the user's file, as a local run's does.
+    let cut = dir.path().join("cut.parquet");
+    let bytes = std::fs::read(&parquet).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let r = run(&mut score_cmd(Some(&cluster.url), &cut, &dir.path().join("results/cut")));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&cut.display().to_string()) && !r.stderr.contains(".pieval-staging"),
+        "{}",
+        r.stderr
+    );
 
     // A bad line far into the file (a later slice): the error a local run gives, with
     // the same line number, and nothing written.

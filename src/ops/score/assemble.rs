@@ -234,14 +234,15 @@ pub fn can_assemble(staging: &Path, output: &Path) -> bool {
 
 /// Have the executors put the parts' JSONL together into `staging/case_results.jsonl`
 /// (reports in their order), then check every part was placed and move it beside
-/// `target` under a temporary name: the file, uncommitted, to be renamed over `target`.
+/// `target` under a temporary name: the file, uncommitted, to be renamed over `target`;
+/// `None` when it cannot be moved there (the client splices then).
 pub async fn assemble_jsonl(
     submit: &SubmitPlan,
     reports: &[PartReport],
     parts: &Path,
     staging: &Path,
     target: &Path,
-) -> Result<crate::atomic::TempFile> {
+) -> Result<Option<crate::atomic::TempFile>> {
     use futures::TryStreamExt;
     let kind = super::parts::KINDS
         .iter()
@@ -311,8 +312,20 @@ pub async fn assemble_jsonl(
     // Out of the staging folder (removed when scoring ends) to a temporary name beside
     // the target: renamed over it when the run is committed, removed if it is not.
     let tmp = crate::atomic::temp_path(target)?;
-    std::fs::rename(&at, &tmp).map_err(|e| Error::io(&tmp, "cannot move into place", e))?;
-    crate::atomic::TempFile::adopt(tmp, target)
+    match std::fs::rename(&at, &tmp) {
+        Ok(()) => {}
+        // One device, yet no rename between them (two bind mounts of one file system):
+        // the client splices instead.
+        Err(e) if e.kind() == std::io::ErrorKind::CrossesDevices => return Ok(None),
+        Err(e) => return Err(Error::io(&tmp, "cannot move into place", e)),
+    }
+    match crate::atomic::TempFile::adopt(tmp.clone(), target) {
+        Ok(file) => Ok(Some(file)),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! Predictions read by the cluster, not by the client (docs/cluster.md, "Score and query
-//! on it"): the file is cut into slices — byte ranges of a JSONL file, runs of a Parquet
-//! file's row groups — each read by a task through the same validating reader a local
+//! on it"): the file is cut into slices — byte ranges of a JSONL file, equal runs of a
+//! Parquet file's rows — each read by a task through the same validating reader a local
 //! run streams ([`crate::corpus::predictions`]), in two passes:
 //!
 //! 1. **The survey** ([`PredictionsScanExec::survey`]): each slice's task validates its
@@ -46,7 +46,6 @@ use super::SubmitPlan;
 use super::parts::Coverage;
 use crate::corpus::predictions::{
     PredictionStats, PredictionsReader, Slice, Span, is_parquet, predictions_table_schema,
-    push_run,
 };
 use crate::engine::stream_table::{Batches, reader_stream};
 use crate::error::{Error, Result};
@@ -73,9 +72,53 @@ pub struct PredictionsScanExec {
 pub struct ScanSpec {
     /// The file, at a path every executor sees (absolute).
     pub path: String,
+    /// The file as it was cut: every task checks it still is, before and after it reads.
+    pub stamp: Stamp,
     pub slices: Vec<Slice>,
     pub survey: bool,
     pub projection: Option<Vec<usize>>,
+}
+
+/// A file's length and modification time, as the client saw it when it cut the file: a
+/// file written to while it is scored (appended, rewritten in place) is refused by the
+/// task that sees the change, never scored half old, half new.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stamp {
+    pub len: u64,
+    pub modified_s: i64,
+    pub modified_ns: u32,
+}
+
+impl Stamp {
+    pub fn of(path: &Path) -> Result<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).map_err(|e| Error::io(path, "cannot read", e))?;
+        Ok(Self {
+            len: m.len(),
+            modified_s: m.mtime(),
+            modified_ns: m.mtime_nsec().clamp(0, 999_999_999) as u32,
+        })
+    }
+
+    /// The file at `path` is still as stamped.
+    fn check(&self, path: &Path) -> Result<()> {
+        let now = Self::of(path)?;
+        if now != *self {
+            return Err(Error::State(format!(
+                "{}: the predictions changed while they were scored ({} bytes, modified at \
+                 {}.{:09}, when cut; now {} bytes, modified at {}.{:09}): score again once \
+                 nothing writes to the file",
+                path.display(),
+                self.len,
+                self.modified_s,
+                self.modified_ns,
+                now.len,
+                now.modified_s,
+                now.modified_ns
+            )));
+        }
+        Ok(())
+    }
 }
 
 impl fmt::Debug for PredictionsScanExec {
@@ -176,8 +219,8 @@ pub(super) fn each_number(
 }
 
 impl PredictionsScanExec {
-    /// The survey of `spans` of the file at `path`.
-    pub fn survey(path: &str, spans: &[Span]) -> Result<Self> {
+    /// The survey of `spans` of the file at `path`, stamped `stamp`.
+    pub fn survey(path: &str, stamp: Stamp, spans: &[Span]) -> Result<Self> {
         let slices = spans
             .iter()
             .map(|&span| Slice {
@@ -188,6 +231,7 @@ impl PredictionsScanExec {
             .collect();
         Self::planned(ScanSpec {
             path: path.to_owned(),
+            stamp,
             slices,
             survey: true,
             projection: None,
@@ -195,9 +239,15 @@ impl PredictionsScanExec {
     }
 
     /// The scoring plan's scan of `slices`, as surveyed.
-    pub fn scan(path: &str, slices: Vec<Slice>, projection: Option<Vec<usize>>) -> Result<Self> {
+    pub fn scan(
+        path: &str,
+        stamp: Stamp,
+        slices: Vec<Slice>,
+        projection: Option<Vec<usize>>,
+    ) -> Result<Self> {
         Self::planned(ScanSpec {
             path: path.to_owned(),
+            stamp,
             slices,
             survey: false,
             projection,
@@ -327,11 +377,26 @@ fn slice_stream(
     let path = PathBuf::from(&spec.path);
     let out = Arc::clone(schema);
     let name = "predictions".to_owned();
+    let stamp = spec.stamp;
     let Some(slice) = spec.slices.get(i).cloned() else {
         if spec.survey && i == spec.slices.len() {
             return Ok(reader_stream(name, Arc::clone(schema), move || {
+                // The bytes that were cut, and only those.
+                use std::io::Read;
+                stamp.check(&path)?;
+                let file = crate::files::open_input(&path, "cannot open predictions")?;
+                let (sha256, read) =
+                    crate::digest::sha256_streamed(file.take(stamp.len), &path, |_| Ok(()))?;
+                stamp.check(&path)?;
+                if read != stamp.len {
+                    return Err(Error::State(format!(
+                        "{}: {read} bytes read of {}",
+                        path.display(),
+                        stamp.len
+                    )));
+                }
                 let report = SliceReport {
-                    sha256: Some(crate::digest::sha256_file(&path)?),
+                    sha256: Some(sha256),
                     ..SliceReport::default()
                 };
                 let batch = survey_batch(&out, i as u32, Vec::new(), &report)?;
@@ -345,17 +410,24 @@ fn slice_stream(
     };
     if spec.survey {
         return Ok(reader_stream(name, Arc::clone(schema), move || {
+            stamp.check(&path)?;
             let batch = survey_slice(&path, i as u32, &slice, &out)?;
+            stamp.check(&path)?;
             Ok(Box::new(std::iter::once(Ok(batch))) as Batches)
         }));
     }
     let projection = spec.projection.clone();
     Ok(reader_stream(name, Arc::clone(schema), move || {
+        stamp.check(&path)?;
         let reader = PredictionsReader::open_slice(&path, BATCH_ROWS, &slice)?;
-        Ok(Box::new(reader.map(move |b| match (&projection, b) {
+        let rows = reader.map(move |b| match (&projection, b) {
             (Some(p), Ok(b)) => Ok(b.project(p)?),
             (_, b) => b,
-        })) as Batches)
+        });
+        // After the last batch, the file is checked again: a change while it was read
+        // fails the task rather than end it.
+        let after = std::iter::once(()).filter_map(move |()| stamp.check(&path).err().map(Err));
+        Ok(Box::new(rows.chain(after)) as Batches)
     }))
 }
 
@@ -575,11 +647,12 @@ pub struct Surveyed {
 pub async fn survey(
     submit: &SubmitPlan,
     path: &str,
+    stamp: Stamp,
     shown: &Path,
     spans: &[Span],
 ) -> Result<Surveyed> {
     use futures::TryStreamExt;
-    let plan = Arc::new(PredictionsScanExec::survey(path, spans)?);
+    let plan = Arc::new(PredictionsScanExec::survey(path, stamp, spans)?);
     let root = Arc::new(
         datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec::new(plan),
     );
@@ -652,7 +725,11 @@ fn surveyed(batches: &[RecordBatch], shown: &Path, spans: &[Span]) -> Result<Sur
     for (s, report) in reports.iter().enumerate() {
         let keys = &mut rows[s];
         keys.sort_unstable();
-        let (mut seen_before, mut repeated) = (Vec::new(), 0u64);
+        let (mut seen_before, mut repeated) = (Vec::<[u64; 2]>::new(), 0u64);
+        // Whether the last key row was a repeat: a run goes on over the lines between two
+        // repeats that are not key rows (turn lines, repeats within the slice), which the
+        // reader never looks up (turn lines) or flags anyway (repeats).
+        let mut in_run = false;
         let abs = |l: u64| (first_line + l - 1) as i64;
         // Every line but the turn lines is a prediction the parts must cover.
         let (mut skipped, mut covered_to, mut last) = (0u64, 1u64, 0u64);
@@ -678,11 +755,18 @@ fn surveyed(batches: &[RecordBatch], shown: &Path, spans: &[Span]) -> Result<Sur
             }
             let key = (ids.value(r), attempts.is_valid(r).then(|| attempts.value(r)));
             let h = ((hasher.0.hash_one(key) as u128) << 64) | hasher.1.hash_one(key) as u128;
-            if !seen.insert(h) {
-                push_run(&mut seen_before, abs(line) as u64);
+            if seen.insert(h) {
+                in_run = false;
+            } else {
+                let line = abs(line) as u64;
+                match seen_before.last_mut() {
+                    Some(run) if in_run => run[1] = line,
+                    _ => seen_before.push([line, line]),
+                }
+                in_run = true;
                 repeated += 1;
                 if dup_examples.len() < EXAMPLES {
-                    dup_examples.push((abs(line) as u64, crate::text::excerpt(key.0, 80)));
+                    dup_examples.push((line, crate::text::excerpt(key.0, 80)));
                 }
             }
         }
@@ -744,6 +828,7 @@ fn surveyed(batches: &[RecordBatch], shown: &Path, spans: &[Span]) -> Result<Sur
 #[derive(Debug)]
 pub struct SlicedPredictions {
     pub path: String,
+    pub stamp: Stamp,
     pub slices: Vec<Slice>,
 }
 
@@ -766,6 +851,7 @@ impl TableProvider for SlicedPredictions {
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
         Ok(Arc::new(PredictionsScanExec::scan(
             &self.path,
+            self.stamp,
             self.slices.clone(),
             projection.cloned(),
         )?))
@@ -816,10 +902,14 @@ mod tests {
         rt.block_on(async {
             let spans = spans(path, n)?;
             let text = path.to_str().unwrap();
-            let survey = run_all(Arc::new(PredictionsScanExec::survey(text, &spans)?)).await?;
+            let stamp = Stamp::of(path)?;
+            let survey =
+                run_all(Arc::new(PredictionsScanExec::survey(text, stamp, &spans)?)).await?;
             let s = surveyed(&survey, path, &spans)?;
-            let scan =
-                run_all(Arc::new(PredictionsScanExec::scan(text, s.slices, None)?)).await?;
+            let scan = run_all(Arc::new(PredictionsScanExec::scan(
+                text, stamp, s.slices, None,
+            )?))
+            .await?;
             Ok((by_line(&scan), s.stats, s.coverage))
         })
     }
@@ -910,7 +1000,7 @@ mod tests {
         let text = path.to_str().unwrap();
         let survey = rt
             .block_on(run_all(Arc::new(
-                PredictionsScanExec::survey(text, &spans).unwrap(),
+                PredictionsScanExec::survey(text, Stamp::of(&path).unwrap(), &spans).unwrap(),
             )))
             .unwrap();
         let s = surveyed(&survey, &path, &spans).unwrap();
@@ -922,15 +1012,82 @@ mod tests {
         let (r, st, _) = sliced(&path, 4).unwrap();
         assert_eq!((r, format!("{st:?}")), (rows, format!("{stats:?}")));
         // Membership in runs.
-        let mut runs = Vec::new();
-        for x in [3, 4, 5, 9, 11, 12] {
-            crate::corpus::predictions::push_run(&mut runs, x);
-        }
-        assert_eq!(runs, [[3, 5], [9, 9], [11, 12]]);
+        let runs = [[3, 5], [9, 9], [11, 12]];
         let inside: Vec<u64> = (0..15)
             .filter(|&x| crate::corpus::predictions::in_runs(&runs, x))
             .collect();
         assert_eq!(inside, [3, 4, 5, 9, 11, 12]);
+
+        // A run's checkpoint (a turn line after each prediction) appended to itself: the
+        // turn lines do not break the runs.
+        let half: String = (0..200)
+            .map(|i| {
+                format!(
+                    "{{\"case_id\":\"c{i}\",\"response_text\":\"r\"}}\n\
+                     {{\"pieval_record\":\"turn\",\"case_id\":\"c{i}\"}}\n"
+                )
+            })
+            .collect();
+        std::fs::write(&path, format!("{half}{half}")).unwrap();
+        let spans = super::spans(&path, 4).unwrap();
+        let survey = rt
+            .block_on(run_all(Arc::new(
+                PredictionsScanExec::survey(text, Stamp::of(&path).unwrap(), &spans).unwrap(),
+            )))
+            .unwrap();
+        let s = surveyed(&survey, &path, &spans).unwrap();
+        let runs: Vec<usize> = s.slices.iter().map(|s| s.seen_before.len()).collect();
+        assert_eq!(runs, [0, 0, 1, 1]);
+        let (rows, stats, _) = whole(&path).unwrap();
+        let (r, st, _) = sliced(&path, 4).unwrap();
+        assert_eq!((r, format!("{st:?}")), (rows, format!("{stats:?}")));
+    }
+
+    /// A file written to while it is scored: the task that sees it refuses it.
+    #[test]
+    fn a_file_changed_after_it_was_cut_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.jsonl");
+        std::fs::write(&path, lines(60)).unwrap();
+        let stamp = Stamp::of(&path).unwrap();
+        let spans = spans(&path, 2).unwrap();
+        let text = path.to_str().unwrap();
+        let rt = crate::engine::runtime().unwrap();
+        // Appended after the cut.
+        let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        std::io::Write::write_all(&mut f, b"\n{\"case_id\":\"late\"}\n").unwrap();
+        drop(f);
+        let e = rt
+            .block_on(run_all(Arc::new(
+                PredictionsScanExec::survey(text, stamp, &spans).unwrap(),
+            )))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the predictions changed while they were scored"), "{e}");
+        let e = rt
+            .block_on(run_all(Arc::new(
+                PredictionsScanExec::scan(text, stamp, Vec::new(), None).unwrap(),
+            )))
+            .map(|_| ())
+            .and_then(|()| {
+                rt.block_on(run_all(Arc::new(
+                    PredictionsScanExec::scan(
+                        text,
+                        stamp,
+                        vec![Slice {
+                            span: spans[0],
+                            first_line: 1,
+                            seen_before: Vec::new(),
+                        }],
+                        None,
+                    )
+                    .unwrap(),
+                )))
+                .map(|_| ())
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("changed while they were scored"), "{e}");
     }
 
     #[test]
@@ -971,7 +1128,7 @@ mod tests {
         let text = path.to_str().unwrap();
         let survey = rt
             .block_on(run_all(Arc::new(
-                PredictionsScanExec::survey(text, &spans).unwrap(),
+                PredictionsScanExec::survey(text, Stamp::of(&path).unwrap(), &spans).unwrap(),
             )))
             .unwrap();
         assert!(surveyed(&survey, &path, &spans).is_ok());
