@@ -67,7 +67,10 @@ impl PhysicalExtensionCodec for PievalCodec {
                     inputs.len()
                 )));
             };
-            return Ok(Arc::new(PredictionsScanExec::try_new(spec, Arc::clone(input))?));
+            return Ok(Arc::new(PredictionsScanExec::try_new(
+                spec,
+                Arc::clone(input),
+            )?));
         }
         let Some(dir) = buf.strip_prefix(PART_WRITER) else {
             return self.ballista.try_decode(buf, inputs, ctx, proto_converter);
@@ -168,7 +171,11 @@ mod tests {
         use futures::TryStreamExt;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("p.jsonl");
-        let lines = ["{\"case_id\":\"a\"}\n", "{\"case_id\":\"b\"}\n", "{\"case_id\":\"a\"}\n"];
+        let lines = [
+            "{\"case_id\":\"a\"}\n",
+            "{\"case_id\":\"b\"}\n",
+            "{\"case_id\":\"a\"}\n",
+        ];
         std::fs::write(&path, lines.concat()).unwrap();
         let mut at = 0u64;
         let slices: Vec<Slice> = lines
@@ -209,13 +216,23 @@ mod tests {
             .unwrap();
             assert_eq!(task.output_partitioning().partition_count(), 1);
             let batches: Vec<_> = rt
-                .block_on(task.execute(0, ctx.task_ctx()).unwrap().try_collect::<Vec<_>>())
+                .block_on(
+                    task.execute(0, ctx.task_ctx())
+                        .unwrap()
+                        .try_collect::<Vec<_>>(),
+                )
                 .unwrap();
             let b = &batches[0];
             assert_eq!(b.num_rows(), 1);
-            let line = b.column_by_name("source_line").unwrap().as_primitive::<Int64Type>();
+            let line = b
+                .column_by_name("source_line")
+                .unwrap()
+                .as_primitive::<Int64Type>();
             assert_eq!(line.value(0), global as i64 + 1);
-            let dup = b.column_by_name("duplicate_prediction").unwrap().as_boolean();
+            let dup = b
+                .column_by_name("duplicate_prediction")
+                .unwrap()
+                .as_boolean();
             assert_eq!(dup.value(0), global == 2);
         }
     }

@@ -433,8 +433,7 @@ impl Sink {
         let key = (id, attempt);
         let h = ((self.seen.0.hash_one(key) as u128) << 64) | self.seen.1.hash_one(key) as u128;
         // Inserted either way: a later row of this key in the slice repeats it too.
-        let duplicate = self.seen.2.insert(h, ()).is_some()
-            | in_runs(&self.seen_before, line);
+        let duplicate = self.seen.2.insert(h, ()).is_some() | in_runs(&self.seen_before, line);
         let s = &mut self.stats;
         s.rows += 1;
         if duplicate {

@@ -26,8 +26,8 @@ mod parts;
 mod slices;
 pub mod summary;
 use crate::rundir::summary::AggregateMetrics;
-pub use parts::PartWriterExec;
 pub use assemble::{AssembleExec, AssembleSpec};
+pub use parts::PartWriterExec;
 pub use slices::{PredictionsScanExec, ScanSpec, Stamp};
 
 /// `queries/score_cases.sql`.

@@ -320,25 +320,39 @@ fn a_two_executor_cluster_scores_the_same_rows_as_a_local_run() {
 
     // The executors read the predictions: their counts are a local run's.
     let local_report: Value = serde_json::from_str(
-        &run(&mut score_cmd(None, &preds_path, &dir.path().join("results/local-2"))).stdout,
+        &run(&mut score_cmd(
+            None,
+            &preds_path,
+            &dir.path().join("results/local-2"),
+        ))
+        .stdout,
     )
     .unwrap();
     let mut theirs = report["predictions"].clone();
     theirs["path"] = local_report["predictions"]["path"].clone();
     assert_eq!(theirs, local_report["predictions"]);
-    assert!(report["predictions"]["duplicates"].as_u64() > Some(100), "{report}");
+    assert!(
+        report["predictions"]["duplicates"].as_u64() > Some(100),
+        "{report}"
+    );
 
     // Parquet predictions: sliced by row groups (of 50 rows here), the same rows.
     let parquet = dir.path().join("predictions.parquet");
     {
         use datafusion::arrow::array::{Float64Array, StringArray};
         let text = |k: &str| -> StringArray {
-            preds.iter().map(|p| p[k].as_str().map(str::to_owned)).collect()
+            preds
+                .iter()
+                .map(|p| p[k].as_str().map(str::to_owned))
+                .collect()
         };
         let latency: Float64Array = preds.iter().map(|p| p["latency_ms"].as_f64()).collect();
         let batch = datafusion::arrow::array::RecordBatch::try_from_iter(vec![
             ("case_id", std::sync::Arc::new(text("case_id")) as _),
-            ("response_text", std::sync::Arc::new(text("response_text")) as _),
+            (
+                "response_text",
+                std::sync::Arc::new(text("response_text")) as _,
+            ),
             ("error", std::sync::Arc::new(text("error")) as _),
             ("latency_ms", std::sync::Arc::new(latency) as _),
         ])
@@ -369,7 +383,11 @@ fn a_two_executor_cluster_scores_the_same_rows_as_a_local_run() {
     let cut = dir.path().join("cut.parquet");
     let bytes = std::fs::read(&parquet).unwrap();
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
-    let r = run(&mut score_cmd(Some(&cluster.url), &cut, &dir.path().join("results/cut")));
+    let r = run(&mut score_cmd(
+        Some(&cluster.url),
+        &cut,
+        &dir.path().join("results/cut"),
+    ));
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(
         r.stderr.contains(&cut.display().to_string()) && !r.stderr.contains(".pieval-staging"),
@@ -386,13 +404,18 @@ fn a_two_executor_cluster_scores_the_same_rows_as_a_local_run() {
     lines[at] = r#"{"case_id": "x", "latency_ms": "slow"}"#;
     text = lines.join("\n");
     std::fs::write(&bad, text).unwrap();
-    let r_local = run(&mut score_cmd(None, &bad, &dir.path().join("results/bad-local")));
+    let r_local = run(&mut score_cmd(
+        None,
+        &bad,
+        &dir.path().join("results/bad-local"),
+    ));
     let out = dir.path().join("results/bad-cluster");
     let r = run(&mut score_cmd(Some(&cluster.url), &bad, &out));
     assert_eq!((r.code, r_local.code), (2, 2), "{}", r.stderr);
     assert_eq!(r.stderr, r_local.stderr);
     assert!(
-        r.stderr.contains(&format!("bad.jsonl:{}: latency_ms:", at + 1)),
+        r.stderr
+            .contains(&format!("bad.jsonl:{}: latency_ms:", at + 1)),
         "{}",
         r.stderr
     );
@@ -675,7 +698,10 @@ fn a_killed_client_or_scheduler_leaves_the_previous_run_whole() {
     cluster.scheduler.wait().unwrap();
     let result = score.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&result.stderr);
-    assert!(running, "the scoring ended before the scheduler was killed: {stderr}");
+    assert!(
+        running,
+        "the scoring ended before the scheduler was killed: {stderr}"
+    );
     assert_eq!(result.status.code(), Some(2), "{stderr}");
     assert!(stderr.starts_with("error: "), "{stderr}");
     nothing_left_behind(&out);

@@ -89,13 +89,14 @@ impl From<datafusion::error::DataFusionError> for Error {
     /// back as itself rather than wrapped as DataFusion's.
     fn from(e: datafusion::error::DataFusionError) -> Self {
         match e {
-            datafusion::error::DataFusionError::External(inner) => match inner.downcast::<Error>()
-            {
-                Ok(ours) => *ours,
-                Err(other) => Error::DataFusion(Box::new(
-                    datafusion::error::DataFusionError::External(other),
-                )),
-            },
+            datafusion::error::DataFusionError::External(inner) => {
+                match inner.downcast::<Error>() {
+                    Ok(ours) => *ours,
+                    Err(other) => Error::DataFusion(Box::new(
+                        datafusion::error::DataFusionError::External(other),
+                    )),
+                }
+            }
             other => Error::DataFusion(Box::new(other)),
         }
     }

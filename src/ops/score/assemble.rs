@@ -278,18 +278,17 @@ pub async fn assemble_jsonl(
         pieces,
     };
     let plan = Arc::new(AssembleExec::planned(spec)?);
-    let root = Arc::new(
-        datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec::new(plan),
-    );
+    let root =
+        Arc::new(datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec::new(plan));
     let batches: Vec<RecordBatch> = submit(root).await?.try_collect().await?;
     // Every piece placed (a piece placed twice — a task run again — wrote the same bytes
     // at the same place).
     let mut placed = vec![false; n];
     for b in &batches {
         for &i in b.column(0).as_primitive::<UInt32Type>().values() {
-            let slot = placed.get_mut(i as usize).ok_or_else(|| {
-                Error::Query(format!("the cluster placed a part {i} of {n}"))
-            })?;
+            let slot = placed
+                .get_mut(i as usize)
+                .ok_or_else(|| Error::Query(format!("the cluster placed a part {i} of {n}")))?;
             *slot = true;
         }
     }
@@ -354,7 +353,10 @@ mod tests {
         let total: u64 = pieces.iter().map(|p| p.file.bytes).sum();
         let target = parts.path().join("assembled.jsonl");
         let make = |pieces: Vec<Piece>| {
-            std::fs::File::create(&target).unwrap().set_len(total).unwrap();
+            std::fs::File::create(&target)
+                .unwrap()
+                .set_len(total)
+                .unwrap();
             AssembleExec::planned(AssembleSpec {
                 dir: parts.path().to_str().unwrap().into(),
                 target: target.to_str().unwrap().into(),
@@ -378,8 +380,11 @@ mod tests {
         let expected = [read(&a.files[1]), read(&b.files[1])].concat();
         assert_eq!(std::fs::read(&target).unwrap(), expected);
         // A part that changed after its report: refused, by name.
-        std::fs::write(parts.path().join(&b.files[1].name), "{\"x\":1}\n{\"x\":2}\n{\"x\":3}\n")
-            .unwrap();
+        std::fs::write(
+            parts.path().join(&b.files[1].name),
+            "{\"x\":1}\n{\"x\":2}\n{\"x\":3}\n",
+        )
+        .unwrap();
         let e = run(&make(pieces.clone())).unwrap_err().to_string();
         assert!(e.contains(&b.files[1].name) && e.contains("changed"), "{e}");
         // Pieces that overlap are refused when planned (or decoded).

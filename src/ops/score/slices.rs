@@ -151,15 +151,19 @@ pub(super) fn numbered(n: usize) -> Result<Arc<dyn ExecutionPlan>> {
         .map(|i| {
             Ok(vec![RecordBatch::try_new(
                 index_schema(),
-                vec![Arc::new(datafusion::arrow::array::UInt32Array::from(vec![i]))],
+                vec![Arc::new(datafusion::arrow::array::UInt32Array::from(vec![
+                    i,
+                ]))],
             )?])
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(datafusion::datasource::memory::MemorySourceConfig::try_new_exec(
-        &partitions,
-        index_schema(),
-        None,
-    )?)
+    Ok(
+        datafusion::datasource::memory::MemorySourceConfig::try_new_exec(
+            &partitions,
+            index_schema(),
+            None,
+        )?,
+    )
 }
 
 /// Refuses an input that is not [`numbered`]'s.
@@ -179,10 +183,7 @@ pub(super) fn each_number(
     partition: usize,
     context: Arc<TaskContext>,
     schema: SchemaRef,
-    work: impl Fn(usize) -> datafusion::error::Result<SendableRecordBatchStream>
-    + Send
-    + Sync
-    + 'static,
+    work: impl Fn(usize) -> datafusion::error::Result<SendableRecordBatchStream> + Send + Sync + 'static,
 ) -> datafusion::error::Result<SendableRecordBatchStream> {
     use futures::{StreamExt, TryStreamExt};
     let numbers = input.execute(partition, context)?;
@@ -653,9 +654,8 @@ pub async fn survey(
 ) -> Result<Surveyed> {
     use futures::TryStreamExt;
     let plan = Arc::new(PredictionsScanExec::survey(path, stamp, spans)?);
-    let root = Arc::new(
-        datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec::new(plan),
-    );
+    let root =
+        Arc::new(datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec::new(plan));
     let batches: Vec<RecordBatch> = submit(root).await?.try_collect().await?;
     surveyed(&batches, shown, spans)
 }
@@ -663,7 +663,8 @@ pub async fn survey(
 /// The survey's rows, put together: checked (one report per slice and one digest),
 /// slice by slice in file order.
 fn surveyed(batches: &[RecordBatch], shown: &Path, spans: &[Span]) -> Result<Surveyed> {
-    let bad = |what: String| Error::Query(format!("the cluster's survey of the predictions: {what}"));
+    let bad =
+        |what: String| Error::Query(format!("the cluster's survey of the predictions: {what}"));
     let n = spans.len();
     let mut reports: Vec<Option<SliceReport>> = vec![None; n + 1];
     // (line, batch, row) of each slice's key rows and skipped lines.
@@ -672,8 +673,12 @@ fn surveyed(batches: &[RecordBatch], shown: &Path, spans: &[Span]) -> Result<Sur
         if batch.schema().fields() != survey_schema().fields() {
             return Err(bad("rows of another shape".into()));
         }
-        let slice = batch.column(0).as_primitive::<datafusion::arrow::datatypes::UInt32Type>();
-        let line = batch.column(1).as_primitive::<datafusion::arrow::datatypes::UInt64Type>();
+        let slice = batch
+            .column(0)
+            .as_primitive::<datafusion::arrow::datatypes::UInt32Type>();
+        let line = batch
+            .column(1)
+            .as_primitive::<datafusion::arrow::datatypes::UInt64Type>();
         let report = batch.column(4).as_string::<i32>();
         for r in 0..batch.num_rows() {
             let s = slice.value(r) as usize;
@@ -698,13 +703,25 @@ fn surveyed(batches: &[RecordBatch], shown: &Path, spans: &[Span]) -> Result<Sur
         .enumerate()
         .map(|(s, r)| r.ok_or_else(|| bad(format!("no report of slice {s}"))))
         .collect::<Result<Vec<_>>>()?;
-    let digest = reports.pop().and_then(|r| r.sha256).ok_or_else(|| bad("no digest".into()))?;
+    let digest = reports
+        .pop()
+        .and_then(|r| r.sha256)
+        .ok_or_else(|| bad("no digest".into()))?;
     // The first bad line in file order is the one a local run reports.
     let mut first_line = 1u64;
     for report in &reports {
         if let Some(e) = &report.error {
-            let line = if e.line == 0 { 0 } else { first_line + e.line - 1 };
-            return Err(Error::input(shown, line, e.field.as_deref(), e.message.clone()));
+            let line = if e.line == 0 {
+                0
+            } else {
+                first_line + e.line - 1
+            };
+            return Err(Error::input(
+                shown,
+                line,
+                e.field.as_deref(),
+                e.message.clone(),
+            ));
         }
         first_line += report.lines;
     }
@@ -753,7 +770,10 @@ fn surveyed(batches: &[RecordBatch], shown: &Path, spans: &[Span]) -> Result<Sur
                 skipped += 1;
                 continue;
             }
-            let key = (ids.value(r), attempts.is_valid(r).then(|| attempts.value(r)));
+            let key = (
+                ids.value(r),
+                attempts.is_valid(r).then(|| attempts.value(r)),
+            );
             let h = ((hasher.0.hash_one(key) as u128) << 64) | hasher.1.hash_one(key) as u128;
             if seen.insert(h) {
                 in_run = false;
@@ -880,8 +900,8 @@ mod tests {
     /// Rows in `source_line` order.
     fn by_line(batches: &[RecordBatch]) -> RecordBatch {
         let all = concat_batches(&predictions_table_schema(), batches).unwrap();
-        let order = sort_to_indices(all.column_by_name("source_line").unwrap(), None, None)
-            .unwrap();
+        let order =
+            sort_to_indices(all.column_by_name("source_line").unwrap(), None, None).unwrap();
         take_record_batch(&all, &order).unwrap()
     }
 
@@ -931,8 +951,14 @@ mod tests {
                     rng.usize(..8),
                     rng.u8(..3)
                 ),
-                2 => format!(r#"{{"case_id":"c{}","response_text":"","error":"HTTP 500"}}"#, rng.usize(..n)),
-                3 => format!(r#"{{"case_id":"c{}","response_text":null,"latency_ms":{i}}}"#, rng.usize(..n)),
+                2 => format!(
+                    r#"{{"case_id":"c{}","response_text":"","error":"HTTP 500"}}"#,
+                    rng.usize(..n)
+                ),
+                3 => format!(
+                    r#"{{"case_id":"c{}","response_text":null,"latency_ms":{i}}}"#,
+                    rng.usize(..n)
+                ),
                 _ => format!(
                     r#"{{"case_id":"c{}","response_text":"{}","latency_ms":{}.5}}"#,
                     rng.usize(..n),
@@ -1054,7 +1080,10 @@ mod tests {
         let text = path.to_str().unwrap();
         let rt = crate::engine::runtime().unwrap();
         // Appended after the cut.
-        let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
         std::io::Write::write_all(&mut f, b"\n{\"case_id\":\"late\"}\n").unwrap();
         drop(f);
         let e = rt
@@ -1063,7 +1092,10 @@ mod tests {
             )))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("the predictions changed while they were scored"), "{e}");
+        assert!(
+            e.contains("the predictions changed while they were scored"),
+            "{e}"
+        );
         let e = rt
             .block_on(run_all(Arc::new(
                 PredictionsScanExec::scan(text, stamp, Vec::new(), None).unwrap(),
@@ -1098,7 +1130,10 @@ mod tests {
         let mut text: Vec<String> = good.lines().map(str::to_owned).collect();
         text[40] = r#"{"case_id": "c1", "response_text": 7}"#.into();
         text[90] = "{not json".into();
-        let long = format!(r#"{{"case_id":"c2","response_text":"{}"}}"#, "x".repeat(17 << 20));
+        let long = format!(
+            r#"{{"case_id":"c2","response_text":"{}"}}"#,
+            "x".repeat(17 << 20)
+        );
         for (bad, also) in [(40, None), (90, None), (3, Some(long))] {
             let mut t = text.clone();
             if let Some(l) = &also {
@@ -1133,7 +1168,10 @@ mod tests {
             .unwrap();
         assert!(surveyed(&survey, &path, &spans).is_ok());
         // A slice missing (a lost task), or reported twice.
-        let e = surveyed(&survey[1..], &path, &spans).err().unwrap().to_string();
+        let e = surveyed(&survey[1..], &path, &spans)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("no report of slice"), "{e}");
         let mut twice = survey.clone();
         twice.push(survey[0].clone());
@@ -1143,7 +1181,9 @@ mod tests {
         let last = survey.len() - 1;
         let b = &survey[last];
         let mut columns = b.columns().to_vec();
-        let lines = b.column(1).as_primitive::<datafusion::arrow::datatypes::UInt64Type>();
+        let lines = b
+            .column(1)
+            .as_primitive::<datafusion::arrow::datatypes::UInt64Type>();
         columns[1] = Arc::new(datafusion::arrow::array::UInt64Array::from_iter(
             lines.iter().map(|l| l.map(|l| l + 1000)),
         ));
