@@ -37,6 +37,23 @@ pub fn physical() -> Arc<dyn PhysicalExtensionCodec> {
     Arc::new(PievalCodec::default())
 }
 
+/// A node's spec (JSON) and its one input.
+fn spec_and_input<T: serde::de::DeserializeOwned>(
+    node: &str,
+    spec: &[u8],
+    inputs: &[Arc<dyn ExecutionPlan>],
+) -> Result<(T, Arc<dyn ExecutionPlan>)> {
+    let spec = serde_json::from_slice(spec)
+        .map_err(|e| DataFusionError::Internal(format!("a {node} that does not parse: {e}")))?;
+    let [input] = inputs else {
+        return Err(DataFusionError::Internal(format!(
+            "a {node} with {} inputs",
+            inputs.len()
+        )));
+    };
+    Ok((spec, Arc::clone(input)))
+}
+
 impl PhysicalExtensionCodec for PievalCodec {
     fn try_decode(
         &self,
@@ -46,31 +63,12 @@ impl PhysicalExtensionCodec for PievalCodec {
         proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         if let Some(spec) = buf.strip_prefix(ASSEMBLE) {
-            let spec: AssembleSpec = serde_json::from_slice(spec).map_err(|e| {
-                DataFusionError::Internal(format!("an AssembleExec that does not parse: {e}"))
-            })?;
-            let [input] = inputs else {
-                return Err(DataFusionError::Internal(format!(
-                    "an AssembleExec with {} inputs",
-                    inputs.len()
-                )));
-            };
-            return Ok(Arc::new(AssembleExec::try_new(spec, Arc::clone(input))?));
+            let (spec, input) = spec_and_input::<AssembleSpec>("AssembleExec", spec, inputs)?;
+            return Ok(Arc::new(AssembleExec::try_new(spec, input)?));
         }
         if let Some(spec) = buf.strip_prefix(PREDICTIONS_SCAN) {
-            let spec: ScanSpec = serde_json::from_slice(spec).map_err(|e| {
-                DataFusionError::Internal(format!("a PredictionsScanExec that does not parse: {e}"))
-            })?;
-            let [input] = inputs else {
-                return Err(DataFusionError::Internal(format!(
-                    "a PredictionsScanExec with {} inputs",
-                    inputs.len()
-                )));
-            };
-            return Ok(Arc::new(PredictionsScanExec::try_new(
-                spec,
-                Arc::clone(input),
-            )?));
+            let (spec, input) = spec_and_input::<ScanSpec>("PredictionsScanExec", spec, inputs)?;
+            return Ok(Arc::new(PredictionsScanExec::try_new(spec, input)?));
         }
         let Some(dir) = buf.strip_prefix(PART_WRITER) else {
             return self.ballista.try_decode(buf, inputs, ctx, proto_converter);

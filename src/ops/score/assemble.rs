@@ -15,7 +15,6 @@ use std::sync::Arc;
 use datafusion::arrow::array::{AsArray, RecordBatch, UInt32Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Type};
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::error::DataFusionError;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
@@ -162,18 +161,10 @@ impl ExecutionPlan for AssembleExec {
 
     fn with_new_children(
         self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
-        if children.len() != 1 {
-            return Err(DataFusionError::Internal(format!(
-                "AssembleExec takes one input, not {}",
-                children.len()
-            )));
-        }
-        Ok(Arc::new(Self::try_new(
-            (*self.spec).clone(),
-            children.swap_remove(0),
-        )?))
+        let input = super::parts::only_child(self.name(), children)?;
+        Ok(Arc::new(Self::try_new((*self.spec).clone(), input)?))
     }
 
     fn execute(

@@ -122,6 +122,19 @@ impl PartWriterExec {
     }
 }
 
+/// The one input of a plan node of pieval's that takes one (`with_new_children`).
+pub(super) fn only_child(
+    node: &str,
+    mut children: Vec<Arc<dyn ExecutionPlan>>,
+) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+    match children.len() {
+        1 => Ok(children.swap_remove(0)),
+        n => Err(DataFusionError::Internal(format!(
+            "{node} takes one input, not {n}"
+        ))),
+    }
+}
+
 /// [`PartWriterExec`]'s output schema.
 fn report_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![Field::new(
@@ -163,15 +176,12 @@ impl ExecutionPlan for PartWriterExec {
 
     fn with_new_children(
         self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
-        if children.len() != 1 {
-            return Err(DataFusionError::Internal(format!(
-                "PartWriterExec takes one input, not {}",
-                children.len()
-            )));
-        }
-        Ok(Arc::new(Self::try_new(children.swap_remove(0), &self.dir)?))
+        Ok(Arc::new(Self::try_new(
+            only_child(self.name(), children)?,
+            &self.dir,
+        )?))
     }
 
     fn execute(

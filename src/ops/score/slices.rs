@@ -341,18 +341,10 @@ impl ExecutionPlan for PredictionsScanExec {
 
     fn with_new_children(
         self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
-        if children.len() != 1 {
-            return Err(DataFusionError::Internal(format!(
-                "PredictionsScanExec takes one input, not {}",
-                children.len()
-            )));
-        }
-        Ok(Arc::new(Self::try_new(
-            (*self.spec).clone(),
-            children.swap_remove(0),
-        )?))
+        let input = super::parts::only_child(self.name(), children)?;
+        Ok(Arc::new(Self::try_new((*self.spec).clone(), input)?))
     }
 
     fn execute(
@@ -400,7 +392,7 @@ fn slice_stream(
                     sha256: Some(sha256),
                     ..SliceReport::default()
                 };
-                let batch = survey_batch(&out, i as u32, Vec::new(), &report)?;
+                let batch = survey_batch(&out, i as u32, SurveyRows::new(), &report)?;
                 Ok(Box::new(std::iter::once(Ok(batch))) as Batches)
             }));
         }
@@ -499,10 +491,9 @@ impl SurveyRows {
 fn survey_batch(
     schema: &SchemaRef,
     slice: u32,
-    rows: Vec<SurveyRows>,
+    mut rows: SurveyRows,
     report: &SliceReport,
 ) -> Result<RecordBatch> {
-    let mut rows = rows.into_iter().next().unwrap_or_else(SurveyRows::new);
     let json = serde_json::to_string(report)
         .map_err(|e| Error::Internal(format!("cannot encode a slice report: {e}")))?;
     let n = rows.rows + 1;
@@ -591,7 +582,7 @@ fn survey_slice(path: &Path, index: u32, slice: &Slice, schema: &SchemaRef) -> R
     report.first_empty_responses = stats.first_empty_responses.clone();
     report.provider_errors = stats.provider_errors;
     report.first_provider_errors = stats.first_provider_errors.clone();
-    survey_batch(schema, index, vec![rows], &report)
+    survey_batch(schema, index, rows, &report)
 }
 
 /// How to cut the file at `path` into `n` slices: equal byte ranges of a JSONL file,
@@ -916,6 +907,12 @@ mod tests {
         Ok((by_line(&batches), reader.stats().clone(), coverage))
     }
 
+    /// The survey's rows of the file cut at `spans`, run here.
+    fn survey_rows(path: &Path, spans: &[Span]) -> Result<Vec<RecordBatch>> {
+        let plan = PredictionsScanExec::survey(path.to_str().unwrap(), Stamp::of(path)?, spans)?;
+        crate::engine::runtime()?.block_on(run_all(Arc::new(plan)))
+    }
+
     /// The file read in `n` slices: surveyed, then scanned.
     fn sliced(path: &Path, n: usize) -> Result<(RecordBatch, PredictionStats, Coverage)> {
         let rt = crate::engine::runtime()?;
@@ -1021,14 +1018,8 @@ mod tests {
         std::fs::write(&path, format!("{half}{half}")).unwrap();
         let (rows, stats, coverage) = whole(&path).unwrap();
         assert_eq!(stats.duplicates, 400);
-        let rt = crate::engine::runtime().unwrap();
         let spans = spans(&path, 4).unwrap();
-        let text = path.to_str().unwrap();
-        let survey = rt
-            .block_on(run_all(Arc::new(
-                PredictionsScanExec::survey(text, Stamp::of(&path).unwrap(), &spans).unwrap(),
-            )))
-            .unwrap();
+        let survey = survey_rows(&path, &spans).unwrap();
         let s = surveyed(&survey, &path, &spans).unwrap();
         // The second half's slices: one run each, whatever their length.
         let runs: Vec<usize> = s.slices.iter().map(|s| s.seen_before.len()).collect();
@@ -1056,11 +1047,7 @@ mod tests {
             .collect();
         std::fs::write(&path, format!("{half}{half}")).unwrap();
         let spans = super::spans(&path, 4).unwrap();
-        let survey = rt
-            .block_on(run_all(Arc::new(
-                PredictionsScanExec::survey(text, Stamp::of(&path).unwrap(), &spans).unwrap(),
-            )))
-            .unwrap();
+        let survey = survey_rows(&path, &spans).unwrap();
         let s = surveyed(&survey, &path, &spans).unwrap();
         let runs: Vec<usize> = s.slices.iter().map(|s| s.seen_before.len()).collect();
         assert_eq!(runs, [0, 0, 1, 1]);
@@ -1159,13 +1146,7 @@ mod tests {
         let path = dir.path().join("p.jsonl");
         std::fs::write(&path, lines(50)).unwrap();
         let spans = spans(&path, 3).unwrap();
-        let rt = crate::engine::runtime().unwrap();
-        let text = path.to_str().unwrap();
-        let survey = rt
-            .block_on(run_all(Arc::new(
-                PredictionsScanExec::survey(text, Stamp::of(&path).unwrap(), &spans).unwrap(),
-            )))
-            .unwrap();
+        let survey = survey_rows(&path, &spans).unwrap();
         assert!(surveyed(&survey, &path, &spans).is_ok());
         // A slice missing (a lost task), or reported twice.
         let e = surveyed(&survey[1..], &path, &spans)
