@@ -15,6 +15,9 @@ use futures::StreamExt;
 
 use crate::error::{Error, Result};
 
+mod commit;
+pub use commit::{CRASH_ENV, FolderCommit, JOURNAL, finish as finish_commit};
+
 /// The temporary name used while `path` is being written: `.NAME.PID-RANDOM.tmp`. The
 /// random part makes it unpredictable, and it is created with `create_new`, so a file or
 /// symbolic link planted under that name is never written through; the PID lets a later
@@ -34,7 +37,7 @@ pub fn temp_path(path: &Path) -> Result<PathBuf> {
 /// Whether `name` is a temporary name made by [`temp_path`], [`TempDir`] or a staging
 /// folder (what a reader or a publisher leaves out).
 pub fn is_temporary(name: &str) -> bool {
-    temp_owner(name).is_some()
+    name == JOURNAL || temp_owner(name).is_some()
 }
 
 /// The process id in a temporary name made here (`.NAME.PID-RANDOM.tmp`,
@@ -60,6 +63,11 @@ fn temp_owner(name: &str) -> Option<u32> {
 /// is put back. Best effort: what cannot be removed stays.
 pub fn clean_stale(dir: &Path) {
     if !Path::new("/proc/self").exists() {
+        return;
+    }
+    // The temporary files a killed commit's journal names are that commit's new files:
+    // it is applied first, and if it cannot be, nothing here is removed.
+    if finish_commit(dir).is_err() {
         return;
     }
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -170,6 +178,24 @@ impl TempFile {
         })?;
         self.commit()?;
         Ok(written.finish())
+    }
+
+    /// Flush and sync to disk, still under the temporary name; the length written.
+    fn sync(&mut self) -> Result<u64> {
+        let file = self.file.as_mut().expect("open until committed");
+        file.flush()
+            .map_err(|e| Error::io(&self.tmp, "cannot write", e))?;
+        let file = file.get_ref();
+        file.sync_all()
+            .map_err(|e| Error::io(&self.tmp, "cannot sync", e))?;
+        file.metadata()
+            .map(|m| m.len())
+            .map_err(|e| Error::io(&self.tmp, "cannot read", e))
+    }
+
+    /// Close, leaving the temporary file where it is (a commit journal names it).
+    fn keep(mut self) {
+        self.file = None;
     }
 
     /// Flush, sync to disk and rename over the target.
@@ -381,6 +407,12 @@ impl ParquetFile {
         // into_inner writes the footer (once) and hands the file back.
         self.writer.into_inner()?.commit()?;
         Ok(self.rows)
+    }
+
+    /// Close (the footer written), not yet renamed into place: for a
+    /// [`FolderCommit`]. The file and the number of rows written.
+    pub fn finish(self) -> Result<(TempFile, u64)> {
+        Ok((self.writer.into_inner()?, self.rows))
     }
 
     /// [`ParquetFile::commit`] of a file made by [`ParquetFile::create_shared`]: the rows,

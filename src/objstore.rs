@@ -540,6 +540,8 @@ pub async fn publish_run(
     commit_id: &str,
 ) -> Result<Commit> {
     let previous = read_commit(store, run).await?;
+    // A scoring killed while it committed into the local folder is completed first.
+    crate::atomic::finish_commit(local)?;
     let mut names = Vec::new();
     let entries = std::fs::read_dir(local).map_err(|e| Error::io(local, "cannot list", e))?;
     for entry in entries {

@@ -31,9 +31,13 @@ pub fn run_dirs(results: &Path) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            crate::rundir::is_run_folder(p)
-                && (p.join(crate::rundir::CASE_RESULTS_PARQUET).exists()
-                    || p.join(crate::rundir::SUMMARY_FILE).exists())
+            if !crate::rundir::is_run_folder(p) {
+                return false;
+            }
+            // A killed scoring's commit is completed (reading the run says why not).
+            let _ = crate::atomic::finish_commit(p);
+            p.join(crate::rundir::CASE_RESULTS_PARQUET).exists()
+                || p.join(crate::rundir::SUMMARY_FILE).exists()
         })
         .collect();
     dirs.sort();

@@ -540,18 +540,42 @@ impl Judge {
     /// judged (the file is then left as it was). A rescore that used exactly the folder's
     /// own judgements leaves the file as it is: it would be written the same.
     pub fn write_run_file(&self, dir: &Path) -> Result<Option<PathBuf>> {
+        match self.run_file(dir)? {
+            RunFile::Kept(path) => Ok(Some(path)),
+            RunFile::New(path, file) => {
+                file.commit()?;
+                Ok(Some(path))
+            }
+            RunFile::None => Ok(None),
+        }
+    }
+
+    /// The run folder's `judgements.parquet` for the judgements used: the file already
+    /// there when it holds exactly those, else a new one written under a temporary name
+    /// (committed with the run's results: [`crate::atomic::FolderCommit`]).
+    pub fn run_file(&self, dir: &Path) -> Result<RunFile> {
         let path = dir.join(JUDGEMENTS_FILE);
         let own = self.run_dir.as_deref() == Some(dir);
         if own && self.store.used_is_run_file() && path.is_file() {
-            return Ok(Some(path));
+            return Ok(RunFile::Kept(path));
         }
         let used: Vec<Arc<Record>> = self.store.used().into_iter().map(|(r, _)| r).collect();
         if used.is_empty() {
-            return Ok(None);
+            return Ok(RunFile::None);
         }
-        store::write(&path, &used)?;
-        Ok(Some(path))
+        let file = store::write_uncommitted(&path, &used)?;
+        Ok(RunFile::New(path, file))
     }
+}
+
+/// A run folder's judgements file ([`Judge::run_file`]).
+pub enum RunFile {
+    /// The file there already holds the judgements used.
+    Kept(PathBuf),
+    /// Written under a temporary name, to be committed at `.0`.
+    New(PathBuf, crate::atomic::TempFile),
+    /// Nothing was judged.
+    None,
 }
 
 /// The identity a replay answers as: the one recorded for the judge `name` in the file.

@@ -220,10 +220,17 @@ pub fn read(path: &Path, links: crate::files::Links) -> Result<Vec<Record>> {
 
 /// Write records, sorted by key, atomically.
 pub fn write(path: &Path, records: &[Arc<Record>]) -> Result<()> {
+    write_uncommitted(path, records)?.commit()
+}
+
+/// [`write`], the file left under its temporary name (committed by the caller).
+pub fn write_uncommitted(path: &Path, records: &[Arc<Record>]) -> Result<crate::atomic::TempFile> {
     let mut sorted = records.to_vec();
     sorted.sort_by(|a, b| a.key.cmp(&b.key));
     let batch = to_batch(&sorted)?;
-    crate::atomic::write_batches(schema(), &[batch], path)
+    let mut file = crate::atomic::ParquetFile::create(path, schema())?;
+    file.write(&batch)?;
+    Ok(file.finish()?.0)
 }
 
 /// Where a judgements file came from.

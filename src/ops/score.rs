@@ -242,16 +242,15 @@ impl ResultWriters {
         Ok([(sha256, bytes), jw.into_inner().commit_hashed()?])
     }
 
-    fn commit(self) -> Result<BTreeMap<String, PathBuf>> {
-        let (parquet, pw) = self.parquet;
-        let (jsonl, mut jw) = self.jsonl;
+    /// Both files closed, under their temporary names (for the run's commit).
+    fn finish(self) -> Result<Vec<(&'static str, crate::atomic::TempFile)>> {
+        let (_, pw) = self.parquet;
+        let (_, mut jw) = self.jsonl;
         jw.finish()?;
-        pw.commit()?;
-        jw.into_inner().commit()?;
-        Ok(BTreeMap::from([
-            ("case_results_parquet".to_owned(), parquet),
-            ("case_results_jsonl".to_owned(), jsonl),
-        ]))
+        Ok(vec![
+            ("case_results_parquet", pw.finish()?.0),
+            ("case_results_jsonl", jw.into_inner()),
+        ])
     }
 }
 
@@ -586,6 +585,8 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
     let predictions = predictions_table(&opts.predictions, 8192)?;
     std::fs::create_dir_all(&opts.output)
         .map_err(|e| Error::io(&opts.output, "cannot create folder", e))?;
+    // A scoring killed while it committed into this folder is completed first.
+    crate::atomic::finish_commit(&opts.output)?;
     let rt = runtime()?;
     let opened = rt.block_on(open_session(opts, &corpus, &predictions))?;
     let ctx = &opened.ctx;
@@ -640,42 +641,34 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
     report.over_refused = counts.over_refused;
     report.manual_review = counts.manual_review;
     report.review = counts.review;
-    // The verdicts behind these results are written before the results are committed:
-    // a committed case_results never points at verdicts that are not on disk.
-    let judgements = opts.output.join(crate::judge::JUDGEMENTS_FILE);
-    if let Some(judge) = &opts.judge {
-        judge.persist_shared()?;
-        if let Some(path) = judge.write_run_file(&opts.output)? {
+    // Results, findings, the verdicts behind them and the summary are committed in one
+    // step ([`crate::atomic::FolderCommit`]): a kill at any point leaves this folder's
+    // earlier scoring or this one, never a mix, and an earlier scoring's judgements go
+    // with it when this one judged nothing.
+    let mut commit = crate::atomic::FolderCommit::new(&opts.output);
+    for (key, file) in pending.files()? {
+        report.result_paths.insert(key.into(), commit.put(file)?);
+    }
+    match opts.judge.as_ref().map(|j| j.run_file(&opts.output)) {
+        Some(Ok(crate::judge::RunFile::Kept(path))) => {
             report
                 .result_paths
                 .insert("judgements_parquet".into(), path);
         }
-        report.judge = Some(judge.report());
-    }
-    // The summary and findings of an earlier scoring go before the new results come in,
-    // and the new summary is written last: a kill in between leaves results without a
-    // summary (visibly unfinished; score again), never a summary of other results.
-    for earlier in [crate::rundir::SUMMARY_FILE, crate::rundir::FINDINGS_FILE] {
-        let path = opts.output.join(earlier);
-        match std::fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io(&path, "cannot remove", e)),
-        }
-    }
-    match pending {
-        Pending::Here(writers, findings) => {
-            report.result_paths.extend(writers.commit()?);
+        Some(Ok(crate::judge::RunFile::New(_, file))) => {
+            let path = commit.put(file)?;
             report
                 .result_paths
-                .insert("findings_parquet".into(), findings.commit()?);
+                .insert("judgements_parquet".into(), path);
         }
-        Pending::Parts(merged) => report.result_paths.extend(merged.commit()?),
+        Some(Ok(crate::judge::RunFile::None)) | None => {
+            commit.remove(crate::judge::JUDGEMENTS_FILE)?;
+        }
+        Some(Err(e)) => return Err(e),
     }
-    if !report.result_paths.contains_key("judgements_parquet") && judgements.is_file() {
-        // An earlier scoring's verdicts do not belong to these results.
-        std::fs::remove_file(&judgements)
-            .map_err(|e| Error::io(&judgements, "cannot remove", e))?;
+    if let Some(judge) = &opts.judge {
+        judge.persist_shared()?;
+        report.judge = Some(judge.report());
     }
     report.aggregate_metrics = metrics;
     let summary_path = opts.output.join(crate::rundir::SUMMARY_FILE);
@@ -695,7 +688,14 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
     }
     let text = serde_json::to_string_pretty(&summary)
         .map_err(|e| Error::Internal(format!("cannot encode summary: {e}")))?;
-    crate::atomic::write_lines(&summary_path, std::iter::once(text))?;
+    let mut file = crate::atomic::TempFile::create(&summary_path)?;
+    use std::io::Write as _;
+    file.write_all(text.as_bytes())
+        .and_then(|()| file.write_all(b"\n"))
+        .map_err(|e| Error::io(&summary_path, "cannot write", e))?;
+    // Renamed last: a reader that looks for the summary first finds the results in place.
+    commit.put(file)?;
+    commit.commit()?;
     report.predictions = surveyed.unwrap_or_else(|| {
         predictions
             .stats
@@ -718,6 +718,21 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
 enum Pending {
     Here(ResultWriters, FindingsWriter),
     Parts(parts::Merged),
+}
+
+impl Pending {
+    /// The files, written and closed under temporary names, by summary.json's
+    /// `result_paths` key.
+    fn files(self) -> Result<Vec<(&'static str, crate::atomic::TempFile)>> {
+        match self {
+            Pending::Here(writers, findings) => {
+                let mut files = writers.finish()?;
+                files.push(("findings_parquet", findings.finish()?));
+                Ok(files)
+            }
+            Pending::Parts(merged) => Ok(merged.files()),
+        }
+    }
 }
 
 /// Score in this process: the scored stream is written here, as it comes.
@@ -944,7 +959,6 @@ pub fn scored_schema() -> Arc<Schema> {
 struct FindingsWriter {
     ctx: datafusion::prelude::SessionContext,
     file: crate::atomic::ParquetFile,
-    path: PathBuf,
 }
 
 impl FindingsWriter {
@@ -963,11 +977,7 @@ impl FindingsWriter {
         } else {
             crate::atomic::ParquetFile::create(path, schema)?
         };
-        Ok(Self {
-            ctx,
-            file,
-            path: path.to_path_buf(),
-        })
+        Ok(Self { ctx, file })
     }
 
     async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
@@ -979,12 +989,12 @@ impl FindingsWriter {
         Ok(())
     }
 
-    fn commit(self) -> Result<PathBuf> {
-        self.file.commit()?;
-        Ok(self.path)
+    /// Closed, under its temporary name (for the run's commit).
+    fn finish(self) -> Result<crate::atomic::TempFile> {
+        Ok(self.file.finish()?.0)
     }
 
-    /// [`FindingsWriter::commit`] of a file made with `shared`: its rows, SHA-256 and
+    /// Closed and renamed into place: a file made with `shared`: its rows, SHA-256 and
     /// length (hashed as it was written).
     fn commit_hashed(self) -> Result<(u64, String, u64)> {
         self.file.commit_hashed()

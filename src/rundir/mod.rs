@@ -57,7 +57,11 @@ pub const CATALOG_FILE: &str = "catalog.sqlite";
 /// from someone else, so a symbolic link in it (or its name being a link, a folder, a
 /// device) is an error, never followed: a planted `manifest.json -> ~/.aws/credentials`
 /// must not be read, hashed into evidence or exported.
+///
+/// A scoring killed while it replaced the folder's results left a journal: it is
+/// applied first ([`crate::atomic::finish_commit`]), so what is read is one scoring's.
 pub fn artifact(dir: &Path, name: &str) -> Result<Option<std::path::PathBuf>> {
+    crate::atomic::finish_commit(dir)?;
     // Every component of `name` (`controls/controls.parquet`) is checked, not only the last.
     let mut path = dir.to_path_buf();
     let mut meta = None;

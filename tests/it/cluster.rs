@@ -684,6 +684,29 @@ fn a_killed_client_or_scheduler_leaves_the_previous_run_whole() {
     assert_eq!(rows(&out).len(), p2.len());
     assert_ne!(rows(&out), committed);
 
+    // The client killed inside its commit, after the journal and two of its steps (the
+    // earlier judgements removed, case_results.parquet renamed; the JSONL the executors
+    // assembled and the summary not yet): the next reader completes it — the new run
+    // whole, the first predictions' rows again — and nothing of the second's stays.
+    let first_summary: Value = serde_json::from_slice(&summary).unwrap();
+    let r =
+        run(score_cmd(Some(&cluster.url), &first, &out).env("PIEVAL_TEST_CRASH_IN_COMMIT", "2"));
+    assert_ne!(r.code, 0, "the client was not killed: {}", r.stderr);
+    assert!(out.join(".pieval-commit.json").exists());
+    let r = run(pieval()
+        .args(["sql", "--format", "json", "--results"])
+        .arg(dir.path().join("results"))
+        .arg("SELECT count(*) AS n FROM case_results"));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v[0]["n"], p1.len());
+    assert_eq!(rows(&out), committed, "the client killed in its commit");
+    let now: Value =
+        serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(now["aggregate_metrics"], first_summary["aggregate_metrics"]);
+    nothing_left_behind(&out);
+    assert!(!out.join(".pieval-commit.json").exists());
+
     // The scheduler killed mid-query: a clear error, and the run just committed whole.
     let (committed, summary) = (rows(&out), std::fs::read(out.join("summary.json")).unwrap());
     let mut score = score_cmd(Some(&cluster.url), &first, &out)

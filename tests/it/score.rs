@@ -428,3 +428,108 @@ fn the_scoring_plan_folds_once_and_queues_nothing() {
         assert_eq!(rows, 2_000);
     });
 }
+
+/// A scoring killed inside its commit (`PIEVAL_TEST_CRASH_IN_COMMIT`: the process aborts
+/// after that step, as a kill would) over an earlier scoring of the same folder: every
+/// reader after it sees the new scoring whole — its rows, findings and summary, not one
+/// file of the earlier one — and nothing temporary stays. A kill before the commit's
+/// journal leaves the earlier scoring (`atomic::commit`'s tests, and the cluster's).
+#[test]
+fn a_scoring_killed_inside_its_commit_is_read_as_the_new_scoring_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = lines(&repo("data/normalized/attack_cases.enriched.jsonl"));
+    let write = |name: &str, obey: bool| {
+        let preds: Vec<Value> = cases
+            .iter()
+            .take(30)
+            .map(|c| {
+                let answer = match (obey, c["expected_target"].as_str()) {
+                    (true, Some(target)) => format!("Sure: {target}"),
+                    _ => "I can't help with that.".to_owned(),
+                };
+                json!({"case_id": c["case_id"], "response_text": answer})
+            })
+            .collect();
+        let path = dir.path().join(name);
+        write_jsonl(&path, &preds);
+        path
+    };
+    let (old, new) = (write("old.jsonl", true), write("new.jsonl", false));
+    let results = dir.path().join("results");
+    let out = results.join("r");
+    let score = |preds: &std::path::Path, crash: Option<usize>| {
+        let mut cmd = pieval();
+        cmd.args(["score", "--run-id", "r", "--json", "--predictions"])
+            .arg(preds)
+            .arg("--output")
+            .arg(&out);
+        if let Some(step) = crash {
+            cmd.env("PIEVAL_TEST_CRASH_IN_COMMIT", step.to_string());
+        }
+        run(&mut cmd)
+    };
+    // The results byte for byte; the findings as rows (their order follows the
+    // partitions').
+    let files = || {
+        let r = run(pieval()
+            .args(["sql", "--format", "json", "--table"])
+            .arg(format!("f={}", out.join("findings.parquet").display()))
+            .arg("SELECT * FROM f"));
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let mut findings: Vec<String> = serde_json::from_str::<Vec<Value>>(&r.stdout)
+            .unwrap()
+            .iter()
+            .map(Value::to_string)
+            .collect();
+        findings.sort();
+        (
+            ["case_results.jsonl", "case_results.parquet"]
+                .map(|f| std::fs::read(out.join(f)).unwrap()),
+            findings,
+        )
+    };
+    let metrics = || {
+        let v: Value =
+            serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+        v["aggregate_metrics"].clone()
+    };
+    assert_eq!(score(&new, None).code, 0);
+    let (new_files, new_metrics) = (files(), metrics());
+    assert_eq!(score(&old, None).code, 0);
+    let (old_files, old_metrics) = (files(), metrics());
+    assert!(old_files.0[0] != new_files.0[0] && old_files.1 != new_files.1);
+    assert!(old_metrics != new_metrics);
+    // The journal (0), the earlier judgements removed (1), four files renamed (2..=5).
+    for step in 0..=5 {
+        assert_eq!(score(&old, None).code, 0, "step {step}");
+        let r = score(&new, Some(step));
+        assert_ne!(r.code, 0, "step {step}: the scoring was not killed");
+        assert!(out.join(".pieval-commit.json").exists(), "step {step}");
+        // A reader (here `pieval sql` over the results folder) completes the commit
+        // before it reads.
+        let r = run(pieval()
+            .args(["sql", "--format", "json", "--results"])
+            .arg(&results)
+            .arg("SELECT count(*) AS n FROM case_results"));
+        assert_eq!(r.code, 0, "step {step}: {}", r.stderr);
+        let v: Value = serde_json::from_str(&r.stdout).unwrap();
+        assert_eq!(v[0]["n"], 30, "step {step}");
+        assert_eq!(
+            files(),
+            new_files,
+            "step {step}: a file of the earlier scoring"
+        );
+        assert_eq!(metrics(), new_metrics, "step {step}: the earlier summary");
+        let leftovers: Vec<String> = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        assert!(leftovers.is_empty(), "step {step}: {leftovers:?}");
+    }
+    // The next scoring completes it too, then commits its own.
+    assert_ne!(score(&new, Some(3)).code, 0);
+    assert_eq!(score(&old, None).code, 0);
+    assert!(files() == old_files);
+    assert!(!out.join(".pieval-commit.json").exists());
+}

@@ -18,7 +18,6 @@
 //! A part no report names (a task attempt that was lost or retried) is never read, and
 //! the parts folder goes with the staging folder.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{Seek, Write};
 use std::path::{Path, PathBuf};
@@ -440,23 +439,25 @@ pub fn reports(batches: &[RecordBatch], expected: &Coverage) -> Result<Vec<PartR
 /// The run's case_results and findings files spliced from checked parts, under temporary
 /// names until [`Merged::commit`].
 pub struct Merged {
-    files: Vec<(PathBuf, crate::atomic::TempFile)>,
+    files: Vec<(&'static str, crate::atomic::TempFile)>,
 }
 
 impl Merged {
-    /// Rename every file into place; their paths by summary.json's `result_paths` key.
-    pub fn commit(self) -> Result<BTreeMap<String, PathBuf>> {
-        let mut out = BTreeMap::new();
-        for (path, file) in self.files {
-            file.commit()?;
-            let key = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or_default()
-                .replace('.', "_");
-            out.insert(key, path);
-        }
-        Ok(out)
+    /// The files, by summary.json's `result_paths` key (for the run's commit).
+    pub fn files(self) -> Vec<(&'static str, crate::atomic::TempFile)> {
+        self.files
+            .into_iter()
+            .map(|(kind, file)| (result_key(kind), file))
+            .collect()
+    }
+}
+
+/// summary.json's `result_paths` key of a run file.
+fn result_key(kind: &str) -> &'static str {
+    match kind {
+        CASE_RESULTS_PARQUET => "case_results_parquet",
+        CASE_RESULTS_JSONL => "case_results_jsonl",
+        _ => "findings_parquet",
     }
 }
 
@@ -475,7 +476,7 @@ pub fn merge(
         if kind == CASE_RESULTS_JSONL
             && let Some(done) = assembled.take()
         {
-            files.push((target, done));
+            files.push((kind, done));
             continue;
         }
         let mut out = crate::atomic::TempFile::create(&target)?;
@@ -497,7 +498,7 @@ pub fn merge(
         } else {
             splice_parquet(parts, &list, &mut out)?;
         }
-        files.push((target, out));
+        files.push((kind, out));
     }
     Ok(Merged { files })
 }
@@ -965,12 +966,18 @@ pub(super) mod tests {
         let merged = merge(&reports, parts.path(), out.path(), None).unwrap();
         // Nothing is in place before the commit.
         assert!(!out.path().join(CASE_RESULTS_PARQUET).exists());
-        let paths = merged.commit().unwrap();
+        let mut commit = crate::atomic::FolderCommit::new(out.path());
+        let mut keys = Vec::new();
+        for (key, file) in merged.files() {
+            keys.push(key);
+            commit.put(file).unwrap();
+        }
+        commit.commit().unwrap();
         assert_eq!(
-            paths.keys().collect::<Vec<_>>(),
+            keys,
             [
-                "case_results_jsonl",
                 "case_results_parquet",
+                "case_results_jsonl",
                 "findings_parquet"
             ]
         );

@@ -1,0 +1,596 @@
+//! Several files of one folder replaced in one step: a scoring's case_results, findings,
+//! judgements and summary. A folder has no rename of many files at once, so the step is
+//! a journal (the write-ahead log of a database, in one file):
+//!
+//! 1. every new file is written under its temporary name beside its target and synced;
+//! 2. the journal `.pieval-commit.json` — each target with its temporary name and length,
+//!    and the files to remove — is written under a temporary name, synced and renamed
+//!    into place, and the folder synced. **This rename is the commit**: before it the
+//!    folder holds the old files (the new ones only under temporary names, which no
+//!    reader opens); after it the new files are the folder's, whatever happens next;
+//! 3. the journal is applied (removals, then renames in order), the folder synced, and
+//!    the journal removed.
+//!
+//! A process killed in step 3 leaves the journal: the next pieval that reads the folder
+//! ([`crate::rundir::artifact`]), writes in it ([`super::clean_stale`]) or scores into it
+//! applies it again first — each step can be repeated — so a reader sees the old files
+//! or the new ones, never a mix. The same shape as the object-store commit
+//! (`crate::objstore`: files first, then one atomic pointer).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::TempFile;
+use crate::error::{Error, Result};
+
+/// The journal's name, in the folder it commits into.
+pub const JOURNAL: &str = ".pieval-commit.json";
+
+/// A journal names a few files; anything larger was not written here.
+const MAX_JOURNAL_BYTES: u64 = 1 << 20;
+
+const VERSION: u32 = 1;
+
+/// Set to a step number, the process aborts (as a kill would: no destructor runs) after
+/// that step of applying its own journal — 0: the journal written, nothing applied; k:
+/// k removals and renames done. For the tests that kill a scoring mid-commit.
+pub const CRASH_ENV: &str = "PIEVAL_TEST_CRASH_IN_COMMIT";
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Journal {
+    pieval_commit: u32,
+    remove: Vec<String>,
+    put: Vec<Put>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Put {
+    name: String,
+    tmp: String,
+    bytes: u64,
+}
+
+/// New files and removals of one folder, committed together by [`FolderCommit::commit`];
+/// dropped uncommitted, the new files' temporary names are removed and nothing changes.
+pub struct FolderCommit {
+    dir: PathBuf,
+    put: Vec<(String, TempFile)>,
+    remove: Vec<String>,
+}
+
+impl FolderCommit {
+    pub fn new(dir: &Path) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
+            put: Vec::new(),
+            remove: Vec::new(),
+        }
+    }
+
+    /// Replace (or create) the file `file` was written for, which must be in this
+    /// folder; its final path. Files are renamed in the order they are put (the one a
+    /// reader looks for first, the summary, last).
+    pub fn put(&mut self, file: TempFile) -> Result<PathBuf> {
+        let name = file
+            .path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .map(str::to_owned)
+            .unwrap_or_default();
+        let tmp_name = file
+            .tmp
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        if file.path.parent() != Some(self.dir.as_path())
+            || file.tmp.parent() != Some(self.dir.as_path())
+            || check_put(&name, tmp_name).is_err()
+            || self.put.iter().any(|(n, _)| *n == name)
+        {
+            return Err(Error::Internal(format!(
+                "{}: not a new file of {} for one commit",
+                file.path.display(),
+                self.dir.display()
+            )));
+        }
+        let path = file.path.clone();
+        self.put.push((name, file));
+        Ok(path)
+    }
+
+    /// Remove `name` from the folder (if it is there) with the commit.
+    pub fn remove(&mut self, name: &str) -> Result<()> {
+        check_name(name)?;
+        if !self.remove.iter().any(|n| n == name) {
+            self.remove.push(name.to_owned());
+        }
+        Ok(())
+    }
+
+    /// Sync every new file, write the journal (the commit), apply it.
+    pub fn commit(self) -> Result<()> {
+        let crash = std::env::var(CRASH_ENV)
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok());
+        self.commit_with(&mut |step| {
+            if crash == Some(step) {
+                std::process::abort();
+            }
+            false
+        })
+    }
+
+    /// [`FolderCommit::commit`], asking `stop` after each step whether to stop there
+    /// (as a kill would: what is done stays done, the journal stays).
+    fn commit_with(self, stop: &mut dyn FnMut(usize) -> bool) -> Result<()> {
+        // An unfinished commit of a killed process goes first: its journal must not be
+        // replaced by this one before it is applied.
+        finish(&self.dir)?;
+        let mut journal = Journal {
+            pieval_commit: VERSION,
+            remove: self
+                .remove
+                .into_iter()
+                .filter(|r| !self.put.iter().any(|(n, _)| n == r))
+                .collect(),
+            put: Vec::with_capacity(self.put.len()),
+        };
+        let mut files = Vec::with_capacity(self.put.len());
+        for (name, mut file) in self.put {
+            let bytes = file.sync()?;
+            let tmp = file
+                .tmp
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default()
+                .to_owned();
+            journal.put.push(Put { name, tmp, bytes });
+            files.push(file);
+        }
+        let text = serde_json::to_vec_pretty(&journal)
+            .map_err(|e| Error::Internal(format!("cannot encode a commit journal: {e}")))?;
+        let mut file = TempFile::open(&self.dir.join(JOURNAL))?;
+        std::io::Write::write_all(&mut file, &text)
+            .map_err(|e| Error::io(&file.tmp, "cannot write", e))?;
+        file.commit()?;
+        sync_dir(&self.dir)?;
+        // Committed: from here the temporary files are the journal's, never removed.
+        for file in files {
+            file.keep();
+        }
+        apply(&self.dir, &journal, stop)
+    }
+}
+
+/// Apply the journal a killed process left in `dir`, if there is one: `true` when one
+/// was applied. An error names the journal and what stops it (a read-only folder, a file
+/// removed by hand): the folder's files are then neither run's until it is applied.
+pub fn finish(dir: &Path) -> Result<bool> {
+    let path = dir.join(JOURNAL);
+    match std::fs::symlink_metadata(&path) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(Error::io(&path, "cannot read", e)),
+    }
+    let unfinished = |why: String| {
+        Error::State(format!(
+            "{}: an unfinished commit (a scoring killed while it replaced this folder's \
+             results) that cannot be completed: {why}",
+            path.display()
+        ))
+    };
+    let text = crate::files::read_bounded(&path, crate::files::Links::Refuse, MAX_JOURNAL_BYTES)
+        .map_err(|e| unfinished(e.to_string()))?;
+    let journal: Journal = serde_json::from_slice(&text)
+        .map_err(|e| unfinished(format!("the journal does not parse: {e}")))?;
+    check(&journal).map_err(|e| unfinished(e.to_string()))?;
+    apply(dir, &journal, &mut |_| false).map_err(|e| unfinished(e.to_string()))?;
+    Ok(true)
+}
+
+/// Removals, then renames, then the journal removed. Every step can be done again: a
+/// file already renamed is recognised by its name and length.
+fn apply(dir: &Path, journal: &Journal, stop: &mut dyn FnMut(usize) -> bool) -> Result<()> {
+    let mut step = 0;
+    if stop(step) {
+        return Ok(());
+    }
+    for name in &journal.remove {
+        let path = dir.join(name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(&path, "cannot remove", e)),
+        }
+        step += 1;
+        if stop(step) {
+            return Ok(());
+        }
+    }
+    for put in &journal.put {
+        let tmp = dir.join(&put.tmp);
+        let target = dir.join(&put.name);
+        match std::fs::symlink_metadata(&tmp) {
+            Ok(m) if m.is_file() && m.len() == put.bytes => std::fs::rename(&tmp, &target)
+                .map_err(|e| Error::io(&target, "cannot replace", e))?,
+            Ok(m) => {
+                return Err(Error::State(format!(
+                    "{}: a {} of {} bytes, not the file of {} bytes the commit wrote",
+                    tmp.display(),
+                    if m.is_file() { "file" } else { "non-file" },
+                    m.len(),
+                    put.bytes
+                )));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // Renamed already (by the process killed, or by another reader).
+                let done = std::fs::symlink_metadata(&target)
+                    .is_ok_and(|m| m.is_file() && m.len() == put.bytes);
+                if !done {
+                    return Err(Error::State(format!(
+                        "neither {} nor the {} it was written as is there",
+                        target.display(),
+                        tmp.display()
+                    )));
+                }
+            }
+            Err(e) => return Err(Error::io(&tmp, "cannot read", e)),
+        }
+        step += 1;
+        if stop(step) {
+            return Ok(());
+        }
+    }
+    sync_dir(dir)?;
+    let path = dir.join(JOURNAL);
+    match std::fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(&path, "cannot remove", e)),
+    }
+    sync_dir(dir)
+}
+
+/// A journal read from disk names only plain files of its folder, each once, and
+/// temporary names made for them: a journal planted in a folder received from someone
+/// else can rename one of that folder's files over another, nothing more.
+fn check(journal: &Journal) -> Result<()> {
+    if journal.pieval_commit != VERSION {
+        return Err(Error::State(format!(
+            "journal version {}, not {VERSION}",
+            journal.pieval_commit
+        )));
+    }
+    let mut names = std::collections::BTreeSet::new();
+    for put in &journal.put {
+        check_put(&put.name, &put.tmp)?;
+        if !names.insert(put.name.as_str()) {
+            return Err(Error::State(format!("{} named twice", put.name)));
+        }
+    }
+    for name in &journal.remove {
+        check_name(name)?;
+        if names.contains(name.as_str()) {
+            return Err(Error::State(format!("{name} both written and removed")));
+        }
+    }
+    Ok(())
+}
+
+/// A plain, visible file name of the folder.
+fn check_name(name: &str) -> Result<()> {
+    if name.is_empty()
+        || name.starts_with('.')
+        || name.contains(['/', '\\', '\0'])
+        || name.len() > 255
+    {
+        return Err(Error::State(format!(
+            "{:?}: not a plain file name",
+            crate::text::excerpt(name, 80)
+        )));
+    }
+    Ok(())
+}
+
+/// `tmp` is a temporary name made for `name` ([`super::temp_path`]).
+fn check_put(name: &str, tmp: &str) -> Result<()> {
+    check_name(name)?;
+    let made_for = tmp
+        .strip_prefix('.')
+        .and_then(|t| t.strip_prefix(name))
+        .is_some_and(|t| t.starts_with('.'));
+    if !made_for || !super::is_temporary(tmp) || tmp.contains(['/', '\\', '\0']) {
+        return Err(Error::State(format!(
+            "{:?}: not a temporary name of {name}",
+            crate::text::excerpt(tmp, 80)
+        )));
+    }
+    Ok(())
+}
+
+/// Make the folder's renames durable (its entries synced).
+fn sync_dir(dir: &Path) -> Result<()> {
+    #[cfg(unix)]
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(dir, "cannot sync", e))?;
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    fn read(dir: &Path, name: &str) -> Option<String> {
+        std::fs::read_to_string(dir.join(name)).ok()
+    }
+
+    fn new_file(dir: &Path, name: &str, text: &str) -> TempFile {
+        let mut f = TempFile::create(&dir.join(name)).unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+        f
+    }
+
+    /// Everything but the folder's visible files.
+    fn leftovers(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// An earlier scoring: results, judgements, summary.
+    fn old_run(dir: &Path) {
+        for (name, text) in [
+            ("case_results.parquet", "old results"),
+            ("judgements.parquet", "old verdicts"),
+            ("summary.json", "old summary"),
+        ] {
+            std::fs::write(dir.join(name), text).unwrap();
+        }
+    }
+
+    /// A new scoring's commit: new results and summary, no judgements.
+    fn new_run(dir: &Path) -> FolderCommit {
+        let mut c = FolderCommit::new(dir);
+        c.put(new_file(dir, "case_results.parquet", "new results, longer"))
+            .unwrap();
+        c.put(new_file(dir, "findings.parquet", "new findings"))
+            .unwrap();
+        c.remove("judgements.parquet").unwrap();
+        c.put(new_file(dir, "summary.json", "new summary")).unwrap();
+        c
+    }
+
+    fn is_new(dir: &Path) {
+        assert_eq!(
+            read(dir, "case_results.parquet").as_deref(),
+            Some("new results, longer")
+        );
+        assert_eq!(
+            read(dir, "findings.parquet").as_deref(),
+            Some("new findings")
+        );
+        assert_eq!(read(dir, "summary.json").as_deref(), Some("new summary"));
+        assert_eq!(read(dir, "judgements.parquet"), None);
+        assert!(leftovers(dir).is_empty(), "{:?}", leftovers(dir));
+    }
+
+    #[test]
+    fn a_commit_replaces_and_removes_together_and_leaves_nothing_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        old_run(dir.path());
+        new_run(dir.path()).commit().unwrap();
+        is_new(dir.path());
+    }
+
+    #[test]
+    fn a_commit_dropped_before_its_journal_leaves_the_old_files() {
+        let dir = tempfile::tempdir().unwrap();
+        old_run(dir.path());
+        drop(new_run(dir.path()));
+        assert_eq!(
+            read(dir.path(), "summary.json").as_deref(),
+            Some("old summary")
+        );
+        assert_eq!(
+            read(dir.path(), "judgements.parquet").as_deref(),
+            Some("old verdicts")
+        );
+        assert_eq!(read(dir.path(), "findings.parquet"), None);
+        assert!(leftovers(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn a_commit_killed_after_any_step_is_read_as_the_new_files() {
+        // Journal (0), one removal and three renames: 1..=4; 5 is past the last step.
+        for kill_at in 0..=5 {
+            let dir = tempfile::tempdir().unwrap();
+            old_run(dir.path());
+            new_run(dir.path())
+                .commit_with(&mut |step| step == kill_at)
+                .unwrap();
+            if kill_at < 5 {
+                assert!(dir.path().join(JOURNAL).exists(), "killed at {kill_at}");
+            }
+            // The next reader applies the journal before it reads.
+            let summary = crate::rundir::artifact(dir.path(), "summary.json").unwrap();
+            assert!(summary.is_some());
+            is_new(dir.path());
+        }
+        // The next scoring, a run listing or a writer's clean-up apply it too.
+        let dir = tempfile::tempdir().unwrap();
+        old_run(dir.path());
+        new_run(dir.path())
+            .commit_with(&mut |step| step == 2)
+            .unwrap();
+        super::super::clean_stale(dir.path());
+        is_new(dir.path());
+        // A second commit over an unfinished one finishes it first.
+        let dir = tempfile::tempdir().unwrap();
+        old_run(dir.path());
+        new_run(dir.path())
+            .commit_with(&mut |step| step == 1)
+            .unwrap();
+        let mut again = FolderCommit::new(dir.path());
+        again
+            .put(new_file(dir.path(), "summary.json", "third summary"))
+            .unwrap();
+        again.commit().unwrap();
+        assert_eq!(
+            read(dir.path(), "summary.json").as_deref(),
+            Some("third summary")
+        );
+        assert_eq!(
+            read(dir.path(), "findings.parquet").as_deref(),
+            Some("new findings")
+        );
+        assert!(leftovers(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn a_journal_from_a_killed_process_is_applied_not_cleaned_away() {
+        let dir = tempfile::tempdir().unwrap();
+        old_run(dir.path());
+        // A process that is gone (its id above the kernel's pid_max) left its journal.
+        let tmp = ".summary.json.4194305-00000000deadbeef.tmp";
+        std::fs::write(dir.path().join(tmp), "new summary").unwrap();
+        std::fs::write(
+            dir.path().join(JOURNAL),
+            format!(
+                r#"{{"pieval_commit":1,"remove":["judgements.parquet"],"put":[{{"name":"summary.json","tmp":"{tmp}","bytes":11}}]}}"#
+            ),
+        )
+        .unwrap();
+        // A writer in the folder cleans what dead processes left: this is applied.
+        TempFile::create(&dir.path().join("other.txt"))
+            .unwrap()
+            .commit()
+            .unwrap();
+        assert_eq!(
+            read(dir.path(), "summary.json").as_deref(),
+            Some("new summary")
+        );
+        assert_eq!(read(dir.path(), "judgements.parquet"), None);
+        assert!(leftovers(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn a_planted_or_damaged_journal_is_refused_and_changes_nothing() {
+        let tmp = ".summary.json.4194305-00000000deadbeef.tmp";
+        let cases: Vec<(&str, String)> = vec![
+            ("does not parse", "{not json".to_owned()),
+            (
+                "journal version",
+                r#"{"pieval_commit":2,"remove":[],"put":[]}"#.to_owned(),
+            ),
+            (
+                "not a plain file name",
+                r#"{"pieval_commit":1,"remove":["../outside"],"put":[]}"#.to_owned(),
+            ),
+            (
+                "not a plain file name",
+                r#"{"pieval_commit":1,"remove":[".run.lock"],"put":[]}"#.to_owned(),
+            ),
+            (
+                "not a temporary name of manifest.json",
+                format!(
+                    r#"{{"pieval_commit":1,"remove":[],"put":[{{"name":"manifest.json","tmp":"{tmp}","bytes":11}}]}}"#
+                ),
+            ),
+            (
+                "not a temporary name of summary.json",
+                r#"{"pieval_commit":1,"remove":[],"put":[{"name":"summary.json","tmp":"case_results.parquet","bytes":11}]}"#.to_owned(),
+            ),
+            (
+                "not the file of 12 bytes",
+                format!(
+                    r#"{{"pieval_commit":1,"remove":[],"put":[{{"name":"summary.json","tmp":"{tmp}","bytes":12}}]}}"#
+                ),
+            ),
+            (
+                "both written and removed",
+                format!(
+                    r#"{{"pieval_commit":1,"remove":["summary.json"],"put":[{{"name":"summary.json","tmp":"{tmp}","bytes":11}}]}}"#
+                ),
+            ),
+            (
+                "unknown field",
+                r#"{"pieval_commit":1,"remove":[],"put":[],"exec":"rm -rf /"}"#.to_owned(),
+            ),
+        ];
+        for (expected, journal) in cases {
+            let dir = tempfile::tempdir().unwrap();
+            old_run(dir.path());
+            std::fs::write(dir.path().join(tmp), "new summary").unwrap();
+            std::fs::write(dir.path().join(JOURNAL), &journal).unwrap();
+            let err = crate::rundir::artifact(dir.path(), "summary.json")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(".pieval-commit.json: an unfinished commit") && err.contains(expected),
+                "{journal}: {err}"
+            );
+            assert_eq!(
+                read(dir.path(), "summary.json").as_deref(),
+                Some("old summary")
+            );
+            assert_eq!(
+                read(dir.path(), "judgements.parquet").as_deref(),
+                Some("old verdicts")
+            );
+            // Nor does a writer's clean-up remove the files it names.
+            super::super::clean_stale(dir.path());
+            assert!(dir.path().join(tmp).exists());
+        }
+        // A journal that is a symbolic link, or whose temporary file is one, is refused.
+        #[cfg(unix)]
+        {
+            let dir = tempfile::tempdir().unwrap();
+            old_run(dir.path());
+            let outside = tempfile::NamedTempFile::new().unwrap();
+            std::fs::write(outside.path(), "secret text").unwrap();
+            std::os::unix::fs::symlink(outside.path(), dir.path().join(tmp)).unwrap();
+            std::fs::write(
+                dir.path().join(JOURNAL),
+                format!(
+                    r#"{{"pieval_commit":1,"remove":[],"put":[{{"name":"summary.json","tmp":"{tmp}","bytes":11}}]}}"#
+                ),
+            )
+            .unwrap();
+            let err = crate::rundir::artifact(dir.path(), "summary.json")
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("non-file"), "{err}");
+            assert_eq!(
+                read(dir.path(), "summary.json").as_deref(),
+                Some("old summary")
+            );
+            std::fs::remove_file(dir.path().join(JOURNAL)).unwrap();
+            std::os::unix::fs::symlink(outside.path(), dir.path().join(JOURNAL)).unwrap();
+            assert!(crate::rundir::artifact(dir.path(), "summary.json").is_err());
+        }
+    }
+
+    #[test]
+    fn only_new_files_of_the_folder_can_be_put() {
+        let dir = tempfile::tempdir().unwrap();
+        let other = tempfile::tempdir().unwrap();
+        let mut c = FolderCommit::new(dir.path());
+        assert!(c.put(new_file(other.path(), "summary.json", "x")).is_err());
+        c.put(new_file(dir.path(), "summary.json", "x")).unwrap();
+        assert!(c.put(new_file(dir.path(), "summary.json", "y")).is_err());
+        assert!(c.remove("../x").is_err());
+        assert!(c.remove(JOURNAL).is_err());
+    }
+}
