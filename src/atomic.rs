@@ -62,12 +62,14 @@ fn temp_owner(name: &str) -> Option<u32> {
 /// `NAME` is missing is what a kill between [`TempDir::commit`]'s two renames left: it
 /// is put back. Best effort: what cannot be removed stays.
 pub fn clean_stale(dir: &Path) {
-    if !Path::new("/proc/self").exists() {
-        return;
-    }
     // The temporary files a killed commit's journal names are that commit's new files:
-    // it is applied first, and if it cannot be, nothing here is removed.
-    if finish_commit(dir).is_err() {
+    // it is applied first, and if it cannot be, nothing here is removed. The folder's
+    // commit lock is held throughout, so no journal naming a file removed here is
+    // written meanwhile.
+    let Ok(_lock) = commit::lock(dir) else {
+        return;
+    };
+    if commit::finish_locked(dir).is_err() || !Path::new("/proc/self").exists() {
         return;
     }
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -196,6 +198,26 @@ impl TempFile {
     /// Close, leaving the temporary file where it is (a commit journal names it).
     fn keep(mut self) {
         self.file = None;
+    }
+
+    /// The temporary name is still the file being written (not removed by another
+    /// machine's clean-up, to which this process id means nothing, nor replaced).
+    fn check_in_place(&self) -> Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let open = self
+            .file
+            .as_ref()
+            .expect("open until committed")
+            .get_ref()
+            .metadata()
+            .map_err(|e| Error::io(&self.tmp, "cannot read", e))?;
+        match std::fs::symlink_metadata(&self.tmp) {
+            Ok(m) if m.dev() == open.dev() && m.ino() == open.ino() => Ok(()),
+            _ => Err(Error::State(format!(
+                "{}: removed or replaced while it was written",
+                self.tmp.display()
+            ))),
+        }
     }
 
     /// Flush, sync to disk and rename over the target.

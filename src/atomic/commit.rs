@@ -3,19 +3,27 @@
 //! a journal (the write-ahead log of a database, in one file):
 //!
 //! 1. every new file is written under its temporary name beside its target and synced;
+//!    each is checked to still be the file written (another machine's clean-up may take
+//!    a file whose process id it does not know), and the folder synced;
 //! 2. the journal `.pieval-commit.json` — each target with its temporary name and length,
 //!    and the files to remove — is written under a temporary name, synced and renamed
 //!    into place, and the folder synced. **This rename is the commit**: before it the
 //!    folder holds the old files (the new ones only under temporary names, which no
 //!    reader opens); after it the new files are the folder's, whatever happens next;
-//! 3. the journal is applied (removals, then renames in order), the folder synced, and
-//!    the journal removed.
+//! 3. the journal is applied: every file it names checked first, then the last file (the
+//!    summary, which readers look for first) removed, the removals made, the files renamed
+//!    in order (the summary last), the folder synced and the journal removed.
 //!
 //! A process killed in step 3 leaves the journal: the next pieval that reads the folder
-//! ([`crate::rundir::artifact`]), writes in it ([`super::clean_stale`]) or scores into it
-//! applies it again first — each step can be repeated — so a reader sees the old files
-//! or the new ones, never a mix. The same shape as the object-store commit
-//! (`crate::objstore`: files first, then one atomic pointer).
+//! (the run folder's `artifact`), lists it, writes in it ([`super::clean_stale`]) or scores
+//! into it applies it again first — each step can be repeated — so a reader sees the old
+//! files or the new ones, never a mix. Committing and applying hold an exclusive lock on
+//! the folder (`flock` on the folder itself: nothing is created for it), so two processes
+//! never apply one journal at once or write one over another. The guarantee is about
+//! kills and crashes: a reader that opened the old summary before a commit and reads the
+//! results after it (no lock is held while a query runs) can still pair them. The same
+//! shape as the object-store commit (`src/objstore.rs`: files first, then one atomic
+//! pointer).
 
 use std::path::{Path, PathBuf};
 
@@ -27,14 +35,25 @@ use crate::error::{Error, Result};
 /// The journal's name, in the folder it commits into.
 pub const JOURNAL: &str = ".pieval-commit.json";
 
+/// The files a commit may write or remove: a scoring's (the run folder's names). A
+/// journal planted in a folder received from someone else can do no more than replace
+/// these with files of that same folder.
+pub const COMMITTED_FILES: [&str; 5] = [
+    "case_results.parquet",
+    "case_results.jsonl",
+    "findings.parquet",
+    "judgements.parquet",
+    "summary.json",
+];
+
 /// A journal names a few files; anything larger was not written here.
 const MAX_JOURNAL_BYTES: u64 = 1 << 20;
 
 const VERSION: u32 = 1;
 
-/// Set to a step number, the process aborts (as a kill would: no destructor runs) after
-/// that step of applying its own journal — 0: the journal written, nothing applied; k:
-/// k removals and renames done. For the tests that kill a scoring mid-commit.
+/// In debug builds (the tests'), set to a step number, the process aborts (as a kill
+/// would: no destructor runs) after that step of applying its own journal — 0: the
+/// journal written, nothing applied; k: k removals and renames done.
 pub const CRASH_ENV: &str = "PIEVAL_TEST_CRASH_IN_COMMIT";
 
 #[derive(Serialize, Deserialize)]
@@ -112,9 +131,13 @@ impl FolderCommit {
 
     /// Sync every new file, write the journal (the commit), apply it.
     pub fn commit(self) -> Result<()> {
-        let crash = std::env::var(CRASH_ENV)
-            .ok()
-            .and_then(|s| s.trim().parse::<usize>().ok());
+        let crash = if cfg!(debug_assertions) {
+            std::env::var(CRASH_ENV)
+                .ok()
+                .and_then(|s| s.trim().parse::<usize>().ok())
+        } else {
+            None
+        };
         self.commit_with(&mut |step| {
             if crash == Some(step) {
                 std::process::abort();
@@ -126,9 +149,11 @@ impl FolderCommit {
     /// [`FolderCommit::commit`], asking `stop` after each step whether to stop there
     /// (as a kill would: what is done stays done, the journal stays).
     fn commit_with(self, stop: &mut dyn FnMut(usize) -> bool) -> Result<()> {
+        let dir = self.dir;
+        let _lock = lock(&dir)?;
         // An unfinished commit of a killed process goes first: its journal must not be
         // replaced by this one before it is applied.
-        finish(&self.dir)?;
+        finish_locked(&dir)?;
         let mut journal = Journal {
             pieval_commit: VERSION,
             remove: self
@@ -141,6 +166,7 @@ impl FolderCommit {
         let mut files = Vec::with_capacity(self.put.len());
         for (name, mut file) in self.put {
             let bytes = file.sync()?;
+            file.check_in_place()?;
             let tmp = file
                 .tmp
                 .file_name()
@@ -150,35 +176,68 @@ impl FolderCommit {
             journal.put.push(Put { name, tmp, bytes });
             files.push(file);
         }
+        sync_dir(&dir)?;
         let text = serde_json::to_vec_pretty(&journal)
             .map_err(|e| Error::Internal(format!("cannot encode a commit journal: {e}")))?;
-        let mut file = TempFile::open(&self.dir.join(JOURNAL))?;
+        let journal_path = dir.join(JOURNAL);
+        let mut file = TempFile::open(&journal_path)?;
         std::io::Write::write_all(&mut file, &text)
             .map_err(|e| Error::io(&file.tmp, "cannot write", e))?;
         file.commit()?;
-        sync_dir(&self.dir)?;
-        // Committed: from here the temporary files are the journal's, never removed.
-        for file in files {
-            file.keep();
+        if let Err(e) = sync_dir(&dir) {
+            // Not known to be durable: taken back, nothing applied (the new files go
+            // with `files`). If even that fails, the journal and its files stay.
+            if std::fs::remove_file(&journal_path).is_err() {
+                files.into_iter().for_each(TempFile::keep);
+            }
+            return Err(e);
         }
-        apply(&self.dir, &journal, stop)
+        // Committed: from here the temporary files are the journal's, never removed.
+        files.into_iter().for_each(TempFile::keep);
+        apply(&dir, &journal, stop).map_err(|e| {
+            Error::State(format!(
+                "{}: the new results are committed, but not all could be put in place ({e}); \
+                 the next pieval that reads the folder completes it",
+                dir.display()
+            ))
+        })
     }
+}
+
+/// The folder's commit lock, released when dropped (the descriptor closed).
+pub(super) struct DirLock(#[allow(dead_code)] std::fs::File);
+
+/// Wait for the exclusive lock on `dir` itself (no file is created: a folder that cannot
+/// be written can still be locked and read).
+pub(super) fn lock(dir: &Path) -> Result<DirLock> {
+    let file = std::fs::File::open(dir).map_err(|e| Error::io(dir, "cannot open", e))?;
+    file.lock().map_err(|e| Error::io(dir, "cannot lock", e))?;
+    Ok(DirLock(file))
 }
 
 /// Apply the journal a killed process left in `dir`, if there is one: `true` when one
 /// was applied. An error names the journal and what stops it (a read-only folder, a file
 /// removed by hand): the folder's files are then neither run's until it is applied.
 pub fn finish(dir: &Path) -> Result<bool> {
+    if !exists(&dir.join(JOURNAL))? {
+        return Ok(false);
+    }
+    let _lock = lock(dir)?;
+    finish_locked(dir)
+}
+
+/// [`finish`], the folder's lock held.
+pub(super) fn finish_locked(dir: &Path) -> Result<bool> {
     let path = dir.join(JOURNAL);
-    match std::fs::symlink_metadata(&path) {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(Error::io(&path, "cannot read", e)),
+    if !exists(&path)? {
+        return Ok(false);
     }
     let unfinished = |why: String| {
         Error::State(format!(
             "{}: an unfinished commit (a scoring killed while it replaced this folder's \
-             results) that cannot be completed: {why}",
+             results) that cannot be completed: {why}. Until it is, the folder's results \
+             are not read; to keep them as they are instead, remove this file and the \
+             temporary files it names",
             path.display()
         ))
     };
@@ -191,53 +250,84 @@ pub fn finish(dir: &Path) -> Result<bool> {
     Ok(true)
 }
 
-/// Removals, then renames, then the journal removed. Every step can be done again: a
-/// file already renamed is recognised by its name and length.
+fn exists(path: &Path) -> Result<bool> {
+    match std::fs::symlink_metadata(path) {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Error::io(path, "cannot read", e)),
+    }
+}
+
+/// Whether `put` is still to be renamed (`true`: its temporary file is there, the length
+/// recorded) or was already (`false`: its target is there at that length). Anything else
+/// is an error, before the journal changes anything.
+fn pending(dir: &Path, put: &Put) -> Result<bool> {
+    let tmp = dir.join(&put.tmp);
+    let target = dir.join(&put.name);
+    match std::fs::symlink_metadata(&tmp) {
+        Ok(m) if m.is_file() && m.len() == put.bytes => Ok(true),
+        Ok(m) => Err(Error::State(format!(
+            "{}: a {} of {} bytes, not the file of {} bytes the commit wrote",
+            tmp.display(),
+            if m.is_file() { "file" } else { "non-file" },
+            m.len(),
+            put.bytes
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let done = std::fs::symlink_metadata(&target)
+                .is_ok_and(|m| m.is_file() && m.len() == put.bytes);
+            if done {
+                Ok(false)
+            } else {
+                Err(Error::State(format!(
+                    "neither {} nor the {} it was written as is there",
+                    target.display(),
+                    tmp.display()
+                )))
+            }
+        }
+        Err(e) => Err(Error::io(&tmp, "cannot read", e)),
+    }
+}
+
+/// Every file checked, then: the last file's target removed (while files change, a
+/// reader that looks for the summary first finds none), the removals, the renames in
+/// order, the journal removed. Every step can be done again.
 fn apply(dir: &Path, journal: &Journal, stop: &mut dyn FnMut(usize) -> bool) -> Result<()> {
+    let todo = journal
+        .put
+        .iter()
+        .map(|p| pending(dir, p))
+        .collect::<Result<Vec<bool>>>()?;
     let mut step = 0;
     if stop(step) {
         return Ok(());
     }
-    for name in &journal.remove {
+    let remove = |name: &str| {
         let path = dir.join(name);
         match std::fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io(&path, "cannot remove", e)),
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io(&path, "cannot remove", e)),
         }
+    };
+    let last = journal.put.last().filter(|_| todo.last() == Some(&true));
+    for name in last
+        .map(|p| p.name.as_str())
+        .into_iter()
+        .chain(journal.remove.iter().map(String::as_str))
+    {
+        remove(name)?;
         step += 1;
         if stop(step) {
             return Ok(());
         }
     }
-    for put in &journal.put {
-        let tmp = dir.join(&put.tmp);
-        let target = dir.join(&put.name);
-        match std::fs::symlink_metadata(&tmp) {
-            Ok(m) if m.is_file() && m.len() == put.bytes => std::fs::rename(&tmp, &target)
-                .map_err(|e| Error::io(&target, "cannot replace", e))?,
-            Ok(m) => {
-                return Err(Error::State(format!(
-                    "{}: a {} of {} bytes, not the file of {} bytes the commit wrote",
-                    tmp.display(),
-                    if m.is_file() { "file" } else { "non-file" },
-                    m.len(),
-                    put.bytes
-                )));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                // Renamed already (by the process killed, or by another reader).
-                let done = std::fs::symlink_metadata(&target)
-                    .is_ok_and(|m| m.is_file() && m.len() == put.bytes);
-                if !done {
-                    return Err(Error::State(format!(
-                        "neither {} nor the {} it was written as is there",
-                        target.display(),
-                        tmp.display()
-                    )));
-                }
-            }
-            Err(e) => return Err(Error::io(&tmp, "cannot read", e)),
+    for (put, todo) in journal.put.iter().zip(todo) {
+        if todo {
+            let target = dir.join(&put.name);
+            std::fs::rename(dir.join(&put.tmp), &target)
+                .map_err(|e| Error::io(&target, "cannot replace", e))?;
         }
         step += 1;
         if stop(step) {
@@ -245,18 +335,12 @@ fn apply(dir: &Path, journal: &Journal, stop: &mut dyn FnMut(usize) -> bool) -> 
         }
     }
     sync_dir(dir)?;
-    let path = dir.join(JOURNAL);
-    match std::fs::remove_file(&path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(Error::io(&path, "cannot remove", e)),
-    }
+    remove(JOURNAL)?;
     sync_dir(dir)
 }
 
-/// A journal read from disk names only plain files of its folder, each once, and
-/// temporary names made for them: a journal planted in a folder received from someone
-/// else can rename one of that folder's files over another, nothing more.
+/// A journal read from disk names only the files a commit may write, each once, and
+/// temporary names made for them.
 fn check(journal: &Journal) -> Result<()> {
     if journal.pieval_commit != VERSION {
         return Err(Error::State(format!(
@@ -280,29 +364,34 @@ fn check(journal: &Journal) -> Result<()> {
     Ok(())
 }
 
-/// A plain, visible file name of the folder.
+/// One of the files a commit may write ([`COMMITTED_FILES`]).
 fn check_name(name: &str) -> Result<()> {
-    if name.is_empty()
-        || name.starts_with('.')
-        || name.contains(['/', '\\', '\0'])
-        || name.len() > 255
-    {
+    if !COMMITTED_FILES.contains(&name) {
         return Err(Error::State(format!(
-            "{:?}: not a plain file name",
+            "{:?}: not a file a commit writes",
             crate::text::excerpt(name, 80)
         )));
     }
     Ok(())
 }
 
-/// `tmp` is a temporary name made for `name` ([`super::temp_path`]).
+/// `tmp` is a temporary name made for `name` by [`super::temp_path`]:
+/// `.NAME.PID-RANDOM.tmp`, RANDOM 16 hexadecimal digits.
 fn check_put(name: &str, tmp: &str) -> Result<()> {
     check_name(name)?;
     let made_for = tmp
         .strip_prefix('.')
         .and_then(|t| t.strip_prefix(name))
-        .is_some_and(|t| t.starts_with('.'));
-    if !made_for || !super::is_temporary(tmp) || tmp.contains(['/', '\\', '\0']) {
+        .and_then(|t| t.strip_prefix('.'))
+        .and_then(|t| t.strip_suffix(".tmp"))
+        .and_then(|t| t.split_once('-'))
+        .is_some_and(|(pid, random)| {
+            !pid.is_empty()
+                && pid.bytes().all(|b| b.is_ascii_digit())
+                && random.len() == 16
+                && random.bytes().all(|b| b.is_ascii_hexdigit())
+        });
+    if !made_for {
         return Err(Error::State(format!(
             "{:?}: not a temporary name of {name}",
             crate::text::excerpt(tmp, 80)
@@ -313,13 +402,9 @@ fn check_put(name: &str, tmp: &str) -> Result<()> {
 
 /// Make the folder's renames durable (its entries synced).
 fn sync_dir(dir: &Path) -> Result<()> {
-    #[cfg(unix)]
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io(dir, "cannot sync", e))?;
-    #[cfg(not(unix))]
-    let _ = dir;
-    Ok(())
+        .map_err(|e| Error::io(dir, "cannot sync", e))
 }
 
 #[cfg(test)]
@@ -413,19 +498,25 @@ mod tests {
 
     #[test]
     fn a_commit_killed_after_any_step_is_read_as_the_new_files() {
-        // Journal (0), one removal and three renames: 1..=4; 5 is past the last step.
+        // The journal (0), the summary and the judgements removed (1, 2), three renames
+        // (3..=5, the summary's last); then the journal is removed.
         for kill_at in 0..=5 {
             let dir = tempfile::tempdir().unwrap();
             old_run(dir.path());
             new_run(dir.path())
                 .commit_with(&mut |step| step == kill_at)
                 .unwrap();
-            if kill_at < 5 {
-                assert!(dir.path().join(JOURNAL).exists(), "killed at {kill_at}");
+            assert!(dir.path().join(JOURNAL).exists(), "killed at {kill_at}");
+            if (1..5).contains(&kill_at) {
+                // What readers that do not know the journal see meanwhile: no summary.
+                assert_eq!(
+                    read(dir.path(), "summary.json"),
+                    None,
+                    "killed at {kill_at}"
+                );
             }
             // The next reader applies the journal before it reads.
-            let summary = crate::rundir::artifact(dir.path(), "summary.json").unwrap();
-            assert!(summary.is_some());
+            assert!(finish(dir.path()).unwrap());
             is_new(dir.path());
         }
         // The next scoring, a run listing or a writer's clean-up apply it too.
@@ -495,15 +586,34 @@ mod tests {
                 r#"{"pieval_commit":2,"remove":[],"put":[]}"#.to_owned(),
             ),
             (
-                "not a plain file name",
+                "not a file a commit writes",
                 r#"{"pieval_commit":1,"remove":["../outside"],"put":[]}"#.to_owned(),
             ),
             (
-                "not a plain file name",
+                "not a file a commit writes",
                 r#"{"pieval_commit":1,"remove":[".run.lock"],"put":[]}"#.to_owned(),
             ),
             (
-                "not a temporary name of manifest.json",
+                "not a file a commit writes",
+                r#"{"pieval_commit":1,"remove":["manifest.json"],"put":[]}"#.to_owned(),
+            ),
+            (
+                "not a temporary name of summary.json",
+                r#"{"pieval_commit":1,"remove":[],"put":[{"name":"summary.json","tmp":".pieval-commit.json","bytes":11}]}"#.to_owned(),
+            ),
+            (
+                "not a temporary name of summary.json",
+                r#"{"pieval_commit":1,"remove":[],"put":[{"name":"summary.json","tmp":".summary.json.tmp-77-00000000deadbeef","bytes":11}]}"#.to_owned(),
+            ),
+            (
+                // A removal before a put that does not check: nothing is removed.
+                "not the file of 12 bytes",
+                format!(
+                    r#"{{"pieval_commit":1,"remove":["judgements.parquet"],"put":[{{"name":"summary.json","tmp":"{tmp}","bytes":12}}]}}"#
+                ),
+            ),
+            (
+                "not a file a commit writes",
                 format!(
                     r#"{{"pieval_commit":1,"remove":[],"put":[{{"name":"manifest.json","tmp":"{tmp}","bytes":11}}]}}"#
                 ),
@@ -534,9 +644,7 @@ mod tests {
             old_run(dir.path());
             std::fs::write(dir.path().join(tmp), "new summary").unwrap();
             std::fs::write(dir.path().join(JOURNAL), &journal).unwrap();
-            let err = crate::rundir::artifact(dir.path(), "summary.json")
-                .unwrap_err()
-                .to_string();
+            let err = finish(dir.path()).unwrap_err().to_string();
             assert!(
                 err.contains(".pieval-commit.json: an unfinished commit") && err.contains(expected),
                 "{journal}: {err}"
@@ -568,9 +676,7 @@ mod tests {
                 ),
             )
             .unwrap();
-            let err = crate::rundir::artifact(dir.path(), "summary.json")
-                .unwrap_err()
-                .to_string();
+            let err = finish(dir.path()).unwrap_err().to_string();
             assert!(err.contains("non-file"), "{err}");
             assert_eq!(
                 read(dir.path(), "summary.json").as_deref(),
@@ -578,7 +684,7 @@ mod tests {
             );
             std::fs::remove_file(dir.path().join(JOURNAL)).unwrap();
             std::os::unix::fs::symlink(outside.path(), dir.path().join(JOURNAL)).unwrap();
-            assert!(crate::rundir::artifact(dir.path(), "summary.json").is_err());
+            assert!(finish(dir.path()).is_err());
         }
     }
 

@@ -310,9 +310,13 @@ pub struct ReplayArgs {
 pub fn run_dir(spec: &str, results: &Path) -> Result<PathBuf> {
     // A real folder (not a link to one) holding a manifest or results.
     let is_run = |d: &Path| {
-        crate::rundir::is_run_folder(d)
-            && (d.join(crate::rundir::MANIFEST_FILE).is_file()
-                || d.join(crate::rundir::CASE_RESULTS_PARQUET).is_file())
+        if !crate::rundir::is_run_folder(d) {
+            return false;
+        }
+        // A scoring killed inside its commit is completed (reading it says why not).
+        let _ = crate::atomic::finish_commit(d);
+        d.join(crate::rundir::MANIFEST_FILE).is_file()
+            || d.join(crate::rundir::CASE_RESULTS_PARQUET).is_file()
     };
     let p = PathBuf::from(spec);
     if is_run(&p) {

@@ -186,6 +186,7 @@ mod tests {
                     span: Span::Bytes { start, end: at },
                     first_line: i as u64 + 1,
                     seen_before: if i == 2 { vec![[3, 3]] } else { Vec::new() },
+                    runs_at: None,
                 }
             })
             .collect();
@@ -194,6 +195,7 @@ mod tests {
                 path.to_str().unwrap(),
                 crate::ops::score::Stamp::of(&path).unwrap(),
                 slices,
+                None,
                 None,
             )
             .unwrap(),

@@ -118,6 +118,20 @@ pub struct Slice {
     /// cover lines that are not such rows but are never looked up (turn lines) or are
     /// flagged anyway (later rows of a key already in the slice, which the reader finds).
     pub seen_before: Vec<[u64; 2]>,
+    /// Where `seen_before` is, when too many runs to travel in the plan: written by the
+    /// client into a file of the staging folder, read by the slice's task
+    /// (`ops::score::slices::spill_runs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs_at: Option<RunsAt>,
+}
+
+/// A slice's repeated-row runs in the runs file: `count` pairs of little-endian u64
+/// (`[first, last]`) from byte `offset`, whose SHA-256 is `sha256`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunsAt {
+    pub offset: u64,
+    pub count: u64,
+    pub sha256: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -191,6 +191,8 @@ impl Judge {
             ProviderKind::Replay => {
                 let spec = section.replay_from.clone().unwrap_or_default();
                 let file = if spec.is_dir() {
+                    // A scoring killed inside its commit there is completed first.
+                    crate::atomic::finish_commit(&spec)?;
                     spec.join(JUDGEMENTS_FILE)
                 } else {
                     spec

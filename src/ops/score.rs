@@ -447,15 +447,21 @@ async fn cluster_session(
     let shown = |e| crate::objstore::relocate(e, &predictions, &opts.predictions);
     let stamp = slices::Stamp::of(&predictions).map_err(shown)?;
     let spans = slices::spans(&predictions, n).map_err(shown)?;
-    let surveyed = slices::survey(&submit, &path, stamp, &opts.predictions, &spans)
+    let mut surveyed = slices::survey(&submit, &path, stamp, &opts.predictions, &spans)
         .await
         .map_err(shown)?;
+    let runs_path =
+        match slices::spill_runs(&mut surveyed.slices, &staging.dir, slices::RUNS_IN_PLAN)? {
+            Some(p) => Some(crate::rundir::table_path(&p)?),
+            None => None,
+        };
     planner.register_table(
         "predictions",
         Arc::new(slices::SlicedPredictions {
             path,
             stamp,
             slices: surveyed.slices,
+            runs_path,
         }),
     )?;
     scoring.staging_ms = Some(started.elapsed().as_millis() as u64);

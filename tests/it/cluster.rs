@@ -684,13 +684,13 @@ fn a_killed_client_or_scheduler_leaves_the_previous_run_whole() {
     assert_eq!(rows(&out).len(), p2.len());
     assert_ne!(rows(&out), committed);
 
-    // The client killed inside its commit, after the journal and two of its steps (the
-    // earlier judgements removed, case_results.parquet renamed; the JSONL the executors
-    // assembled and the summary not yet): the next reader completes it — the new run
+    // The client killed inside its commit, after the journal and three of its steps
+    // (the summary and the judgements removed, case_results.parquet renamed; the JSONL
+    // the executors assembled not yet): the next reader completes it — the new run
     // whole, the first predictions' rows again — and nothing of the second's stays.
     let first_summary: Value = serde_json::from_slice(&summary).unwrap();
     let r =
-        run(score_cmd(Some(&cluster.url), &first, &out).env("PIEVAL_TEST_CRASH_IN_COMMIT", "2"));
+        run(score_cmd(Some(&cluster.url), &first, &out).env("PIEVAL_TEST_CRASH_IN_COMMIT", "3"));
     assert_ne!(r.code, 0, "the client was not killed: {}", r.stderr);
     assert!(out.join(".pieval-commit.json").exists());
     let r = run(pieval()

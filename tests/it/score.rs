@@ -499,8 +499,9 @@ fn a_scoring_killed_inside_its_commit_is_read_as_the_new_scoring_whole() {
     let (old_files, old_metrics) = (files(), metrics());
     assert!(old_files.0[0] != new_files.0[0] && old_files.1 != new_files.1);
     assert!(old_metrics != new_metrics);
-    // The journal (0), the earlier judgements removed (1), four files renamed (2..=5).
-    for step in 0..=5 {
+    // The journal (0), the summary and the earlier judgements removed (1, 2), four
+    // files renamed (3..=6, the summary last); the journal is still there after each.
+    for step in 0..=6 {
         assert_eq!(score(&old, None).code, 0, "step {step}");
         let r = score(&new, Some(step));
         assert_ne!(r.code, 0, "step {step}: the scoring was not killed");

@@ -77,6 +77,10 @@ pub struct ScanSpec {
     pub slices: Vec<Slice>,
     pub survey: bool,
     pub projection: Option<Vec<usize>>,
+    /// The runs file of slices whose runs did not travel in the plan ([`spill_runs`]),
+    /// at a path every executor sees (absolute).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs_path: Option<String>,
 }
 
 /// A file's length and modification time, as the client saw it when it cut the file: a
@@ -228,6 +232,7 @@ impl PredictionsScanExec {
                 span,
                 first_line: 1,
                 seen_before: Vec::new(),
+                runs_at: None,
             })
             .collect();
         Self::planned(ScanSpec {
@@ -236,14 +241,17 @@ impl PredictionsScanExec {
             slices,
             survey: true,
             projection: None,
+            runs_path: None,
         })
     }
 
-    /// The scoring plan's scan of `slices`, as surveyed.
+    /// The scoring plan's scan of `slices`, as surveyed (their runs in the plan, or in
+    /// the file at `runs_path`: [`spill_runs`]).
     pub fn scan(
         path: &str,
         stamp: Stamp,
         slices: Vec<Slice>,
+        runs_path: Option<String>,
         projection: Option<Vec<usize>>,
     ) -> Result<Self> {
         Self::planned(ScanSpec {
@@ -252,6 +260,7 @@ impl PredictionsScanExec {
             slices,
             survey: false,
             projection,
+            runs_path,
         })
     }
 
@@ -269,6 +278,19 @@ impl PredictionsScanExec {
                 "PredictionsScanExec: the predictions path {:?} is not an absolute path",
                 spec.path
             )));
+        }
+        match &spec.runs_path {
+            Some(p) if !Path::new(p).is_absolute() || p.contains('\0') => {
+                return Err(Error::Internal(format!(
+                    "PredictionsScanExec: the runs path {p:?} is not an absolute path"
+                )));
+            }
+            None if spec.slices.iter().any(|s| s.runs_at.is_some()) => {
+                return Err(Error::Internal(
+                    "PredictionsScanExec: slices whose runs are in a file, and no file".into(),
+                ));
+            }
+            _ => {}
         }
         check_numbered("PredictionsScanExec", &input)?;
         let schema = if spec.survey {
@@ -410,8 +432,13 @@ fn slice_stream(
         }));
     }
     let projection = spec.projection.clone();
+    let runs_path = spec.runs_path.clone();
     Ok(reader_stream(name, Arc::clone(schema), move || {
         stamp.check(&path)?;
+        let mut slice = slice;
+        if let (Some(at), Some(runs)) = (slice.runs_at.take(), &runs_path) {
+            slice.seen_before = read_runs(Path::new(runs), &at)?;
+        }
         let reader = PredictionsReader::open_slice(&path, BATCH_ROWS, &slice)?;
         let rows = reader.map(move |b| match (&projection, b) {
             (Some(p), Ok(b)) => Ok(b.project(p)?),
@@ -823,6 +850,7 @@ fn surveyed(batches: &[RecordBatch], shown: &Path, spans: &[Span]) -> Result<Sur
             span: spans[s],
             first_line,
             seen_before,
+            runs_at: None,
         });
         first_line += report.lines;
     }
@@ -834,6 +862,87 @@ fn surveyed(batches: &[RecordBatch], shown: &Path, spans: &[Span]) -> Result<Sur
     })
 }
 
+/// The most repeated-row runs that travel in the scan plan (about 20 bytes each, and
+/// every task receives the whole plan, under the scheduler's 16 MiB message limit).
+pub const RUNS_IN_PLAN: usize = 4096;
+
+/// The name of the runs file in the staging folder ([`spill_runs`]).
+pub const RUNS_FILE: &str = "seen_before.runs";
+
+/// When the slices' repeated-row runs number more than `max_in_plan` (a file whose
+/// repeats alternate with new keys: one run per repeat), write them into `dir` (the
+/// staging folder, which the executors see) and leave each slice only where its runs
+/// are and their SHA-256; each task reads its own. The file's path, if one was written.
+pub fn spill_runs(slices: &mut [Slice], dir: &Path, max_in_plan: usize) -> Result<Option<PathBuf>> {
+    use std::io::Write;
+    let total: usize = slices.iter().map(|s| s.seen_before.len()).sum();
+    if total <= max_in_plan {
+        return Ok(None);
+    }
+    let path = dir.join(RUNS_FILE);
+    let mut file = crate::atomic::TempFile::create(&path)?;
+    let mut offset = 0u64;
+    for slice in slices.iter_mut().filter(|s| !s.seen_before.is_empty()) {
+        let mut bytes = Vec::with_capacity(slice.seen_before.len() * 16);
+        for [first, last] in &slice.seen_before {
+            bytes.extend_from_slice(&first.to_le_bytes());
+            bytes.extend_from_slice(&last.to_le_bytes());
+        }
+        file.write_all(&bytes)
+            .map_err(|e| Error::io(&path, "cannot write", e))?;
+        slice.runs_at = Some(crate::corpus::predictions::RunsAt {
+            offset,
+            count: slice.seen_before.len() as u64,
+            sha256: crate::digest::sha256_hex(&bytes),
+        });
+        offset += bytes.len() as u64;
+        slice.seen_before = Vec::new();
+    }
+    file.commit()?;
+    Ok(Some(path))
+}
+
+/// A slice's runs from the runs file, as the client wrote them: their bytes' SHA-256
+/// checked, sorted and disjoint.
+fn read_runs(path: &Path, at: &crate::corpus::predictions::RunsAt) -> Result<Vec<[u64; 2]>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let bad = |why: String| {
+        Error::State(format!(
+            "{}: the repeated rows of a slice {why}",
+            path.display()
+        ))
+    };
+    let len = at
+        .count
+        .checked_mul(16)
+        .filter(|&n| n <= 1 << 34)
+        .ok_or_else(|| bad(format!("are {} runs, more than a file can hold", at.count)))?;
+    let mut file = crate::files::open_input(path, "cannot open")?;
+    file.seek(SeekFrom::Start(at.offset))
+        .map_err(|e| Error::io(path, "cannot read", e))?;
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(len)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(path, "cannot read", e))?;
+    if bytes.len() as u64 != len || crate::digest::sha256_hex(&bytes) != at.sha256 {
+        return Err(bad(
+            "are not what the client wrote (the file changed)".into()
+        ));
+    }
+    let runs: Vec<[u64; 2]> = bytes
+        .chunks_exact(16)
+        .map(|c| {
+            let n = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+            [n(&c[..8]), n(&c[8..])]
+        })
+        .collect();
+    let ordered = runs.iter().all(|[a, b]| a <= b) && runs.windows(2).all(|w| w[0][1] < w[1][0]);
+    if !ordered {
+        return Err(bad("are not sorted, disjoint runs".into()));
+    }
+    Ok(runs)
+}
+
 /// `predictions` for the scoring plan on a cluster: the surveyed slices, scanned by the
 /// executors.
 #[derive(Debug)]
@@ -841,6 +950,8 @@ pub struct SlicedPredictions {
     pub path: String,
     pub stamp: Stamp,
     pub slices: Vec<Slice>,
+    /// Where the slices' runs are when they do not travel in the plan ([`spill_runs`]).
+    pub runs_path: Option<String>,
 }
 
 #[async_trait::async_trait]
@@ -864,6 +975,7 @@ impl TableProvider for SlicedPredictions {
             &self.path,
             self.stamp,
             self.slices.clone(),
+            self.runs_path.clone(),
             projection.cloned(),
         )?))
     }
@@ -915,6 +1027,16 @@ mod tests {
 
     /// The file read in `n` slices: surveyed, then scanned.
     fn sliced(path: &Path, n: usize) -> Result<(RecordBatch, PredictionStats, Coverage)> {
+        sliced_with(path, n, None)
+    }
+
+    /// [`sliced`], the slices' runs written to a runs file in `spill` (then read by each
+    /// slice's scan) when there are any.
+    fn sliced_with(
+        path: &Path,
+        n: usize,
+        spill: Option<&Path>,
+    ) -> Result<(RecordBatch, PredictionStats, Coverage)> {
         let rt = crate::engine::runtime()?;
         rt.block_on(async {
             let spans = spans(path, n)?;
@@ -922,9 +1044,15 @@ mod tests {
             let stamp = Stamp::of(path)?;
             let survey =
                 run_all(Arc::new(PredictionsScanExec::survey(text, stamp, &spans)?)).await?;
-            let s = surveyed(&survey, path, &spans)?;
+            let mut s = surveyed(&survey, path, &spans)?;
+            let runs = match spill {
+                Some(dir) => {
+                    spill_runs(&mut s.slices, dir, 0)?.map(|p| p.to_str().unwrap().to_owned())
+                }
+                None => None,
+            };
             let scan = run_all(Arc::new(PredictionsScanExec::scan(
-                text, stamp, s.slices, None,
+                text, stamp, s.slices, runs, None,
             )?))
             .await?;
             Ok((by_line(&scan), s.stats, s.coverage))
@@ -979,11 +1107,16 @@ mod tests {
         assert!(stats.duplicates > 20 && stats.rows > 200, "{stats:?}");
         assert!(rows.num_rows() < 300, "turn lines are not predictions");
         // More slices than lines too: empty slices, slices inside one line.
+        // And with the repeated rows' runs read from a runs file, not the plan.
+        let spill = dir.path().join("staging");
+        std::fs::create_dir(&spill).unwrap();
         for n in [1, 2, 3, 7, 16, 301, 2000] {
-            let (r, s, c) = sliced(&jsonl, n).unwrap();
-            assert_eq!(r, rows, "{n} slices");
-            assert_eq!(format!("{s:?}"), format!("{stats:?}"), "{n} slices");
-            assert_eq!(c, coverage, "{n} slices");
+            for from in [None, Some(spill.as_path())] {
+                let (r, s, c) = sliced_with(&jsonl, n, from).unwrap();
+                assert_eq!(r, rows, "{n} slices, {from:?}");
+                assert_eq!(format!("{s:?}"), format!("{stats:?}"), "{n} slices");
+                assert_eq!(c, coverage, "{n} slices");
+            }
         }
 
         // Parquet: slices of rows across row groups of 7, row numbers as lines.
@@ -1006,6 +1139,57 @@ mod tests {
             assert_eq!(format!("{s:?}"), format!("{stats:?}"), "{n} slices");
             assert_eq!(c, coverage, "{n} slices");
         }
+    }
+
+    #[test]
+    fn runs_too_many_for_the_plan_go_in_a_file_each_task_checks() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.jsonl");
+        // Repeats alternating with new keys: one run per repeat.
+        let text: String = (0..600)
+            .map(|i| {
+                let key = if i % 2 == 1 && i > 300 { i - 301 } else { i };
+                format!("{{\"case_id\":\"c{key}\",\"response_text\":\"r\"}}\n")
+            })
+            .collect();
+        std::fs::write(&path, text).unwrap();
+        let (rows, stats, _) = whole(&path).unwrap();
+        assert_eq!(stats.duplicates, 150);
+        let spans = spans(&path, 4).unwrap();
+        let survey = survey_rows(&path, &spans).unwrap();
+        let mut s = surveyed(&survey, &path, &spans).unwrap();
+        let total: usize = s.slices.iter().map(|s| s.seen_before.len()).sum();
+        assert!(total > 100, "{total} runs");
+        // Under the limit, nothing is written; over it, every run moves to the file.
+        let staging = dir.path().join("staging");
+        std::fs::create_dir(&staging).unwrap();
+        assert_eq!(spill_runs(&mut s.slices, &staging, total).unwrap(), None);
+        let runs = spill_runs(&mut s.slices, &staging, total - 1)
+            .unwrap()
+            .unwrap();
+        assert!(s.slices.iter().all(|s| s.seen_before.is_empty()));
+        assert_eq!(std::fs::metadata(&runs).unwrap().len(), total as u64 * 16);
+        let stamp = Stamp::of(&path).unwrap();
+        let scan = |slices: Vec<Slice>, runs: Option<&Path>| {
+            let plan = PredictionsScanExec::scan(
+                path.to_str().unwrap(),
+                stamp,
+                slices,
+                runs.map(|p| p.to_str().unwrap().to_owned()),
+                None,
+            )?;
+            crate::engine::runtime()?.block_on(run_all(Arc::new(plan)))
+        };
+        assert_eq!(by_line(&scan(s.slices.clone(), Some(&runs)).unwrap()), rows);
+        // The plan is refused without the file, and a task refuses a file changed since.
+        assert!(scan(s.slices.clone(), None).is_err());
+        let mut bytes = std::fs::read(&runs).unwrap();
+        bytes[20] ^= 1;
+        std::fs::write(&runs, &bytes).unwrap();
+        let err = scan(s.slices.clone(), Some(&runs)).unwrap_err().to_string();
+        assert!(err.contains("not what the client wrote"), "{err}");
+        std::fs::write(&runs, &bytes[..bytes.len() - 16]).unwrap();
+        assert!(scan(s.slices, Some(&runs)).is_err());
     }
 
     #[test]
@@ -1085,7 +1269,7 @@ mod tests {
         );
         let e = rt
             .block_on(run_all(Arc::new(
-                PredictionsScanExec::scan(text, stamp, Vec::new(), None).unwrap(),
+                PredictionsScanExec::scan(text, stamp, Vec::new(), None, None).unwrap(),
             )))
             .map(|_| ())
             .and_then(|()| {
@@ -1097,7 +1281,9 @@ mod tests {
                             span: spans[0],
                             first_line: 1,
                             seen_before: Vec::new(),
+                            runs_at: None,
                         }],
+                        None,
                         None,
                     )
                     .unwrap(),
