@@ -24,7 +24,7 @@ const PART_WRITER: &[u8] = b"pieval.part-writer/1\n";
 const PREDICTIONS_SCAN: &[u8] = b"pieval.predictions-scan/1\n";
 
 /// What an [`AssembleExec`] node's bytes start with (then its [`AssembleSpec`], JSON).
-const ASSEMBLE: &[u8] = b"pieval.assemble/1\n";
+const ASSEMBLE: &[u8] = b"pieval.assemble/2\n";
 
 /// pieval's nodes, then Ballista's.
 #[derive(Debug, Default)]

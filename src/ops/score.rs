@@ -178,6 +178,10 @@ pub struct ScoringEngine {
     /// On a cluster: the part files the executors wrote (one per partition of the scan).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parts: Option<usize>,
+    /// On a cluster: the run's files the executors put together from the parts (the
+    /// others the client spliced: docs/cluster.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assembled_by_executors: Option<Vec<String>>,
 }
 
 impl ScoringEngine {
@@ -803,20 +807,21 @@ async fn score_on_cluster(
     for r in &reports {
         parts::add(counts, &r.tally);
     }
-    // The JSONL, most of the parts' bytes, put together by the executors when a rename
-    // can take it from the staging folder into the run; spliced here otherwise.
+    // The run's files put together by the executors when a rename can take them from
+    // the staging folder into the run; spliced here otherwise.
     let assembled = if assemble::can_assemble(&cluster.staging.dir, &opts.output) {
-        assemble::assemble_jsonl(
+        assemble::assemble(
             &cluster.submit,
             &reports,
             &dir,
             &cluster.staging.dir,
-            &opts.output.join(parts::CASE_RESULTS_JSONL),
+            &opts.output,
         )
         .await?
     } else {
-        None
+        Default::default()
     };
+    scoring.assembled_by_executors = Some(assembled.keys().map(|k| (*k).to_owned()).collect());
     let merged = parts::merge(&reports, &dir, &opts.output, assembled)?;
     let metrics = summary::from_partials(parts::summary_partials(&reports, &dir)?).await?;
     scoring.commit_ms = Some(started.elapsed().as_millis() as u64);

@@ -303,11 +303,19 @@ fn a_two_executor_cluster_scores_the_same_rows_as_a_local_run() {
         summary(&on_cluster)["scoring"]["rulepack_digest"]
     );
     assert_eq!(summary(&on_cluster)["scoring"]["executors"], 2);
-    // The executors wrote the results as parts, which the client checked and spliced.
+    // The executors wrote the results as parts, and put the run's files together.
     assert!(
         summary(&on_cluster)["scoring"]["parts"].as_u64().unwrap() >= 1,
         "{}",
         summary(&on_cluster)["scoring"]
+    );
+    assert_eq!(
+        summary(&on_cluster)["scoring"]["assembled_by_executors"],
+        json!([
+            "case_results.jsonl",
+            "case_results.parquet",
+            "findings.parquet"
+        ])
     );
     // The staged inputs and the parts are gone.
     assert!(

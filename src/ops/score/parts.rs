@@ -462,35 +462,23 @@ fn result_key(kind: &str) -> &'static str {
 }
 
 /// Check every part the reports name and splice them into `output`'s case_results.parquet,
-/// case_results.jsonl and findings.parquet (temporary until committed); the JSONL is
-/// taken as `assembled` when the executors put it together ([`super::assemble`]).
+/// case_results.jsonl and findings.parquet (temporary until committed); the files the
+/// executors put together ([`super::assemble`]) are taken as they are.
 pub fn merge(
     reports: &[PartReport],
     parts: &Path,
     output: &Path,
-    mut assembled: Option<crate::atomic::TempFile>,
+    mut assembled: std::collections::BTreeMap<&'static str, crate::atomic::TempFile>,
 ) -> Result<Merged> {
     let mut files = Vec::with_capacity(3);
     for (i, kind) in KINDS.into_iter().take(3).enumerate() {
-        let target = output.join(kind);
-        if kind == CASE_RESULTS_JSONL
-            && let Some(done) = assembled.take()
-        {
+        if let Some(done) = assembled.remove(kind) {
             files.push((kind, done));
             continue;
         }
+        let target = output.join(kind);
         let mut out = crate::atomic::TempFile::create(&target)?;
-        let list: Vec<(&PartFile, u64)> = reports
-            .iter()
-            .map(|r| {
-                let rows = if kind == FINDINGS_PARQUET {
-                    r.findings_rows
-                } else {
-                    r.coverage.rows
-                };
-                (&r.files[i], rows)
-            })
-            .collect();
+        let list = part_list(reports, i);
         if kind == CASE_RESULTS_JSONL {
             for (file, rows) in list {
                 concat_jsonl(&parts.join(&file.name), file, rows, &mut out)?;
@@ -501,6 +489,21 @@ pub fn merge(
         files.push((kind, out));
     }
     Ok(Merged { files })
+}
+
+/// The parts of the `i`-th kind ([`KINDS`]), with the rows each holds.
+pub fn part_list(reports: &[PartReport], i: usize) -> Vec<(&PartFile, u64)> {
+    reports
+        .iter()
+        .map(|r| {
+            let rows = if KINDS[i] == FINDINGS_PARQUET {
+                r.findings_rows
+            } else {
+                r.coverage.rows
+            };
+            (&r.files[i], rows)
+        })
+        .collect()
 }
 
 /// The largest summary part read: its partials are a few rows per group of dimensions,
@@ -652,15 +655,7 @@ pub(super) fn copy_part(
         last = chunk[chunk.len() - 1];
         write(chunk)
     })?;
-    if bytes != file.bytes || digest != file.sha256 {
-        return Err(Error::State(format!(
-            "{}: {bytes} bytes, sha256 {digest}, but its executor reported {} bytes, sha256 {}: \
-             the part changed after it was written",
-            path.display(),
-            file.bytes,
-            file.sha256
-        )));
-    }
+    as_reported(path, file, bytes, &digest)?;
     if lines != rows || last != b'\n' {
         return Err(Error::State(format!(
             "{}: {lines} lines, but its executor reported {rows} rows",
@@ -670,26 +665,66 @@ pub(super) fn copy_part(
     Ok(())
 }
 
-/// Copy the row groups of checked Parquet parts into one file, as they are (no decoding),
-/// one part at a time: the schema and key-value metadata (the Arrow schema) of the first
-/// part, which every other part must share. Each part's footer is checked against the
-/// decoding bounds before it is read ([`crate::rundir::bounds::check_parquet_file`]) and
-/// must hold its reported rows.
-fn splice_parquet(
+/// What was read of a part is what its executor reported: its length and SHA-256.
+fn as_reported(path: &Path, file: &PartFile, bytes: u64, digest: &str) -> Result<()> {
+    if bytes != file.bytes || digest != file.sha256 {
+        return Err(Error::State(format!(
+            "{}: {bytes} bytes, sha256 {digest}, but its executor reported {} bytes, sha256 {}: \
+             the part changed after it was written",
+            path.display(),
+            file.bytes,
+            file.sha256
+        )));
+    }
+    Ok(())
+}
+
+/// Read a part once, handing the bytes `range` of it to `write` (a Parquet part's row
+/// groups, [`ParquetLayout`]), and check the whole of what was read: its size and
+/// SHA-256 are the reported ones.
+pub(super) fn copy_range(
+    path: &Path,
+    file: &PartFile,
+    range: [u64; 2],
+    mut write: impl FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
+    let f = crate::files::open_regular(path, crate::files::Links::Refuse)?;
+    let mut at = 0u64;
+    let (digest, bytes) = crate::digest::sha256_streamed(f, path, |chunk| {
+        let end = at + chunk.len() as u64;
+        let (from, to) = (range[0].max(at), range[1].min(end));
+        if from < to {
+            write(&chunk[(from - at) as usize..(to - at) as usize])?;
+        }
+        at = end;
+        Ok(())
+    })?;
+    as_reported(path, file, bytes, &digest)
+}
+
+/// Each part's footer, checked: within the decoding bounds, holding the rows its
+/// executor reported, with the first part's schema and key-value metadata.
+fn checked_footers(
     parts: &Path,
     list: &[(&PartFile, u64)],
-    out: &mut crate::atomic::TempFile,
-) -> Result<()> {
-    use datafusion::parquet::column::writer::ColumnCloseResult;
-    use datafusion::parquet::file::properties::WriterProperties;
+) -> Result<
+    Vec<(
+        PathBuf,
+        datafusion::parquet::file::metadata::ParquetMetaData,
+    )>,
+> {
     let limits = crate::rundir::bounds::ParquetLimits::from_env()?;
-    let footer = |file: &PartFile, rows: u64| -> Result<_> {
+    let mut out: Vec<(
+        PathBuf,
+        datafusion::parquet::file::metadata::ParquetMetaData,
+    )> = Vec::with_capacity(list.len());
+    for (file, rows) in list {
         let path = parts.join(&file.name);
         let meta =
             crate::rundir::bounds::check_parquet_file(&path, crate::files::Links::Refuse, &limits)?;
         let in_groups: i64 = meta.row_groups().iter().map(|g| g.num_rows()).sum();
         if meta.file_metadata().num_rows() != in_groups
-            || u64::try_from(in_groups).ok() != Some(rows)
+            || u64::try_from(in_groups).ok() != Some(*rows)
         {
             return Err(Error::State(format!(
                 "{}: {} rows ({in_groups} in its row groups), but its executor reported {rows}",
@@ -697,13 +732,39 @@ fn splice_parquet(
                 meta.file_metadata().num_rows()
             )));
         }
-        Ok((path, meta))
-    };
-    let Some(&(first, first_rows)) = list.first() else {
+        if let Some((_, first)) = out.first() {
+            let (a, b) = (first.file_metadata(), meta.file_metadata());
+            if a.schema_descr().root_schema() != b.schema_descr().root_schema()
+                || a.key_value_metadata() != b.key_value_metadata()
+            {
+                return Err(Error::State(format!(
+                    "{}: its Parquet schema differs from the first part's",
+                    path.display()
+                )));
+            }
+        }
+        out.push((path, meta));
+    }
+    if out.is_empty() {
         return Err(Error::Internal("no part to splice".into()));
-    };
-    let (_, first) = footer(first, first_rows)?;
-    let first = first.file_metadata();
+    }
+    Ok(out)
+}
+
+/// Write the parts' row groups, as they are, into one Parquet file: `sink` receives the
+/// file, `open(i)` gives part `i`'s bytes.
+fn write_spliced<R: datafusion::parquet::file::reader::ChunkReader>(
+    footers: &[(
+        PathBuf,
+        datafusion::parquet::file::metadata::ParquetMetaData,
+    )],
+    sink: impl Write + Send,
+    target: &Path,
+    mut open: impl FnMut(usize) -> Result<R>,
+) -> Result<()> {
+    use datafusion::parquet::column::writer::ColumnCloseResult;
+    use datafusion::parquet::file::properties::WriterProperties;
+    let first = footers[0].1.file_metadata();
     let schema = first.schema_descr_ptr();
     let mut props = WriterProperties::builder();
     if let Some(kv) = first.key_value_metadata() {
@@ -712,20 +773,10 @@ fn splice_parquet(
     if let Some(by) = first.created_by() {
         props = props.set_created_by(by.to_owned());
     }
-    let target = out.tmp_path().to_path_buf();
     let mut writer =
-        SerializedFileWriter::new(out, schema.root_schema_ptr(), Arc::new(props.build()))?;
-    for (file, rows) in list {
-        let (path, meta) = footer(file, *rows)?;
-        if meta.file_metadata().schema_descr().root_schema() != schema.root_schema()
-            || meta.file_metadata().key_value_metadata() != first.key_value_metadata()
-        {
-            return Err(Error::State(format!(
-                "{}: its Parquet schema differs from the first part's",
-                path.display()
-            )));
-        }
-        let f = open_checked(&path, file)?;
+        SerializedFileWriter::new(sink, schema.root_schema_ptr(), Arc::new(props.build()))?;
+    for (i, (path, meta)) in footers.iter().enumerate() {
+        let f = open(i)?;
         let splice = |e: datafusion::parquet::errors::ParquetError| {
             Error::State(format!(
                 "{}: cannot copy it into {}: {e}",
@@ -754,6 +805,117 @@ fn splice_parquet(
     }
     writer.close()?;
     Ok(())
+}
+
+/// Splice Parquet parts (checked: [`checked_footers`], [`open_checked`]) into `out`:
+/// their row groups copied as they are, no decoding.
+fn splice_parquet(
+    parts: &Path,
+    list: &[(&PartFile, u64)],
+    out: &mut crate::atomic::TempFile,
+) -> Result<()> {
+    let footers = checked_footers(parts, list)?;
+    let target = out.tmp_path().to_path_buf();
+    write_spliced(&footers, out, &target, |i| {
+        open_checked(&footers[i].0, list[i].0)
+    })
+}
+
+/// Where the executors put Parquet parts together ([`super::assemble`]): each part's
+/// row groups, the bytes `ranges[i]` of part `i` (its column chunks, which lie end to end
+/// from byte 4 in a file the part writer made), go one after the other from byte 4 of
+/// the run's file; the client writes the header and `footer` — the one the splice above
+/// would write, made by running it over placeholders of the same lengths.
+pub struct ParquetLayout {
+    pub ranges: Vec<[u64; 2]>,
+    pub footer: Vec<u8>,
+}
+
+/// The header every Parquet file starts with (and its footer ends with).
+pub const PARQUET_MAGIC: &[u8; 4] = b"PAR1";
+
+/// [`ParquetLayout`] of parts (their footers checked); `None` when a part's chunks do
+/// not lie end to end from byte 4 (the client splices it then).
+pub fn parquet_layout(parts: &Path, list: &[(&PartFile, u64)]) -> Result<Option<ParquetLayout>> {
+    let footers = checked_footers(parts, list)?;
+    let mut ranges = Vec::with_capacity(footers.len());
+    for (_, meta) in &footers {
+        let mut at = PARQUET_MAGIC.len() as u64;
+        for group in meta.row_groups() {
+            for column in group.columns() {
+                let start = column
+                    .dictionary_page_offset()
+                    .unwrap_or_else(|| column.data_page_offset());
+                if u64::try_from(start).ok() != Some(at) {
+                    return Ok(None);
+                }
+                at += column.compressed_size() as u64;
+            }
+        }
+        ranges.push([PARQUET_MAGIC.len() as u64, at]);
+    }
+    let data: u64 = ranges.iter().map(|[a, b]| b - a).sum();
+    let mut tail = Tail {
+        at: 0,
+        keep_from: PARQUET_MAGIC.len() as u64 + data,
+        kept: Vec::new(),
+    };
+    write_spliced(&footers, &mut tail, Path::new("the footer"), |i| {
+        Ok(Placeholder(list[i].0.bytes))
+    })?;
+    Ok(Some(ParquetLayout {
+        ranges,
+        footer: tail.kept,
+    }))
+}
+
+/// A sink that keeps only what is written from byte `keep_from` on.
+struct Tail {
+    at: u64,
+    keep_from: u64,
+    kept: Vec<u8>,
+}
+
+impl Write for Tail {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let end = self.at + buf.len() as u64;
+        if end > self.keep_from {
+            let skip = self.keep_from.saturating_sub(self.at) as usize;
+            self.kept.extend_from_slice(&buf[skip..]);
+        }
+        self.at = end;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A part's length of zeros: what the splice copies, without reading it.
+struct Placeholder(u64);
+
+impl datafusion::parquet::file::reader::Length for Placeholder {
+    fn len(&self) -> u64 {
+        self.0
+    }
+}
+
+impl datafusion::parquet::file::reader::ChunkReader for Placeholder {
+    type T = std::io::Take<std::io::Repeat>;
+
+    fn get_read(&self, start: u64) -> datafusion::parquet::errors::Result<Self::T> {
+        use std::io::Read;
+        Ok(std::io::repeat(0).take(self.0.saturating_sub(start)))
+    }
+
+    fn get_bytes(
+        &self,
+        start: u64,
+        length: usize,
+    ) -> datafusion::parquet::errors::Result<bytes::Bytes> {
+        let _ = start;
+        Ok(bytes::Bytes::from(vec![0; length]))
+    }
 }
 
 /// Add a part's tallies to the run's, keeping the first examples of each review reason
@@ -963,7 +1125,7 @@ pub(super) mod tests {
                 .collect::<Vec<_>>(),
             [Some(1), Some(4), None]
         );
-        let merged = merge(&reports, parts.path(), out.path(), None).unwrap();
+        let merged = merge(&reports, parts.path(), out.path(), Default::default()).unwrap();
         // Nothing is in place before the commit.
         assert!(!out.path().join(CASE_RESULTS_PARQUET).exists());
         let mut commit = crate::atomic::FolderCommit::new(out.path());
@@ -1017,14 +1179,19 @@ pub(super) mod tests {
         // Same size, other bytes.
         let jsonl = parts.path().join(&b.files[1].name);
         std::fs::write(&jsonl, "{\"case_id\":\"bX\"}\n").unwrap();
-        let e = merge(&[a.clone(), b.clone()], parts.path(), out.path(), None)
-            .err()
-            .unwrap()
-            .to_string();
+        let e = merge(
+            &[a.clone(), b.clone()],
+            parts.path(),
+            out.path(),
+            Default::default(),
+        )
+        .err()
+        .unwrap()
+        .to_string();
         assert!(e.contains(&b.files[1].name) && e.contains("sha256"), "{e}");
         // A part gone.
         std::fs::remove_file(parts.path().join(&a.files[0].name)).unwrap();
-        let e = merge(&[a, b], parts.path(), out.path(), None)
+        let e = merge(&[a, b], parts.path(), out.path(), Default::default())
             .err()
             .unwrap()
             .to_string();
@@ -1086,7 +1253,7 @@ pub(super) mod tests {
         let out = tempfile::tempdir().unwrap();
         let mut a = part(parts.path(), 1, &["a1", "a2"]);
         a.coverage.rows = 3;
-        let e = merge(&[a], parts.path(), out.path(), None)
+        let e = merge(&[a], parts.path(), out.path(), Default::default())
             .err()
             .unwrap()
             .to_string();
@@ -1094,7 +1261,7 @@ pub(super) mod tests {
         // The findings part is counted too.
         let mut b = part(parts.path(), 5, &["b1", "b2"]);
         b.findings_rows = 9;
-        let e = merge(&[b], parts.path(), out.path(), None)
+        let e = merge(&[b], parts.path(), out.path(), Default::default())
             .err()
             .unwrap()
             .to_string();
