@@ -113,6 +113,21 @@ impl AssembleExec {
                 )));
             }
         }
+        // The files a client makes in the staging folder, beside the parts folder: a plan
+        // cannot have an executor write anywhere else.
+        for t in &spec.targets {
+            let t = Path::new(t);
+            let named = t
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| KINDS[..3].contains(&n));
+            if !named || t.parent() != Path::new(&spec.dir).parent() {
+                return Err(Error::Internal(format!(
+                    "AssembleExec: {} is not a run file beside the parts folder",
+                    t.display()
+                )));
+            }
+        }
         let mut ends: Vec<Option<u64>> = vec![None; spec.targets.len()];
         for piece in &spec.pieces {
             let name = &piece.file.name;
@@ -125,9 +140,15 @@ impl AssembleExec {
                         && b <= piece.file.bytes
                 }
             };
+            // A JSONL file starts with its first part, a Parquet file after its header.
+            let first = if piece.range.is_some() {
+                PARQUET_MAGIC.len() as u64
+            } else {
+                0
+            };
             let follows = ends
                 .get(piece.target)
-                .is_some_and(|end| end.is_none_or(|end| end == piece.offset));
+                .is_some_and(|end| end.unwrap_or(first) == piece.offset);
             if !name.starts_with("part-")
                 || name.contains(['/', '\\', '\0'])
                 || name.contains("..")
@@ -434,52 +455,48 @@ mod tests {
 
     #[test]
     fn the_executors_files_are_the_clients_splice_byte_for_byte() {
-        let parts = tempfile::tempdir().unwrap();
-        let a = super::super::parts::tests::part(parts.path(), 1, &["a1", "a2", "a3"]);
-        let b = super::super::parts::tests::part(parts.path(), 4, &["b1", "b2", "b3", "b4", "b5"]);
-        let reports = [a, b];
+        use super::super::parts::{merge, tests::part};
+        let staging = tempfile::tempdir().unwrap();
+        let parts = staging.path().join("parts");
+        std::fs::create_dir(&parts).unwrap();
+        let a = part(&parts, 1, &["a1", "a2", "a3"]);
+        // A part with no rows: no row group.
+        let empty = part(&parts, 9, &[]);
+        let b = part(&parts, 4, &["b1", "b2", "b3", "b4", "b5"]);
+        let reports = [a, empty, b];
         // What the client's splice writes.
         let spliced = tempfile::tempdir().unwrap();
         let mut commit = crate::atomic::FolderCommit::new(spliced.path());
-        for (_, file) in
-            super::super::parts::merge(&reports, parts.path(), spliced.path(), Default::default())
-                .unwrap()
-                .files()
-        {
+        let merged = merge(&reports, &parts, spliced.path(), Default::default()).unwrap();
+        for (_, file) in merged.files() {
             commit.put(file).unwrap();
         }
         commit.commit().unwrap();
         // What the executors write: the three files, Parquet row groups between the
         // header and the footer the client wrote.
-        let staging = tempfile::tempdir().unwrap();
-        let (targets, spec) = prepare(&reports, parts.path(), staging.path()).unwrap();
+        let (targets, spec) = prepare(&reports, &parts, staging.path()).unwrap();
         assert_eq!(
             targets.len(),
             3,
             "every file is put together by the executors"
         );
-        assert!(spec.pieces.iter().filter(|p| p.range.is_some()).count() == 4);
-        run(&AssembleExec::planned(spec.clone()).unwrap()).unwrap();
-        for t in &targets {
-            assert_eq!(
-                std::fs::read(&t.at).unwrap(),
-                std::fs::read(spliced.path().join(t.kind)).unwrap(),
-                "{}",
-                t.kind
-            );
-        }
-        // Placed again (a task run twice): the same bytes.
-        run(&AssembleExec::planned(spec.clone()).unwrap()).unwrap();
-        for t in &targets {
-            assert_eq!(
-                std::fs::read(&t.at).unwrap(),
-                std::fs::read(spliced.path().join(t.kind)).unwrap()
-            );
+        assert_eq!(spec.pieces.iter().filter(|p| p.range.is_some()).count(), 6);
+        for _ in 0..2 {
+            // Placed again (a task run twice): the same bytes.
+            run(&AssembleExec::planned(spec.clone()).unwrap()).unwrap();
+            for t in &targets {
+                assert_eq!(
+                    std::fs::read(&t.at).unwrap(),
+                    std::fs::read(spliced.path().join(t.kind)).unwrap(),
+                    "{}",
+                    t.kind
+                );
+            }
         }
         // A part that changed after its report: refused, by name, whichever kind.
         for kind in [CASE_RESULTS_JSONL, FINDINGS_PARQUET] {
             let k = KINDS.iter().position(|x| *x == kind).unwrap();
-            let path = parts.path().join(&reports[1].files[k].name);
+            let path = parts.join(&reports[2].files[k].name);
             let good = std::fs::read(&path).unwrap();
             let mut bad = good.clone();
             let last = bad.len() - 10;
@@ -489,13 +506,14 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(
-                e.contains(&reports[1].files[k].name) && e.contains("changed"),
+                e.contains(&reports[2].files[k].name) && e.contains("changed"),
                 "{e}"
             );
             std::fs::write(&path, &good).unwrap();
         }
-        // Pieces that overlap, a range past its part, a Parquet range on a JSONL part:
-        // refused when planned (or decoded).
+        // Pieces that overlap, a range past its part, a Parquet range on a JSONL part, a
+        // target that is not a run file beside the parts folder: refused when planned
+        // (or decoded).
         let refused = |edit: &dyn Fn(&mut AssembleSpec)| {
             let mut bent = spec.clone();
             edit(&mut bent);
@@ -511,8 +529,11 @@ mod tests {
         );
         assert!(refused(&|s| s.pieces[0].range = Some([0, 1])).contains("AssembleExec: a piece"));
         assert!(refused(&|s| s.pieces[0].target = 9).contains("AssembleExec: a piece"));
+        assert!(refused(&|s| s.targets[0] = "/etc/passwd".into()).contains("not a run file"));
+        let summary = format!("{}/summary.json", staging.path().display());
+        assert!(refused(&|s| s.targets[0] = summary.clone()).contains("not a run file"));
         // Only where a rename reaches the run.
-        assert!(can_assemble(parts.path(), parts.path()));
-        assert!(!can_assemble(&parts.path().join("missing"), parts.path()));
+        assert!(can_assemble(&parts, staging.path()));
+        assert!(!can_assemble(&parts.join("missing"), &parts));
     }
 }

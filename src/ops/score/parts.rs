@@ -720,6 +720,16 @@ fn checked_footers(
     )> = Vec::with_capacity(list.len());
     for (file, rows) in list {
         let path = parts.join(&file.name);
+        let len = std::fs::symlink_metadata(&path)
+            .map_err(|e| Error::io(&path, "cannot read", e))?
+            .len();
+        if len != file.bytes {
+            return Err(Error::State(format!(
+                "{}: {len} bytes, but its executor reported {}: the part changed after it was written",
+                path.display(),
+                file.bytes
+            )));
+        }
         let meta =
             crate::rundir::bounds::check_parquet_file(&path, crate::files::Links::Refuse, &limits)?;
         let in_groups: i64 = meta.row_groups().iter().map(|g| g.num_rows()).sum();
@@ -752,7 +762,8 @@ fn checked_footers(
 }
 
 /// Write the parts' row groups, as they are, into one Parquet file: `sink` receives the
-/// file, `open(i)` gives part `i`'s bytes.
+/// file, `open(i)` gives part `i`'s bytes; the file's metadata. The parts' page indexes
+/// are not carried over (the spliced file has none).
 fn write_spliced<R: datafusion::parquet::file::reader::ChunkReader>(
     footers: &[(
         PathBuf,
@@ -761,7 +772,7 @@ fn write_spliced<R: datafusion::parquet::file::reader::ChunkReader>(
     sink: impl Write + Send,
     target: &Path,
     mut open: impl FnMut(usize) -> Result<R>,
-) -> Result<()> {
+) -> Result<datafusion::parquet::file::metadata::ParquetMetaData> {
     use datafusion::parquet::column::writer::ColumnCloseResult;
     use datafusion::parquet::file::properties::WriterProperties;
     let first = footers[0].1.file_metadata();
@@ -803,8 +814,7 @@ fn write_spliced<R: datafusion::parquet::file::reader::ChunkReader>(
             rg.close().map_err(splice)?;
         }
     }
-    writer.close()?;
-    Ok(())
+    Ok(writer.close()?)
 }
 
 /// Splice Parquet parts (checked: [`checked_footers`], [`open_checked`]) into `out`:
@@ -819,6 +829,7 @@ fn splice_parquet(
     write_spliced(&footers, out, &target, |i| {
         open_checked(&footers[i].0, list[i].0)
     })
+    .map(|_| ())
 }
 
 /// Where the executors put Parquet parts together ([`super::assemble`]): each part's
@@ -860,9 +871,34 @@ pub fn parquet_layout(parts: &Path, list: &[(&PartFile, u64)]) -> Result<Option<
         keep_from: PARQUET_MAGIC.len() as u64 + data,
         kept: Vec::new(),
     };
-    write_spliced(&footers, &mut tail, Path::new("the footer"), |i| {
+    let meta = write_spliced(&footers, &mut tail, Path::new("the footer"), |i| {
         Ok(Placeholder(list[i].0.bytes))
     })?;
+    // The footer follows the last chunk, and is a footer (its length, then the magic):
+    // were the writer ever to put anything else between the chunks, the client splices.
+    let last_end = meta
+        .row_groups()
+        .iter()
+        .flat_map(|g| g.columns())
+        .map(|c| {
+            let start = c
+                .dictionary_page_offset()
+                .unwrap_or_else(|| c.data_page_offset());
+            start.saturating_add(c.compressed_size())
+        })
+        .max()
+        .map_or(Some(PARQUET_MAGIC.len() as u64), |e| u64::try_from(e).ok());
+    let kept = &tail.kept;
+    let framed = kept.len() >= 8
+        && kept.ends_with(PARQUET_MAGIC)
+        && u64::from(u32::from_le_bytes(
+            kept[kept.len() - 8..kept.len() - 4]
+                .try_into()
+                .expect("4 bytes"),
+        )) == kept.len() as u64 - 8;
+    if last_end != Some(tail.keep_from) || !framed {
+        return Ok(None);
+    }
     Ok(Some(ParquetLayout {
         ranges,
         footer: tail.kept,

@@ -912,12 +912,22 @@ fn read_runs(path: &Path, at: &crate::corpus::predictions::RunsAt) -> Result<Vec
             path.display()
         ))
     };
+    let mut file = crate::files::open_regular(path, crate::files::Links::Refuse)?;
+    let size = file
+        .metadata()
+        .map_err(|e| Error::io(path, "cannot read", e))?
+        .len();
+    // Within the file before anything is allocated for them.
     let len = at
         .count
         .checked_mul(16)
-        .filter(|&n| n <= 1 << 34)
-        .ok_or_else(|| bad(format!("are {} runs, more than a file can hold", at.count)))?;
-    let mut file = crate::files::open_input(path, "cannot open")?;
+        .filter(|&n| at.offset.checked_add(n).is_some_and(|end| end <= size))
+        .ok_or_else(|| {
+            bad(format!(
+                "are {} runs from byte {}, past the end of the file ({size} bytes)",
+                at.count, at.offset
+            ))
+        })?;
     file.seek(SeekFrom::Start(at.offset))
         .map_err(|e| Error::io(path, "cannot read", e))?;
     let mut bytes = Vec::with_capacity(len as usize);
@@ -1188,8 +1198,29 @@ mod tests {
         std::fs::write(&runs, &bytes).unwrap();
         let err = scan(s.slices.clone(), Some(&runs)).unwrap_err().to_string();
         assert!(err.contains("not what the client wrote"), "{err}");
+        // Cut short (the bytes as written, less the last run): past the end of the file.
+        bytes[20] ^= 1;
         std::fs::write(&runs, &bytes[..bytes.len() - 16]).unwrap();
-        assert!(scan(s.slices, Some(&runs)).is_err());
+        let err = scan(s.slices.clone(), Some(&runs)).unwrap_err().to_string();
+        assert!(err.contains("past the end of the file"), "{err}");
+        // A forged count is refused before anything is allocated for it.
+        let mut forged = s.slices.clone();
+        let last = forged
+            .iter_mut()
+            .rev()
+            .find(|s| s.runs_at.is_some())
+            .unwrap();
+        last.runs_at.as_mut().unwrap().count = u64::MAX / 8;
+        std::fs::write(&runs, &bytes).unwrap();
+        let err = scan(forged, Some(&runs)).unwrap_err().to_string();
+        assert!(err.contains("past the end of the file"), "{err}");
+        // A runs file that is a symbolic link is not read.
+        #[cfg(unix)]
+        {
+            let link = staging.join("link.runs");
+            std::os::unix::fs::symlink(&runs, &link).unwrap();
+            assert!(scan(s.slices, Some(&link)).is_err());
+        }
     }
 
     #[test]
