@@ -11,7 +11,7 @@ The model, from CPU seconds measured on the one-executor run (loopback processes
 two cores, so their wall times measure the cluster path's overhead, not its scaling): the
 executors' CPU seconds E (read from /proc: the survey of the predictions, scoring, writing the
 parts) divide between them; the client's CPU seconds S (staging the corpus, putting the
-survey together, checking and splicing the parts, the summary) run while the executors wait
+survey together, checking the parts and writing the Parquet footers, the summary) run while the executors wait
 or before they start, so they add; F is what the one-executor run's wall time holds beyond
 S + E/2 (scheduling, task start-up, waiting on each other), kept as a fixed cost. With N
 executors of two cores each on their own machines:
@@ -201,7 +201,7 @@ def main():
         print(f"\nmodel (measured on the one-executor run): executors' CPU E = {e:.1f} s, the client's "
               f"CPU S = {s_:.2f} s, fixed F = {fixed:.2f} s; staging and survey "
               f"{sc['staging_ms'] / 1000:.2f} s, query {sc['query_ms'] / 1000:.2f} s, checking and "
-              f"splicing the {sc.get('parts')} parts {sc.get('commit_ms', 0) / 1000:.2f} s (wall)")
+              f"putting together the {sc.get('parts')} parts {sc.get('commit_ms', 0) / 1000:.2f} s (wall)")
         print("| executors (2 cores each, own machines) | time | throughput |")
         print("|---|---|---|")
         for n in (1, 2, 4, 8, 16, 32):
