@@ -37,7 +37,7 @@ pub fn temp_path(path: &Path) -> Result<PathBuf> {
 /// Whether `name` is a temporary name made by [`temp_path`], [`TempDir`] or a staging
 /// folder (what a reader or a publisher leaves out).
 pub fn is_temporary(name: &str) -> bool {
-    name == JOURNAL || temp_owner(name).is_some()
+    name == JOURNAL || name == commit::LOCK_FILE || temp_owner(name).is_some()
 }
 
 /// The process id in a temporary name made here (`.NAME.PID-RANDOM.tmp`,

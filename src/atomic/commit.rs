@@ -204,15 +204,49 @@ impl FolderCommit {
     }
 }
 
-/// The folder's commit lock, released when dropped (the descriptor closed).
-pub(super) struct DirLock(#[allow(dead_code)] std::fs::File);
+/// The folder's commit lock, released when dropped (the descriptor closed); `None`
+/// where the file system has no lock to give.
+pub(super) struct DirLock(#[allow(dead_code)] Option<std::fs::File>);
 
-/// Wait for the exclusive lock on `dir` itself (no file is created: a folder that cannot
-/// be written can still be locked and read).
+/// The lock file used where a folder itself cannot be locked (NFS emulates `flock` with
+/// write locks, which a folder opened for reading cannot take).
+pub const LOCK_FILE: &str = ".pieval-commit.lock";
+
+/// Wait for the exclusive lock on `dir`: `flock` on the folder itself (nothing is
+/// created, so a folder that cannot be written can still be locked and read); where the
+/// file system refuses that, on [`LOCK_FILE`] in it; where that cannot be made either (a
+/// read-only folder on such a file system), no lock — the journal's steps can all be
+/// repeated, so two processes applying one journal at once still agree; only a reader
+/// replaying a journal another process has just applied and replaced could undo a newer
+/// commit's removal.
 pub(super) fn lock(dir: &Path) -> Result<DirLock> {
+    use std::os::unix::fs::OpenOptionsExt;
     let file = std::fs::File::open(dir).map_err(|e| Error::io(dir, "cannot open", e))?;
-    file.lock().map_err(|e| Error::io(dir, "cannot lock", e))?;
-    Ok(DirLock(file))
+    let refused = match file.lock() {
+        Ok(()) => return Ok(DirLock(Some(file))),
+        Err(e) => e,
+    };
+    let unsupported = matches!(
+        refused.raw_os_error(),
+        Some(libc::EBADF | libc::ENOLCK | libc::EOPNOTSUPP | libc::EINVAL)
+    ) || refused.kind() == std::io::ErrorKind::Unsupported;
+    if !unsupported {
+        return Err(Error::io(dir, "cannot lock", refused));
+    }
+    let path = dir.join(LOCK_FILE);
+    let Ok(file) = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+    else {
+        return Ok(DirLock(None));
+    };
+    match file.lock() {
+        Ok(()) => Ok(DirLock(Some(file))),
+        Err(_) => Ok(DirLock(None)),
+    }
 }
 
 /// Apply the journal a killed process left in `dir`, if there is one: `true` when one
@@ -457,6 +491,15 @@ mod tests {
         c
     }
 
+    /// The earlier scoring's summary and judgements, untouched.
+    fn is_old(dir: &Path) {
+        assert_eq!(read(dir, "summary.json").as_deref(), Some("old summary"));
+        assert_eq!(
+            read(dir, "judgements.parquet").as_deref(),
+            Some("old verdicts")
+        );
+    }
+
     fn is_new(dir: &Path) {
         assert_eq!(
             read(dir, "case_results.parquet").as_deref(),
@@ -484,14 +527,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         old_run(dir.path());
         drop(new_run(dir.path()));
-        assert_eq!(
-            read(dir.path(), "summary.json").as_deref(),
-            Some("old summary")
-        );
-        assert_eq!(
-            read(dir.path(), "judgements.parquet").as_deref(),
-            Some("old verdicts")
-        );
+        is_old(dir.path());
         assert_eq!(read(dir.path(), "findings.parquet"), None);
         assert!(leftovers(dir.path()).is_empty());
     }
@@ -649,14 +685,7 @@ mod tests {
                 err.contains(".pieval-commit.json: an unfinished commit") && err.contains(expected),
                 "{journal}: {err}"
             );
-            assert_eq!(
-                read(dir.path(), "summary.json").as_deref(),
-                Some("old summary")
-            );
-            assert_eq!(
-                read(dir.path(), "judgements.parquet").as_deref(),
-                Some("old verdicts")
-            );
+            is_old(dir.path());
             // Nor does a writer's clean-up remove the files it names.
             super::super::clean_stale(dir.path());
             assert!(dir.path().join(tmp).exists());

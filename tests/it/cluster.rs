@@ -652,6 +652,16 @@ fn a_killed_client_or_scheduler_leaves_the_previous_run_whole() {
     let committed = rows(&out);
     assert_eq!(committed.len(), p1.len());
     let summary = std::fs::read(out.join("summary.json")).unwrap();
+    // What readers see (a reader completes an unfinished commit first).
+    let rows_read = || {
+        let r = run(pieval()
+            .args(["sql", "--format", "json", "--results"])
+            .arg(dir.path().join("results"))
+            .arg("SELECT count(*) AS n FROM case_results"));
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let v: Value = serde_json::from_str(&r.stdout).unwrap();
+        v[0]["n"].as_u64().unwrap() as usize
+    };
     let whole = |what: &str| {
         assert_eq!(rows(&out), committed, "{what}: case_results changed");
         assert_eq!(
@@ -659,14 +669,7 @@ fn a_killed_client_or_scheduler_leaves_the_previous_run_whole() {
             summary,
             "{what}: summary.json changed"
         );
-        // What readers see: only the committed rows.
-        let r = run(pieval()
-            .args(["sql", "--format", "json", "--results"])
-            .arg(dir.path().join("results"))
-            .arg("SELECT count(*) AS n FROM case_results"));
-        assert_eq!(r.code, 0, "{}", r.stderr);
-        let v: Value = serde_json::from_str(&r.stdout).unwrap();
-        assert_eq!(v[0]["n"], p1.len(), "{what}");
+        assert_eq!(rows_read(), p1.len(), "{what}");
     };
 
     // The client killed (SIGKILL) while its job runs on the cluster.
@@ -701,13 +704,7 @@ fn a_killed_client_or_scheduler_leaves_the_previous_run_whole() {
         run(score_cmd(Some(&cluster.url), &first, &out).env("PIEVAL_TEST_CRASH_IN_COMMIT", "3"));
     assert_ne!(r.code, 0, "the client was not killed: {}", r.stderr);
     assert!(out.join(".pieval-commit.json").exists());
-    let r = run(pieval()
-        .args(["sql", "--format", "json", "--results"])
-        .arg(dir.path().join("results"))
-        .arg("SELECT count(*) AS n FROM case_results"));
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    let v: Value = serde_json::from_str(&r.stdout).unwrap();
-    assert_eq!(v[0]["n"], p1.len());
+    assert_eq!(rows_read(), p1.len());
     assert_eq!(rows(&out), committed, "the client killed in its commit");
     let now: Value =
         serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();

@@ -597,6 +597,18 @@ fn read_summary_part(
     Ok(super::summary::Table { schema, batches })
 }
 
+/// A part's length is the one its executor reported.
+fn length_as_reported(path: &Path, file: &PartFile, len: u64) -> Result<()> {
+    if len != file.bytes {
+        return Err(Error::State(format!(
+            "{}: {len} bytes, but its executor reported {}: the part changed after it was written",
+            path.display(),
+            file.bytes
+        )));
+    }
+    Ok(())
+}
+
 /// Open a part and check its size and digest against its report; the open file, at its
 /// start.
 fn open_checked(path: &Path, file: &PartFile) -> Result<std::fs::File> {
@@ -605,13 +617,7 @@ fn open_checked(path: &Path, file: &PartFile) -> Result<std::fs::File> {
         .metadata()
         .map_err(|e| Error::io(path, "cannot read", e))?
         .len();
-    if len != file.bytes {
-        return Err(Error::State(format!(
-            "{}: {len} bytes, but its executor reported {}: the part changed after it was written",
-            path.display(),
-            file.bytes
-        )));
-    }
+    length_as_reported(path, file, len)?;
     let digest = crate::digest::sha256_reader(&mut f, path)?;
     if digest != file.sha256 {
         return Err(Error::State(format!(
@@ -723,13 +729,7 @@ fn checked_footers(
         let len = std::fs::symlink_metadata(&path)
             .map_err(|e| Error::io(&path, "cannot read", e))?
             .len();
-        if len != file.bytes {
-            return Err(Error::State(format!(
-                "{}: {len} bytes, but its executor reported {}: the part changed after it was written",
-                path.display(),
-                file.bytes
-            )));
-        }
+        length_as_reported(&path, file, len)?;
         let meta =
             crate::rundir::bounds::check_parquet_file(&path, crate::files::Links::Refuse, &limits)?;
         let in_groups: i64 = meta.row_groups().iter().map(|g| g.num_rows()).sum();
