@@ -326,6 +326,42 @@ fn a_two_executor_cluster_scores_the_same_rows_as_a_local_run() {
         common::files_under(&on_cluster)
     );
 
+    // Staging on another file system than the run (a `--staging` mount beside a local
+    // output: here a folder on /dev/shm, a tmpfs): the files cannot be renamed from the
+    // staging folder into the run, so the client splices all three from the checked
+    // parts — the same rows, findings and metrics — and nothing is left on either side.
+    let shm = tempfile::tempdir_in("/dev/shm").expect("a temporary folder on /dev/shm");
+    {
+        use std::os::unix::fs::MetadataExt;
+        let dev = |p: &Path| std::fs::metadata(p).unwrap().dev();
+        assert_ne!(
+            dev(shm.path()),
+            dev(dir.path()),
+            "/dev/shm must be another file system than the test's temporary folder"
+        );
+    }
+    let two_fs = dir.path().join("results/two-fs");
+    let r = run(&mut score_cmd(Some(&cluster.url), &preds_path, &two_fs)
+        .arg("--staging")
+        .arg(shm.path()));
+    assert_eq!(r.code, 0, "{}\n{}", r.stderr, logs_of(&cluster));
+    assert_eq!(rows(&two_fs), a, "spliced by the client");
+    assert_eq!(findings(&two_fs), findings(&local));
+    assert_eq!(
+        summary(&two_fs)["aggregate_metrics"],
+        summary(&local)["aggregate_metrics"]
+    );
+    assert_eq!(
+        summary(&two_fs)["scoring"]["assembled_by_executors"],
+        json!([])
+    );
+    nothing_left_behind(&two_fs);
+    assert!(
+        common::files_under(shm.path()).is_empty(),
+        "{:?}",
+        common::files_under(shm.path())
+    );
+
     // The executors read the predictions: their counts are a local run's.
     let local_report: Value = serde_json::from_str(
         &run(&mut score_cmd(
