@@ -236,8 +236,8 @@ impl ResultWriters {
         Ok(())
     }
 
-    /// [`ResultWriters::commit`] of [`ResultWriters::create_shared`] files: the Parquet
-    /// file's and the JSONL file's SHA-256 and length, hashed as they were written.
+    /// Both [`ResultWriters::create_shared`] files closed and renamed into place: the
+    /// Parquet file's and the JSONL file's SHA-256 and length, hashed as they were written.
     fn commit_hashed(self) -> Result<[(String, u64); 2]> {
         let (_, pw) = self.parquet;
         let (_, mut jw) = self.jsonl;

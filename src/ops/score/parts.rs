@@ -449,8 +449,9 @@ pub fn reports(batches: &[RecordBatch], expected: &Coverage) -> Result<Vec<PartR
     Ok(out)
 }
 
-/// The run's case_results and findings files spliced from checked parts, under temporary
-/// names until [`Merged::commit`].
+/// The run's case_results and findings files spliced from checked parts (or put together
+/// by the executors), under temporary names until the run's commit
+/// ([`crate::atomic::FolderCommit`]).
 pub struct Merged {
     files: Vec<(&'static str, crate::atomic::TempFile)>,
 }
