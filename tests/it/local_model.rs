@@ -226,4 +226,25 @@ fn the_decoder_agrees_with_candle() {
     // Out-of-range positions and token ids are errors, not panics.
     assert!(ours.forward(&[next], prompt.len() + 4).is_err());
     assert!(ours.forward(&[u32::MAX], prompt.len() + 1).is_err());
+    // The threads a step is split between change no logit, on the prompt or a step.
+    let mut logits = Vec::new();
+    for threads in [1, 2, 3] {
+        ours.set_threads(threads);
+        assert_eq!(ours.threads(), threads);
+        ours.reset(prompt.len() + 2);
+        let p = ours.forward(&prompt, 0).unwrap();
+        let s = ours.forward(&[next], prompt.len()).unwrap();
+        logits.push((p, s));
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (threads, (p, s)) in [2, 3].iter().zip(&logits[1..]) {
+        assert!(
+            bits(p) == bits(&logits[0].0),
+            "prompt logits differ on {threads} threads"
+        );
+        assert!(
+            bits(s) == bits(&logits[0].1),
+            "step logits differ on {threads} threads"
+        );
+    }
 }
