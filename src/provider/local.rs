@@ -415,8 +415,8 @@ impl LocalModel {
 
 /// The provider: a pool of models, one request per model at a time. On a small machine
 /// one single-threaded model per core gives the most tokens per second together (measured
-/// on 2 cores: two 1-thread models about 220 generated tokens/s together, one 2-thread
-/// model about 190: docs/performance.md, "Embedded local model"); one model uses every
+/// on 2 cores: two 1-thread models about 215 generated tokens/s together, one 2-thread
+/// model 156–199: docs/performance.md, "Embedded local model"); one model uses every
 /// core for the shortest time per answer.
 pub struct LocalProvider {
     models: Vec<Arc<Mutex<LocalModel>>>,

@@ -80,13 +80,19 @@ impl Acts {
         for chunk in x.chunks_exact(QK) {
             let amax = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
-            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            // `min`: a subnormal `d` (a block of values under 1e-37) would give an
+            // infinite inverse.
+            let inv = if d > 0.0 {
+                (1.0 / d).min(f32::MAX)
+            } else {
+                0.0
+            };
             let mut qs = [0i8; QK];
             let mut sum = 0i32;
             for (q, v) in qs.iter_mut().zip(chunk) {
                 let r = round_half_away(v * inv);
                 *q = r as i8;
-                sum += r;
+                sum = sum.wrapping_add(r);
             }
             blocks.push(ActBlock {
                 qs,
@@ -106,14 +112,16 @@ impl Acts {
     }
 }
 
-/// `y.round() as i32` for |y| < 2^23 (here at most 127), without a call to libm's
+/// `y.round() as i32`, for every `y` (here at most 127 in size), without a call to libm's
 /// `roundf` (the default x86-64 target has no rounding instruction): truncate, then step
-/// away from zero when the fraction, which is exact, is a half or more.
+/// away from zero when the fraction, which is exact below 2^23 (and zero from there up to
+/// 2^31), is a half or more; beyond `i32`'s range both saturate.
 #[inline(always)]
 fn round_half_away(y: f32) -> i32 {
     let t = y as i32;
     let f = y - t as f32;
-    t + i32::from(f >= 0.5) - i32::from(f <= -0.5)
+    t.saturating_add(i32::from(f >= 0.5))
+        .saturating_sub(i32::from(f <= -0.5))
 }
 
 fn half(bytes: &[u8]) -> f32 {
@@ -249,7 +257,7 @@ fn has_avx2() -> bool {
 
 /// Work below this many multiply-adds runs on the calling thread.
 const PARALLEL_MIN_WORK: usize = 1 << 16;
-/// A thread's part of a product's rows is a multiple of this (a cache line of outputs).
+/// A thread's part of a product's rows is a multiple of this (64 bytes of outputs).
 const ROW_CHUNK: usize = 16;
 
 impl QMatrix {
@@ -883,9 +891,43 @@ mod tests {
         ];
         values.extend((0..100_000).map(|_| (rng.f32() - 0.5) * 256.0));
         values.extend((0..1000).map(|i| i as f32 * 0.25 - 125.0));
-        values.extend([0.49999997, -0.49999997, f32::NAN]);
+        values.extend([
+            0.49999997,
+            -0.49999997,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ]);
+        values.extend([
+            8388607.5,
+            -8388607.5,
+            1e9,
+            -1e9,
+            2147483520.0,
+            3e9,
+            -3e9,
+            f32::MAX,
+        ]);
         for y in values {
             assert_eq!(round_half_away(y), y.round() as i32, "{y}");
+        }
+    }
+
+    #[test]
+    fn tiny_blocks_quantize_to_finite_values() {
+        for v in [1e-38f32, -3e-39, 1e-45] {
+            let mut x = vec![0f32; 64];
+            x[..32].fill(v);
+            x[40] = v;
+            let acts = Acts::quantize(&x, 64);
+            for b in &acts.blocks {
+                assert!(b.d.is_finite() && b.s.is_finite(), "{v}");
+                assert!(
+                    b.qs.iter().all(|q| (-127..=127).contains(q)),
+                    "{v}: {:?}",
+                    b.qs
+                );
+            }
         }
     }
 

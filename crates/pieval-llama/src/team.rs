@@ -1,9 +1,15 @@
 //! A team of threads for one decoder: the step's matrix products and attention heads are
 //! split between them, and between two pieces of work the helpers spin instead of
 //! sleeping (as ggml's thread pool does). A decode step of the embedded model is about
-//! 200 products of a few hundred microseconds or less; waking a sleeping worker (a futex
-//! call, rayon's fork-join) costs about as much as the work, so a second core gained
-//! nothing (docs/performance.md, "Embedded local model").
+//! 120 pieces of work (per layer: q, k and v; attention; the output projection; gate and
+//! up; down; then the output head) of tens to hundreds of microseconds; waking a sleeping
+//! worker (a futex call, rayon's fork-join) costs about as much as the work, so a second
+//! core gained nothing (docs/performance.md, "Embedded local model").
+//!
+//! A team is `Send` but not `Sync`: only the thread that owns it starts work, one piece at
+//! a time, and a job cannot reach the team (a job must be `Sync`), so no job is ever
+//! started while another runs. One thread per core per team: two teams of two threads on
+//! two cores make progress (a waiting thread yields its core after a while) but slowly.
 //!
 //! A helper that has seen no work for [`PARK_AFTER`] parks on a condition variable, so an
 //! idle decoder (between requests) costs no CPU.
@@ -34,11 +40,14 @@ struct Shared {
     lock: Mutex<()>,
     wake: Condvar,
     job: UnsafeCell<Option<Job>>,
+    /// Threads in the team (set once, before the first job).
+    size: AtomicUsize,
 }
 
-// SAFETY: `job` is written only by the thread that owns the team, before it publishes
-// the write with `epoch` (Release), and read by helpers after they see that epoch
-// (Acquire); it is not written again until every helper has counted itself `done`.
+// SAFETY: `job` is written only by the thread that owns the team (`Team` is not `Sync`,
+// and `run` returns before it is called again), before it publishes the write with
+// `epoch` (SeqCst), and read by helpers after they see that epoch (Acquire); it is not
+// written again until every helper has counted itself `done`.
 unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
 
@@ -46,12 +55,14 @@ pub(crate) struct Team {
     size: usize,
     shared: Arc<Shared>,
     helpers: Vec<JoinHandle<()>>,
+    /// Not `Sync` (see the module docs).
+    _owned: std::marker::PhantomData<std::cell::Cell<()>>,
 }
 
 impl Team {
-    /// A team of `size` threads: this one and `size - 1` helpers.
+    /// A team of `size` threads: this one and `size - 1` helpers (fewer when the system
+    /// refuses a thread: the team is then as large as it could be made).
     pub(crate) fn new(size: usize) -> Self {
-        let size = size.max(1);
         let shared = Arc::new(Shared {
             epoch: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
@@ -61,21 +72,27 @@ impl Team {
             lock: Mutex::new(()),
             wake: Condvar::new(),
             job: UnsafeCell::new(None),
+            size: AtomicUsize::new(1),
         });
-        let helpers = (1..size)
-            .map(|index| {
-                let shared = Arc::clone(&shared);
-                std::thread::Builder::new()
-                    .name(format!("pieval-llama-{index}"))
-                    .spawn(move || helper(&shared, index, size))
-                    .expect("spawn a decoder thread")
-            })
-            .collect();
-        Self {
-            size,
+        let mut team = Self {
+            size: 1,
             shared,
-            helpers,
+            helpers: Vec::new(),
+            _owned: std::marker::PhantomData,
+        };
+        for index in 1..size.max(1) {
+            let shared = Arc::clone(&team.shared);
+            let spawned = std::thread::Builder::new()
+                .name(format!("pieval-llama-{index}"))
+                .spawn(move || helper(&shared, index));
+            match spawned {
+                Ok(handle) => team.helpers.push(handle),
+                Err(_) => break,
+            }
         }
+        team.size = team.helpers.len() + 1;
+        team.shared.size.store(team.size, Ordering::Relaxed);
+        team
     }
 
     pub(crate) fn size(&self) -> usize {
@@ -111,10 +128,11 @@ impl Team {
         while s.done.load(Ordering::Acquire) < self.size - 1 {
             pause(&mut spins);
         }
+        let helper_panicked = s.panicked.swap(false, Ordering::Relaxed);
         if let Err(p) = mine {
             std::panic::resume_unwind(p);
         }
-        if s.panicked.swap(false, Ordering::Relaxed) {
+        if helper_panicked {
             panic!("a decoder thread panicked");
         }
     }
@@ -156,10 +174,10 @@ fn pause(spins: &mut u32) {
     }
 }
 
-/// About 20 to 50 µs of pause instructions.
+/// Tens of microseconds of pause instructions (a pause takes 10 to 140 cycles, by CPU).
 const SPINS_BEFORE_YIELD: u32 = 2000;
 
-fn helper(s: &Shared, index: usize, size: usize) {
+fn helper(s: &Shared, index: usize) {
     let mut seen = 0usize;
     loop {
         let mut idle = Instant::now();
@@ -192,6 +210,7 @@ fn helper(s: &Shared, index: usize, size: usize) {
         // SAFETY: the job was written before the epoch this thread acquired, and stays
         // valid until this thread counts itself done.
         let job = unsafe { (*s.job.get()).expect("a job with its epoch") };
+        let size = s.size.load(Ordering::Relaxed);
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
             (*job)(index, size)
         }));
@@ -325,6 +344,11 @@ mod tests {
         let team = Team::new(2);
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             team.run(&|i, _| assert!(i != 1, "helper fails"));
+        }));
+        assert!(r.is_err());
+        // Both parts fail: the next run still succeeds (no panic left over).
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            team.run(&|_, _| panic!("every part fails"));
         }));
         assert!(r.is_err());
         let ran = AtomicUsize::new(0);
