@@ -3,12 +3,17 @@
 //! assembled as the runner sends it (no mitigation).
 //!
 //! Usage: cargo bench --bench local_model [-- --cases 8 --max-tokens 64 --models 1]
+//!        [--prompt-ids FILE]
+//!
+//! `--prompt-ids FILE` also writes each request's prompt as token ids (one JSON object a
+//! line: `gguf`, `prompt_ids`) for a peer to run the same tokens
+//! (`benches/compare_local_model_llamacpp.py`).
 //!
 //! `--models N` runs N single-threaded models side by side (the local provider's pool at
 //! `concurrency: N`), the cases split between them, and reports the aggregate tokens/s of
 //! the process over wall time.
-//! Reference on this 2-core machine (docs/performance.md, "Embedded local model"): llama.cpp ≈ 457 tok/s prompt,
-//! ≈ 190 tok/s generation.
+//! Reference: llama.cpp on the same tokens, run beside this bench by
+//! `benches/compare_local_model_llamacpp.py` (docs/performance.md, "Embedded local model").
 
 use std::path::Path;
 
@@ -17,7 +22,7 @@ use pieval::provider::local::{GenerationConfig, LocalModel};
 
 #[path = "support/args.rs"]
 mod args;
-use args::arg;
+use args::{arg, text_arg};
 
 fn main() {
     let (n, max_tokens, models) = (
@@ -58,6 +63,16 @@ fn main() {
         .iter()
         .map(|&i| pieval::mitigation::plan(&corpus.cases[i], &Mitigation::none(), 7))
         .collect();
+    if let Some(out) = text_arg("--prompt-ids") {
+        let lines: Vec<String> = plans
+            .iter()
+            .map(|plan| {
+                let ids = loaded[0].chat_prompt(&plan.messages).expect("prompt");
+                serde_json::json!({ "gguf": path, "prompt_ids": ids }).to_string() + "\n"
+            })
+            .collect();
+        std::fs::write(&out, lines.concat()).expect("write --prompt-ids");
+    }
     let wall = std::time::Instant::now();
     let results: Vec<(usize, f64, usize, f64)> = std::thread::scope(|s| {
         let handles: Vec<_> = loaded
