@@ -16,6 +16,8 @@
 //! step is split between a team of threads (`team.rs`) that spin between the products
 //! (each thread streams one contiguous part of each matrix; attention heads are taken
 //! one at a time). The split changes no logit: every output is computed by one thread.
+//! A prompt's tokens meet each weight row four at a time (one load and unpacking of the
+//! row's blocks for the four), each token's sum computed as the one-token kernel does.
 //!
 //! The arithmetic is llama's: RMSNorm, interleaved RoPE (llama.cpp's NORM type), causal
 //! grouped-query attention, SwiGLU, tied or separate output head. A test checks the
@@ -211,6 +213,49 @@ mod avx2 {
         }
     }
 
+    /// One Q4_1 row · four tokens' activations: each weight block is loaded and its
+    /// nibbles spread once for the four (the prompt, where the same row meets every
+    /// token). Each token's sum is computed exactly as [`dot_q4_1`] computes it.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_q4_1_x4(row: &[u8], acts: [&[ActBlock]; 4]) -> [f32; 4] {
+        let blocks = row.len() / 20;
+        assert!(acts.iter().all(|a| a.len() == blocks));
+        unsafe {
+            let mask = _mm_set1_epi8(0x0F);
+            let ones = _mm256_set1_epi16(1);
+            let (mut c0, mut c1, mut c2, mut c3) = (
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+            );
+            let (mut m0, mut m1, mut m2, mut m3) = (0f32, 0f32, 0f32, 0f32);
+            let [a0, a1, a2, a3] = acts;
+            for (i, b) in row.chunks_exact(20).enumerate() {
+                let (d, m) = halves(b.as_ptr());
+                let qs = _mm_loadu_si128(b.as_ptr().add(4) as *const __m128i);
+                let lo = _mm_and_si128(qs, mask);
+                let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);
+                let x = _mm256_set_m128i(hi, lo);
+                macro_rules! token {
+                    ($a:expr, $acc:ident, $mins:ident) => {{
+                        let a = $a.get_unchecked(i);
+                        let y = _mm256_load_si256(a.qs.as_ptr() as *const __m256i);
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), ones);
+                        $acc =
+                            _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(p), $acc);
+                        $mins += m * a.s;
+                    }};
+                }
+                token!(a0, c0, m0);
+                token!(a1, c1, m1);
+                token!(a2, c2, m2);
+                token!(a3, c3, m3);
+            }
+            [hsum(c0) + m0, hsum(c1) + m1, hsum(c2) + m2, hsum(c3) + m3]
+        }
+    }
+
     /// Q8_0 row · Q8 activations.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_q8_0(row: &[u8], acts: &[ActBlock]) -> f32 {
@@ -312,6 +357,22 @@ impl QMatrix {
         dot_scalar(self.kind, row, acts)
     }
 
+    /// Row `r` · tokens `t..t + 4` of `acts`: the same four values as four [`Self::dot`]s.
+    fn dot_x4(&self, r: usize, acts: &Acts, t: usize, simd: bool) -> [f32; 4] {
+        #[cfg(target_arch = "x86_64")]
+        if simd && self.kind == Kind::Q4_1 {
+            let tokens = [
+                acts.token(t),
+                acts.token(t + 1),
+                acts.token(t + 2),
+                acts.token(t + 3),
+            ];
+            // SAFETY: as in `dot`.
+            return unsafe { avx2::dot_q4_1_x4(self.row(r), tokens) };
+        }
+        std::array::from_fn(|i| self.dot(r, acts.token(t + i), simd))
+    }
+
     /// `out[t][r] = row r · x[t]` in f32 with the dequantized weights: the reference the
     /// quantized path is checked against (slow).
     fn matmul_exact(&self, x: &[f32], out: &mut [f32]) {
@@ -369,8 +430,17 @@ fn matmuls(products: &mut [(&QMatrix, &mut [f32])], acts: &Acts, simd: bool, tea
                 }
             } else {
                 for r in start..end {
-                    for t in 0..tokens {
-                        // SAFETY: as above: row r of every token is this thread's.
+                    let mut t = 0;
+                    while t + 4 <= tokens {
+                        let four = m.dot_x4(r, acts, t, simd);
+                        for (i, v) in four.into_iter().enumerate() {
+                            // SAFETY: as above: row r of every token is this thread's.
+                            unsafe { out.set((t + i) * m.rows + r, v) };
+                        }
+                        t += 4;
+                    }
+                    for t in t..tokens {
+                        // SAFETY: as above.
                         unsafe { out.set(t * m.rows + r, m.dot(r, acts.token(t), simd)) };
                     }
                 }
@@ -910,6 +980,36 @@ mod tests {
         ]);
         for y in values {
             assert_eq!(round_half_away(y), y.round() as i32, "{y}");
+        }
+    }
+
+    #[test]
+    fn a_row_dotted_with_four_tokens_at_once_gives_each_dot_bit_for_bit() {
+        let mut rng = fastrand::Rng::with_seed(11);
+        let (rows, cols, tokens) = (3, 128, 6);
+        let mut data = Vec::new();
+        for _ in 0..rows * cols / 32 {
+            let vals: [f32; 32] = std::array::from_fn(|_| rng.f32() * 2.0 - 1.0);
+            data.extend(q4_1_block(&vals));
+        }
+        let m = QMatrix {
+            kind: Kind::Q4_1,
+            rows,
+            cols,
+            data,
+        };
+        let x: Vec<f32> = (0..tokens * cols).map(|_| rng.f32() * 4.0 - 2.0).collect();
+        let acts = Acts::quantize(&x, cols);
+        for simd in [false, has_avx2()] {
+            for r in 0..rows {
+                for t in 0..=tokens - 4 {
+                    let four = m.dot_x4(r, &acts, t, simd);
+                    for (i, v) in four.iter().enumerate() {
+                        let one = m.dot(r, acts.token(t + i), simd);
+                        assert_eq!(v.to_bits(), one.to_bits(), "row {r} token {}", t + i);
+                    }
+                }
+            }
         }
     }
 
