@@ -778,15 +778,13 @@ impl Llama {
                 let mut scores = vec![0f32; len];
                 // SAFETY: this head's part of token t is written by this pair's thread alone.
                 let o = unsafe { out.part(at, at + hd) };
-                attend(
-                    &q[at..at + hd],
-                    &layer.k_cache[kvh * cap * hd..(kvh * cap + len) * hd],
-                    &layer.v_cache[kvh * cap * hd..(kvh * cap + len) * hd],
+                let head = Head {
+                    q: &q[at..at + hd],
+                    keys: &layer.k_cache[kvh * cap * hd..(kvh * cap + len) * hd],
+                    values: &layer.v_cache[kvh * cap * hd..(kvh * cap + len) * hd],
                     scale,
-                    &mut scores,
-                    o,
-                    simd,
-                );
+                };
+                attend(&head, &mut scores, o, simd);
             };
             let work = n_head * (pos + n) * hd * n;
             team.for_each(n * n_head, work >= PARALLEL_MIN_WORK / 4, &pair);
@@ -827,50 +825,43 @@ impl Llama {
     }
 }
 
+/// One head's query and the cached keys and values it attends over.
+struct Head<'a> {
+    q: &'a [f32],
+    keys: &'a [f32],
+    values: &'a [f32],
+    /// `1 / √d`.
+    scale: f32,
+}
+
 /// One head's attention over the `scores.len()` cached positions:
 /// `out = softmax(q · keys / √d) · values`.
-fn attend(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    scale: f32,
-    scores: &mut [f32],
-    out: &mut [f32],
-    simd: bool,
-) {
+fn attend(head: &Head, scores: &mut [f32], out: &mut [f32], simd: bool) {
     #[cfg(target_arch = "x86_64")]
     if simd {
         // SAFETY: `simd` is true only when AVX2 and FMA were detected at run time.
-        return unsafe { attend_avx2(q, keys, values, scale, scores, out) };
+        return unsafe { attend_avx2(head, scores, out) };
     }
     let _ = simd;
-    attend_body(q, keys, values, scale, scores, out);
+    attend_body(head, scores, out);
 }
 
 /// [`attend`] compiled for AVX2 and FMA: its loops vectorize eight lanes wide (the
 /// default x86-64 target gives SSE2's four).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn attend_avx2(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    scale: f32,
-    scores: &mut [f32],
-    out: &mut [f32],
-) {
-    attend_body(q, keys, values, scale, scores, out);
+unsafe fn attend_avx2(head: &Head, scores: &mut [f32], out: &mut [f32]) {
+    attend_body(head, scores, out);
 }
 
 #[inline(always)]
-fn attend_body(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    scale: f32,
-    scores: &mut [f32],
-    out: &mut [f32],
-) {
+fn attend_body(head: &Head, scores: &mut [f32], out: &mut [f32]) {
+    let &Head {
+        q,
+        keys,
+        values,
+        scale,
+    } = head;
     let hd = q.len();
     let mut max = f32::NEG_INFINITY;
     for (s, key) in scores.iter_mut().zip(keys.chunks_exact(hd)) {
