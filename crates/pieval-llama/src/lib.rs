@@ -278,13 +278,15 @@ mod avx2 {
 }
 
 /// The decoder's threads: rayon's thread count (`RAYON_NUM_THREADS`, else one per core),
-/// the knob the local provider's pool sets to 1 (one single-threaded model per core).
+/// the knob the local provider's pool sets to 1 (one single-threaded model per core); never
+/// more than the cores, since the team's threads spin while they wait.
 fn threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     std::env::var("RAYON_NUM_THREADS")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
         .filter(|&n| n > 0)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .map_or(cores, |n| n.min(cores))
 }
 
 fn has_avx2() -> bool {
@@ -633,8 +635,9 @@ impl Llama {
     }
 
     /// Split each step between `threads` threads (this one and `threads - 1` helpers;
-    /// default: `RAYON_NUM_THREADS`, else one per core). The logits are the same, bit for
-    /// bit, whatever the count: every output is computed by one thread, in one order.
+    /// default: `RAYON_NUM_THREADS` up to the cores, else one per core). The logits are
+    /// the same, bit for bit, whatever the count: every output is computed by one thread,
+    /// in one order.
     pub fn set_threads(&mut self, threads: usize) {
         self.team = Team::new(threads);
     }
