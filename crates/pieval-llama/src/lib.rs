@@ -177,6 +177,37 @@ mod avx2 {
         }
     }
 
+    /// A Q4_1 block at `b`: its scale `d`, its minimum `m`, and its 32 nibbles as bytes
+    /// (the low nibbles first, as the block stores values 0..16 and 16..32).
+    #[inline(always)]
+    unsafe fn q4_1_block(b: *const u8) -> (f32, f32, __m256i) {
+        unsafe {
+            let mask = _mm_set1_epi8(0x0F);
+            let (d, m) = halves(b);
+            let qs = _mm_loadu_si128(b.add(4) as *const __m128i);
+            let lo = _mm_and_si128(qs, mask);
+            let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);
+            (d, m, _mm256_set_m128i(hi, lo))
+        }
+    }
+
+    /// Add one block's `d·(x · a.q)` to `acc` and `m·a.s` to `mins`: the one order both
+    /// Q4_1 kernels sum in.
+    #[inline(always)]
+    unsafe fn q4_1_add(
+        (d, m, x): (f32, f32, __m256i),
+        a: &ActBlock,
+        acc: &mut __m256,
+        mins: &mut f32,
+    ) {
+        unsafe {
+            let y = _mm256_load_si256(a.qs.as_ptr() as *const __m256i);
+            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1));
+            *acc = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(p), *acc);
+            *mins += m * a.s;
+        }
+    }
+
     #[inline(always)]
     unsafe fn hsum(v: __m256) -> f32 {
         unsafe {
@@ -193,21 +224,11 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_q4_1(row: &[u8], acts: &[ActBlock]) -> f32 {
         unsafe {
-            let mask = _mm_set1_epi8(0x0F);
-            let ones = _mm256_set1_epi16(1);
             let mut acc = _mm256_setzero_ps();
             let mut mins = 0f32;
             for (b, a) in row.chunks_exact(20).zip(acts) {
                 _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH) as *const i8);
-                let (d, m) = halves(b.as_ptr());
-                let qs = _mm_loadu_si128(b.as_ptr().add(4) as *const __m128i);
-                let lo = _mm_and_si128(qs, mask);
-                let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);
-                let x = _mm256_set_m128i(hi, lo);
-                let y = _mm256_load_si256(a.qs.as_ptr() as *const __m256i);
-                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), ones);
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(p), acc);
-                mins += m * a.s;
+                q4_1_add(q4_1_block(b.as_ptr()), a, &mut acc, &mut mins);
             }
             hsum(acc) + mins
         }
@@ -221,38 +242,15 @@ mod avx2 {
         let blocks = row.len() / 20;
         assert!(acts.iter().all(|a| a.len() == blocks));
         unsafe {
-            let mask = _mm_set1_epi8(0x0F);
-            let ones = _mm256_set1_epi16(1);
-            let (mut c0, mut c1, mut c2, mut c3) = (
-                _mm256_setzero_ps(),
-                _mm256_setzero_ps(),
-                _mm256_setzero_ps(),
-                _mm256_setzero_ps(),
-            );
-            let (mut m0, mut m1, mut m2, mut m3) = (0f32, 0f32, 0f32, 0f32);
-            let [a0, a1, a2, a3] = acts;
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut mins = [0f32; 4];
             for (i, b) in row.chunks_exact(20).enumerate() {
-                let (d, m) = halves(b.as_ptr());
-                let qs = _mm_loadu_si128(b.as_ptr().add(4) as *const __m128i);
-                let lo = _mm_and_si128(qs, mask);
-                let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);
-                let x = _mm256_set_m128i(hi, lo);
-                macro_rules! token {
-                    ($a:expr, $acc:ident, $mins:ident) => {{
-                        let a = $a.get_unchecked(i);
-                        let y = _mm256_load_si256(a.qs.as_ptr() as *const __m256i);
-                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), ones);
-                        $acc =
-                            _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(p), $acc);
-                        $mins += m * a.s;
-                    }};
+                let block = q4_1_block(b.as_ptr());
+                for (t, a) in acts.iter().enumerate() {
+                    q4_1_add(block, a.get_unchecked(i), &mut acc[t], &mut mins[t]);
                 }
-                token!(a0, c0, m0);
-                token!(a1, c1, m1);
-                token!(a2, c2, m2);
-                token!(a3, c3, m3);
             }
-            [hsum(c0) + m0, hsum(c1) + m1, hsum(c2) + m2, hsum(c3) + m3]
+            std::array::from_fn(|t| hsum(acc[t]) + mins[t])
         }
     }
 
