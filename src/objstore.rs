@@ -369,6 +369,15 @@ impl Store {
         Ok(out)
     }
 
+    /// The object's size and entity tag (`None`: no such object).
+    pub async fn head(&self, key: &ObjPath) -> Result<Option<(u64, Option<String>)>> {
+        match self.inner.head(key).await {
+            Ok(meta) => Ok(Some((meta.size, meta.e_tag))),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.err(key, "read", e)),
+        }
+    }
+
     /// Delete every object under `prefix` (best effort).
     async fn delete_prefix(&self, prefix: &ObjPath) {
         let mut listed = self.inner.list(Some(prefix));
@@ -379,10 +388,319 @@ impl Store {
         }
     }
 
+    /// Delete every object under `prefix`, or say what could not be.
+    pub async fn remove_prefix(&self, prefix: &ObjPath) -> Result<()> {
+        let mut listed = self.inner.list(Some(prefix));
+        while let Some(meta) = listed.next().await {
+            let meta = meta.map_err(|e| self.err(prefix, "list", e))?;
+            self.inner
+                .delete(&meta.location)
+                .await
+                .map_err(|e| self.err(&meta.location, "delete", e))?;
+        }
+        Ok(())
+    }
+
     async fn delete_files(&self, dir: &ObjPath, files: &[FileEntry]) {
         for f in files {
             let _ = self.inner.delete(&child_key(dir, &f.name)).await;
         }
+    }
+}
+
+/// An object read from a blocking thread of a tokio runtime (a reader task's, or a
+/// `spawn_blocking` closure): bytes fetched by range on demand, each request made only
+/// if the object is still the one first seen (its size, and its entity tag through
+/// `If-Match` where the store gives one), so an object replaced while it is read fails
+/// the read rather than mix two versions. It is a Parquet `ChunkReader` (the footer and
+/// the row groups a reader selects are all that is fetched) and reads forward from any
+/// offset ([`BlockingObject::read_from`]: a JSONL slice).
+#[derive(Clone)]
+pub struct BlockingObject {
+    store: Store,
+    key: ObjPath,
+    len: u64,
+    e_tag: Option<String>,
+    handle: tokio::runtime::Handle,
+    /// Byte ranges fetched whole by the first request inside one (a Parquet row group),
+    /// sorted; the latest fetched are held, up to [`HELD_BYTES`] (at least one).
+    spans: Arc<Vec<(u64, u64)>>,
+    held: Arc<std::sync::Mutex<std::collections::VecDeque<(u64, bytes::Bytes)>>>,
+    /// The object's last [`TAIL_BYTES`], fetched by the first request inside them and
+    /// kept: a Parquet footer (and the page index before it) is read several times.
+    tail: Arc<std::sync::OnceLock<bytes::Bytes>>,
+}
+
+/// How much of an object's end is fetched, and kept, by the first request inside it.
+const TAIL_BYTES: u64 = 64 << 10;
+
+/// How many bytes of spans are held at most (the latest fetched; one span at least,
+/// whatever its size). A Parquet reader reads a batch column by column, each column
+/// through every row group the batch spans: with the groups of a batch held, each is
+/// fetched once.
+const HELD_BYTES: usize = 64 << 20;
+
+/// Bytes fetched by the first request when an object is read forward; each next request
+/// asks for twice as many, up to [`READ_WINDOW`] (a short read costs a short request).
+const FIRST_WINDOW: u64 = 64 << 10;
+
+/// The most bytes fetched per request when an object is read forward.
+const READ_WINDOW: u64 = 8 << 20;
+
+impl BlockingObject {
+    /// The object at `loc`, which must still have the size and entity tag `expect`
+    /// records (the client's view when it cut the object into slices), when given.
+    /// Called on a blocking thread of a tokio runtime (`spawn_blocking`): its requests
+    /// block that thread, which an async worker thread must never do.
+    pub fn open(loc: &Location, expect: Option<(u64, Option<&str>)>) -> Result<Self> {
+        let store = Store::open(loc)?;
+        let handle = tokio::runtime::Handle::try_current()
+            .map_err(|_| Error::Internal(format!("{loc}: read outside an async runtime")))?;
+        let (len, e_tag) = handle
+            .block_on(store.head(&loc.key))?
+            .ok_or_else(|| Error::NotFound(format!("{loc}: no such object")))?;
+        if let Some((size, tag)) = expect
+            && (size != len || tag.is_some_and(|t| e_tag.as_deref() != Some(t)))
+        {
+            return Err(Error::State(format!(
+                "{loc}: the object changed while it was scored ({size} bytes when it was \
+                 cut, {len} now, or another entity tag): score again once nothing writes to it"
+            )));
+        }
+        Ok(Self {
+            store,
+            key: loc.key.clone(),
+            len,
+            e_tag,
+            handle,
+            spans: Arc::new(Vec::new()),
+            held: Arc::default(),
+            tail: Arc::default(),
+        })
+    }
+
+    /// This object, with `spans` (byte ranges) each fetched whole by the first request
+    /// inside it and held while the latest spans fetched add up to at most
+    /// [`HELD_BYTES`]: a Parquet reader's many small reads of a row group (page headers,
+    /// then each column's pages) cost one request.
+    pub fn holding(mut self, mut spans: Vec<(u64, u64)>) -> Self {
+        spans.retain(|&(s, e)| s < e && e <= self.len);
+        spans.sort_unstable();
+        self.spans = Arc::new(spans);
+        self.held = Arc::default();
+        self
+    }
+
+    /// The span holding `start..end`, if one does.
+    fn span_of(&self, start: u64, end: u64) -> Option<(u64, u64)> {
+        let i = self.spans.partition_point(|&(s, _)| s <= start);
+        let (s, e) = *self.spans.get(i.checked_sub(1)?)?;
+        (end <= e).then_some((s, e))
+    }
+
+    /// Its size and entity tag.
+    pub fn stamp(&self) -> (u64, Option<String>) {
+        (self.len, self.e_tag.clone())
+    }
+
+    /// The location, for messages.
+    pub fn location(&self) -> Location {
+        self.store.at(&self.key)
+    }
+
+    /// Bytes `start..end` (inside the object), from the span held or fetched now.
+    pub fn range(&self, start: u64, end: u64) -> Result<bytes::Bytes> {
+        if start > end || end > self.len {
+            return Err(Error::State(format!(
+                "{}: bytes {start} to {end} asked of an object of {} bytes",
+                self.location(),
+                self.len
+            )));
+        }
+        if start == end {
+            return Ok(bytes::Bytes::new());
+        }
+        let tail_start = self.len.saturating_sub(TAIL_BYTES);
+        if start >= tail_start {
+            let tail = match self.tail.get() {
+                Some(t) => t.clone(),
+                None => {
+                    let t = self.fetch(tail_start, self.len)?;
+                    self.tail.get_or_init(|| t).clone()
+                }
+            };
+            return Ok(tail.slice((start - tail_start) as usize..(end - tail_start) as usize));
+        }
+        let Some((s, e)) = self.span_of(start, end) else {
+            return self.fetch(start, end);
+        };
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let bytes = match held.iter().find(|(at, _)| *at == s) {
+            Some((_, bytes)) => bytes.clone(),
+            None => {
+                let bytes = self.fetch(s, e)?;
+                let mut total: usize = held.iter().map(|(_, b)| b.len()).sum();
+                while total + bytes.len() > HELD_BYTES
+                    && let Some((_, old)) = held.pop_front()
+                {
+                    total -= old.len();
+                }
+                held.push_back((s, bytes.clone()));
+                bytes
+            }
+        };
+        Ok(bytes.slice((start - s) as usize..(end - s) as usize))
+    }
+
+    /// Bytes `start..end`, fetched now: one request, made only if the object is still
+    /// the one first seen.
+    fn fetch(&self, start: u64, end: u64) -> Result<bytes::Bytes> {
+        let opts = object_store::GetOptions {
+            range: Some(object_store::GetRange::Bounded(start..end)),
+            if_match: self.e_tag.clone(),
+            ..Default::default()
+        };
+        let got = self.handle.block_on(async {
+            let got = self.store.inner.get_opts(&self.key, opts).await?;
+            if got.meta.size != self.len {
+                return Ok(None);
+            }
+            got.bytes().await.map(Some)
+        });
+        match got {
+            Ok(Some(b)) if b.len() as u64 == end - start => Ok(b),
+            Ok(_) | Err(object_store::Error::Precondition { .. }) => Err(Error::State(format!(
+                "{}: the object changed while it was read: score again once nothing writes to it",
+                self.location()
+            ))),
+            Err(e) => Err(self.store.err(&self.key, "read", e)),
+        }
+    }
+
+    /// A reader of the object from `start` to its end, fetching a window at a time (only
+    /// what is read is fetched, give or take one window: 64 KiB first, doubling to 8 MiB).
+    pub fn read_from(&self, start: u64) -> ObjectRead {
+        ObjectRead {
+            object: self.clone(),
+            at: start.min(self.len),
+            buf: bytes::Bytes::new(),
+            window: FIRST_WINDOW,
+        }
+    }
+}
+
+/// [`BlockingObject::read_from`].
+pub struct ObjectRead {
+    object: BlockingObject,
+    at: u64,
+    buf: bytes::Bytes,
+    window: u64,
+}
+
+impl Read for ObjectRead {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.buf.is_empty() {
+            if self.at >= self.object.len {
+                return Ok(0);
+            }
+            // The rest of a span held (or fetched whole), or the next window.
+            let end = match self.object.span_of(self.at, self.at + 1) {
+                Some((_, span_end)) => span_end,
+                None => {
+                    let end = self.at.saturating_add(self.window).min(self.object.len);
+                    self.window = (self.window * 2).min(READ_WINDOW);
+                    end
+                }
+            };
+            self.buf = self
+                .object
+                .range(self.at, end)
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            self.at = end;
+        }
+        let n = out.len().min(self.buf.len());
+        out[..n].copy_from_slice(&self.buf[..n]);
+        bytes::Buf::advance(&mut self.buf, n);
+        Ok(n)
+    }
+}
+
+impl datafusion::parquet::file::reader::Length for BlockingObject {
+    fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+impl datafusion::parquet::file::reader::ChunkReader for BlockingObject {
+    type T = ObjectRead;
+
+    fn get_read(&self, start: u64) -> datafusion::parquet::errors::Result<Self::T> {
+        Ok(self.read_from(start))
+    }
+
+    fn get_bytes(
+        &self,
+        start: u64,
+        length: usize,
+    ) -> datafusion::parquet::errors::Result<bytes::Bytes> {
+        let end = start.saturating_add(length as u64);
+        if end > self.len {
+            return Err(datafusion::parquet::errors::ParquetError::EOF(format!(
+                "bytes {start} to {end} of an object of {} bytes",
+                self.len
+            )));
+        }
+        self.range(start, end)
+            .map_err(|e| datafusion::parquet::errors::ParquetError::External(Box::new(e)))
+    }
+}
+
+/// The object stores of a DataFusion runtime: `s3://BUCKET` opened on first use with
+/// everything from this process's environment ([`Store::open`]: credentials never travel
+/// in a plan), any other URL as DataFusion's default registry has it. An executor's
+/// runtime holds one, so a plan that reads a staged `s3://` file finds its store there.
+#[derive(Debug, Default)]
+pub struct EnvRegistry {
+    others: datafusion::execution::object_store::DefaultObjectStoreRegistry,
+    opened: std::sync::Mutex<std::collections::HashMap<String, Arc<dyn ObjectStore>>>,
+}
+
+impl datafusion::execution::object_store::ObjectStoreRegistry for EnvRegistry {
+    fn register_store(
+        &self,
+        url: &url::Url,
+        store: Arc<dyn ObjectStore>,
+    ) -> Option<Arc<dyn ObjectStore>> {
+        if url.scheme() != "s3" {
+            return self.others.register_store(url, store);
+        }
+        let bucket = url.host_str().unwrap_or_default().to_owned();
+        self.opened
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(bucket, store)
+    }
+
+    fn get_store(&self, url: &url::Url) -> datafusion::error::Result<Arc<dyn ObjectStore>> {
+        if url.scheme() != "s3" {
+            return self.others.get_store(url);
+        }
+        let bucket = url.host_str().unwrap_or_default().to_owned();
+        let mut opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(store) = opened.get(&bucket) {
+            return Ok(Arc::clone(store));
+        }
+        let loc = Location::parse(&format!("{SCHEME}{bucket}"))
+            .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+        let store = Store::open(&loc)
+            .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?
+            .object_store();
+        opened.insert(bucket, Arc::clone(&store));
+        Ok(store)
+    }
+
+    fn deregister_store(&self, url: &url::Url) -> datafusion::error::Result<Arc<dyn ObjectStore>> {
+        self.others.deregister_store(url)
     }
 }
 

@@ -259,8 +259,9 @@ pub struct ReplayArgs {
     /// the manifest and the run catalogue record it, with the executor count.
     #[arg(long, value_name = "URL", requires = "rescore")]
     cluster: Option<String>,
-    /// With --cluster: a folder the scheduler and every executor see, for the staged
-    /// inputs (default: the run folder).
+    /// With --cluster: a folder the scheduler and every executor see, or an
+    /// `s3://BUCKET/PREFIX` they all reach, for the staged inputs and the parts (default:
+    /// the run folder).
     #[arg(long, value_name = "DIR", requires = "cluster")]
     staging: Option<PathBuf>,
     /// A judge config (YAML) of yours to use instead of the run's evaluation.judge.

@@ -43,8 +43,9 @@ pub struct Args {
     /// scoring query runs on the executors (docs/cluster.md).
     #[arg(long, value_name = "URL", conflicts_with = "judge")]
     cluster: Option<String>,
-    /// With --cluster: a folder the scheduler and every executor see, for the staged
-    /// inputs (default: the output folder); removed when scoring ends.
+    /// With --cluster: a folder the scheduler and every executor see, or an
+    /// `s3://BUCKET/PREFIX` they all reach, for the staged inputs and the parts (default:
+    /// the output folder); removed when scoring ends.
     #[arg(long, value_name = "DIR", requires = "cluster")]
     staging: Option<PathBuf>,
     /// Reviewers' verdicts to apply (a `reviews.parquet` that `pieval review` wrote):
@@ -78,19 +79,24 @@ pub fn run(args: Args) -> Result<ExitStatus> {
     // scored there, and published as one new commit (src/objstore.rs).
     let mut scratch = None;
     let rt = crate::engine::runtime()?;
-    if args.staging.as_deref().is_some_and(objstore::is_remote) {
-        return Err(crate::error::Error::Usage(
-            "--staging s3://…: the executors read staged inputs from a shared folder;              give a mount they all see (docs/object-storage.md)"
-                .into(),
-        ));
-    }
-    let predictions = objstore::local_input(&args.predictions, &mut scratch, &rt)?;
+    // With a staging prefix on object storage, executors read an `s3://` predictions
+    // file where it is, by range (nothing fetched here).
+    let in_place = args.cluster.is_some()
+        && args.staging.as_deref().is_some_and(objstore::is_remote)
+        && objstore::is_remote(&args.predictions);
+    let predictions = if in_place {
+        objstore::Location::parse(&args.predictions.to_string_lossy())?;
+        args.predictions.clone()
+    } else {
+        objstore::local_input(&args.predictions, &mut scratch, &rt)?
+    };
     let cases_here = objstore::local_input(&cases, &mut scratch, &rt)?;
     let remote = objstore::RemoteRun::open(&out_dir, &mut scratch, &rt)?;
     if remote.is_some() && args.cluster.is_some() && args.staging.is_none() {
         return Err(crate::error::Error::Usage(format!(
             "--cluster with --output {}: give --staging, a folder the scheduler and every \
-             executor see (the output is published from this machine)",
+             executor see or an s3:// prefix they all reach (the output is published from \
+             this machine)",
             out_dir.display()
         )));
     }

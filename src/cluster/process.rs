@@ -49,6 +49,16 @@ pub struct ExecutorOptions {
 /// (its optimizer rules and functions) and `config`.
 fn pieval_state(config: SessionConfig) -> datafusion::common::Result<SessionState> {
     let state = ballista_core::utils::default_session_builder(config)?;
+    // A plan that reads a staged `s3://` file names its store, which decoding the plan
+    // looks up (no request is made here: the executors read).
+    let env = datafusion::execution::runtime_env::RuntimeEnvBuilder::from_runtime_env(
+        state.runtime_env(),
+    )
+    .with_object_store_registry(Arc::new(crate::objstore::EnvRegistry::default()))
+    .build_arc()?;
+    let state = datafusion::execution::SessionStateBuilder::new_from_existing(state)
+        .with_runtime_env(env)
+        .build();
     let ctx = SessionContext::new_with_state(state);
     crate::engine::register_functions(&ctx);
     Ok(ctx.state())
@@ -248,6 +258,20 @@ pub async fn run_executor(opts: ExecutorOptions) -> Result<()> {
     config.override_function_registry = Some(Arc::new(BallistaFunctionRegistry::from(&state)));
     // Decodes its tasks' plans, pieval's part writers among them.
     config.override_physical_codec = Some(super::codec::physical());
+    // A staged input or a parts folder on object storage (`--staging s3://…`) is reached
+    // through a store this executor opens from its own environment: credentials never
+    // travel in a plan.
+    let stores: Arc<dyn datafusion::execution::object_store::ObjectStoreRegistry> =
+        Arc::new(crate::objstore::EnvRegistry::default());
+    let work_dir = opts.work_dir.clone();
+    config.override_runtime_producer = Some(Arc::new(move |_| {
+        let mut env = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+            .with_object_store_registry(Arc::clone(&stores));
+        if let Some(dir) = &work_dir {
+            env = env.with_temp_file_path(dir.clone());
+        }
+        Ok(Arc::new(env.build()?))
+    }));
     start_executor_process(Arc::new(config))
         .await
         .map_err(ballista)

@@ -72,7 +72,7 @@ fn note(count: &mut u64, examples: &mut Vec<String>, id: &str) {
 }
 
 enum Source {
-    Jsonl(Box<LineReader<File>>),
+    Jsonl(Box<LineReader<Box<dyn std::io::Read + Send>>>),
     Parquet {
         reader: ParquetRecordBatchReader,
         next_row: u64,
@@ -300,6 +300,79 @@ pub fn is_parquet(path: &Path) -> bool {
         .is_some_and(|e| e.eq_ignore_ascii_case("parquet"))
 }
 
+/// Where a predictions reader reads: a local file, or an object read by range.
+enum Input {
+    File(File),
+    Object(crate::objstore::BlockingObject),
+}
+
+/// The bytes of each of `groups`' column chunks, first to last (a row group's span).
+fn group_ranges(
+    meta: &datafusion::parquet::file::metadata::ParquetMetaData,
+    groups: &[usize],
+) -> Vec<(u64, u64)> {
+    groups
+        .iter()
+        .filter_map(|&g| {
+            let columns = meta.row_group(g).columns();
+            let start = columns
+                .iter()
+                .map(|c| c.dictionary_page_offset().unwrap_or(c.data_page_offset()))
+                .min()?;
+            let end = columns
+                .iter()
+                .map(|c| {
+                    c.dictionary_page_offset()
+                        .unwrap_or(c.data_page_offset())
+                        .saturating_add(c.compressed_size())
+                })
+                .max()?;
+            Some((u64::try_from(start).ok()?, u64::try_from(end).ok()?))
+        })
+        .collect()
+}
+
+/// A Parquet predictions source over `reader` (the footer already bounds-checked): the
+/// whole file, or the rows of a slice's span.
+fn parquet_source<T: datafusion::parquet::file::reader::ChunkReader + 'static>(
+    reader: T,
+    path: &Path,
+    batch_size: usize,
+    slice: Option<&Slice>,
+) -> Result<Source> {
+    let not_readable = |e| Error::config(path, format!("not a readable Parquet file: {e}"));
+    let mut builder = ParquetRecordBatchReaderBuilder::try_new(reader).map_err(not_readable)?;
+    match slice.map(|s| s.span) {
+        Some(Span::Rows { start, end }) => {
+            let (groups, selection) =
+                select_rows(builder.metadata(), start, end).ok_or_else(|| {
+                    Error::Internal(format!(
+                        "{}: rows {start}..{end} past the file's",
+                        path.display()
+                    ))
+                })?;
+            builder = builder
+                .with_row_groups(groups)
+                .with_row_selection(selection);
+        }
+        Some(Span::Bytes { .. }) => {
+            return Err(Error::Internal(format!(
+                "{}: a byte range of a Parquet file",
+                path.display()
+            )));
+        }
+        None => {}
+    }
+    let reader = builder
+        .with_batch_size(batch_size)
+        .build()
+        .map_err(not_readable)?;
+    Ok(Source::Parquet {
+        reader,
+        next_row: slice.map_or(1, |s| s.first_line),
+    })
+}
+
 impl PredictionsReader {
     /// The whole file, with its SHA-256.
     pub fn open(path: impl AsRef<Path>, batch_size: usize) -> Result<Self> {
@@ -311,9 +384,29 @@ impl PredictionsReader {
         Self::open_at(path.as_ref(), batch_size, Some(slice))
     }
 
+    /// One slice of an object on object storage, read by range where it lies (on an
+    /// executor: no local copy); `shown` names it in errors.
+    pub fn open_object_slice(
+        object: crate::objstore::BlockingObject,
+        shown: &Path,
+        batch_size: usize,
+        slice: &Slice,
+    ) -> Result<Self> {
+        Self::open_input(Input::Object(object), shown, batch_size, Some(slice))
+    }
+
     fn open_at(path: &Path, batch_size: usize, slice: Option<&Slice>) -> Result<Self> {
+        let file = crate::files::open_input(path, "cannot open predictions")?;
+        Self::open_input(Input::File(file), path, batch_size, slice)
+    }
+
+    fn open_input(
+        input: Input,
+        path: &Path,
+        batch_size: usize,
+        slice: Option<&Slice>,
+    ) -> Result<Self> {
         use std::io::{Seek, SeekFrom};
-        let mut file = crate::files::open_input(path, "cannot open predictions")?;
         let parquet = is_parquet(path);
         let mut stats = PredictionStats {
             path: path.to_path_buf(),
@@ -322,57 +415,66 @@ impl PredictionsReader {
         let (mut skip_lines, mut stop_at) = (0, None);
         let source = match (parquet, slice.map(|s| s.span)) {
             (true, span) => {
-                if span.is_none() {
-                    stats.sha256 = crate::digest::sha256_file(path)?;
-                }
-                // Footer and page headers first: a decompression bomb is refused unread.
-                crate::rundir::bounds::check_parquet_file(
-                    path,
-                    crate::files::Links::Follow,
-                    &crate::rundir::bounds::ParquetLimits::from_env()?,
-                )?;
-                let not_readable =
-                    |e| Error::config(path, format!("not a readable Parquet file: {e}"));
-                let mut builder =
-                    ParquetRecordBatchReaderBuilder::try_new(file).map_err(not_readable)?;
-                match span {
-                    Some(Span::Rows { start, end }) => {
-                        let (groups, selection) = select_rows(builder.metadata(), start, end)
-                            .ok_or_else(|| {
-                                Error::Internal(format!(
-                                    "{}: rows {start}..{end} past the file's",
-                                    path.display()
-                                ))
-                            })?;
-                        builder = builder
-                            .with_row_groups(groups)
-                            .with_row_selection(selection);
+                let limits = crate::rundir::bounds::ParquetLimits::from_env()?;
+                match input {
+                    Input::File(file) => {
+                        if span.is_none() {
+                            stats.sha256 = crate::digest::sha256_file(path)?;
+                        }
+                        // Footer and page headers first: a decompression bomb is
+                        // refused unread.
+                        crate::rundir::bounds::check_parquet_file(
+                            path,
+                            crate::files::Links::Follow,
+                            &limits,
+                        )?;
+                        parquet_source(file, path, batch_size, slice)?
                     }
-                    Some(Span::Bytes { .. }) => {
-                        return Err(Error::Internal(format!(
-                            "{}: a byte range of a Parquet file",
-                            path.display()
-                        )));
+                    Input::Object(object) => {
+                        use crate::rundir::bounds::check_parquet_groups;
+                        use datafusion::parquet::file::reader::Length;
+                        let len = object.len();
+                        // The footer first; then the page headers of the row groups this
+                        // slice reads (not the whole object's), each group fetched whole
+                        // by its first request and held while it is read.
+                        let meta = check_parquet_groups(&object, len, path, &limits, Some(&[]))?;
+                        let groups = match span {
+                            Some(Span::Rows { start, end }) => select_rows(&meta, start, end)
+                                .map(|(groups, _)| groups)
+                                .unwrap_or_default(),
+                            _ => (0..meta.num_row_groups()).collect(),
+                        };
+                        let object = object.holding(group_ranges(&meta, &groups));
+                        check_parquet_groups(&object, len, path, &limits, Some(&groups))?;
+                        parquet_source(object, path, batch_size, slice)?
                     }
-                    None => {}
-                }
-                let reader = builder
-                    .with_batch_size(batch_size)
-                    .build()
-                    .map_err(not_readable)?;
-                Source::Parquet {
-                    reader,
-                    next_row: slice.map_or(1, |s| s.first_line),
                 }
             }
-            (false, None) => Source::Jsonl(Box::new(LineReader::new(file, MAX_LINE_BYTES))),
+            (false, None) => match input {
+                Input::File(file) => Source::Jsonl(Box::new(LineReader::new(
+                    Box::new(file) as Box<dyn std::io::Read + Send>,
+                    MAX_LINE_BYTES,
+                ))),
+                Input::Object(_) => {
+                    return Err(Error::Internal(format!(
+                        "{}: an object is read by slices",
+                        path.display()
+                    )));
+                }
+            },
             (false, Some(Span::Bytes { start, end })) => {
                 // Start on the byte before: the slice's first line is the one after the
                 // newline found there (a line that started earlier is the slice before's).
                 let from = start.saturating_sub(1);
-                file.seek(SeekFrom::Start(from))
-                    .map_err(|e| Error::io(path, "cannot read predictions", e))?;
-                let mut lines = LineReader::without_hash(file, MAX_LINE_BYTES);
+                let read: Box<dyn std::io::Read + Send> = match input {
+                    Input::File(mut file) => {
+                        file.seek(SeekFrom::Start(from))
+                            .map_err(|e| Error::io(path, "cannot read predictions", e))?;
+                        Box::new(file)
+                    }
+                    Input::Object(object) => Box::new(object.read_from(from)),
+                };
+                let mut lines = LineReader::without_hash(read, MAX_LINE_BYTES);
                 if start > 0 {
                     lines
                         .next_line()
@@ -463,7 +565,7 @@ impl Sink {
     }
 
     /// Read one JSONL line; `false` at the end.
-    fn read_line(&mut self, lines: &mut LineReader<File>) -> Result<bool> {
+    fn read_line(&mut self, lines: &mut LineReader<Box<dyn std::io::Read + Send>>) -> Result<bool> {
         if self.stop_at.is_some_and(|stop| lines.consumed() >= stop) {
             return Ok(false);
         }

@@ -382,9 +382,11 @@ struct OnCluster {
 async fn open_session(
     opts: &ScoreOptions,
     corpus: &crate::engine::CorpusTable,
-    predictions: &crate::engine::PredictionsTable,
+    predictions: Option<&crate::engine::PredictionsTable>,
 ) -> Result<Opened> {
     let Some(connect) = &opts.cluster else {
+        let predictions =
+            predictions.ok_or_else(|| Error::Internal("no predictions table".into()))?;
         let ctx = scoring_session();
         ctx.register_table("attack_cases", corpus.table.clone())?;
         ctx.register_table("predictions", predictions.table.clone())?;
@@ -424,7 +426,10 @@ async fn cluster_session(
     } = connect(scoring_config()).await?;
     let started = std::time::Instant::now();
     let staging = match &opts.staging {
-        Some(dir) => Staging::create(dir, false)?,
+        Some(dir) => match crate::objstore::Location::of(dir)? {
+            Some(loc) => Staging::create_remote(&loc)?,
+            None => Staging::create(dir, false)?,
+        },
         None => Staging::create(&opts.output, true)?,
     };
     let local = datafusion::prelude::SessionContext::new_with_config(
@@ -432,31 +437,43 @@ async fn cluster_session(
     );
     local.register_table("attack_cases", corpus.table.clone())?;
     let planner = crate::engine::session_with(remote.copied_config());
-    let cases = staging.dir.join("attack_cases.parquet");
+    let cases = staging.dir.join(STAGED_CASES);
     let df = local.table("attack_cases").await?;
     let schema = df.schema().as_arrow().clone();
     stage(df, &cases).await?;
+    let cases = staging.publish(STAGED_CASES).await?;
+    if let Some(r) = &staging.remote {
+        // The planner lists the staged corpus; the executors open their own store for
+        // the bucket from their own environment (src/cluster/process.rs).
+        let url = url::Url::parse(&format!("s3://{}", r.prefix.bucket))
+            .map_err(|e| Error::Internal(format!("{}: {e}", r.prefix)))?;
+        planner.register_object_store(&url, r.store.object_store());
+    }
     // The folder's path was checked (UTF-8, nothing DataFusion reads as a pattern).
     planner
         .register_parquet(
             "attack_cases",
-            &*cases.to_string_lossy(),
+            &cases,
             datafusion::prelude::ParquetReadOptions::default().schema(&schema),
         )
         .await?;
-    let predictions = staging.place(&opts.predictions)?;
-    let path = crate::rundir::table_path(&predictions)?;
+    let (path, stamp) = staging.place(&opts.predictions).await?;
     let n = planner.copied_config().target_partitions();
     // What goes wrong in the staged file is said of the user's.
-    let shown = |e| crate::objstore::relocate(e, &predictions, &opts.predictions);
-    let stamp = slices::Stamp::of(&predictions).map_err(shown)?;
-    let spans = slices::spans(&predictions, n).map_err(shown)?;
-    let mut surveyed = slices::survey(&submit, &path, stamp, &opts.predictions, &spans)
+    let shown = |e| crate::objstore::relocate(e, Path::new(&path), &opts.predictions);
+    let spans = {
+        let (path, stamp) = (PathBuf::from(&path), stamp.clone());
+        tokio::task::spawn_blocking(move || slices::spans(&path, &stamp, n))
+            .await
+            .map_err(|e| Error::Internal(format!("cutting the predictions: {e}")))?
+            .map_err(shown)?
+    };
+    let mut surveyed = slices::survey(&submit, &path, stamp.clone(), &opts.predictions, &spans)
         .await
         .map_err(shown)?;
     let runs_path =
         match slices::spill_runs(&mut surveyed.slices, &staging.dir, slices::RUNS_IN_PLAN)? {
-            Some(p) => Some(crate::rundir::table_path(&p)?),
+            Some(_) => Some(staging.publish(slices::RUNS_FILE).await?),
             None => None,
         };
     planner.register_table(
@@ -497,12 +514,31 @@ async fn stage(df: datafusion::dataframe::DataFrame, out: &Path) -> Result<()> {
     Ok(())
 }
 
-/// A fresh folder for a cluster's inputs, removed with everything in it when dropped.
-/// Its name is a temporary one of this process (`.pieval-staging.tmp-PID-RANDOM`): one
-/// that a killed scoring left is removed by the next pieval that writes in that folder
-/// (`crate::atomic::clean_stale`).
+/// The staged corpus's name in the staging folder.
+const STAGED_CASES: &str = "attack_cases.parquet";
+
+/// A fresh folder for a cluster's inputs and parts, removed with everything in it when
+/// dropped. Its name is a temporary one of this process (`.pieval-staging.tmp-PID-RANDOM`):
+/// one that a killed scoring left is removed by the next pieval that writes in that
+/// folder (`crate::atomic::clean_stale`).
+///
+/// With `--staging s3://BUCKET/PREFIX` the folder is a prefix on object storage
+/// (`PREFIX/.pieval-staging.tmp-PID-RANDOM/`), which the executors read and write
+/// through their own store (credentials from their own environment), and `dir` is a
+/// private local folder of this process where the staged files are made before they are
+/// uploaded and the reported parts are fetched.
 struct Staging {
+    /// The staging folder (a mount every executor sees), or this process's private
+    /// folder beside a remote one.
     dir: PathBuf,
+    remote: Option<RemoteStaging>,
+    /// The private folder of a remote staging (removed when it drops).
+    _scratch: Option<crate::objstore::Scratch>,
+}
+
+struct RemoteStaging {
+    prefix: crate::objstore::Location,
+    store: crate::objstore::Store,
 }
 
 impl Staging {
@@ -520,24 +556,166 @@ impl Staging {
             )));
         }
         let parent = PathBuf::from(crate::rundir::table_path(parent)?);
-        let dir = parent.join(format!(
-            ".pieval-staging.tmp-{}-{:016x}",
-            std::process::id(),
-            fastrand::u64(..)
-        ));
+        let dir = parent.join(staging_name());
         std::fs::create_dir(&dir).map_err(|e| Error::io(&dir, "cannot create folder", e))?;
-        Ok(Self { dir })
+        Ok(Self {
+            dir,
+            remote: None,
+            _scratch: None,
+        })
+    }
+
+    /// A fresh prefix under `parent` on object storage (nothing is written there yet: a
+    /// prefix exists by its objects).
+    fn create_remote(parent: &crate::objstore::Location) -> Result<Self> {
+        // The staged corpus is read through DataFusion's listing, which takes these as a
+        // pattern or an escape (as `crate::rundir::table_path` refuses for a folder).
+        if parent
+            .to_string()
+            .contains(['*', '?', '[', ']', '{', '}', '#', '%'])
+        {
+            return Err(Error::Usage(format!(
+                "--staging {parent}: a prefix with one of * ? [ ] {{ }} # % cannot be read \
+                 safely (DataFusion reads them as a pattern); choose another"
+            )));
+        }
+        let store = crate::objstore::Store::open(parent)?;
+        let scratch = crate::objstore::Scratch::create()?;
+        Ok(Self {
+            dir: scratch.dir.clone(),
+            remote: Some(RemoteStaging {
+                prefix: parent.child(&staging_name()),
+                store,
+            }),
+            _scratch: Some(scratch),
+        })
+    }
+
+    /// Where the executors find the staged file `name` (made in [`Staging::dir`]): its
+    /// absolute path, or its `s3://` location once it is uploaded there.
+    async fn publish(&self, name: &str) -> Result<String> {
+        let local = self.dir.join(name);
+        match &self.remote {
+            None => crate::rundir::table_path(&local),
+            Some(r) => {
+                let at = r.prefix.child(name);
+                r.store.upload(&local, &at.key).await?;
+                Ok(at.to_string())
+            }
+        }
+    }
+
+    /// Where the executors write the parts.
+    fn parts(&self) -> Result<String> {
+        match &self.remote {
+            None => {
+                let dir = self.dir.join("parts");
+                std::fs::create_dir(&dir)
+                    .map_err(|e| Error::io(&dir, "cannot create folder", e))?;
+                crate::rundir::table_path(&dir)
+            }
+            Some(r) => Ok(r.prefix.child("parts").to_string()),
+        }
+    }
+
+    /// The reported parts in a local folder: the parts folder itself, or, on object
+    /// storage, a folder of this process's where each reported part — and no other —
+    /// is fetched (checked against its report when it is spliced).
+    async fn local_parts(&self, reports: &[parts::PartReport]) -> Result<PathBuf> {
+        let dir = self.dir.join("parts");
+        let Some(r) = &self.remote else {
+            return Ok(dir);
+        };
+        std::fs::create_dir(&dir).map_err(|e| Error::io(&dir, "cannot create folder", e))?;
+        let parts = r.prefix.child("parts");
+        let wanted = reports.iter().flat_map(|p| &p.files);
+        {
+            let mut fetches = futures::stream::iter(wanted.map(|file| {
+                let at = parts.child(&file.name);
+                let to = dir.join(&file.name);
+                async move { r.store.download_at_most(&at.key, &to, file.bytes).await }
+            }))
+            .buffer_unordered(4);
+            while let Some(fetched) = fetches.next().await {
+                fetched?;
+            }
+        }
+        Ok(dir)
     }
 }
 
+fn staging_name() -> String {
+    format!(
+        ".pieval-staging.tmp-{}-{:016x}",
+        std::process::id(),
+        fastrand::u64(..)
+    )
+}
+
 impl Staging {
-    /// The input at `path` in the folder, under a name of its kind (`predictions.jsonl`
-    /// or `.parquet`): a hard link to the file itself when the folder is on its file
-    /// system (nothing copied; the file keeps its own owner and mode, which the executors
-    /// must be able to read), a copy of the opened file otherwise (another file system, or
-    /// a link the system refuses). The staged entry is checked to be the file opened here,
-    /// whatever was swapped in at `path` meanwhile.
-    fn place(&self, path: &Path) -> Result<PathBuf> {
+    /// The predictions where the executors read them, and their stamp. In a local
+    /// folder, under a name of its kind (`predictions.jsonl` or `.parquet`): a hard link
+    /// to the file itself when the folder is on its file system (nothing copied; the
+    /// file keeps its own owner and mode, which the executors must be able to read), a
+    /// copy of the opened file otherwise (another file system, or a link the system
+    /// refuses); the staged entry is checked to be the file opened here, whatever was
+    /// swapped in at `path` meanwhile. On object storage: an `s3://` file where it is
+    /// (read by range by the executors, never copied), a local one uploaded under that
+    /// name.
+    async fn place(&self, path: &Path) -> Result<(String, slices::Stamp)> {
+        if let Some(loc) = crate::objstore::Location::of(path)? {
+            let store = crate::objstore::Store::open(&loc)?;
+            let (len, e_tag) = store
+                .head(&loc.key)
+                .await?
+                .ok_or_else(|| Error::NotFound(format!("{loc}: no such object")))?;
+            return Ok((loc.to_string(), slices::Stamp::of_object(len, e_tag)));
+        }
+        let Some(r) = &self.remote else {
+            let to = self.place_here(path)?;
+            let stamp = slices::Stamp::of(&to)?;
+            return Ok((crate::rundir::table_path(&to)?, stamp));
+        };
+        // Uploaded from where it is (no local copy), and checked to be the file as it was
+        // before and after: a file written to meanwhile is refused, not staged torn.
+        let kind = if crate::corpus::predictions::is_parquet(path) {
+            "parquet"
+        } else {
+            "jsonl"
+        };
+        let opened = crate::files::open_input(path, "cannot open predictions")?;
+        let is_file = opened
+            .metadata()
+            .map_err(|e| Error::io(path, "cannot read predictions", e))?
+            .is_file();
+        if !is_file {
+            return Err(Error::Usage(format!(
+                "--predictions {}: not a file",
+                path.display()
+            )));
+        }
+        let before = slices::Stamp::of(path)?;
+        let at = r.prefix.child(&format!("predictions.{kind}"));
+        let sent = r.store.upload(path, &at.key).await?;
+        let (len, e_tag) = r
+            .store
+            .head(&at.key)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("{at}: no such object")))?;
+        if slices::Stamp::of(path)? != before || sent.bytes != before.len || len != before.len {
+            return Err(Error::State(format!(
+                "--predictions {}: the file changed while it was staged ({} bytes before, {} \
+                 sent, {} in {at}): stage again once nothing writes to it",
+                path.display(),
+                before.len,
+                sent.bytes,
+                len
+            )));
+        }
+        Ok((at.to_string(), slices::Stamp::of_object(len, e_tag)))
+    }
+
+    fn place_here(&self, path: &Path) -> Result<PathBuf> {
         use std::os::unix::fs::MetadataExt;
         let kind = if crate::corpus::predictions::is_parquet(path) {
             "parquet"
@@ -585,6 +763,39 @@ impl Staging {
 impl Drop for Staging {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
+        if let Some(r) = &self.remote {
+            // Everything under the prefix: the staged inputs and every part, reported or
+            // not (a lost attempt's). On a thread of its own with a fresh connection: this
+            // may run inside the client's runtime, which must not block on itself.
+            // At most a minute: a server that fails to the end leaves the prefix, said.
+            let prefix = r.prefix.clone();
+            let removed = std::thread::spawn(move || -> Result<()> {
+                let store = crate::objstore::Store::open(&prefix)?;
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| Error::Internal(format!("a runtime: {e}")))?;
+                rt.block_on(async {
+                    tokio::time::timeout(
+                        std::time::Duration::from_secs(60),
+                        store.remove_prefix(&prefix.key),
+                    )
+                    .await
+                    .unwrap_or_else(|_| Err(Error::State("no answer in 60 s".into())))
+                })
+            })
+            .join();
+            if let Ok(Err(e)) | Err(e) = removed.map_err(|_| Error::Internal("panicked".into())) {
+                eprintln!(
+                    "{}",
+                    crate::text::terminal(&format!(
+                        "note: the staging prefix {}/ was not removed ({e}); remove it when no \
+                         scoring runs",
+                        r.prefix
+                    ))
+                );
+            }
+        }
     }
 }
 
@@ -592,13 +803,18 @@ impl Drop for Staging {
 pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
     crate::rundir::check_run_id(&opts.run_id)?;
     let corpus = corpus_table(&opts.cases, ReadOptions::default())?;
-    let predictions = predictions_table(&opts.predictions, 8192)?;
+    // On a cluster the executors read the predictions (an `s3://` file too).
+    let predictions = opts
+        .cluster
+        .is_none()
+        .then(|| predictions_table(&opts.predictions, 8192))
+        .transpose()?;
     std::fs::create_dir_all(&opts.output)
         .map_err(|e| Error::io(&opts.output, "cannot create folder", e))?;
     // A scoring killed while it committed into this folder is completed first.
     crate::atomic::finish_commit(&opts.output)?;
     let rt = runtime()?;
-    let opened = rt.block_on(open_session(opts, &corpus, &predictions))?;
+    let opened = rt.block_on(open_session(opts, &corpus, predictions.as_ref()))?;
     let ctx = &opened.ctx;
     if opened.cluster.is_none() {
         crate::judge::udf::register(ctx, opts.judge.clone());
@@ -708,10 +924,7 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
     commit.commit()?;
     report.predictions = surveyed.unwrap_or_else(|| {
         predictions
-            .stats
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
+            .and_then(|p| p.stats.lock().unwrap_or_else(|p| p.into_inner()).take())
             .unwrap_or_default()
     });
     report.cases_sha256 = corpus
@@ -792,9 +1005,7 @@ async fn score_on_cluster(
         .await?
         .create_physical_plan()
         .await?;
-    let dir = cluster.staging.dir.join("parts");
-    std::fs::create_dir(&dir).map_err(|e| Error::io(&dir, "cannot create folder", e))?;
-    let dir_text = crate::rundir::table_path(&dir)?;
+    let dir_text = cluster.staging.parts()?;
     let writer = Arc::new(parts::PartWriterExec::try_new(plan, &dir_text)?);
     let root = Arc::new(
         datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec::new(writer),
@@ -807,9 +1018,12 @@ async fn score_on_cluster(
     for r in &reports {
         parts::add(counts, &r.tally);
     }
+    let dir = cluster.staging.local_parts(&reports).await?;
     // The run's files put together by the executors when a rename can take them from
     // the staging folder into the run; spliced here otherwise.
-    let assembled = if assemble::can_assemble(&cluster.staging.dir, &opts.output) {
+    let assembled = if cluster.staging.remote.is_none()
+        && assemble::can_assemble(&cluster.staging.dir, &opts.output)
+    {
         assemble::assemble(
             &cluster.submit,
             &reports,

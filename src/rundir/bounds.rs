@@ -169,6 +169,20 @@ pub fn check_parquet_chunks<R: datafusion::parquet::file::reader::ChunkReader>(
     path: &Path,
     limits: &ParquetLimits,
 ) -> Result<ParquetMetaData> {
+    check_parquet_groups(file, len, path, limits, None)
+}
+
+/// [`check_parquet_chunks`], with the page headers walked only in the row groups `groups`
+/// names (sorted; `None`: all): what a reader of those groups alone decodes is bounded, and a
+/// file on object storage is not read whole for its headers (`Some(&[])`: the footer's
+/// checks only, for the process that cuts the file; each reader checks its own groups).
+pub fn check_parquet_groups<R: datafusion::parquet::file::reader::ChunkReader>(
+    file: &R,
+    len: u64,
+    path: &Path,
+    limits: &ParquetLimits,
+    groups: Option<&[usize]>,
+) -> Result<ParquetMetaData> {
     let bad = |m: String| Error::config(path, m);
     if len < 12 {
         return Err(bad(
@@ -306,7 +320,7 @@ pub fn check_parquet_chunks<R: datafusion::parquet::file::reader::ChunkReader>(
     }
     // Every page header (the footer does not bind them): each page's declared size, and
     // their sum against the same limit.
-    decoded = decoded.max(check_pages(file, path, &meta)?);
+    decoded = decoded.max(check_pages(file, path, &meta, groups)?);
     if decoded > limits.max_decoded_bytes {
         return Err(bad(format!(
             "declares {} of data once decoded ({} rows, {} on disk), more than the {} a run table may decode; \
@@ -329,12 +343,16 @@ fn check_pages<R: datafusion::parquet::file::reader::ChunkReader>(
     file: &R,
     path: &Path,
     meta: &ParquetMetaData,
+    groups: Option<&[usize]>,
 ) -> Result<u64> {
     let bad = |m: String| Error::config(path, format!("damaged: {m}"));
     let mut total: u64 = 0;
     let mut pages: u64 = 0;
     let mut buf = Vec::new();
     for (g, rg) in meta.row_groups().iter().enumerate() {
+        if groups.is_some_and(|only| only.binary_search(&g).is_err()) {
+            continue;
+        }
         for c in rg.columns() {
             let start = c.dictionary_page_offset().unwrap_or(c.data_page_offset());
             let end = start.saturating_add(c.compressed_size());
@@ -590,7 +608,7 @@ mod tests {
         check_parquet(&honest, &limits).unwrap();
         let f = std::fs::File::open(&honest).unwrap();
         let meta = check_parquet(&honest, &limits).unwrap();
-        let summed = check_pages(&f, &honest, &meta).unwrap();
+        let summed = check_pages(&f, &honest, &meta, None).unwrap();
         assert!(summed > 100_000, "{summed}");
         // A bomb: one value of 300 MiB, a few KiB on disk.
         let bomb = write("bomb.parquet", vec!["a".repeat(300 << 20)]);

@@ -50,7 +50,15 @@ fn free_port_pair() -> u16 {
 }
 
 fn spawn(args: &[String], log: &Path) -> Child {
+    spawn_with(args, log, None)
+}
+
+/// [`spawn`], with the S3 settings of the server on `s3` in its environment.
+fn spawn_with(args: &[String], log: &Path, s3: Option<u16>) -> Child {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_pieval"));
+    if let Some(port) = s3 {
+        crate::object_storage::s3_env(&mut cmd, port);
+    }
     cmd.current_dir(common::root())
         .args(args)
         .stdin(Stdio::null())
@@ -85,9 +93,14 @@ fn info(url: &str) -> Option<Value> {
 
 /// A scheduler and `n` executors, waited for until the scheduler sees them all.
 fn start_cluster(n: usize, logs: &Path) -> Cluster {
+    start_cluster_with(n, logs, None)
+}
+
+/// [`start_cluster`], every process with the S3 settings of the server on `s3`.
+fn start_cluster_with(n: usize, logs: &Path, s3: Option<u16>) -> Cluster {
     let port = free_port_pair();
     let url = format!("df://127.0.0.1:{port}");
-    let scheduler = spawn(
+    let scheduler = spawn_with(
         &[
             "cluster".into(),
             "scheduler".into(),
@@ -95,6 +108,7 @@ fn start_cluster(n: usize, logs: &Path) -> Cluster {
             format!("127.0.0.1:{port}"),
         ],
         &logs.join("scheduler.log"),
+        s3,
     );
     let mut cluster = Cluster {
         url: url.clone(),
@@ -111,7 +125,7 @@ fn start_cluster(n: usize, logs: &Path) -> Cluster {
         let log = logs.join(format!("executor-{k}.log"));
         cluster
             .executors
-            .push(spawn(&executor_args(&url, &[]), &log));
+            .push(spawn_with(&executor_args(&url, &[]), &log, s3));
     }
     wait_for(
         &cluster,
@@ -183,6 +197,39 @@ fn predictions(copies: usize) -> Vec<Value> {
     }
     preds.push(json!({"case_id": "not-in-the-corpus", "response_text": "hello"}));
     preds
+}
+
+/// Predictions as a Parquet file of `group_rows` rows per row group.
+fn write_parquet(preds: &[Value], path: &Path, group_rows: usize) {
+    use datafusion::arrow::array::{Float64Array, StringArray};
+    let text = |k: &str| -> StringArray {
+        preds
+            .iter()
+            .map(|p| p[k].as_str().map(str::to_owned))
+            .collect()
+    };
+    let latency: Float64Array = preds.iter().map(|p| p["latency_ms"].as_f64()).collect();
+    let batch = datafusion::arrow::array::RecordBatch::try_from_iter(vec![
+        ("case_id", std::sync::Arc::new(text("case_id")) as _),
+        (
+            "response_text",
+            std::sync::Arc::new(text("response_text")) as _,
+        ),
+        ("error", std::sync::Arc::new(text("error")) as _),
+        ("latency_ms", std::sync::Arc::new(latency) as _),
+    ])
+    .unwrap();
+    let props = datafusion::parquet::file::properties::WriterProperties::builder()
+        .set_max_row_group_row_count(Some(group_rows))
+        .build();
+    let mut w = datafusion::parquet::arrow::ArrowWriter::try_new(
+        std::fs::File::create(path).unwrap(),
+        batch.schema(),
+        Some(props),
+    )
+    .unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
 }
 
 /// `pieval score --run-id c --json --predictions P --output OUT`, on the cluster at
@@ -382,37 +429,7 @@ fn a_two_executor_cluster_scores_the_same_rows_as_a_local_run() {
 
     // Parquet predictions: sliced by row groups (of 50 rows here), the same rows.
     let parquet = dir.path().join("predictions.parquet");
-    {
-        use datafusion::arrow::array::{Float64Array, StringArray};
-        let text = |k: &str| -> StringArray {
-            preds
-                .iter()
-                .map(|p| p[k].as_str().map(str::to_owned))
-                .collect()
-        };
-        let latency: Float64Array = preds.iter().map(|p| p["latency_ms"].as_f64()).collect();
-        let batch = datafusion::arrow::array::RecordBatch::try_from_iter(vec![
-            ("case_id", std::sync::Arc::new(text("case_id")) as _),
-            (
-                "response_text",
-                std::sync::Arc::new(text("response_text")) as _,
-            ),
-            ("error", std::sync::Arc::new(text("error")) as _),
-            ("latency_ms", std::sync::Arc::new(latency) as _),
-        ])
-        .unwrap();
-        let props = datafusion::parquet::file::properties::WriterProperties::builder()
-            .set_max_row_group_row_count(Some(50))
-            .build();
-        let mut w = datafusion::parquet::arrow::ArrowWriter::try_new(
-            std::fs::File::create(&parquet).unwrap(),
-            batch.schema(),
-            Some(props),
-        )
-        .unwrap();
-        w.write(&batch).unwrap();
-        w.close().unwrap();
-    }
+    write_parquet(&preds, &parquet, 50);
     let (pl, pc) = (
         dir.path().join("results/parquet-local"),
         dir.path().join("results/parquet-cluster"),
@@ -1144,5 +1161,235 @@ fn the_container_file_builds_and_its_scheduler_and_executor_score() {
         );
         let state = podman(&["inspect", "--format", "{{.State.ExitCode}}", c]);
         assert_eq!(state, "0", "{c} exited with {state}");
+    }
+}
+
+/// `--staging s3://…` against moto's S3 server (tests/it/object_storage.rs) behind the
+/// proxy that throttles or fails requests: every process — scheduler, executors, client
+/// — has the S3 settings in its own environment, the executors read the staged inputs
+/// (and an `s3://` predictions file where it is, by range) and write their parts into
+/// the bucket themselves. The same rows as a local run; nothing left under the staging
+/// prefix; a part over 8 MiB goes up in parts; throttling is retried; a server failing
+/// mid-write leaves the run's previous commit; no object holds a credential.
+#[test]
+fn a_cluster_stages_on_object_storage_where_its_executors_read_and_write() {
+    use crate::object_storage::{
+        KEY_ID, Mode, Proxy, SECRET, committed, get_object, keys, make_bucket, put_object, s3_env,
+        sorted_lines, start_moto,
+    };
+    use std::sync::atomic::Ordering;
+    let moto = start_moto();
+    make_bucket(moto.port);
+    let proxy = Proxy::start(moto.port);
+    let logs = tempfile::tempdir().unwrap();
+    let cluster = start_cluster_with(2, logs.path(), Some(proxy.port));
+    let dir = tempfile::tempdir().unwrap();
+    let preds = dir.path().join("preds.jsonl");
+    write_jsonl(&preds, &predictions(3));
+    let local = dir.path().join("local");
+    let r = run(&mut score_cmd(None, &preds, &local));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let want = rows(&local);
+    let log_from =
+        |from: usize| -> Vec<String> { proxy.counts.log.lock().unwrap()[from..].to_vec() };
+    let log_len = || proxy.counts.log.lock().unwrap().len();
+    let staging_left = || -> Vec<String> {
+        keys(moto.port, "bkt")
+            .into_iter()
+            .filter(|k| k.starts_with("stage/"))
+            .collect()
+    };
+
+    // A local predictions file, uploaded to the staging prefix; a local output.
+    let from = log_len();
+    let out = dir.path().join("out");
+    let mut cmd = score_cmd(Some(&cluster.url), &preds, &out);
+    let r = run(s3_env(&mut cmd, proxy.port).args(["--staging", "s3://bkt/stage"]));
+    assert_eq!(r.code, 0, "{}\n{}", r.stderr, logs_of(&cluster));
+    assert_eq!(
+        digest(&rows(&out)),
+        digest(&want),
+        "the rows of a local run"
+    );
+    assert_eq!(findings(&out), findings(&local));
+    let summary: Value =
+        serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["scoring"]["engine"], "ballista");
+    let local_summary: Value =
+        serde_json::from_slice(&std::fs::read(local.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(
+        summary["aggregate_metrics"],
+        local_summary["aggregate_metrics"]
+    );
+    assert_eq!(
+        staging_left(),
+        Vec::<String>::new(),
+        "the staging prefix is removed"
+    );
+    let seen = log_from(from);
+    assert!(
+        seen.iter()
+            .any(|r| r.starts_with("PUT /bkt/stage/.pieval-staging")
+                && r.contains("/predictions.jsonl")),
+        "the local file was staged in the bucket: {seen:?}"
+    );
+
+    // Parquet predictions in the bucket, read where they are by range (the footer, then
+    // each slice's row groups), with a local output.
+    let parquet = dir.path().join("preds.parquet");
+    write_parquet(&predictions(3), &parquet, 500);
+    put_object(
+        moto.port,
+        "bkt/in/preds.parquet",
+        &std::fs::read(&parquet).unwrap(),
+    );
+    let from = log_len();
+    let from_bucket = dir.path().join("from-bucket");
+    let mut cmd = score_cmd(
+        Some(&cluster.url),
+        Path::new("s3://bkt/in/preds.parquet"),
+        &from_bucket,
+    );
+    let r = run(s3_env(&mut cmd, proxy.port).args(["--staging", "s3://bkt/stage"]));
+    assert_eq!(r.code, 0, "{}\n{}", r.stderr, logs_of(&cluster));
+    let parquet_local = dir.path().join("parquet-local");
+    let r = run(&mut score_cmd(None, &parquet, &parquet_local));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(rows(&from_bucket), rows(&parquet_local));
+    assert_eq!(staging_left(), Vec::<String>::new());
+    // Read by range, once each: the object's tail (footer and page index) by the client
+    // and each of the four tasks (two surveying, two scanning), each row group whole by
+    // each task whose slice holds it (13 groups of 500 rows; the one two slices share,
+    // four times), and the whole object in doubling windows for its digest — 35 requests
+    // here, not one or more per page.
+    let gets: Vec<String> = log_from(from)
+        .into_iter()
+        .filter(|r| r.starts_with("GET /bkt/in/preds.parquet"))
+        .collect();
+    assert!(
+        gets.iter().all(|r| r.contains(" range bytes=")),
+        "every read of the object is a range: {gets:?}"
+    );
+    assert!(
+        gets.len() <= 40,
+        "{} reads of a 13-group file: {gets:?}",
+        gets.len()
+    );
+
+    // Long answers in the bucket, read where they are (nothing uploaded by the client),
+    // into a run in the bucket, every request throttled once: each of the two parts'
+    // case_results.jsonl is about 14 MB, over 8 MiB, so the executors upload it in parts.
+    let long = long_predictions(3, "s3");
+    let long_file = dir.path().join("long.jsonl");
+    write_jsonl(&long_file, &long);
+    let long_local = dir.path().join("long-local");
+    let r = run(&mut score_cmd(None, &long_file, &long_local));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    put_object(
+        moto.port,
+        "bkt/in/long.jsonl",
+        &std::fs::read(&long_file).unwrap(),
+    );
+    proxy.set(Mode::Throttle);
+    let starts = proxy.counts.multipart_starts.load(Ordering::SeqCst);
+    let from = log_len();
+    let r = run(s3_env(&mut pieval(), proxy.port).args([
+        "score",
+        "--run-id",
+        "c",
+        "--json",
+        "--predictions",
+        "s3://bkt/in/long.jsonl",
+        "--output",
+        "s3://bkt/results/r1",
+        "--cluster",
+        &cluster.url,
+        "--staging",
+        "s3://bkt/stage",
+    ]));
+    proxy.set(Mode::Pass);
+    assert_eq!(r.code, 0, "{}\n{}", r.stderr, logs_of(&cluster));
+    let (commit, bytes) = committed(moto.port, "bkt/results/r1");
+    assert_eq!(
+        sorted_lines(&bytes),
+        rows(&long_local),
+        "the rows of a local run"
+    );
+    assert!(proxy.counts.throttled.load(Ordering::SeqCst) > 0);
+    // Two from the executors (each part's case_results.jsonl), one from the client (the
+    // run's case_results.jsonl); the client uploaded no predictions.
+    assert!(
+        proxy.counts.multipart_starts.load(Ordering::SeqCst) >= starts + 3,
+        "the executors' parts went up in parts"
+    );
+    assert!(staging_left().is_empty(), "nothing staged is left");
+    let seen = log_from(from);
+    assert!(
+        !seen.iter().any(|r| r.contains("predictions")),
+        "the bucket's predictions were read where they are, not staged: {seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .filter(|r| r.starts_with("GET /bkt/in/long.jsonl"))
+            .all(|r| r.contains(" range bytes=")),
+        "every read of the object is a range: {seen:?}"
+    );
+
+    // The object replaced (same size, one byte changed) after the executors began
+    // reading it: refused, never scored half old, half new.
+    let mut changed = std::fs::read(&long_file).unwrap();
+    let at = changed.len() / 2;
+    changed[at] = if changed[at] == b'a' { b'b' } else { b'a' };
+    proxy.swap_after("/bkt/in/long.jsonl", 2, changed);
+    let torn = dir.path().join("torn");
+    let mut cmd = score_cmd(
+        Some(&cluster.url),
+        Path::new("s3://bkt/in/long.jsonl"),
+        &torn,
+    );
+    let r = run(s3_env(&mut cmd, proxy.port).args(["--staging", "s3://bkt/stage"]));
+    assert_ne!(r.code, 0, "a changed object was scored: {}", r.stdout);
+    assert!(r.stderr.contains("changed"), "{}", r.stderr);
+    assert!(!torn.join("case_results.jsonl").exists());
+    put_object(
+        moto.port,
+        "bkt/in/long.jsonl",
+        &std::fs::read(&long_file).unwrap(),
+    );
+
+    // The server fails every request once the executors have written a few objects:
+    // the scoring fails, the run keeps its commit.
+    let puts = proxy.counts.puts.load(Ordering::SeqCst);
+    proxy.set(Mode::FailAfterPuts(puts + 3));
+    let r = run(s3_env(&mut pieval(), proxy.port).args([
+        "score",
+        "--run-id",
+        "c",
+        "--json",
+        "--predictions",
+        "s3://bkt/in/long.jsonl",
+        "--output",
+        "s3://bkt/results/r1",
+        "--cluster",
+        &cluster.url,
+        "--staging",
+        "s3://bkt/stage",
+    ]));
+    proxy.set(Mode::Pass);
+    assert_ne!(r.code, 0, "the scoring failed: {}", r.stdout);
+    assert!(r.stderr.contains("s3://bkt/"), "{}", r.stderr);
+    let (after, _) = committed(moto.port, "bkt/results/r1");
+    assert_eq!(
+        after["commit_id"], commit["commit_id"],
+        "the previous commit stands"
+    );
+
+    // No object holds the key id or the secret.
+    for key in keys(moto.port, "bkt") {
+        let body = get_object(moto.port, &format!("bkt/{key}")).unwrap_or_default();
+        let text = String::from_utf8_lossy(&body);
+        for secret in [SECRET, KEY_ID] {
+            assert!(!text.contains(secret), "{key} holds a credential");
+        }
     }
 }

@@ -19,13 +19,13 @@ use std::time::{Duration, Instant};
 use common::{pieval, read_jsonl, repo, run, write_jsonl};
 use serde_json::{Value, json};
 
-const KEY_ID: &str = "PIEVALTESTKEYID12345";
-const SECRET: &str = "pieval-test-secret-Zq93kLw0vXb7";
+pub(crate) const KEY_ID: &str = "PIEVALTESTKEYID12345";
+pub(crate) const SECRET: &str = "pieval-test-secret-Zq93kLw0vXb7";
 
 /// moto's S3 server on a free port of 127.0.0.1, killed when dropped.
-struct Moto {
+pub(crate) struct Moto {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
 }
 
 impl Drop for Moto {
@@ -43,7 +43,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn start_moto() -> Moto {
+pub(crate) fn start_moto() -> Moto {
     let ok = Command::new("python3")
         .args(["-c", "import moto.server, flask"])
         .status()
@@ -125,7 +125,7 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
 
 /// The bucket `bkt`, with a policy letting the test write inputs and read back (unsigned) what pieval
 /// wrote (signed, so private by default).
-fn make_bucket(port: u16) {
+pub(crate) fn make_bucket(port: u16) {
     assert_eq!(http(port, "PUT", "/bkt", b"").0, 200);
     let policy = json!({"Version": "2012-10-17", "Statement": [{"Effect": "Allow",
         "Principal": "*", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBucket"],
@@ -134,7 +134,7 @@ fn make_bucket(port: u16) {
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
 }
 
-fn put_object(port: u16, key: &str, body: &[u8]) {
+pub(crate) fn put_object(port: u16, key: &str, body: &[u8]) {
     let (status, text) = http(port, "PUT", &format!("/{key}"), body);
     assert_eq!(
         status,
@@ -144,13 +144,13 @@ fn put_object(port: u16, key: &str, body: &[u8]) {
     );
 }
 
-fn get_object(port: u16, key: &str) -> Option<Vec<u8>> {
+pub(crate) fn get_object(port: u16, key: &str) -> Option<Vec<u8>> {
     let (status, body) = http(port, "GET", &format!("/{key}"), b"");
     (status == 200).then_some(body)
 }
 
 /// Every key of the bucket (moto lists up to 1,000: enough here).
-fn keys(port: u16, bucket: &str) -> Vec<String> {
+pub(crate) fn keys(port: u16, bucket: &str) -> Vec<String> {
     let (status, body) = http(port, "GET", &format!("/{bucket}?list-type=2"), b"");
     assert_eq!(status, 200);
     let text = String::from_utf8(body).unwrap();
@@ -166,7 +166,7 @@ fn keys(port: u16, bucket: &str) -> Vec<String> {
 
 /// What the proxy does with the requests it is given.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Mode {
+pub(crate) enum Mode {
     Pass,
     /// Answer 500 to every request once this many PUTs have gone through.
     FailAfterPuts(usize),
@@ -177,45 +177,78 @@ enum Mode {
 }
 
 #[derive(Default)]
-struct Counts {
-    puts: AtomicUsize,
-    parts: AtomicUsize,
-    multipart_starts: AtomicUsize,
-    failed: AtomicUsize,
-    throttled: AtomicUsize,
+pub(crate) struct Counts {
+    pub(crate) puts: AtomicUsize,
+    pub(crate) parts: AtomicUsize,
+    pub(crate) multipart_starts: AtomicUsize,
+    pub(crate) failed: AtomicUsize,
+    pub(crate) throttled: AtomicUsize,
     stalled: AtomicUsize,
     requests: AtomicUsize,
+    /// Every request that reached the proxy: `METHOD PATH`, and ` range bytes=A-B` when
+    /// it asked for a byte range.
+    pub(crate) log: Mutex<Vec<String>>,
 }
 
 /// An HTTP proxy in front of moto, one request per connection (it answers with
 /// `Connection: close`), that passes, fails or throttles requests.
-struct Proxy {
-    port: u16,
+pub(crate) struct Proxy {
+    pub(crate) port: u16,
     mode: Arc<Mutex<Mode>>,
-    counts: Arc<Counts>,
+    pub(crate) counts: Arc<Counts>,
+    swap: Arc<Mutex<Option<Swap>>>,
+}
+
+/// An object replaced behind the reader's back: when the `after`-th ranged GET of `path`
+/// arrives, `body` is PUT there first (straight to moto), then the GET goes on.
+struct Swap {
+    path: String,
+    after: usize,
+    body: Vec<u8>,
 }
 
 impl Proxy {
-    fn start(upstream: u16) -> Proxy {
+    pub(crate) fn start(upstream: u16) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let mode = Arc::new(Mutex::new(Mode::Pass));
         let counts = Arc::new(Counts::default());
-        let (m, c) = (Arc::clone(&mode), Arc::clone(&counts));
+        let swap: Arc<Mutex<Option<Swap>>> = Arc::default();
+        let (m, c, w) = (Arc::clone(&mode), Arc::clone(&counts), Arc::clone(&swap));
         let seen = Arc::new(Mutex::new(std::collections::HashSet::new()));
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { continue };
-                let (m, c, seen) = (Arc::clone(&m), Arc::clone(&c), Arc::clone(&seen));
+                let (m, c, w, seen) = (
+                    Arc::clone(&m),
+                    Arc::clone(&c),
+                    Arc::clone(&w),
+                    Arc::clone(&seen),
+                );
                 std::thread::spawn(move || {
-                    let _ = serve(conn, upstream, &m, &c, &seen);
+                    let _ = serve(conn, upstream, &m, &c, &seen, &w);
                 });
             }
         });
-        Proxy { port, mode, counts }
+        Proxy {
+            port,
+            mode,
+            counts,
+            swap,
+        }
     }
 
-    fn set(&self, mode: Mode) {
+    /// Replace the object at `path` (`/bucket/key`) with `body` when its `after`-th
+    /// ranged GET arrives.
+    pub(crate) fn swap_after(&self, path: &str, after: usize, body: Vec<u8>) {
+        *self.swap.lock().unwrap() = Some(Swap {
+            path: path.to_owned(),
+            after,
+            body,
+        });
+    }
+
+    pub(crate) fn set(&self, mode: Mode) {
         *self.mode.lock().unwrap() = mode;
     }
 }
@@ -226,11 +259,13 @@ fn serve(
     mode: &Mutex<Mode>,
     counts: &Counts,
     seen: &Mutex<std::collections::HashSet<String>>,
+    swap: &Mutex<Option<Swap>>,
 ) -> std::io::Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(60)))?;
     let mut reader = BufReader::new(conn.try_clone()?);
     let mut head = Vec::new();
     let mut length = 0usize;
+    let mut ranged: Option<String> = None;
     loop {
         let mut line = String::new();
         if reader.read_line(&mut line)? == 0 {
@@ -242,6 +277,9 @@ fn serve(
         let lower = line.to_ascii_lowercase();
         if let Some(v) = lower.strip_prefix("content-length:") {
             length = v.trim().parse().unwrap_or(0);
+        }
+        if let Some(r) = lower.strip_prefix("range:") {
+            ranged = Some(r.trim().to_owned());
         }
         assert!(
             !lower.starts_with("transfer-encoding"),
@@ -258,6 +296,31 @@ fn serve(
         String::from_utf8_lossy(&head[..head.iter().position(|&b| b == b'\n').unwrap_or(0)])
             .into_owned();
     counts.requests.fetch_add(1, Ordering::SeqCst);
+    let target: String = request_line
+        .split(' ')
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(" ");
+    counts.log.lock().unwrap().push(match &ranged {
+        Some(r) => format!("{target} range {r}"),
+        None => target,
+    });
+    if ranged.is_some() && request_line.starts_with("GET ") {
+        let mut swap = swap.lock().unwrap();
+        let due = swap.as_mut().is_some_and(|w| {
+            let path = request_line.split(' ').nth(1).unwrap_or("");
+            if path.split('?').next() == Some(w.path.as_str()) {
+                w.after = w.after.saturating_sub(1);
+                w.after == 0
+            } else {
+                false
+            }
+        });
+        if due {
+            let w = swap.take().unwrap();
+            assert_eq!(http(upstream, "PUT", &w.path, &w.body).0, 200);
+        }
+    }
     let is_put = request_line.starts_with("PUT ");
     if request_line.starts_with("POST ") && request_line.contains("uploads") {
         counts.multipart_starts.fetch_add(1, Ordering::SeqCst);
@@ -315,8 +378,15 @@ fn fails_naming(r: &common::Output, what: &str) {
 }
 
 /// pieval with the S3 settings in its environment (and nothing else of AWS's).
-fn s3_pieval(port: u16) -> Command {
+pub(crate) fn s3_pieval(port: u16) -> Command {
     let mut cmd = pieval();
+    s3_env(&mut cmd, port);
+    cmd
+}
+
+/// The S3 settings of a server on `port` in a command's environment (and nothing else of
+/// AWS's).
+pub(crate) fn s3_env(cmd: &mut Command, port: u16) -> &mut Command {
     for (k, _) in std::env::vars() {
         if k.starts_with("AWS_") {
             cmd.env_remove(k);
@@ -327,8 +397,7 @@ fn s3_pieval(port: u16) -> Command {
         .env("AWS_REGION", "us-east-1")
         .env("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{port}"))
         .env("AWS_ALLOW_HTTP", "true")
-        .env("PIEVAL_S3_RETRIES", "3");
-    cmd
+        .env("PIEVAL_S3_RETRIES", "3")
 }
 
 /// Predictions over the shipped corpus; `long` answers make case_results.jsonl larger
@@ -357,7 +426,7 @@ fn predictions(copies: usize, long: bool) -> Vec<Value> {
     preds
 }
 
-fn jsonl_bytes(rows: &[Value]) -> Vec<u8> {
+pub(crate) fn jsonl_bytes(rows: &[Value]) -> Vec<u8> {
     let mut out = Vec::new();
     for r in rows {
         out.extend_from_slice(r.to_string().as_bytes());
@@ -366,7 +435,7 @@ fn jsonl_bytes(rows: &[Value]) -> Vec<u8> {
     out
 }
 
-fn sorted_lines(bytes: &[u8]) -> Vec<String> {
+pub(crate) fn sorted_lines(bytes: &[u8]) -> Vec<String> {
     let mut v: Vec<String> = String::from_utf8_lossy(bytes)
         .lines()
         .map(str::to_owned)
@@ -376,7 +445,7 @@ fn sorted_lines(bytes: &[u8]) -> Vec<String> {
 }
 
 /// The committed case_results.jsonl of a run, through its commit.
-fn committed(port: u16, run: &str) -> (Value, Vec<u8>) {
+pub(crate) fn committed(port: u16, run: &str) -> (Value, Vec<u8>) {
     let commit: Value =
         serde_json::from_slice(&get_object(port, &format!("{run}/_pieval_commit.json")).unwrap())
             .unwrap();

@@ -87,10 +87,10 @@ impl fmt::Debug for PartWriterExec {
 }
 
 impl PartWriterExec {
-    /// Refuses a folder that is not an absolute UTF-8 path (it travels as text and is
-    /// opened by executors on other machines).
+    /// Refuses a folder that is not an absolute UTF-8 path or an `s3://` location (it
+    /// travels as text and is opened by executors on other machines).
     pub fn try_new(input: Arc<dyn ExecutionPlan>, dir: &str) -> Result<Self> {
-        if !Path::new(dir).is_absolute() || dir.contains('\0') {
+        if !shared_location(dir) {
             return Err(Error::Internal(format!(
                 "PartWriterExec: the parts folder {dir:?} is not an absolute path"
             )));
@@ -206,7 +206,10 @@ impl ExecutionPlan for PartWriterExec {
         let schema = report_schema();
         let out = Arc::clone(&schema);
         let report = async move {
-            let report = write_part(input, &dir).await?;
+            let report = match crate::objstore::Location::of(&dir)? {
+                None => write_part(input, &dir).await?,
+                Some(loc) => write_part_to(input, &loc).await?,
+            };
             let json = serde_json::to_string(&report)
                 .map_err(|e| Error::Internal(format!("cannot encode a part report: {e}")))?;
             Ok(RecordBatch::try_new(
@@ -369,6 +372,44 @@ async fn write_part(input: SendableRecordBatchStream, dir: &Path) -> Result<Part
         files,
         tally: counts,
     })
+}
+
+/// Whether a path that travels in a plan names a place every executor can reach: an
+/// absolute path (on a mount they all see), or a valid `s3://` location (reached through
+/// each executor's own store).
+pub(super) fn shared_location(p: &str) -> bool {
+    if p.contains('\0') {
+        return false;
+    }
+    if crate::objstore::is_remote(Path::new(p)) {
+        return crate::objstore::Location::parse(p).is_ok();
+    }
+    Path::new(p).is_absolute()
+}
+
+/// [`write_part`] into a prefix on object storage: the part files are written into a
+/// private local folder (hashed as they are written), then each is uploaded (a
+/// multipart upload above 8 MiB; it appears whole or not at all) and checked to be what
+/// was hashed; the local folder goes in any case. Only then is the part reported: a
+/// part whose upload failed is never named.
+async fn write_part_to(
+    input: SendableRecordBatchStream,
+    dir: &crate::objstore::Location,
+) -> Result<PartReport> {
+    let scratch = crate::objstore::Scratch::create()?;
+    let report = write_part(input, &scratch.dir).await?;
+    let store = crate::objstore::Store::open(dir)?;
+    for file in &report.files {
+        let at = dir.child(&file.name);
+        let sent = store.upload(&scratch.dir.join(&file.name), &at.key).await?;
+        if (sent.bytes, sent.sha256.as_str()) != (file.bytes, file.sha256.as_str()) {
+            return Err(Error::State(format!(
+                "{at}: {} bytes, sha256 {} uploaded, but {} bytes, sha256 {} written",
+                sent.bytes, sent.sha256, file.bytes, file.sha256
+            )));
+        }
+    }
+    Ok(report)
 }
 
 /// The reports of a [`PartWriterExec`] run, checked: each names one file of each kind by

@@ -85,11 +85,15 @@ pub struct ScanSpec {
 /// A file's length and modification time, as the client saw it when it cut the file: a
 /// file written to while it is scored (appended, rewritten in place) is refused by the
 /// task that sees the change, never scored half old, half new.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stamp {
     pub len: u64,
     pub modified_s: i64,
     pub modified_ns: u32,
+    /// An object's entity tag (an `s3://` file: every range a task fetches is asked for
+    /// only if the object still has it, and its size; the time fields are 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub e_tag: Option<String>,
 }
 
 impl Stamp {
@@ -100,11 +104,26 @@ impl Stamp {
             len: m.len(),
             modified_s: m.mtime(),
             modified_ns: m.mtime_nsec().clamp(0, 999_999_999) as u32,
+            e_tag: None,
         })
     }
 
-    /// The file at `path` is still as stamped.
+    /// An object's stamp: its size and entity tag.
+    pub fn of_object(len: u64, e_tag: Option<String>) -> Self {
+        Self {
+            len,
+            modified_s: 0,
+            modified_ns: 0,
+            e_tag,
+        }
+    }
+
+    /// The file at `path` is still as stamped. (An object is checked by every request
+    /// its reader makes: [`crate::objstore::BlockingObject`].)
     fn check(&self, path: &Path) -> Result<()> {
+        if crate::objstore::is_remote(path) {
+            return Ok(());
+        }
         let now = Self::of(path)?;
         if now != *self {
             return Err(Error::State(format!(
@@ -269,17 +288,17 @@ impl PredictionsScanExec {
         Self::try_new(spec, numbered(n)?)
     }
 
-    /// Refuses a path that is not absolute UTF-8, a projection out of the schema, an
+    /// Refuses a path that is not absolute UTF-8 (or an `s3://` location), a projection out of the schema, an
     /// input that is not partition numbers.
     pub fn try_new(spec: ScanSpec, input: Arc<dyn ExecutionPlan>) -> Result<Self> {
-        if !Path::new(&spec.path).is_absolute() || spec.path.contains('\0') {
+        if !super::parts::shared_location(&spec.path) {
             return Err(Error::Internal(format!(
                 "PredictionsScanExec: the predictions path {:?} is not an absolute path",
                 spec.path
             )));
         }
         match &spec.runs_path {
-            Some(p) if !Path::new(p).is_absolute() || p.contains('\0') => {
+            Some(p) if !super::parts::shared_location(p) => {
                 return Err(Error::Internal(format!(
                     "PredictionsScanExec: the runs path {p:?} is not an absolute path"
                 )));
@@ -370,14 +389,17 @@ fn slice_stream(
     let path = PathBuf::from(&spec.path);
     let out = Arc::clone(schema);
     let name = "predictions".to_owned();
-    let stamp = spec.stamp;
+    let stamp = spec.stamp.clone();
     let Some(slice) = spec.slices.get(i).cloned() else {
         if spec.survey && i == spec.slices.len() {
             return Ok(reader_stream(name, Arc::clone(schema), move || {
                 // The bytes that were cut, and only those.
                 use std::io::Read;
                 stamp.check(&path)?;
-                let file = crate::files::open_input(&path, "cannot open predictions")?;
+                let file: Box<dyn Read> = match crate::objstore::Location::of(&path)? {
+                    None => Box::new(crate::files::open_input(&path, "cannot open predictions")?),
+                    Some(loc) => Box::new(object(&loc, &stamp)?.read_from(0)),
+                };
                 let (sha256, read) =
                     crate::digest::sha256_streamed(file.take(stamp.len), &path, |_| Ok(()))?;
                 stamp.check(&path)?;
@@ -404,7 +426,8 @@ fn slice_stream(
     if spec.survey {
         return Ok(reader_stream(name, Arc::clone(schema), move || {
             stamp.check(&path)?;
-            let batch = survey_slice(&path, i as u32, &slice, &out)?;
+            let reader = open_slice(&path, &stamp, &slice)?;
+            let batch = survey_slice(reader, i as u32, &out)?;
             stamp.check(&path)?;
             Ok(Box::new(std::iter::once(Ok(batch))) as Batches)
         }));
@@ -417,7 +440,7 @@ fn slice_stream(
         if let (Some(at), Some(runs)) = (slice.runs_at.take(), &runs_path) {
             slice.seen_before = read_runs(Path::new(runs), &at)?;
         }
-        let reader = PredictionsReader::open_slice(&path, BATCH_ROWS, &slice)?;
+        let reader = open_slice(&path, &stamp, &slice)?;
         let rows = reader.map(move |b| match (&projection, b) {
             (Some(p), Ok(b)) => Ok(b.project(p)?),
             (_, b) => b,
@@ -427,6 +450,25 @@ fn slice_stream(
         let after = std::iter::once(()).filter_map(move |()| stamp.check(&path).err().map(Err));
         Ok(Box::new(rows.chain(after)) as Batches)
     }))
+}
+
+/// The object at `loc`, as it was stamped when it was cut.
+fn object(
+    loc: &crate::objstore::Location,
+    stamp: &Stamp,
+) -> Result<crate::objstore::BlockingObject> {
+    crate::objstore::BlockingObject::open(loc, Some((stamp.len, stamp.e_tag.as_deref())))
+}
+
+/// A reader of one slice of the predictions: of the local file, or of the object by
+/// range where it lies (`s3://`: nothing copied to the executor first).
+fn open_slice(path: &Path, stamp: &Stamp, slice: &Slice) -> Result<PredictionsReader> {
+    match crate::objstore::Location::of(path)? {
+        None => PredictionsReader::open_slice(path, BATCH_ROWS, slice),
+        Some(loc) => {
+            PredictionsReader::open_object_slice(object(&loc, stamp)?, path, BATCH_ROWS, slice)
+        }
+    }
 }
 
 /// The survey's rows: a slice's key rows (`line`, `case_id`, `attempt_id`), its lines
@@ -521,8 +563,11 @@ fn survey_batch(
 }
 
 /// Survey one slice (on an executor): read it as a local run would, from line 1.
-fn survey_slice(path: &Path, index: u32, slice: &Slice, schema: &SchemaRef) -> Result<RecordBatch> {
-    let mut reader = PredictionsReader::open_slice(path, BATCH_ROWS, slice)?;
+fn survey_slice(
+    mut reader: PredictionsReader,
+    index: u32,
+    schema: &SchemaRef,
+) -> Result<RecordBatch> {
     let mut report = SliceReport::default();
     let mut rows = SurveyRows::new();
     let mut next_line = 1u64;
@@ -593,12 +638,22 @@ fn survey_slice(path: &Path, index: u32, slice: &Slice, schema: &SchemaRef) -> R
 /// How to cut the file at `path` into `n` slices: equal byte ranges of a JSONL file,
 /// equal runs of rows of a Parquet file (its footer is read here; a slice reads the row
 /// groups that hold its rows, selecting them).
-pub fn spans(path: &Path, n: usize) -> Result<Vec<Span>> {
+///
+/// An `s3://` file is read by range (from a blocking thread of a tokio runtime:
+/// `spawn_blocking`), and must still be as `stamp` records it.
+pub fn spans(path: &Path, stamp: &Stamp, n: usize) -> Result<Vec<Span>> {
     let n = n.max(1);
+    let remote = match crate::objstore::Location::of(path)? {
+        Some(loc) => Some(object(&loc, stamp)?),
+        None => None,
+    };
     if !is_parquet(path) {
-        let size = std::fs::metadata(path)
-            .map_err(|e| Error::io(path, "cannot read predictions", e))?
-            .len();
+        let size = match &remote {
+            Some(object) => object.stamp().0,
+            None => std::fs::metadata(path)
+                .map_err(|e| Error::io(path, "cannot read predictions", e))?
+                .len(),
+        };
         let at = |i: usize| (u128::from(size) * i as u128 / n as u128) as u64;
         return Ok((0..n)
             .map(|i| Span::Bytes {
@@ -607,15 +662,21 @@ pub fn spans(path: &Path, n: usize) -> Result<Vec<Span>> {
             })
             .collect());
     }
-    crate::rundir::bounds::check_parquet_file(
-        path,
-        crate::files::Links::Follow,
-        &crate::rundir::bounds::ParquetLimits::from_env()?,
-    )?;
-    let file = crate::files::open_input(path, "cannot open predictions")?;
-    let meta = datafusion::parquet::file::metadata::ParquetMetaDataReader::new()
-        .parse_and_finish(&file)
-        .map_err(|e| Error::config(path, format!("not a readable Parquet file: {e}")))?;
+    let limits = crate::rundir::bounds::ParquetLimits::from_env()?;
+    let meta = match &remote {
+        // The footer's checks only: each task walks the page headers of its own row
+        // groups before it decodes them (a file on object storage is not read whole here).
+        Some(object) => crate::rundir::bounds::check_parquet_groups(
+            object,
+            object.stamp().0,
+            path,
+            &limits,
+            Some(&[]),
+        )?,
+        None => {
+            crate::rundir::bounds::check_parquet_file(path, crate::files::Links::Follow, &limits)?
+        }
+    };
     let rows = meta
         .row_groups()
         .iter()
@@ -890,28 +951,41 @@ fn read_runs(path: &Path, at: &crate::corpus::predictions::RunsAt) -> Result<Vec
             path.display()
         ))
     };
-    let mut file = crate::files::open_regular(path, crate::files::Links::Refuse)?;
-    let size = file
-        .metadata()
-        .map_err(|e| Error::io(path, "cannot read", e))?
-        .len();
+    let past_end = |size: u64| {
+        bad(format!(
+            "are {} runs from byte {}, past the end of the file ({size} bytes)",
+            at.count, at.offset
+        ))
+    };
     // Within the file before anything is allocated for them.
-    let len = at
-        .count
-        .checked_mul(16)
-        .filter(|&n| at.offset.checked_add(n).is_some_and(|end| end <= size))
-        .ok_or_else(|| {
-            bad(format!(
-                "are {} runs from byte {}, past the end of the file ({size} bytes)",
-                at.count, at.offset
-            ))
-        })?;
-    file.seek(SeekFrom::Start(at.offset))
-        .map_err(|e| Error::io(path, "cannot read", e))?;
-    let mut bytes = Vec::with_capacity(len as usize);
-    file.take(len)
-        .read_to_end(&mut bytes)
-        .map_err(|e| Error::io(path, "cannot read", e))?;
+    let within = |size: u64| {
+        at.count
+            .checked_mul(16)
+            .filter(|&n| at.offset.checked_add(n).is_some_and(|end| end <= size))
+            .ok_or_else(|| past_end(size))
+    };
+    let (bytes, len) = match crate::objstore::Location::of(path)? {
+        Some(loc) => {
+            let object = crate::objstore::BlockingObject::open(&loc, None)?;
+            let len = within(object.stamp().0)?;
+            (object.range(at.offset, at.offset + len)?.to_vec(), len)
+        }
+        None => {
+            let mut file = crate::files::open_regular(path, crate::files::Links::Refuse)?;
+            let size = file
+                .metadata()
+                .map_err(|e| Error::io(path, "cannot read", e))?
+                .len();
+            let len = within(size)?;
+            file.seek(SeekFrom::Start(at.offset))
+                .map_err(|e| Error::io(path, "cannot read", e))?;
+            let mut bytes = Vec::with_capacity(len as usize);
+            file.take(len)
+                .read_to_end(&mut bytes)
+                .map_err(|e| Error::io(path, "cannot read", e))?;
+            (bytes, len)
+        }
+    };
     if bytes.len() as u64 != len || crate::digest::sha256_hex(&bytes) != at.sha256 {
         return Err(bad(
             "are not what the client wrote (the file changed)".into()
@@ -961,7 +1035,7 @@ impl TableProvider for SlicedPredictions {
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
         Ok(Arc::new(PredictionsScanExec::scan(
             &self.path,
-            self.stamp,
+            self.stamp.clone(),
             self.slices.clone(),
             self.runs_path.clone(),
             projection.cloned(),
@@ -1027,11 +1101,15 @@ mod tests {
     ) -> Result<(RecordBatch, PredictionStats, Coverage)> {
         let rt = crate::engine::runtime()?;
         rt.block_on(async {
-            let spans = spans(path, n)?;
             let text = path.to_str().unwrap();
             let stamp = Stamp::of(path)?;
-            let survey =
-                run_all(Arc::new(PredictionsScanExec::survey(text, stamp, &spans)?)).await?;
+            let spans = spans(path, &stamp, n)?;
+            let survey = run_all(Arc::new(PredictionsScanExec::survey(
+                text,
+                stamp.clone(),
+                &spans,
+            )?))
+            .await?;
             let mut s = surveyed(&survey, path, &spans)?;
             let runs = match spill {
                 Some(dir) => {
@@ -1143,7 +1221,7 @@ mod tests {
         std::fs::write(&path, text).unwrap();
         let (rows, stats, _) = whole(&path).unwrap();
         assert_eq!(stats.duplicates, 150);
-        let spans = spans(&path, 4).unwrap();
+        let spans = spans(&path, &Stamp::of(&path).unwrap(), 4).unwrap();
         let survey = survey_rows(&path, &spans).unwrap();
         let mut s = surveyed(&survey, &path, &spans).unwrap();
         let total: usize = s.slices.iter().map(|s| s.seen_before.len()).sum();
@@ -1161,7 +1239,7 @@ mod tests {
         let scan = |slices: Vec<Slice>, runs: Option<&Path>| {
             let plan = PredictionsScanExec::scan(
                 path.to_str().unwrap(),
-                stamp,
+                stamp.clone(),
                 slices,
                 runs.map(|p| p.to_str().unwrap().to_owned()),
                 None,
@@ -1211,7 +1289,7 @@ mod tests {
         std::fs::write(&path, format!("{half}{half}")).unwrap();
         let (rows, stats, coverage) = whole(&path).unwrap();
         assert_eq!(stats.duplicates, 400);
-        let spans = spans(&path, 4).unwrap();
+        let spans = spans(&path, &Stamp::of(&path).unwrap(), 4).unwrap();
         let survey = survey_rows(&path, &spans).unwrap();
         let s = surveyed(&survey, &path, &spans).unwrap();
         // The second half's slices: one run each, whatever their length.
@@ -1239,7 +1317,7 @@ mod tests {
             })
             .collect();
         std::fs::write(&path, format!("{half}{half}")).unwrap();
-        let spans = super::spans(&path, 4).unwrap();
+        let spans = super::spans(&path, &Stamp::of(&path).unwrap(), 4).unwrap();
         let survey = survey_rows(&path, &spans).unwrap();
         let s = surveyed(&survey, &path, &spans).unwrap();
         let runs: Vec<usize> = s.slices.iter().map(|s| s.seen_before.len()).collect();
@@ -1256,7 +1334,7 @@ mod tests {
         let path = dir.path().join("p.jsonl");
         std::fs::write(&path, lines(60)).unwrap();
         let stamp = Stamp::of(&path).unwrap();
-        let spans = spans(&path, 2).unwrap();
+        let spans = spans(&path, &Stamp::of(&path).unwrap(), 2).unwrap();
         let text = path.to_str().unwrap();
         let rt = crate::engine::runtime().unwrap();
         // Appended after the cut.
@@ -1268,7 +1346,7 @@ mod tests {
         drop(f);
         let e = rt
             .block_on(run_all(Arc::new(
-                PredictionsScanExec::survey(text, stamp, &spans).unwrap(),
+                PredictionsScanExec::survey(text, stamp.clone(), &spans).unwrap(),
             )))
             .unwrap_err()
             .to_string();
@@ -1278,7 +1356,7 @@ mod tests {
         );
         let e = rt
             .block_on(run_all(Arc::new(
-                PredictionsScanExec::scan(text, stamp, Vec::new(), None, None).unwrap(),
+                PredictionsScanExec::scan(text, stamp.clone(), Vec::new(), None, None).unwrap(),
             )))
             .map(|_| ())
             .and_then(|()| {
@@ -1340,7 +1418,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("p.jsonl");
         std::fs::write(&path, lines(50)).unwrap();
-        let spans = spans(&path, 3).unwrap();
+        let spans = spans(&path, &Stamp::of(&path).unwrap(), 3).unwrap();
         let survey = survey_rows(&path, &spans).unwrap();
         assert!(surveyed(&survey, &path, &spans).is_ok());
         // A slice missing (a lost task), or reported twice.
