@@ -1290,23 +1290,30 @@ fn a_cluster_stages_on_object_storage_where_its_executors_read_and_write() {
         "bkt/in/long.jsonl",
         &std::fs::read(&long_file).unwrap(),
     );
+    // The bucket's predictions into a run in the bucket, staged there.
+    let into_bucket = || {
+        let mut cmd = pieval();
+        s3_env(&mut cmd, proxy.port).args([
+            "score",
+            "--run-id",
+            "c",
+            "--json",
+            "--predictions",
+            "s3://bkt/in/long.jsonl",
+            "--output",
+            "s3://bkt/results/r1",
+            "--cluster",
+            &cluster.url,
+            "--staging",
+            "s3://bkt/stage",
+        ]);
+        cmd
+    };
+    let score_into_bucket = || run(&mut into_bucket());
     proxy.set(Mode::Throttle);
     let starts = proxy.counts.multipart_starts.load(Ordering::SeqCst);
     let from = log_len();
-    let r = run(s3_env(&mut pieval(), proxy.port).args([
-        "score",
-        "--run-id",
-        "c",
-        "--json",
-        "--predictions",
-        "s3://bkt/in/long.jsonl",
-        "--output",
-        "s3://bkt/results/r1",
-        "--cluster",
-        &cluster.url,
-        "--staging",
-        "s3://bkt/stage",
-    ]));
+    let r = score_into_bucket();
     proxy.set(Mode::Pass);
     assert_eq!(r.code, 0, "{}\n{}", r.stderr, logs_of(&cluster));
     let (commit, bytes) = committed(moto.port, "bkt/results/r1");
@@ -1361,20 +1368,7 @@ fn a_cluster_stages_on_object_storage_where_its_executors_read_and_write() {
     // the scoring fails, the run keeps its commit.
     let puts = proxy.counts.puts.load(Ordering::SeqCst);
     proxy.set(Mode::FailAfterPuts(puts + 3));
-    let r = run(s3_env(&mut pieval(), proxy.port).args([
-        "score",
-        "--run-id",
-        "c",
-        "--json",
-        "--predictions",
-        "s3://bkt/in/long.jsonl",
-        "--output",
-        "s3://bkt/results/r1",
-        "--cluster",
-        &cluster.url,
-        "--staging",
-        "s3://bkt/stage",
-    ]));
+    let r = score_into_bucket();
     proxy.set(Mode::Pass);
     assert_ne!(r.code, 0, "the scoring failed: {}", r.stdout);
     assert!(r.stderr.contains("s3://bkt/"), "{}", r.stderr);
@@ -1383,6 +1377,35 @@ fn a_cluster_stages_on_object_storage_where_its_executors_read_and_write() {
         after["commit_id"], commit["commit_id"],
         "the previous commit stands"
     );
+
+    // The client killed outright once the executors' parts are in the bucket: the run
+    // keeps its commit (the parts and the staged prefix are never read).
+    let mut client = into_bucket()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !keys(moto.port, "bkt")
+        .iter()
+        .any(|k| k.starts_with("stage/") && k.contains("/parts/part-"))
+        && client.try_wait().unwrap().is_none()
+    {
+        assert!(Instant::now() < deadline, "no part reached the bucket");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        client.try_wait().unwrap().is_none(),
+        "the client ended before it could be killed"
+    );
+    let _ = client.kill();
+    let _ = client.wait();
+    let (after, bytes) = committed(moto.port, "bkt/results/r1");
+    assert_eq!(
+        after["commit_id"], commit["commit_id"],
+        "the previous commit stands"
+    );
+    assert_eq!(sorted_lines(&bytes), rows(&long_local));
 
     // No object holds the key id or the secret.
     for key in keys(moto.port, "bkt") {
