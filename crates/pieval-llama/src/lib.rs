@@ -75,32 +75,24 @@ struct Acts {
 }
 
 impl Acts {
-    fn quantize(x: &[f32], cols: usize) -> Self {
+    /// `simd`: each block through [`avx2::quantize_block`] where it can take it (the
+    /// same bits as [`quantize_block`]'s, tested); a step quantizes its activations
+    /// four times a layer on one thread while the others wait.
+    fn quantize(x: &[f32], cols: usize, simd: bool) -> Self {
         debug_assert_eq!(x.len() % cols, 0);
         let per_token = cols / QK;
         let mut blocks = Vec::with_capacity(x.len() / QK);
         for chunk in x.chunks_exact(QK) {
-            let amax = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
-            // `min`: a subnormal `d` (a block of values under 1e-37) would give an
-            // infinite inverse.
-            let inv = if d > 0.0 {
-                (1.0 / d).min(f32::MAX)
-            } else {
-                0.0
-            };
-            let mut qs = [0i8; QK];
-            let mut sum = 0i32;
-            for (q, v) in qs.iter_mut().zip(chunk) {
-                let r = round_half_away(v * inv);
-                *q = r as i8;
-                sum = sum.wrapping_add(r);
+            #[cfg(target_arch = "x86_64")]
+            if simd {
+                // SAFETY: `simd` is set only where AVX2, FMA and F16C are.
+                if let Some(b) = unsafe { avx2::quantize_block(chunk) } {
+                    blocks.push(b);
+                    continue;
+                }
             }
-            blocks.push(ActBlock {
-                qs,
-                d,
-                s: d * sum as f32,
-            });
+            let _ = simd;
+            blocks.push(quantize_block(chunk));
         }
         Self { blocks, per_token }
     }
@@ -111,6 +103,32 @@ impl Acts {
 
     fn token(&self, t: usize) -> &[ActBlock] {
         &self.blocks[t * self.per_token..(t + 1) * self.per_token]
+    }
+}
+
+/// One block of 32 activations as Q8: a scale `d` (the largest magnitude over 127), the
+/// values over `d` rounded half away from zero, and `d` times their sum.
+fn quantize_block(chunk: &[f32]) -> ActBlock {
+    let amax = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    // `min`: a subnormal `d` (a block of values under 1e-37) would give an infinite
+    // inverse.
+    let inv = if d > 0.0 {
+        (1.0 / d).min(f32::MAX)
+    } else {
+        0.0
+    };
+    let mut qs = [0i8; QK];
+    let mut sum = 0i32;
+    for (q, v) in qs.iter_mut().zip(chunk) {
+        let r = round_half_away(v * inv);
+        *q = r as i8;
+        sum = sum.wrapping_add(r);
+    }
+    ActBlock {
+        qs,
+        d,
+        s: d * sum as f32,
     }
 }
 
@@ -205,6 +223,85 @@ mod avx2 {
             let p = _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1));
             *acc = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(p), *acc);
             *mins += m * a.s;
+        }
+    }
+
+    /// [`super::quantize_block`] of 32 values, eight at a time, with the same operations
+    /// in the same order (so the same bits): the largest magnitude, `d = amax / 127`, its
+    /// inverse, `v · inv` truncated, then a step away from zero when the fraction is a
+    /// half or more. `None` (the scalar way, with its saturation) for a block holding a
+    /// NaN or an infinity, or whose scale is subnormal.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn quantize_block(x: &[f32]) -> Option<ActBlock> {
+        assert_eq!(x.len(), super::QK);
+        unsafe {
+            let p = x.as_ptr();
+            let v = [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ];
+            let sign = _mm256_set1_ps(-0.0);
+            let inf = _mm256_set1_ps(f32::INFINITY);
+            let mut amax = _mm256_setzero_ps();
+            let mut odd = 0;
+            for &a in &v {
+                let abs = _mm256_andnot_ps(sign, a);
+                // NaN (unordered) or infinite: not for this path.
+                odd |= _mm256_movemask_ps(_mm256_cmp_ps(abs, inf, _CMP_NLT_UQ));
+                amax = _mm256_max_ps(amax, abs);
+            }
+            if odd != 0 {
+                return None;
+            }
+            let m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+            let d = amax / 127.0;
+            if d > 0.0 && d < f32::MIN_POSITIVE {
+                return None;
+            }
+            let inv = if d > 0.0 {
+                (1.0 / d).min(f32::MAX)
+            } else {
+                0.0
+            };
+            let (vinv, one) = (_mm256_set1_ps(inv), _mm256_set1_ps(1.0));
+            let (half, neg_half) = (_mm256_set1_ps(0.5), _mm256_set1_ps(-0.5));
+            let round = |a: __m256| {
+                let y = _mm256_mul_ps(a, vinv);
+                let t = _mm256_round_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+                let f = _mm256_sub_ps(y, t);
+                let up = _mm256_and_ps(_mm256_cmp_ps(f, half, _CMP_GE_OQ), one);
+                let down = _mm256_and_ps(_mm256_cmp_ps(f, neg_half, _CMP_LE_OQ), one);
+                _mm256_cvttps_epi32(_mm256_sub_ps(_mm256_add_ps(t, up), down))
+            };
+            let r = [round(v[0]), round(v[1]), round(v[2]), round(v[3])];
+            let total =
+                _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
+            let t4 = _mm_add_epi32(
+                _mm256_castsi256_si128(total),
+                _mm256_extracti128_si256(total, 1),
+            );
+            let t2 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0b01_00_11_10));
+            let sum = _mm_cvtsi128_si32(_mm_add_epi32(t2, _mm_shuffle_epi32(t2, 0b10_11_00_01)));
+            // Packing works within 128-bit lanes: the permute puts the 32 bytes back in
+            // order.
+            let bytes = _mm256_permutevar8x32_epi32(
+                _mm256_packs_epi16(
+                    _mm256_packs_epi32(r[0], r[1]),
+                    _mm256_packs_epi32(r[2], r[3]),
+                ),
+                _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7),
+            );
+            let mut qs = [0i8; super::QK];
+            _mm256_storeu_si256(qs.as_mut_ptr() as *mut __m256i, bytes);
+            Some(ActBlock {
+                qs,
+                d,
+                s: d * sum as f32,
+            })
         }
     }
 
@@ -393,7 +490,7 @@ impl QMatrix {
         if exact {
             self.matmul_exact(x, out);
         } else {
-            self.matmul(&Acts::quantize(x, self.cols), out, simd, team);
+            self.matmul(&Acts::quantize(x, self.cols, simd), out, simd, team);
         }
     }
 
@@ -739,7 +836,7 @@ impl Llama {
                 layer.wk.matmul_exact(&h, &mut k);
                 layer.wv.matmul_exact(&h, &mut v);
             } else {
-                let acts = Acts::quantize(&h, d);
+                let acts = Acts::quantize(&h, d, simd);
                 let mut qkv = [
                     (&layer.wq, &mut q[..]),
                     (&layer.wk, &mut k[..]),
@@ -801,7 +898,7 @@ impl Llama {
                 layer.gate.matmul_exact(&h, &mut g);
                 layer.up.matmul_exact(&h, &mut u);
             } else {
-                let acts = Acts::quantize(&h, d);
+                let acts = Acts::quantize(&h, d, simd);
                 matmuls(
                     &mut [(&layer.gate, &mut g[..]), (&layer.up, &mut u[..])],
                     &acts,
@@ -991,7 +1088,7 @@ mod tests {
             data,
         };
         let x: Vec<f32> = (0..tokens * cols).map(|_| rng.f32() * 4.0 - 2.0).collect();
-        let acts = Acts::quantize(&x, cols);
+        let acts = Acts::quantize(&x, cols, false);
         for simd in [false, has_avx2()] {
             for r in 0..rows {
                 for t in 0..=tokens - 4 {
@@ -1005,14 +1102,75 @@ mod tests {
         }
     }
 
+    /// The AVX2 quantizing gives the scalar one's bits for every block, or hands the
+    /// block back to it: random blocks at every scale, values that land on a half once
+    /// scaled, zeros, signed zeros, tiny, huge, infinite and NaN values.
+    #[test]
+    fn simd_quantizing_is_the_scalar_quantizing_bit_for_bit() {
+        if !has_avx2() {
+            eprintln!("no AVX2 here: the scalar quantizing is the only one");
+            return;
+        }
+        let mut rng = fastrand::Rng::with_seed(11);
+        let mut blocks: Vec<[f32; QK]> = Vec::new();
+        for scale in [1e-30f32, 1e-6, 0.01, 1.0, 3.0, 1e6, 1e30, 3e38] {
+            for _ in 0..2000 {
+                blocks.push(std::array::from_fn(|_| (rng.f32() * 2.0 - 1.0) * scale));
+            }
+        }
+        // Halves once scaled: amax 127 makes d = 1, so k + 0.5 is a tie.
+        for k in -127..127 {
+            let mut b = [0f32; QK];
+            b[0] = 127.0;
+            b[1] = k as f32 + 0.5;
+            b[2] = -(k as f32) - 0.5;
+            b[3] = f32::from_bits((k as f32 + 0.5).to_bits() - 1);
+            blocks.push(b);
+        }
+        let edges = [
+            0.0,
+            -0.0,
+            1e-45,
+            -1e-38,
+            1e-37,
+            f32::MAX,
+            f32::MIN,
+            f32::INFINITY,
+            f32::NAN,
+        ];
+        for (i, &e) in edges.iter().enumerate() {
+            let mut b = [0f32; QK];
+            b[i] = e;
+            blocks.push(b);
+            blocks.push([e; QK]);
+            let mut mixed: [f32; QK] = std::array::from_fn(|_| rng.f32() - 0.5);
+            mixed[31 - i] = e;
+            blocks.push(mixed);
+        }
+        let mut taken = 0;
+        for b in &blocks {
+            let scalar = quantize_block(b);
+            // SAFETY: AVX2, FMA and F16C are here (checked above).
+            if let Some(simd) = unsafe { avx2::quantize_block(b) } {
+                taken += 1;
+                assert_eq!(simd.qs, scalar.qs, "{b:?}");
+                assert_eq!(simd.d.to_bits(), scalar.d.to_bits(), "{b:?}");
+                assert_eq!(simd.s.to_bits(), scalar.s.to_bits(), "{b:?}");
+            }
+        }
+        assert!(taken > blocks.len() * 9 / 10, "{taken} of {}", blocks.len());
+    }
+
     #[test]
     fn tiny_blocks_quantize_to_finite_values() {
         for v in [1e-38f32, -3e-39, 1e-45] {
             let mut x = vec![0f32; 64];
             x[..32].fill(v);
             x[40] = v;
-            let acts = Acts::quantize(&x, 64);
-            for b in &acts.blocks {
+            for b in [false, has_avx2()]
+                .into_iter()
+                .flat_map(|simd| Acts::quantize(&x, 64, simd).blocks)
+            {
                 assert!(b.d.is_finite() && b.s.is_finite(), "{v}");
                 assert!(
                     b.qs.iter().all(|q| (-127..=127).contains(q)),
@@ -1028,7 +1186,7 @@ mod tests {
         let mut rng = fastrand::Rng::with_seed(3);
         let cols = 256;
         let x: Vec<f32> = (0..cols).map(|_| rng.f32() * 2.0 - 1.0).collect();
-        let acts = Acts::quantize(&x, cols);
+        let acts = Acts::quantize(&x, cols, false);
         let mut q4 = Vec::new();
         let mut q8 = Vec::new();
         let mut w = vec![0f32; cols];
