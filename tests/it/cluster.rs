@@ -1200,11 +1200,16 @@ fn a_cluster_stages_on_object_storage_where_its_executors_read_and_write() {
             .collect()
     };
 
+    // `score --cluster --staging s3://bkt/stage` of `preds` into the local folder `out`.
+    let staged = |preds: &Path, out: &Path| {
+        let mut cmd = score_cmd(Some(&cluster.url), preds, out);
+        run(s3_env(&mut cmd, proxy.port).args(["--staging", "s3://bkt/stage"]))
+    };
+
     // A local predictions file, uploaded to the staging prefix; a local output.
     let from = log_len();
     let out = dir.path().join("out");
-    let mut cmd = score_cmd(Some(&cluster.url), &preds, &out);
-    let r = run(s3_env(&mut cmd, proxy.port).args(["--staging", "s3://bkt/stage"]));
+    let r = staged(&preds, &out);
     assert_eq!(r.code, 0, "{}\n{}", r.stderr, logs_of(&cluster));
     assert_eq!(
         digest(&rows(&out)),
@@ -1245,12 +1250,7 @@ fn a_cluster_stages_on_object_storage_where_its_executors_read_and_write() {
     );
     let from = log_len();
     let from_bucket = dir.path().join("from-bucket");
-    let mut cmd = score_cmd(
-        Some(&cluster.url),
-        Path::new("s3://bkt/in/preds.parquet"),
-        &from_bucket,
-    );
-    let r = run(s3_env(&mut cmd, proxy.port).args(["--staging", "s3://bkt/stage"]));
+    let r = staged(Path::new("s3://bkt/in/preds.parquet"), &from_bucket);
     assert_eq!(r.code, 0, "{}\n{}", r.stderr, logs_of(&cluster));
     let parquet_local = dir.path().join("parquet-local");
     let r = run(&mut score_cmd(None, &parquet, &parquet_local));
@@ -1349,12 +1349,7 @@ fn a_cluster_stages_on_object_storage_where_its_executors_read_and_write() {
     changed[at] = if changed[at] == b'a' { b'b' } else { b'a' };
     proxy.swap_after("/bkt/in/long.jsonl", 2, changed);
     let torn = dir.path().join("torn");
-    let mut cmd = score_cmd(
-        Some(&cluster.url),
-        Path::new("s3://bkt/in/long.jsonl"),
-        &torn,
-    );
-    let r = run(s3_env(&mut cmd, proxy.port).args(["--staging", "s3://bkt/stage"]));
+    let r = staged(Path::new("s3://bkt/in/long.jsonl"), &torn);
     assert_ne!(r.code, 0, "a changed object was scored: {}", r.stdout);
     assert!(r.stderr.contains("changed"), "{}", r.stderr);
     assert!(!torn.join("case_results.jsonl").exists());
