@@ -644,6 +644,17 @@ impl Staging {
     }
 }
 
+/// The staged predictions' name: `predictions.jsonl` or `predictions.parquet`, by the
+/// kind of the file at `path`.
+fn staged_name(path: &Path) -> String {
+    let kind = if crate::corpus::predictions::is_parquet(path) {
+        "parquet"
+    } else {
+        "jsonl"
+    };
+    format!("predictions.{kind}")
+}
+
 fn staging_name() -> String {
     format!(
         ".pieval-staging.tmp-{}-{:016x}",
@@ -678,11 +689,6 @@ impl Staging {
         };
         // Uploaded from where it is (no local copy), and checked to be the file as it was
         // before and after: a file written to meanwhile is refused, not staged torn.
-        let kind = if crate::corpus::predictions::is_parquet(path) {
-            "parquet"
-        } else {
-            "jsonl"
-        };
         let opened = crate::files::open_input(path, "cannot open predictions")?;
         let is_file = opened
             .metadata()
@@ -695,7 +701,7 @@ impl Staging {
             )));
         }
         let before = slices::Stamp::of(path)?;
-        let at = r.prefix.child(&format!("predictions.{kind}"));
+        let at = r.prefix.child(&staged_name(path));
         let sent = r.store.upload(path, &at.key).await?;
         let (len, e_tag) = r
             .store
@@ -717,12 +723,7 @@ impl Staging {
 
     fn place_here(&self, path: &Path) -> Result<PathBuf> {
         use std::os::unix::fs::MetadataExt;
-        let kind = if crate::corpus::predictions::is_parquet(path) {
-            "parquet"
-        } else {
-            "jsonl"
-        };
-        let to = self.dir.join(format!("predictions.{kind}"));
+        let to = self.dir.join(staged_name(path));
         let mut opened = crate::files::open_input(path, "cannot open predictions")?;
         let meta = opened
             .metadata()
