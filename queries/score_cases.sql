@@ -101,8 +101,9 @@ WITH joined AS (
         (p.error IS NULL OR trim(p.error) = '')
             AND (p.blocked_by IS NULL OR trim(p.blocked_by) = '')
             AND (p.agent_actions IS NOT NULL
-                 OR (p.response_text IS NOT NULL
-                     AND trim(p.response_text) <> '')) AS usable,
+                 -- a response with more than spaces (trim's test, without trim's
+                 -- copy of every response)
+                 OR coalesce(regexp_like(p.response_text, '[^ ]'), false)) AS usable,
         c.source_name,
         c.attack_family,
         c.attack_surface,
@@ -244,11 +245,11 @@ machine AS (
              WHEN rule_success IS NOT NULL THEN 'rules'
              WHEN dd['success'] IS NOT NULL THEN 'judge' END              AS machine_by,
         pi_judge_outcome(judgements, success_criteria)                     AS judge,
-        -- a reviewer's verdict, on the very response it was given on (its digest is
-        -- computed only for the rows a verdict names)
-        CASE WHEN review_verdict IS NULL THEN NULL
-             WHEN review_response_sha256 = pi_sha256(coalesce(response_text, ''))
-                  THEN review_verdict
+        -- a reviewer's verdict, on the very response it was given on (pi_sha256_is
+        -- hashes only the rows whose review names a digest)
+        CASE WHEN review_verdict IS NOT NULL
+                  AND pi_sha256_is(coalesce(response_text, ''), review_response_sha256)
+             THEN review_verdict
         END                                                                AS human
     FROM redecided
 ),
@@ -303,7 +304,7 @@ SELECT
         CASE WHEN duplicate_prediction THEN 'duplicate_prediction' END,
         CASE WHEN error IS NOT NULL AND trim(error) <> '' THEN 'provider_error' END,
         CASE WHEN blocked_by IS NULL AND agent_actions IS NULL
-                  AND (response_text IS NULL OR trim(response_text) = '')
+                  AND NOT coalesce(regexp_like(response_text, '[^ ]'), false)
              THEN 'empty_response' END,
         -- undecided, nothing failed, and nobody decided it: the kernel's reason. A judge
         -- is needed (undecided without one), or a judge-mode case while no judge is

@@ -2,7 +2,8 @@
 //! interval of k successes in n (Wilson 1927, "Probable inference, the law of succession,
 //! and statistical inference"), computed by [`crate::stats::wilson`] — the one
 //! implementation, used by `queries/summary.sql`, the controls and calibration alike.
-//! NULL when n is 0 or either argument is NULL. Also `pi_sha256(text)` ([`register_sha256`]).
+//! NULL when n is 0 or either argument is NULL. Also `pi_sha256(text)` and
+//! `pi_sha256_is(text, digest)` ([`register_sha256`]).
 
 use std::sync::Arc;
 
@@ -62,4 +63,70 @@ pub fn register_sha256(ctx: &SessionContext) {
         Volatility::Immutable,
         Arc::new(f),
     ));
+    // pi_sha256_is(text, digest): whether the text's pi_sha256 is `digest` (as
+    // pi_sha256 writes it: lower-case hex); NULL where either is NULL. Only the rows with a digest are hashed, however
+    // the optimizer rewrites the expression around it: scoring asks it of every
+    // prediction, and a review names few (`pi_sha256(text) = digest` inside a CASE was
+    // flattened into ORs and hashed every response, 2.5% of scoring's CPU).
+    let is = |args: &[ColumnarValue]| -> datafusion::error::Result<ColumnarValue> {
+        use datafusion::arrow::array::BooleanArray;
+        let arrays = ColumnarValue::values_to_arrays(args)?;
+        let text = datafusion::arrow::compute::cast(&arrays[0], &DataType::Utf8)?;
+        let digest = datafusion::arrow::compute::cast(&arrays[1], &DataType::Utf8)?;
+        let out: BooleanArray = text
+            .as_string::<i32>()
+            .iter()
+            .zip(digest.as_string::<i32>().iter())
+            .map(|(t, d)| {
+                let (t, d) = (t?, d?);
+                Some(crate::digest::sha256_hex(t.as_bytes()) == d)
+            })
+            .collect();
+        super::predicates::columnar(args, Arc::new(out))
+    };
+    ctx.register_udf(create_udf(
+        "pi_sha256_is",
+        vec![DataType::Utf8, DataType::Utf8],
+        DataType::Boolean,
+        Volatility::Immutable,
+        Arc::new(is),
+    ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::Array;
+
+    #[tokio::test]
+    async fn a_digest_matches_the_text_it_was_taken_of_and_no_digest_is_null() {
+        let ctx = SessionContext::new();
+        register_sha256(&ctx);
+        let hello = crate::digest::sha256_hex(b"hello");
+        let rows = ctx
+            .sql(&format!(
+                "SELECT pi_sha256_is(t, d) AS m, pi_sha256(t) = d AS eq FROM (VALUES \
+                 ('hello', '{hello}'), ('hello!', '{hello}'), ('hello', NULL), \
+                 (NULL, '{hello}'), ('hello', '{}')) AS v(t, d)",
+                hello.to_uppercase()
+            ))
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let (m, eq) = (
+            rows[0].column(0).as_boolean(),
+            rows[0].column(1).as_boolean(),
+        );
+        let got: Vec<Option<bool>> = (0..m.len())
+            .map(|i| (!m.is_null(i)).then(|| m.value(i)))
+            .collect();
+        let want: Vec<Option<bool>> = (0..eq.len())
+            .map(|i| (!eq.is_null(i)).then(|| eq.value(i)))
+            .collect();
+        // the same as comparing pi_sha256, case and NULLs alike
+        assert_eq!(got, vec![Some(true), Some(false), None, None, Some(false)]);
+        assert_eq!(got, want);
+    }
 }

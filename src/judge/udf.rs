@@ -242,6 +242,15 @@ impl ScalarUDFImpl for JudgeUdf {
 impl AsyncScalarUDFImpl for JudgeUdf {
     async fn invoke_async_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let n = args.number_rows;
+        // No question in the batch (scoring's usual batch: every row decided by the
+        // rules, or no judge configured): nothing to ask and nothing to copy.
+        if let ColumnarValue::Array(q) = &args.args[0] {
+            if matches!(q.data_type(), DataType::List(_)) && q.null_count() == q.len() {
+                return Ok(ColumnarValue::Array(
+                    datafusion::arrow::array::new_null_array(&judgement_list_type(), n),
+                ));
+            }
+        }
         let strings = args.args[1..]
             .iter()
             .map(|a| StrArg::new("pi_judge", a))

@@ -309,6 +309,13 @@ impl<'a> Response<'a> {
         }
     }
 
+    /// The same response, its refusal already classified by the same detector (a caller
+    /// that reports the class too does not classify twice).
+    pub fn with_refused(self, refused: bool) -> Self {
+        self.refused.set(Some(refused));
+        self
+    }
+
     /// The same response, with what the model was given: a target found only in copies
     /// of it is an echo ([`super::echo`]).
     pub fn with_given(mut self, given: &'a Given<'a>) -> Self {

@@ -170,8 +170,12 @@ impl RefusalDetector {
                     ),
                 ));
             }
+            // A larger lazy-DFA cache: over distinct prose the default one kept being
+            // cleared and rebuilt (state building was a fifth of refusal's time; the
+            // compliance search ran at 206 MB/s with it, 482 with 16 MiB, 491 with 64).
             regex::RegexBuilder::new(&joined)
                 .size_limit(1 << 24)
+                .dfa_size_limit(1 << 24)
                 .build()
                 .map_err(|e| Error::config(origin, format!("rules do not compile together: {e}")))
         };

@@ -113,6 +113,8 @@ impl Kernel for Detect {
             // One folding (and compaction) of the response for every detector.
             prepared.load(text);
             let given = Given::new(given_args.iter().map(|g| g.get(i)), protected.get(i));
+            // classified once: reported, and read by a `not_refused` criterion
+            let class_of = refusals.classify_folded(&prepared.folded);
             match criteria.get(i) {
                 None => {
                     decision.append_null();
@@ -120,8 +122,11 @@ impl Kernel for Detect {
                 }
                 Some(c) => {
                     let matcher = super::criteria::compiled_criterion(name, i, c, &compiled[c])?;
-                    let d = matcher
-                        .decide(&Response::new(text, &prepared, refusals).with_given(&given));
+                    let d = matcher.decide(
+                        &Response::new(text, &prepared, refusals)
+                            .with_refused(class_of != ResponseClass::Compliance)
+                            .with_given(&given),
+                    );
                     decision.append(&d);
                     if d.success.is_none() {
                         for q in &d.questions {
@@ -150,9 +155,8 @@ impl Kernel for Detect {
                         &fold(c),
                     ) != Some(true)
             }));
-            let c = refusals.classify_folded(&prepared.folded);
-            refusal.append_value(c != ResponseClass::Compliance);
-            class.append_value(c.as_str());
+            refusal.append_value(class_of != ResponseClass::Compliance);
+            class.append_value(class_of.as_str());
             pack.spans_folded(text, &prepared.folded, &mut scratch, &mut spans);
             rule_spans.append(text, &spans);
         }
