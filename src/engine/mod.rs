@@ -70,7 +70,8 @@ pub fn session_with(config: SessionConfig) -> SessionContext {
 }
 
 /// pieval's functions: the detectors, `pi_judge` (without a judge), the Wilson bounds,
-/// `pi_sha256`, and the shared row predicates (`pi_is_attack`, `pi_is_baseline`).
+/// `pi_sha256` and `pi_sha256_is`, and the shared row predicates (`pi_is_attack`,
+/// `pi_is_baseline`).
 pub fn register_functions(ctx: &SessionContext) {
     crate::detect::register_udfs(ctx);
     crate::judge::udf::register(ctx, None);

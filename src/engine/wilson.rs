@@ -42,8 +42,8 @@ pub fn register(ctx: &SessionContext) {
 }
 
 /// `pi_sha256(text)`: the hex sha256 of a text's UTF-8 bytes ([`crate::digest::sha256_hex`],
-/// the digest `reviews.parquet` records of a response); NULL for NULL. Scoring computes it
-/// only for the rows a reviewer's verdict names.
+/// the digest `reviews.parquet` records of a response); NULL for NULL. Scoring asks
+/// `pi_sha256_is` (below) instead, which hashes only the rows that carry a digest.
 pub fn register_sha256(ctx: &SessionContext) {
     use datafusion::arrow::array::StringArray;
     let f = |args: &[ColumnarValue]| -> datafusion::error::Result<ColumnarValue> {
