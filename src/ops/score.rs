@@ -1226,3 +1226,30 @@ impl FindingsWriter {
         self.file.commit_hashed()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Staging;
+    use crate::objstore::Location;
+
+    #[test]
+    fn a_staging_prefix_datafusion_would_read_as_a_pattern_is_refused() {
+        // checked before any store is opened: no server is needed
+        for prefix in [
+            "s3://bkt/a*b",
+            "s3://bkt/x[1]",
+            "s3://bkt/{a,b}/c",
+            "s3://bkt/50%",
+        ] {
+            let at = Location::parse(prefix).expect("a valid location");
+            let err = Staging::create_remote(&at)
+                .err()
+                .unwrap_or_else(|| panic!("{prefix}: accepted"));
+            let msg = err.to_string();
+            assert!(
+                msg.contains(prefix) && msg.contains("pattern"),
+                "{prefix}: {msg}"
+            );
+        }
+    }
+}
