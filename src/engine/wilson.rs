@@ -63,11 +63,11 @@ pub fn register_sha256(ctx: &SessionContext) {
         Volatility::Immutable,
         Arc::new(f),
     ));
-    // pi_sha256_is(text, digest): whether the text's pi_sha256 is `digest` (as
-    // pi_sha256 writes it: lower-case hex); NULL where either is NULL. Only the rows with a digest are hashed, however
-    // the optimizer rewrites the expression around it: scoring asks it of every
-    // prediction, and a review names few (`pi_sha256(text) = digest` inside a CASE was
-    // flattened into ORs and hashed every response, 2.5% of scoring's CPU).
+    // pi_sha256_is(text, digest): whether the text's pi_sha256 is `digest` (as pi_sha256
+    // writes it: lower-case hex); NULL where either is NULL. Only the rows with a digest
+    // are hashed, however the optimizer rewrites the expression around it: scoring asks
+    // it of every prediction, and a review names few (`pi_sha256(text) = digest` inside
+    // a CASE was flattened into ORs and hashed every response, 2.5% of scoring's CPU).
     let is = |args: &[ColumnarValue]| -> datafusion::error::Result<ColumnarValue> {
         use datafusion::arrow::array::BooleanArray;
         let arrays = ColumnarValue::values_to_arrays(args)?;
