@@ -32,6 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use object_store::multipart::MultipartStore;
 use object_store::path::Path as ObjPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use serde::{Deserialize, Serialize};
@@ -54,6 +55,9 @@ pub const COMMIT_FORMAT: &str = "pieval.run-commit/1";
 /// Files up to this size are one PUT; larger ones a multipart upload of parts this size
 /// (S3 takes parts of 5 MiB to 5 GiB, at most 10,000 of them: 80 GiB at 8 MiB).
 pub const PART_BYTES: usize = 8 << 20;
+
+/// The smallest part S3 takes in a multipart upload, but for the last.
+pub const MIN_PART_BYTES: u64 = 5 << 20;
 
 /// Parts of one file in flight at once.
 const PARTS_IN_FLIGHT: usize = 4;
@@ -161,6 +165,9 @@ impl Location {
 #[derive(Clone, Debug)]
 pub struct Store {
     inner: Arc<dyn ObjectStore>,
+    /// The same client, for multipart uploads whose parts several processes put
+    /// ([`Store::create_upload`]).
+    multipart: Arc<object_store::aws::AmazonS3>,
     bucket: String,
 }
 
@@ -183,10 +190,63 @@ impl Store {
             .with_retry(retry)
             .build()
             .map_err(|e| Error::Usage(format!("{loc}: cannot open the bucket: {}", redact(&e))))?;
+        let store = Arc::new(store);
         Ok(Self {
-            inner: Arc::new(store),
+            inner: Arc::clone(&store) as Arc<dyn ObjectStore>,
+            multipart: store,
             bucket: loc.bucket.clone(),
         })
+    }
+
+    /// Start a multipart upload to `key` whose parts are put by any process with the
+    /// upload's id ([`Store::put_part`]), the executors of a cluster: nothing appears at
+    /// `key` until [`Store::complete_upload`], and nothing ever after
+    /// [`Store::abort_upload`].
+    pub async fn create_upload(&self, key: &ObjPath) -> Result<String> {
+        self.multipart
+            .create_multipart(key)
+            .await
+            .map_err(|e| self.err(key, "start a multipart upload of", e))
+    }
+
+    /// Put part `index` (from 0) of the upload `id`: its entity tag. Every part but the
+    /// last must be at least [`MIN_PART_BYTES`]. Put again, it replaces the part.
+    pub async fn put_part(
+        &self,
+        key: &ObjPath,
+        id: &str,
+        index: usize,
+        bytes: bytes::Bytes,
+    ) -> Result<String> {
+        self.multipart
+            .put_part(key, &id.to_owned(), index, PutPayload::from(bytes))
+            .await
+            .map(|p| p.content_id)
+            .map_err(|e| self.err(key, &format!("write part {} of", index + 1), e))
+    }
+
+    /// Complete the upload `id` from its parts' entity tags, in order: the object
+    /// appears whole. Its entity tag.
+    pub async fn complete_upload(
+        &self,
+        key: &ObjPath,
+        id: &str,
+        tags: Vec<String>,
+    ) -> Result<Option<String>> {
+        let parts = tags
+            .into_iter()
+            .map(|content_id| object_store::multipart::PartId { content_id })
+            .collect();
+        self.multipart
+            .complete_multipart(key, &id.to_owned(), parts)
+            .await
+            .map(|r| r.e_tag)
+            .map_err(|e| self.err(key, "complete the multipart upload of", e))
+    }
+
+    /// Abort the upload `id` (its parts are discarded; best effort).
+    pub async fn abort_upload(&self, key: &ObjPath, id: &str) {
+        let _ = self.multipart.abort_multipart(key, &id.to_owned()).await;
     }
 
     /// The store, for a DataFusion session's registry.
@@ -856,6 +916,7 @@ pub async fn publish_run(
     local: &Path,
     run_id: &str,
     commit_id: &str,
+    uploaded: Vec<FileEntry>,
 ) -> Result<Commit> {
     let previous = read_commit(store, run).await?;
     // A scoring killed while it committed into the local folder is completed first.
@@ -891,7 +952,19 @@ pub async fn publish_run(
         files: Vec::new(),
     };
     let dir = commit.dir(run);
-    let mut files = Vec::new();
+    // Files the cluster's executors already put into the commit's folder: the folder
+    // here must not hold a copy of its own.
+    for f in &uploaded {
+        check_file_name(&f.name).map_err(|why| Error::State(format!("{}: {why}", f.name)))?;
+        if names.contains(&f.name) {
+            return Err(Error::Internal(format!(
+                "{}: both uploaded by the cluster and in {}",
+                f.name,
+                local.display()
+            )));
+        }
+    }
+    let mut files = uploaded;
     let uploaded: Result<()> = async {
         for name in &names {
             let mut entry = store
@@ -907,6 +980,7 @@ pub async fn publish_run(
         store.delete_files(&dir.key, &files).await;
         return Err(e);
     }
+    files.sort_by(|a, b| a.name.cmp(&b.name));
     let commit = Commit { files, ..commit };
     let text = serde_json::to_vec_pretty(&commit)
         .map_err(|e| Error::Internal(format!("cannot encode the commit: {e}")))?;
@@ -916,9 +990,19 @@ pub async fn publish_run(
         // and its files must stay.
         match read_commit(store, run).await {
             Ok(Some(now)) if now.commit_id == commit.commit_id => {}
-            _ => {
+            Ok(_) => {
                 store.delete_files(&dir.key, &commit.files).await;
                 return Err(store.err(&at.key, "write", e));
+            }
+            // Whether the PUT landed is unknown: its files stay (a commit in force must
+            // not lose them; if it did not land, they are never read).
+            Err(read) => {
+                return Err(Error::State(format!(
+                    "{}; and reading it back failed ({read}): the commit {} may or may not \
+                     be in force, and its files are kept",
+                    store.err(&at.key, "write", e),
+                    commit.commit_id
+                )));
             }
         }
     }
@@ -1144,9 +1228,11 @@ pub struct RemoteRun {
 
 impl RemoteRun {
     /// `None` for a local path. The run's name (its last key segment) must be a valid
-    /// folder name; its committed files (if any) are fetched and checked.
+    /// folder name; its committed files (if any) are fetched and checked, but for those
+    /// named in `replaced` (which the caller writes anew: scoring's results).
     pub fn open(
         output: &Path,
+        replaced: &[&str],
         scratch: &mut Option<Scratch>,
         rt: &tokio::runtime::Runtime,
     ) -> Result<Option<Self>> {
@@ -1164,7 +1250,10 @@ impl RemoteRun {
         std::fs::create_dir(&work).map_err(|e| Error::io(&work, "cannot create folder", e))?;
         let store = Store::open(&run)?;
         rt.block_on(async {
-            if let Some(commit) = read_commit(&store, &run).await? {
+            if let Some(mut commit) = read_commit(&store, &run).await? {
+                commit
+                    .files
+                    .retain(|f| !replaced.contains(&f.name.as_str()));
                 fetch_run(&store, &run, &commit, &work).await?;
             }
             Ok::<_, Error>(())
@@ -1189,9 +1278,34 @@ impl RemoteRun {
         }
     }
 
-    /// Publish the working folder as the run's new commit. `summary.json`'s
+    /// Where this scoring's commit puts its files (`v/COMMIT_ID/` of the run): a
+    /// cluster's executors put the run's large files there themselves.
+    pub fn commit_dir(&self) -> Location {
+        self.run.child(&format!("v/{}", self.commit_id))
+    }
+
+    /// Remove what this scoring put into its commit's folder before the commit (the
+    /// executors' files of a scoring that failed; best effort: unreferenced, never read).
+    pub fn discard(&self, rt: &tokio::runtime::Runtime) {
+        rt.block_on(async {
+            // Only when the commit is known not to be in force.
+            match read_commit(&self.store, &self.run).await {
+                Ok(Some(now)) if now.commit_id == self.commit_id => {}
+                Ok(_) => self.store.delete_prefix(&self.commit_dir().key).await,
+                Err(_) => {}
+            }
+        });
+    }
+
+    /// Publish the working folder as the run's new commit, with `uploaded`: files
+    /// already in the commit's folder ([`RemoteRun::commit_dir`]). `summary.json`'s
     /// `result_paths` are rewritten to where the files now live.
-    pub fn publish(&self, run_id: &str, rt: &tokio::runtime::Runtime) -> Result<Commit> {
+    pub fn publish(
+        &self,
+        run_id: &str,
+        uploaded: Vec<FileEntry>,
+        rt: &tokio::runtime::Runtime,
+    ) -> Result<Commit> {
         let summary = self.work.join(crate::rundir::SUMMARY_FILE);
         if summary.is_file() {
             let text = std::fs::read_to_string(&summary)
@@ -1217,6 +1331,7 @@ impl RemoteRun {
             &self.work,
             run_id,
             &self.commit_id,
+            uploaded,
         ))
     }
 }

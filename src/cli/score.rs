@@ -91,7 +91,14 @@ pub fn run(args: Args) -> Result<ExitStatus> {
         objstore::local_input(&args.predictions, &mut scratch, &rt)?
     };
     let cases_here = objstore::local_input(&cases, &mut scratch, &rt)?;
-    let remote = objstore::RemoteRun::open(&out_dir, &mut scratch, &rt)?;
+    // The files scoring writes anew are not fetched from the run's current commit.
+    let replaced = [
+        crate::rundir::CASE_RESULTS_JSONL,
+        crate::rundir::CASE_RESULTS_PARQUET,
+        crate::rundir::FINDINGS_FILE,
+        crate::rundir::SUMMARY_FILE,
+    ];
+    let remote = objstore::RemoteRun::open(&out_dir, &replaced, &mut scratch, &rt)?;
     if remote.is_some() && args.cluster.is_some() && args.staging.is_none() {
         return Err(crate::error::Error::Usage(format!(
             "--cluster with --output {}: give --staging, a folder the scheduler and every \
@@ -129,12 +136,33 @@ pub fn run(args: Args) -> Result<ExitStatus> {
         .map(crate::cluster::scoring)
         .transpose()?;
     opts.staging = args.staging;
-    let mut report = score(&opts).map_err(|e| {
+    // With a staging prefix on object storage, the executors put the run's large files
+    // into its new commit's folder themselves.
+    if opts.cluster.is_some() && opts.staging.as_deref().is_some_and(objstore::is_remote) {
+        opts.publish_dir = remote.as_ref().map(|r| r.commit_dir().to_string());
+    }
+    let scored = score(&opts).map_err(|e| {
         let e = objstore::relocate(e, &predictions, &args.predictions);
         objstore::relocate(e, &cases_here, &cases)
-    })?;
+    });
+    let mut report = match scored {
+        Ok(report) => report,
+        Err(e) => {
+            // What the executors put into the commit's folder: never named by a commit.
+            if let Some(remote) = remote.as_ref().filter(|_| opts.publish_dir.is_some()) {
+                remote.discard(&rt);
+            }
+            return Err(e);
+        }
+    };
     if let Some(remote) = &remote {
-        remote.publish(&report.run_id, &rt)?;
+        let uploaded = std::mem::take(&mut report.uploaded);
+        if let Err(e) = remote.publish(&report.run_id, uploaded, &rt) {
+            if opts.publish_dir.is_some() {
+                remote.discard(&rt);
+            }
+            return Err(e);
+        }
         report.output = out_dir.clone();
         for path in report.result_paths.values_mut() {
             *path = remote.url_of(path);

@@ -1,7 +1,8 @@
 //! The plan nodes pieval ships to a cluster besides DataFusion's and Ballista's:
 //! [`PartWriterExec`] (executors write the results of `score --cluster`),
-//! [`PredictionsScanExec`] (executors read the predictions) and [`AssembleExec`]
-//! (executors put the run's JSONL together). The client,
+//! [`PredictionsScanExec`] (executors read the predictions), [`AssembleExec`]
+//! (executors put the run's files together) and [`UploadExec`] (the same on object
+//! storage). The client,
 //! the scheduler and every executor encode and decode plans with this codec; what it does
 //! not know goes to Ballista's own.
 
@@ -14,7 +15,8 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
 
 use crate::ops::score::{
-    AssembleExec, AssembleSpec, PartWriterExec, PredictionsScanExec, ScanSpec,
+    AssembleExec, AssembleSpec, PartWriterExec, PredictionsScanExec, ScanSpec, UploadExec,
+    UploadSpec,
 };
 
 /// What a [`PartWriterExec`] node's bytes start with (then its parts folder, UTF-8).
@@ -25,6 +27,9 @@ const PREDICTIONS_SCAN: &[u8] = b"pieval.predictions-scan/1\n";
 
 /// What an [`AssembleExec`] node's bytes start with (then its [`AssembleSpec`], JSON).
 const ASSEMBLE: &[u8] = b"pieval.assemble/2\n";
+
+/// What an [`UploadExec`] node's bytes start with (then its [`UploadSpec`], JSON).
+const UPLOAD: &[u8] = b"pieval.upload/1\n";
 
 /// pieval's nodes, then Ballista's.
 #[derive(Debug, Default)]
@@ -66,6 +71,10 @@ impl PhysicalExtensionCodec for PievalCodec {
             let (spec, input) = spec_and_input::<AssembleSpec>("AssembleExec", spec, inputs)?;
             return Ok(Arc::new(AssembleExec::try_new(spec, input)?));
         }
+        if let Some(spec) = buf.strip_prefix(UPLOAD) {
+            let (spec, input) = spec_and_input::<UploadSpec>("UploadExec", spec, inputs)?;
+            return Ok(Arc::new(UploadExec::try_new(spec, input)?));
+        }
         if let Some(spec) = buf.strip_prefix(PREDICTIONS_SCAN) {
             let (spec, input) = spec_and_input::<ScanSpec>("PredictionsScanExec", spec, inputs)?;
             return Ok(Arc::new(PredictionsScanExec::try_new(spec, input)?));
@@ -95,6 +104,13 @@ impl PhysicalExtensionCodec for PievalCodec {
             buf.extend_from_slice(ASSEMBLE);
             serde_json::to_writer(&mut *buf, assemble.spec()).map_err(|e| {
                 DataFusionError::Internal(format!("cannot encode an AssembleExec: {e}"))
+            })?;
+            return Ok(());
+        }
+        if let Some(upload) = node.downcast_ref::<UploadExec>() {
+            buf.extend_from_slice(UPLOAD);
+            serde_json::to_writer(&mut *buf, upload.spec()).map_err(|e| {
+                DataFusionError::Internal(format!("cannot encode an UploadExec: {e}"))
             })?;
             return Ok(());
         }

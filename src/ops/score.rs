@@ -25,10 +25,12 @@ mod assemble;
 mod parts;
 mod slices;
 pub mod summary;
+mod upload;
 use crate::rundir::summary::AggregateMetrics;
 pub use assemble::{AssembleExec, AssembleSpec};
 pub use parts::PartWriterExec;
 pub use slices::{PredictionsScanExec, ScanSpec, Stamp};
+pub use upload::{UploadExec, UploadSpec};
 
 /// `queries/score_cases.sql`.
 pub const SCORE_CASES_SQL: &str = crate::engine::queries::SCORE_CASES.sql;
@@ -63,6 +65,10 @@ pub struct ScoreOptions {
     /// Reviewers' verdicts to apply (human > judge > rules; `src/review/mod.rs`): a
     /// rescore passes the run's `reviews.parquet` when the user trusts it.
     pub reviews: Vec<crate::rundir::reviews::Review>,
+    /// With `cluster` and a staging prefix on object storage: the `s3://` folder the
+    /// run's new commit puts its files in (`v/COMMIT_ID/`), where the executors put the
+    /// large files together themselves ([`upload`]); the report's `uploaded` names them.
+    pub publish_dir: Option<String>,
 }
 
 impl ScoreOptions {
@@ -79,6 +85,7 @@ impl ScoreOptions {
             cluster: None,
             staging: None,
             reviews: Vec::new(),
+            publish_dir: None,
         }
     }
 }
@@ -110,6 +117,10 @@ pub struct ScoreReport {
     pub judge: Option<crate::judge::JudgeReport>,
     /// Where the scoring query ran.
     pub scoring: ScoringEngine,
+    /// Run files the executors put into [`ScoreOptions::publish_dir`] (not in the local
+    /// folder): the commit that publishes the folder must name them.
+    #[serde(skip)]
+    pub uploaded: Vec<crate::objstore::FileEntry>,
 }
 
 /// Submits a physical plan (planned in this process, with the cluster session's
@@ -621,14 +632,18 @@ impl Staging {
     /// The reported parts in a local folder: the parts folder itself, or, on object
     /// storage, a folder of this process's where each reported part — and no other —
     /// is fetched (checked against its report when it is spliced).
-    async fn local_parts(&self, reports: &[parts::PartReport]) -> Result<PathBuf> {
+    /// The parts of the kinds in `skip` (put together on object storage) are not fetched.
+    async fn local_parts(&self, reports: &[parts::PartReport], skip: &[&str]) -> Result<PathBuf> {
         let dir = self.dir.join("parts");
         let Some(r) = &self.remote else {
             return Ok(dir);
         };
         std::fs::create_dir(&dir).map_err(|e| Error::io(&dir, "cannot create folder", e))?;
         let parts = r.prefix.child("parts");
-        let wanted = reports.iter().flat_map(|p| &p.files);
+        let wanted = reports
+            .iter()
+            .flat_map(|p| &p.files)
+            .filter(|f| !skip.contains(&f.kind.as_str()));
         {
             let mut fetches = futures::stream::iter(wanted.map(|file| {
                 let at = parts.child(&file.name);
@@ -840,6 +855,7 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
             rulepack_digest: Some(crate::detect::packs::digest()),
             ..opened.scoring.clone()
         },
+        uploaded: Vec::new(),
     };
     let mut counts = Tally::default();
     let scored = rt.block_on(async {
@@ -873,8 +889,18 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
     // earlier scoring or this one, never a mix, and an earlier scoring's judgements go
     // with it when this one judged nothing.
     let mut commit = crate::atomic::FolderCommit::new(&opts.output);
-    for (key, file) in pending.files()? {
+    let (files, uploaded) = pending.files()?;
+    for (key, file) in files {
         report.result_paths.insert(key.into(), commit.put(file)?);
+    }
+    // Put into the new commit's folder by the executors: named where the published
+    // folder will have them, and no older copy left here to be published with them.
+    for (kind, entry) in uploaded {
+        commit.remove(kind)?;
+        report
+            .result_paths
+            .insert(parts::result_key(kind).into(), opts.output.join(kind));
+        report.uploaded.push(entry);
     }
     match opts.judge.as_ref().map(|j| j.run_file(&opts.output)) {
         Some(Ok(crate::judge::RunFile::Kept(path))) => {
@@ -946,13 +972,19 @@ enum Pending {
 
 impl Pending {
     /// The files, written and closed under temporary names, by summary.json's
-    /// `result_paths` key.
-    fn files(self) -> Result<Vec<(&'static str, crate::atomic::TempFile)>> {
+    /// `result_paths` key; and those the executors put on object storage, by kind.
+    #[allow(clippy::type_complexity)]
+    fn files(
+        self,
+    ) -> Result<(
+        Vec<(&'static str, crate::atomic::TempFile)>,
+        Vec<(&'static str, crate::objstore::FileEntry)>,
+    )> {
         match self {
             Pending::Here(writers, findings) => {
                 let mut files = writers.finish()?;
                 files.push(("findings_parquet", findings.finish()?));
-                Ok(files)
+                Ok((files, Vec::new()))
             }
             Pending::Parts(merged) => Ok(merged.files()),
         }
@@ -1019,7 +1051,17 @@ async fn score_on_cluster(
     for r in &reports {
         parts::add(counts, &r.tally);
     }
-    let dir = cluster.staging.local_parts(&reports).await?;
+    // On object storage, into the run's new commit folder by the executors when the
+    // run is there too ([`upload`]).
+    let uploaded = match (&cluster.staging.remote, &opts.publish_dir) {
+        (Some(r), Some(dest)) => {
+            let dest = crate::objstore::Location::parse(dest)?;
+            upload::assemble(&cluster.submit, &reports, &r.prefix.child("parts"), &dest).await?
+        }
+        _ => Vec::new(),
+    };
+    let skip: Vec<&str> = uploaded.iter().map(|(kind, _)| *kind).collect();
+    let dir = cluster.staging.local_parts(&reports, &skip).await?;
     // The run's files put together by the executors when a rename can take them from
     // the staging folder into the run; spliced here otherwise.
     let assembled = if cluster.staging.remote.is_none()
@@ -1036,8 +1078,14 @@ async fn score_on_cluster(
     } else {
         Default::default()
     };
-    scoring.assembled_by_executors = Some(assembled.keys().map(|k| (*k).to_owned()).collect());
-    let merged = parts::merge(&reports, &dir, &opts.output, assembled)?;
+    scoring.assembled_by_executors = Some(
+        assembled
+            .keys()
+            .chain(&skip)
+            .map(|k| (*k).to_owned())
+            .collect(),
+    );
+    let merged = parts::merge(&reports, &dir, &opts.output, assembled, uploaded)?;
     let metrics = summary::from_partials(parts::summary_partials(&reports, &dir)?).await?;
     scoring.commit_ms = Some(started.elapsed().as_millis() as u64);
     Ok((Pending::Parts(merged), metrics))

@@ -266,9 +266,14 @@ fn digest(rows: &[String]) -> String {
 
 /// The findings of a run folder, as sorted JSON rows.
 fn findings(out: &Path) -> Vec<String> {
+    table_rows(&out.join("findings.parquet"))
+}
+
+/// The rows of a Parquet file, as sorted JSON rows.
+fn table_rows(file: &Path) -> Vec<String> {
     let r = run(pieval()
         .args(["sql", "--format", "json", "--table"])
-        .arg(format!("f={}", out.join("findings.parquet").display()))
+        .arg(format!("f={}", file.display()))
         .arg("SELECT * FROM f"));
     assert_eq!(r.code, 0, "{}", r.stderr);
     let v: Vec<Value> = serde_json::from_str(&r.stdout).unwrap();
@@ -1290,10 +1295,11 @@ fn a_cluster_stages_on_object_storage_where_its_executors_read_and_write() {
         "bkt/in/long.jsonl",
         &std::fs::read(&long_file).unwrap(),
     );
-    // The bucket's predictions into a run in the bucket, staged there.
-    let into_bucket = || {
+    // The bucket's predictions into a run in the bucket, staged there; the client
+    // through `port` (the cluster's proxy, or one of its own).
+    let into_bucket_via = |port: u16| {
         let mut cmd = pieval();
-        s3_env(&mut cmd, proxy.port).args([
+        s3_env(&mut cmd, port).args([
             "score",
             "--run-id",
             "c",
@@ -1309,11 +1315,13 @@ fn a_cluster_stages_on_object_storage_where_its_executors_read_and_write() {
         ]);
         cmd
     };
+    let into_bucket = || into_bucket_via(proxy.port);
     let score_into_bucket = || run(&mut into_bucket());
+    let client_proxy = Proxy::start(moto.port);
     proxy.set(Mode::Throttle);
     let starts = proxy.counts.multipart_starts.load(Ordering::SeqCst);
     let from = log_len();
-    let r = score_into_bucket();
+    let r = run(&mut into_bucket_via(client_proxy.port));
     proxy.set(Mode::Pass);
     assert_eq!(r.code, 0, "{}\n{}", r.stderr, logs_of(&cluster));
     let (commit, bytes) = committed(moto.port, "bkt/results/r1");
@@ -1323,12 +1331,96 @@ fn a_cluster_stages_on_object_storage_where_its_executors_read_and_write() {
         "the rows of a local run"
     );
     assert!(proxy.counts.throttled.load(Ordering::SeqCst) > 0);
-    // Two from the executors (each part's case_results.jsonl), one from the client (the
-    // run's case_results.jsonl); the client uploaded no predictions.
+    // Two from the executors (each part's case_results.jsonl); the client uploaded no
+    // predictions.
     assert!(
-        proxy.counts.multipart_starts.load(Ordering::SeqCst) >= starts + 3,
+        proxy.counts.multipart_starts.load(Ordering::SeqCst) >= starts + 2,
         "the executors' parts went up in parts"
     );
+    // The run's case_results.jsonl (28 MB) put together by the executors in the new
+    // commit's folder, as parts of an upload the client started and completed: its
+    // bytes never passed through the client, which neither read a JSONL part nor
+    // uploaded the file. The commit's digest is the file's.
+    let report: Value = serde_json::from_str(&r.stdout).unwrap();
+    let by_executors = report["scoring"]["assembled_by_executors"].to_string();
+    assert!(
+        by_executors.contains("case_results.jsonl"),
+        "{by_executors}"
+    );
+    let id = commit["commit_id"].as_str().unwrap();
+    let put_by_cluster = format!("PUT /bkt/results/r1/v/{id}/case_results.jsonl?");
+    assert!(
+        log_from(from)
+            .iter()
+            .any(|r| r.starts_with(&put_by_cluster) && r.contains("partNumber=")),
+        "the executors put the parts: {:?}",
+        log_from(from)
+    );
+    let client_saw = client_proxy.counts.log.lock().unwrap().clone();
+    let run_file = |r: &String| {
+        [
+            "/case_results.jsonl",
+            "/case_results.parquet",
+            "/findings.parquet",
+        ]
+        .iter()
+        .any(|f| r.contains(f))
+    };
+    let big_part = |r: &String| {
+        r.contains("/parts/part-")
+            && [
+                ".case_results.jsonl",
+                ".case_results.parquet",
+                ".findings.parquet",
+            ]
+            .iter()
+            .any(|f| r.contains(f))
+    };
+    assert!(
+        !client_saw.iter().any(|r| (r.starts_with("GET ")
+            && big_part(r)
+            && (r.contains(".case_results.jsonl") || !r.contains(" range bytes=")))
+            || (r.starts_with("PUT ") && run_file(r))),
+        "the client moved the results' bytes (it reads only the Parquet parts' footers): \
+         {client_saw:?}"
+    );
+    let entry = commit["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "case_results.jsonl")
+        .unwrap()
+        .clone();
+    assert_eq!(entry["bytes"], bytes.len() as u64);
+    assert_eq!(entry["sha256"], hex::encode(Sha256::digest(&bytes)));
+    // So were the Parquet files: a header, each part's row groups, the client's footer.
+    for kind in ["case_results.parquet", "findings.parquet"] {
+        assert!(by_executors.contains(kind), "{by_executors}");
+        let body = get_object(moto.port, &format!("bkt/results/r1/v/{id}/{kind}")).unwrap();
+        let here = dir.path().join(format!("fetched-{kind}"));
+        std::fs::write(&here, &body).unwrap();
+        assert_eq!(
+            table_rows(&here),
+            table_rows(&long_local.join(kind)),
+            "{kind}: the rows of a local run"
+        );
+    }
+    // Scored again into the same run: the current commit's results, which the new
+    // scoring replaces, are not fetched by the client.
+    let seen_before = client_proxy.counts.log.lock().unwrap().len();
+    let r = run(&mut into_bucket_via(client_proxy.port));
+    assert_eq!(r.code, 0, "{}\n{}", r.stderr, logs_of(&cluster));
+    let (again, bytes) = committed(moto.port, "bkt/results/r1");
+    assert_ne!(again["commit_id"], commit["commit_id"]);
+    assert_eq!(sorted_lines(&bytes), rows(&long_local));
+    let client_saw = client_proxy.counts.log.lock().unwrap()[seen_before..].to_vec();
+    assert!(
+        !client_saw
+            .iter()
+            .any(|r| r.starts_with("GET ") && r.contains(&format!("/v/{id}/")) && run_file(r)),
+        "the client fetched the results it replaces: {client_saw:?}"
+    );
+    let commit = again;
     assert!(staging_left().is_empty(), "nothing staged is left");
     let seen = log_from(from);
     assert!(

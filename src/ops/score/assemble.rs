@@ -57,11 +57,15 @@ pub struct Piece {
     pub offset: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub range: Option<[u64; 2]>,
+    /// On object storage: the part's entity tag when the client read its footer (every
+    /// read of it is made on that condition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub e_tag: Option<String>,
 }
 
 impl Piece {
     /// The bytes it puts into its target.
-    fn len(&self) -> u64 {
+    pub(super) fn len(&self) -> u64 {
         match self.range {
             Some([a, b]) => b.saturating_sub(a),
             None => self.file.bytes,
@@ -193,15 +197,7 @@ impl DisplayAs for AssembleExec {
 }
 
 impl ExecutionPlan for AssembleExec {
-    super::parts::single_input_node!("AssembleExec");
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
-        let input = super::parts::only_child(self.name(), children)?;
-        Ok(Arc::new(Self::try_new((*self.spec).clone(), input)?))
-    }
+    super::parts::single_input_node!("AssembleExec", from_spec);
 
     fn execute(
         &self,
@@ -304,6 +300,7 @@ fn prepare(
                 target,
                 offset: length,
                 range,
+                e_tag: None,
             };
             length = length.checked_add(piece.len()).ok_or_else(|| {
                 Error::Query("the cluster reported parts of more than 2^64 bytes".into())
@@ -445,8 +442,15 @@ mod tests {
         // What the client's splice writes.
         let spliced = tempfile::tempdir().unwrap();
         let mut commit = crate::atomic::FolderCommit::new(spliced.path());
-        let merged = merge(&reports, &parts, spliced.path(), Default::default()).unwrap();
-        for (_, file) in merged.files() {
+        let merged = merge(
+            &reports,
+            &parts,
+            spliced.path(),
+            Default::default(),
+            Vec::new(),
+        )
+        .unwrap();
+        for (_, file) in merged.files().0 {
             commit.put(file).unwrap();
         }
         commit.commit().unwrap();

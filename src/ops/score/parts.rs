@@ -124,6 +124,23 @@ impl PartWriterExec {
 /// one input (`input`) and fixed properties (`properties`): its name, its one child, no
 /// expressions, no repartitioning of its input.
 macro_rules! single_input_node {
+    // A node planned from a spec (`self.spec`, `Self::try_new(spec, input)`): rebuilt
+    // from it over a new input.
+    ($name:literal, from_spec) => {
+        super::parts::single_input_node!($name);
+
+        fn with_new_children(
+            self: std::sync::Arc<Self>,
+            children: Vec<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>>,
+        ) -> datafusion::error::Result<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>>
+        {
+            let input = super::parts::only_child(self.name(), children)?;
+            Ok(std::sync::Arc::new(Self::try_new(
+                (*self.spec).clone(),
+                input,
+            )?))
+        }
+    };
     ($name:literal) => {
         fn name(&self) -> &str {
             $name
@@ -495,20 +512,30 @@ pub fn reports(batches: &[RecordBatch], expected: &Coverage) -> Result<Vec<PartR
 /// ([`crate::atomic::FolderCommit`]).
 pub struct Merged {
     files: Vec<(&'static str, crate::atomic::TempFile)>,
+    uploaded: Vec<(&'static str, crate::objstore::FileEntry)>,
 }
 
 impl Merged {
-    /// The files, by summary.json's `result_paths` key (for the run's commit).
-    pub fn files(self) -> Vec<(&'static str, crate::atomic::TempFile)> {
-        self.files
+    /// The files, by summary.json's `result_paths` key (for the run's commit), and
+    /// those the executors put on object storage, by kind.
+    #[allow(clippy::type_complexity)]
+    pub fn files(
+        self,
+    ) -> (
+        Vec<(&'static str, crate::atomic::TempFile)>,
+        Vec<(&'static str, crate::objstore::FileEntry)>,
+    ) {
+        let files = self
+            .files
             .into_iter()
             .map(|(kind, file)| (result_key(kind), file))
-            .collect()
+            .collect();
+        (files, self.uploaded)
     }
 }
 
 /// summary.json's `result_paths` key of a run file.
-fn result_key(kind: &str) -> &'static str {
+pub(super) fn result_key(kind: &str) -> &'static str {
     match kind {
         CASE_RESULTS_PARQUET => "case_results_parquet",
         CASE_RESULTS_JSONL => "case_results_jsonl",
@@ -518,15 +545,20 @@ fn result_key(kind: &str) -> &'static str {
 
 /// Check every part the reports name and splice them into `output`'s case_results.parquet,
 /// case_results.jsonl and findings.parquet (temporary until committed); the files the
-/// executors put together ([`super::assemble`]) are taken as they are.
+/// executors put together ([`super::assemble`]) are taken as they are, and those they
+/// put on object storage ([`super::upload`]) are left out.
 pub fn merge(
     reports: &[PartReport],
     parts: &Path,
     output: &Path,
     mut assembled: std::collections::BTreeMap<&'static str, crate::atomic::TempFile>,
+    uploaded: Vec<(&'static str, crate::objstore::FileEntry)>,
 ) -> Result<Merged> {
     let mut files = Vec::with_capacity(3);
     for (i, kind) in KINDS.into_iter().take(3).enumerate() {
+        if uploaded.iter().any(|(k, _)| *k == kind) {
+            continue;
+        }
         if let Some(done) = assembled.remove(kind) {
             files.push((kind, done));
             continue;
@@ -543,7 +575,7 @@ pub fn merge(
         }
         files.push((kind, out));
     }
-    Ok(Merged { files })
+    Ok(Merged { files, uploaded })
 }
 
 /// The parts of the `i`-th kind ([`KINDS`]), with the rows each holds.
@@ -706,9 +738,20 @@ pub(super) fn copy_part(
     path: &Path,
     file: &PartFile,
     rows: u64,
-    mut write: impl FnMut(&[u8]) -> Result<()>,
+    write: impl FnMut(&[u8]) -> Result<()>,
 ) -> Result<()> {
     let f = crate::files::open_regular(path, crate::files::Links::Refuse)?;
+    copy_part_from(f, path, file, rows, write)
+}
+
+/// [`copy_part`] of a part read from `f` (`path` names it in errors).
+pub(super) fn copy_part_from(
+    f: impl std::io::Read,
+    path: &Path,
+    file: &PartFile,
+    rows: u64,
+    mut write: impl FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
     let mut lines = 0u64;
     let mut last = b'\n';
     let (digest, bytes) = crate::digest::sha256_streamed(f, path, |chunk| {
@@ -747,9 +790,20 @@ pub(super) fn copy_range(
     path: &Path,
     file: &PartFile,
     range: [u64; 2],
-    mut write: impl FnMut(&[u8]) -> Result<()>,
+    write: impl FnMut(&[u8]) -> Result<()>,
 ) -> Result<()> {
     let f = crate::files::open_regular(path, crate::files::Links::Refuse)?;
+    copy_range_from(f, path, file, range, write)
+}
+
+/// [`copy_range`] of a part read from `f` (`path` names it in errors).
+pub(super) fn copy_range_from(
+    f: impl std::io::Read,
+    path: &Path,
+    file: &PartFile,
+    range: [u64; 2],
+    mut write: impl FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
     let mut at = 0u64;
     let (digest, bytes) = crate::digest::sha256_streamed(f, path, |chunk| {
         let end = at + chunk.len() as u64;
@@ -763,22 +817,17 @@ pub(super) fn copy_range(
     as_reported(path, file, bytes, &digest)
 }
 
+/// A part's footer, and the name its errors give it.
+pub type Footer = (
+    PathBuf,
+    datafusion::parquet::file::metadata::ParquetMetaData,
+);
+
 /// Each part's footer, checked: within the decoding bounds, holding the rows its
 /// executor reported, with the first part's schema and key-value metadata.
-fn checked_footers(
-    parts: &Path,
-    list: &[(&PartFile, u64)],
-) -> Result<
-    Vec<(
-        PathBuf,
-        datafusion::parquet::file::metadata::ParquetMetaData,
-    )>,
-> {
+fn checked_footers(parts: &Path, list: &[(&PartFile, u64)]) -> Result<Vec<Footer>> {
     let limits = crate::rundir::bounds::ParquetLimits::from_env()?;
-    let mut out: Vec<(
-        PathBuf,
-        datafusion::parquet::file::metadata::ParquetMetaData,
-    )> = Vec::with_capacity(list.len());
+    let mut out: Vec<Footer> = Vec::with_capacity(list.len());
     for (file, rows) in list {
         let path = parts.join(&file.name);
         let len = std::fs::symlink_metadata(&path)
@@ -787,28 +836,7 @@ fn checked_footers(
         length_as_reported(&path, file, len)?;
         let meta =
             crate::rundir::bounds::check_parquet_file(&path, crate::files::Links::Refuse, &limits)?;
-        let in_groups: i64 = meta.row_groups().iter().map(|g| g.num_rows()).sum();
-        if meta.file_metadata().num_rows() != in_groups
-            || u64::try_from(in_groups).ok() != Some(*rows)
-        {
-            return Err(Error::State(format!(
-                "{}: {} rows ({in_groups} in its row groups), but its executor reported {rows}",
-                path.display(),
-                meta.file_metadata().num_rows()
-            )));
-        }
-        if let Some((_, first)) = out.first() {
-            let (a, b) = (first.file_metadata(), meta.file_metadata());
-            if a.schema_descr().root_schema() != b.schema_descr().root_schema()
-                || a.key_value_metadata() != b.key_value_metadata()
-            {
-                return Err(Error::State(format!(
-                    "{}: its Parquet schema differs from the first part's",
-                    path.display()
-                )));
-            }
-        }
-        out.push((path, meta));
+        push_footer(&mut out, path, meta, *rows)?;
     }
     if out.is_empty() {
         return Err(Error::Internal("no part to splice".into()));
@@ -816,14 +844,74 @@ fn checked_footers(
     Ok(out)
 }
 
+/// [`checked_footers`] of parts on object storage, under `parts` (an `s3://` prefix):
+/// each part's footer read by range requests (and nothing else of it), made only while
+/// the object has the size its executor reported; and each part's entity tag, on which
+/// its later reads are made. Call on a blocking thread.
+#[allow(clippy::type_complexity)]
+pub fn remote_footers(
+    parts: &crate::objstore::Location,
+    list: &[(&PartFile, u64)],
+) -> Result<(Vec<Footer>, Vec<Option<String>>)> {
+    let limits = crate::rundir::bounds::ParquetLimits::from_env()?;
+    let mut out: Vec<Footer> = Vec::with_capacity(list.len());
+    let mut tags = Vec::with_capacity(list.len());
+    for (file, rows) in list {
+        let at = parts.child(&file.name);
+        let object = crate::objstore::BlockingObject::open(&at, Some((file.bytes, None)))?;
+        let path = PathBuf::from(at.to_string());
+        let meta = crate::rundir::bounds::check_parquet_groups(
+            &object,
+            file.bytes,
+            &path,
+            &limits,
+            Some(&[]),
+        )?;
+        push_footer(&mut out, path, meta, *rows)?;
+        tags.push(object.stamp().1);
+    }
+    if out.is_empty() {
+        return Err(Error::Internal("no part to splice".into()));
+    }
+    Ok((out, tags))
+}
+
+/// Add a part's footer to `out`, checked: it holds the rows its executor reported, and
+/// has the first part's schema and key-value metadata.
+fn push_footer(
+    out: &mut Vec<Footer>,
+    path: PathBuf,
+    meta: datafusion::parquet::file::metadata::ParquetMetaData,
+    rows: u64,
+) -> Result<()> {
+    let in_groups: i64 = meta.row_groups().iter().map(|g| g.num_rows()).sum();
+    if meta.file_metadata().num_rows() != in_groups || u64::try_from(in_groups).ok() != Some(rows) {
+        return Err(Error::State(format!(
+            "{}: {} rows ({in_groups} in its row groups), but its executor reported {rows}",
+            path.display(),
+            meta.file_metadata().num_rows()
+        )));
+    }
+    if let Some((_, first)) = out.first() {
+        let (a, b) = (first.file_metadata(), meta.file_metadata());
+        if a.schema_descr().root_schema() != b.schema_descr().root_schema()
+            || a.key_value_metadata() != b.key_value_metadata()
+        {
+            return Err(Error::State(format!(
+                "{}: its Parquet schema differs from the first part's",
+                path.display()
+            )));
+        }
+    }
+    out.push((path, meta));
+    Ok(())
+}
+
 /// Write the parts' row groups, as they are, into one Parquet file: `sink` receives the
 /// file, `open(i)` gives part `i`'s bytes; the file's metadata. The parts' page indexes
 /// are not carried over (the spliced file has none).
 fn write_spliced<R: datafusion::parquet::file::reader::ChunkReader>(
-    footers: &[(
-        PathBuf,
-        datafusion::parquet::file::metadata::ParquetMetaData,
-    )],
+    footers: &[Footer],
     sink: impl Write + Send,
     target: &Path,
     mut open: impl FnMut(usize) -> Result<R>,
@@ -903,9 +991,13 @@ pub const PARQUET_MAGIC: &[u8; 4] = b"PAR1";
 /// [`ParquetLayout`] of parts (their footers checked); `None` when a part's chunks do
 /// not lie end to end from byte 4 (the client splices it then).
 pub fn parquet_layout(parts: &Path, list: &[(&PartFile, u64)]) -> Result<Option<ParquetLayout>> {
-    let footers = checked_footers(parts, list)?;
+    layout_of(&checked_footers(parts, list)?, list)
+}
+
+/// [`parquet_layout`] from the parts' footers, checked.
+pub fn layout_of(footers: &[Footer], list: &[(&PartFile, u64)]) -> Result<Option<ParquetLayout>> {
     let mut ranges = Vec::with_capacity(footers.len());
-    for (_, meta) in &footers {
+    for (_, meta) in footers {
         let mut at = PARQUET_MAGIC.len() as u64;
         for group in meta.row_groups() {
             for column in group.columns() {
@@ -926,7 +1018,7 @@ pub fn parquet_layout(parts: &Path, list: &[(&PartFile, u64)]) -> Result<Option<
         keep_from: PARQUET_MAGIC.len() as u64 + data,
         kept: Vec::new(),
     };
-    let meta = write_spliced(&footers, &mut tail, Path::new("the footer"), |i| {
+    let meta = write_spliced(footers, &mut tail, Path::new("the footer"), |i| {
         Ok(Placeholder(list[i].0.bytes))
     })?;
     // The footer follows the last chunk, and is a footer (its length, then the magic):
@@ -1216,12 +1308,19 @@ pub(super) mod tests {
                 .collect::<Vec<_>>(),
             [Some(1), Some(4), None]
         );
-        let merged = merge(&reports, parts.path(), out.path(), Default::default()).unwrap();
+        let merged = merge(
+            &reports,
+            parts.path(),
+            out.path(),
+            Default::default(),
+            Vec::new(),
+        )
+        .unwrap();
         // Nothing is in place before the commit.
         assert!(!out.path().join(CASE_RESULTS_PARQUET).exists());
         let mut commit = crate::atomic::FolderCommit::new(out.path());
         let mut keys = Vec::new();
-        for (key, file) in merged.files() {
+        for (key, file) in merged.files().0 {
             keys.push(key);
             commit.put(file).unwrap();
         }
@@ -1275,6 +1374,7 @@ pub(super) mod tests {
             parts.path(),
             out.path(),
             Default::default(),
+            Vec::new(),
         )
         .err()
         .unwrap()
@@ -1282,10 +1382,16 @@ pub(super) mod tests {
         assert!(e.contains(&b.files[1].name) && e.contains("sha256"), "{e}");
         // A part gone.
         std::fs::remove_file(parts.path().join(&a.files[0].name)).unwrap();
-        let e = merge(&[a, b], parts.path(), out.path(), Default::default())
-            .err()
-            .unwrap()
-            .to_string();
+        let e = merge(
+            &[a, b],
+            parts.path(),
+            out.path(),
+            Default::default(),
+            Vec::new(),
+        )
+        .err()
+        .unwrap()
+        .to_string();
         assert!(e.contains("part-00001"), "{e}");
         let left: Vec<_> = std::fs::read_dir(out.path()).unwrap().collect();
         assert!(left.is_empty(), "{left:?}");
@@ -1344,18 +1450,30 @@ pub(super) mod tests {
         let out = tempfile::tempdir().unwrap();
         let mut a = part(parts.path(), 1, &["a1", "a2"]);
         a.coverage.rows = 3;
-        let e = merge(&[a], parts.path(), out.path(), Default::default())
-            .err()
-            .unwrap()
-            .to_string();
+        let e = merge(
+            &[a],
+            parts.path(),
+            out.path(),
+            Default::default(),
+            Vec::new(),
+        )
+        .err()
+        .unwrap()
+        .to_string();
         assert!(e.contains("reported 3"), "{e}");
         // The findings part is counted too.
         let mut b = part(parts.path(), 5, &["b1", "b2"]);
         b.findings_rows = 9;
-        let e = merge(&[b], parts.path(), out.path(), Default::default())
-            .err()
-            .unwrap()
-            .to_string();
+        let e = merge(
+            &[b],
+            parts.path(),
+            out.path(),
+            Default::default(),
+            Vec::new(),
+        )
+        .err()
+        .unwrap()
+        .to_string();
         assert!(
             e.contains("findings.parquet") && e.contains("reported 9"),
             "{e}"

@@ -356,15 +356,7 @@ impl DisplayAs for PredictionsScanExec {
 }
 
 impl ExecutionPlan for PredictionsScanExec {
-    super::parts::single_input_node!("PredictionsScanExec");
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
-        let input = super::parts::only_child(self.name(), children)?;
-        Ok(Arc::new(Self::try_new((*self.spec).clone(), input)?))
-    }
+    super::parts::single_input_node!("PredictionsScanExec", from_spec);
 
     fn execute(
         &self,
