@@ -1179,8 +1179,8 @@ fn the_container_file_builds_and_its_scheduler_and_executor_score() {
 #[test]
 fn a_cluster_stages_on_object_storage_where_its_executors_read_and_write() {
     use crate::object_storage::{
-        KEY_ID, Mode, Proxy, SECRET, committed, get_object, keys, make_bucket, put_object, s3_env,
-        sorted_lines, start_moto,
+        KEY_ID, Mode, Proxy, SECRET, committed, get_object, keys, make_bucket, open_uploads,
+        put_object, s3_env, sorted_lines, start_moto,
     };
     use std::sync::atomic::Ordering;
     let moto = start_moto();
@@ -1421,6 +1421,29 @@ fn a_cluster_stages_on_object_storage_where_its_executors_read_and_write() {
         "the client fetched the results it replaces: {client_saw:?}"
     );
     let commit = again;
+
+    // The server failing every part the executors put into the run: the job fails
+    // naming the object, every upload is aborted, nothing is left in the new commit's
+    // folder, and the run keeps its commit.
+    proxy.set(Mode::FailRunParts);
+    let r = run(&mut into_bucket_via(client_proxy.port));
+    proxy.set(Mode::Pass);
+    assert_ne!(r.code, 0, "the scoring failed: {}", r.stdout);
+    assert!(r.stderr.contains("s3://bkt/results/r1/v/"), "{}", r.stderr);
+    let (after, _) = committed(moto.port, "bkt/results/r1");
+    assert_eq!(after["commit_id"], commit["commit_id"]);
+    let kept = [&commit["commit_id"], &commit["previous_commit_id"]];
+    for key in keys(moto.port, "bkt") {
+        if let Some(rest) = key.strip_prefix("results/r1/v/") {
+            let folder = rest.split('/').next().unwrap();
+            assert!(kept.iter().any(|k| *k == folder), "{key} was left behind");
+        }
+    }
+    let open = open_uploads(moto.port);
+    assert!(
+        !open.iter().any(|k| k.starts_with("results/")),
+        "an upload into the run was left open: {open:?}"
+    );
     assert!(staging_left().is_empty(), "nothing staged is left");
     let seen = log_from(from);
     assert!(

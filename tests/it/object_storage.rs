@@ -134,6 +134,19 @@ pub(crate) fn make_bucket(port: u16) {
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
 }
 
+/// The keys of the multipart uploads of bucket `bkt` not completed nor aborted.
+#[cfg_attr(not(feature = "distributed"), allow(dead_code))]
+pub(crate) fn open_uploads(port: u16) -> Vec<String> {
+    let (status, body) = http(port, "GET", "/bkt?uploads", b"");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let text = String::from_utf8_lossy(&body);
+    text.split("<Key>")
+        .skip(1)
+        .filter_map(|k| k.split("</Key>").next())
+        .map(str::to_owned)
+        .collect()
+}
+
 pub(crate) fn put_object(port: u16, key: &str, body: &[u8]) {
     let (status, text) = http(port, "PUT", &format!("/{key}"), body);
     assert_eq!(
@@ -174,6 +187,8 @@ pub(crate) enum Mode {
     Throttle,
     /// Hold every request (never answered) once this many PUTs have gone through.
     StallAfterPuts(usize),
+    /// Answer 500 to every part put into a run folder (`/results/…?partNumber=…`).
+    FailRunParts,
 }
 
 #[derive(Default)]
@@ -335,6 +350,12 @@ fn serve(
             counts.stalled.fetch_add(1, Ordering::SeqCst);
             std::thread::sleep(Duration::from_secs(120));
             return Ok(());
+        }
+        Mode::FailRunParts
+            if request_line.contains("/results/") && request_line.contains("partNumber=") =>
+        {
+            counts.failed.fetch_add(1, Ordering::SeqCst);
+            return refuse(&mut conn, "500 Internal Server Error", "InternalError");
         }
         // Each distinct request is refused once: its retry goes through.
         Mode::Throttle if seen.lock().unwrap().insert(request_line.clone()) => {
