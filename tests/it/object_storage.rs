@@ -188,6 +188,7 @@ pub(crate) enum Mode {
     /// Hold every request (never answered) once this many PUTs have gone through.
     StallAfterPuts(usize),
     /// Answer 500 to every part put into a run folder (`/results/…?partNumber=…`).
+    #[cfg_attr(not(feature = "distributed"), allow(dead_code))]
     FailRunParts,
 }
 
@@ -211,6 +212,7 @@ pub(crate) struct Proxy {
     pub(crate) port: u16,
     mode: Arc<Mutex<Mode>>,
     pub(crate) counts: Arc<Counts>,
+    #[cfg_attr(not(feature = "distributed"), allow(dead_code))]
     swap: Arc<Mutex<Option<Swap>>>,
 }
 
@@ -255,6 +257,7 @@ impl Proxy {
 
     /// Replace the object at `path` (`/bucket/key`) with `body` when its `after`-th
     /// ranged GET arrives.
+    #[cfg_attr(not(feature = "distributed"), allow(dead_code))]
     pub(crate) fn swap_after(&self, path: &str, after: usize, body: Vec<u8>) {
         *self.swap.lock().unwrap() = Some(Swap {
             path: path.to_owned(),

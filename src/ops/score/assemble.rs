@@ -64,6 +64,25 @@ pub struct Piece {
 }
 
 impl Piece {
+    /// A plain part name of the parts folder, of the kind its range says (a Parquet
+    /// part's row groups inside it; a JSONL part whole).
+    pub(super) fn is_plain(&self) -> bool {
+        let name = &self.file.name;
+        let kind_ok = match self.range {
+            None => name.ends_with(&format!(".{CASE_RESULTS_JSONL}")),
+            Some([a, b]) => {
+                (name.ends_with(&format!(".{CASE_RESULTS_PARQUET}"))
+                    || name.ends_with(&format!(".{FINDINGS_PARQUET}")))
+                    && a <= b
+                    && b <= self.file.bytes
+            }
+        };
+        name.starts_with("part-")
+            && !name.contains(['/', '\\', '\0'])
+            && !name.contains("..")
+            && kind_ok
+    }
+
     /// The bytes it puts into its target.
     pub(super) fn len(&self) -> u64 {
         match self.range {
@@ -134,15 +153,6 @@ impl AssembleExec {
         let mut ends: Vec<Option<u64>> = vec![None; spec.targets.len()];
         for piece in &spec.pieces {
             let name = &piece.file.name;
-            let kind_ok = match piece.range {
-                None => name.ends_with(&format!(".{CASE_RESULTS_JSONL}")),
-                Some([a, b]) => {
-                    (name.ends_with(&format!(".{CASE_RESULTS_PARQUET}"))
-                        || name.ends_with(&format!(".{FINDINGS_PARQUET}")))
-                        && a <= b
-                        && b <= piece.file.bytes
-                }
-            };
             // A JSONL file starts with its first part, a Parquet file after its header.
             let first = if piece.range.is_some() {
                 PARQUET_MAGIC.len() as u64
@@ -152,12 +162,7 @@ impl AssembleExec {
             let follows = ends
                 .get(piece.target)
                 .is_some_and(|end| end.unwrap_or(first) == piece.offset);
-            if !name.starts_with("part-")
-                || name.contains(['/', '\\', '\0'])
-                || name.contains("..")
-                || !kind_ok
-                || !follows
-            {
+            if !piece.is_plain() || !follows {
                 return Err(Error::Internal(format!(
                     "AssembleExec: a piece {name:?} at {} of target {} (expected at {:?})",
                     piece.offset,

@@ -35,8 +35,7 @@ use serde::{Deserialize, Serialize};
 use super::SubmitPlan;
 use super::assemble::Piece;
 use super::parts::{
-    CASE_RESULTS_JSONL, CASE_RESULTS_PARQUET, FINDINGS_PARQUET, KINDS, PARQUET_MAGIC, PartFile,
-    PartReport, copy_part_from, copy_range_from,
+    CASE_RESULTS_JSONL, KINDS, PARQUET_MAGIC, PartFile, PartReport, copy_part_from, copy_range_from,
 };
 use super::slices::{check_numbered, each_number, numbered};
 use crate::engine::stream_table::{Batches, reader_stream};
@@ -194,22 +193,8 @@ impl UploadExec {
                 0
             };
             for piece in &g.pieces {
-                let name = &piece.file.name;
-                let kind_ok = match piece.range {
-                    None => name.ends_with(&format!(".{CASE_RESULTS_JSONL}")),
-                    Some([a, b]) => {
-                        (name.ends_with(&format!(".{CASE_RESULTS_PARQUET}"))
-                            || name.ends_with(&format!(".{FINDINGS_PARQUET}")))
-                            && a <= b
-                            && b <= piece.file.bytes
-                    }
-                };
-                if !name.starts_with("part-")
-                    || name.contains(['/', '\\', '\0'])
-                    || name.contains("..")
-                    || !kind_ok
-                {
-                    return bad(format!("a piece {name:?}"));
+                if !piece.is_plain() {
+                    return bad(format!("a piece {:?}", piece.file.name));
                 }
                 len = len.saturating_add(piece.len());
             }
