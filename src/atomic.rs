@@ -57,6 +57,42 @@ fn temp_owner(name: &str) -> Option<u32> {
         .flatten()
 }
 
+/// Remove the folder `dir` and everything in it, also while others still write in it (a
+/// cluster's executors finishing a task into a staging folder whose client gave up).
+/// The folder is first renamed to a temporary name of this process: a file put by its
+/// path after that finds no folder (parts are written into an existing folder, never one
+/// made for them — [`TempFile::create_shared`]), so nothing is added to what is removed
+/// and nothing comes back at `dir`. Where the rename is refused, a removal that finds a
+/// file put in meanwhile (`ENOTEMPTY`) is made again, for at most `patience`. What a
+/// failed removal leaves under the temporary name, [`clean_stale`] removes once this
+/// process has ended. A folder that is not there is removed already.
+pub fn remove_tree(dir: &Path, patience: std::time::Duration) -> std::io::Result<()> {
+    let aside = dir.with_file_name(format!(
+        ".pieval-removed.tmp-{}-{:016x}",
+        std::process::id(),
+        fastrand::u64(..)
+    ));
+    let target = match std::fs::rename(dir, &aside) {
+        Ok(()) => aside,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(_) => dir.to_path_buf(),
+    };
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        match std::fs::remove_dir_all(&target) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::DirectoryNotEmpty
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Remove what killed pieval processes left in `dir`: temporary files and folders whose
 /// process is gone (Linux; elsewhere nothing is removed). A `.NAME.old-…` folder whose
 /// `NAME` is missing is what a kill between [`TempDir::commit`]'s two renames left: it
@@ -533,5 +569,42 @@ mod tests {
         f.write_all(b"x").unwrap();
         assert!(std::fs::symlink_metadata(f.tmp_path()).unwrap().is_file());
         f.commit().unwrap();
+    }
+
+    /// A folder removed while another thread keeps putting files into it (an executor
+    /// still finishing a task in a staging folder) is gone in the end, and stays gone.
+    #[test]
+    fn a_folder_being_written_in_is_removed_whole() {
+        for round in 0..20 {
+            let dir = tempfile::tempdir().unwrap();
+            let tree = dir.path().join("staging");
+            let parts = tree.join("parts");
+            std::fs::create_dir_all(&parts).unwrap();
+            for i in 0..200 {
+                std::fs::write(tree.join(format!("in-{i}")), "x").unwrap();
+            }
+            let writer = {
+                let parts = parts.clone();
+                std::thread::spawn(move || {
+                    // As a part is written: into the folder as it is, never one made anew.
+                    let mut put = 0u32;
+                    while std::fs::write(parts.join(format!("part-{put}")), "x").is_ok() {
+                        put += 1;
+                    }
+                    put
+                })
+            };
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            remove_tree(&tree, std::time::Duration::from_secs(10))
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            let put = writer.join().unwrap();
+            assert!(put > 0, "round {round}: nothing was written meanwhile");
+            assert!(!tree.exists(), "round {round}: the folder is back");
+            let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+            assert!(left.is_empty(), "round {round}: left {left:?}");
+        }
+        // A folder that is not there is removed already.
+        let dir = tempfile::tempdir().unwrap();
+        remove_tree(&dir.path().join("gone"), std::time::Duration::ZERO).unwrap();
     }
 }

@@ -778,7 +778,17 @@ impl Staging {
 
 impl Drop for Staging {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // A job the client gave up on (its scheduler gone) may still be putting parts in.
+        if let Err(e) = crate::atomic::remove_tree(&self.dir, std::time::Duration::from_secs(10)) {
+            eprintln!(
+                "{}",
+                crate::text::terminal(&format!(
+                    "note: the staging folder {} was not removed ({e}); remove it once no \
+                     scoring runs",
+                    self.dir.display()
+                ))
+            );
+        }
         if let Some(r) = &self.remote {
             // Everything under the prefix: the staged inputs and every part, reported or
             // not (a lost attempt's). On a thread of its own with a fresh connection: this
