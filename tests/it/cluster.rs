@@ -1321,7 +1321,10 @@ fn a_cluster_stages_on_object_storage_where_its_executors_read_and_write() {
     proxy.set(Mode::Throttle);
     let starts = proxy.counts.multipart_starts.load(Ordering::SeqCst);
     let from = log_len();
-    let r = run(&mut into_bucket_via(client_proxy.port));
+    // Parts of 5 MiB, S3's smallest (moto refuses a smaller one but the last): each
+    // task puts several, one sent while the next is read.
+    let r = run(into_bucket_via(client_proxy.port)
+        .env("PIEVAL_TEST_UPLOAD_CHUNK_BYTES", (5u64 << 20).to_string()));
     proxy.set(Mode::Pass);
     assert_eq!(r.code, 0, "{}\n{}", r.stderr, logs_of(&cluster));
     let (commit, bytes) = committed(moto.port, "bkt/results/r1");
@@ -1349,11 +1352,24 @@ fn a_cluster_stages_on_object_storage_where_its_executors_read_and_write() {
     );
     let id = commit["commit_id"].as_str().unwrap();
     let put_by_cluster = format!("PUT /bkt/results/r1/v/{id}/case_results.jsonl?");
+    let part_numbers: std::collections::BTreeSet<u32> = log_from(from)
+        .iter()
+        .filter(|r| r.starts_with(&put_by_cluster))
+        .filter_map(|r| {
+            let n = r.split("partNumber=").nth(1)?;
+            n[..n.find(|c: char| !c.is_ascii_digit()).unwrap_or(n.len())]
+                .parse()
+                .ok()
+        })
+        .collect();
+    // Two tasks (one per executor's part), each of more than one part.
     assert!(
-        log_from(from)
-            .iter()
-            .any(|r| r.starts_with(&put_by_cluster) && r.contains("partNumber=")),
-        "the executors put the parts: {:?}",
+        part_numbers.len() >= 4
+            && part_numbers
+                .iter()
+                .copied()
+                .eq(1..=part_numbers.len() as u32),
+        "the executors put the parts 1..N, several per task: {part_numbers:?} in {:?}",
         log_from(from)
     );
     let client_saw = client_proxy.counts.log.lock().unwrap().clone();

@@ -46,6 +46,17 @@ use crate::objstore::{BlockingObject, FileEntry, Location, MIN_PART_BYTES, Store
 /// a group's last part takes the remainder, so up to twice this.
 const CHUNK_BYTES: u64 = 16 << 20;
 
+/// The size of the parts the client plans: [`CHUNK_BYTES`], or, in debug builds (the
+/// tests'), smaller (`PIEVAL_TEST_UPLOAD_CHUNK_BYTES`, never under S3's smallest part:
+/// several parts per task at the sizes of a test's files).
+fn chunk_bytes() -> u64 {
+    cfg!(debug_assertions)
+        .then(|| std::env::var("PIEVAL_TEST_UPLOAD_CHUNK_BYTES").ok())
+        .flatten()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(CHUNK_BYTES, |c| c.clamp(MIN_PART_BYTES, CHUNK_BYTES))
+}
+
 /// S3's most parts in one upload.
 const MAX_PARTS: usize = 10_000;
 
@@ -101,9 +112,16 @@ pub struct Group {
 /// `header` bytes and before a footer of `footer`: for each group, its pieces (a range
 /// of indexes) and its parts' lengths. Groups take whole pieces until they hold
 /// [`MIN_PART_BYTES`]; a short last group joins the one before. A group is cut into parts
-/// of [`CHUNK_BYTES`], its last part taking the remainder: every part but the file's last
-/// holds at least [`MIN_PART_BYTES`].
-pub fn plan(pieces: &[u64], header: u64, footer: u64) -> Vec<(std::ops::Range<usize>, Vec<u64>)> {
+/// of `chunk` bytes (between [`MIN_PART_BYTES`] and [`CHUNK_BYTES`]: [`chunk_bytes`]), its
+/// last part taking the remainder: every part but the file's last holds at least
+/// [`MIN_PART_BYTES`].
+pub fn plan(
+    pieces: &[u64],
+    header: u64,
+    footer: u64,
+    chunk: u64,
+) -> Vec<(std::ops::Range<usize>, Vec<u64>)> {
+    let chunk = chunk.clamp(MIN_PART_BYTES, CHUNK_BYTES);
     let mut groups: Vec<(std::ops::Range<usize>, u64)> = Vec::new();
     let (mut start, mut bytes) = (0usize, header);
     for (i, len) in pieces.iter().enumerate() {
@@ -126,9 +144,9 @@ pub fn plan(pieces: &[u64], header: u64, footer: u64) -> Vec<(std::ops::Range<us
     groups
         .into_iter()
         .map(|(range, len)| {
-            let n = (len / CHUNK_BYTES).max(1);
-            let mut chunks = vec![CHUNK_BYTES; n as usize - 1];
-            chunks.push(len - CHUNK_BYTES * (n - 1));
+            let n = (len / chunk).max(1);
+            let mut chunks = vec![chunk; n as usize - 1];
+            chunks.push(len - chunk * (n - 1));
             (range, chunks)
         })
         .collect()
@@ -301,7 +319,13 @@ impl ExecutionPlan for UploadExec {
     }
 }
 
-/// Bytes gathered into the parts of one group, each put when it is whole.
+/// How many of a task's parts are sent at once while it reads on: a part's request waits
+/// on the network, the next part's bytes on the staging prefix's reads, and S3 takes one
+/// upload's parts in parallel. A task holds at most this many parts of [`CHUNK_BYTES`]
+/// being sent and the one being filled (up to twice that): under 64 MiB.
+const IN_FLIGHT: usize = 2;
+
+/// Bytes gathered into the parts of one group, each sent when it is whole.
 struct Parts<'a> {
     store: &'a Store,
     at: &'a Location,
@@ -311,6 +335,8 @@ struct Parts<'a> {
     first: usize,
     next: usize,
     buf: Vec<u8>,
+    /// The parts being sent, in order: each one's number and its request.
+    sending: std::collections::VecDeque<(usize, tokio::task::JoinHandle<Result<String>>)>,
     tags: Vec<(usize, String)>,
 }
 
@@ -333,19 +359,55 @@ impl Parts<'_> {
         Ok(())
     }
 
+    /// Send the part just filled once fewer than [`IN_FLIGHT`] are being sent.
     fn put(&mut self) -> Result<()> {
+        while self.sending.len() >= IN_FLIGHT {
+            self.sent()?;
+        }
         let index = self.first + self.next;
         let body = bytes::Bytes::from(std::mem::take(&mut self.buf));
-        let tag =
-            self.handle.block_on(
-                self.store
-                    .put_part(&self.at.key, self.upload_id, index, body),
-            )?;
-        self.tags.push((index, tag));
+        let (store, key, id) = (
+            self.store.clone(),
+            self.at.key.clone(),
+            self.upload_id.to_owned(),
+        );
+        let request = self
+            .handle
+            .spawn(async move { store.put_part(&key, &id, index, body).await });
+        self.sending.push_back((index, request));
         self.next += 1;
         let next = self.chunks.get(self.next).copied().unwrap_or(0);
         self.buf = Vec::with_capacity(next as usize);
         Ok(())
+    }
+
+    /// Wait for the oldest part being sent: its entity tag, or its error.
+    fn sent(&mut self) -> Result<()> {
+        let Some((index, request)) = self.sending.pop_front() else {
+            return Ok(());
+        };
+        let tag = self.handle.block_on(request).map_err(|e| {
+            Error::Internal(format!("{}: part {} was not sent: {e}", self.at, index + 1))
+        })??;
+        self.tags.push((index, tag));
+        Ok(())
+    }
+
+    /// Every part's entity tag, in order, once all are sent.
+    fn finish(mut self) -> Result<Vec<(usize, String)>> {
+        while !self.sending.is_empty() {
+            self.sent()?;
+        }
+        Ok(std::mem::take(&mut self.tags))
+    }
+}
+
+impl Drop for Parts<'_> {
+    /// A task that failed stops the parts it still sends (the client aborts the upload).
+    fn drop(&mut self) {
+        for (_, request) in &self.sending {
+            request.abort();
+        }
     }
 }
 
@@ -371,6 +433,7 @@ fn put_group(spec: &UploadSpec, g: usize) -> Result<Vec<(usize, String)>> {
         first: group.first_part,
         next: 0,
         buf: Vec::with_capacity(group.chunks[0].min(2 * CHUNK_BYTES) as usize),
+        sending: Default::default(),
         tags: Vec::new(),
     };
     if group.header {
@@ -398,7 +461,7 @@ fn put_group(spec: &UploadSpec, g: usize) -> Result<Vec<(usize, String)>> {
             "{at}: fewer bytes than its parts hold (the parts changed after their reports)"
         )));
     }
-    Ok(out.tags)
+    out.finish()
 }
 
 /// The SHA-256 of file `t`, completed, read back whole (and only if it has the length
@@ -449,33 +512,37 @@ pub async fn assemble(
             .into_iter()
             .map(|(f, rows)| (f.clone(), rows))
             .collect();
-        let (ranges, tags, footer) = if kind == CASE_RESULTS_JSONL {
-            (vec![None; list.len()], vec![None; list.len()], None)
+        let (list, ranges, tags, footer) = if kind == CASE_RESULTS_JSONL {
+            let n = list.len();
+            (list, vec![None; n], vec![None; n], None)
         } else {
             let prefix = parts.clone();
-            let layout = tokio::task::spawn_blocking(move || {
-                let refs: Vec<(&PartFile, u64)> = list.iter().map(|(f, r)| (f, *r)).collect();
-                let (footers, tags) = super::parts::remote_footers(&prefix, &refs)?;
-                Ok::<_, Error>((super::parts::layout_of(&footers, &refs)?, tags))
+            let (layout, tags, list) = tokio::task::spawn_blocking(move || {
+                let (layout, tags) = {
+                    let refs: Vec<(&PartFile, u64)> = list.iter().map(|(f, r)| (f, *r)).collect();
+                    let (footers, tags) = super::parts::remote_footers(&prefix, &refs)?;
+                    (super::parts::layout_of(&footers, &refs)?, tags)
+                };
+                Ok::<_, Error>((layout, tags, list))
             })
             .await
             .map_err(|e| Error::Internal(format!("reading the parts' footers: {e}")))??;
-            let (Some(layout), tags) = layout else {
+            let Some(layout) = layout else {
                 continue;
             };
             (
+                list,
                 layout.ranges.into_iter().map(Some).collect(),
                 tags,
                 Some(layout.footer),
             )
         };
-        let list = super::parts::part_list(reports, k);
         let pieces: Vec<Piece> = list
-            .iter()
+            .into_iter()
             .zip(ranges.into_iter().zip(tags))
             .map(|((file, rows), (range, e_tag))| Piece {
-                file: (*file).clone(),
-                rows: *rows,
+                file,
+                rows,
                 target: planned.len(),
                 offset: 0,
                 range,
@@ -495,7 +562,7 @@ pub async fn assemble(
         if length == 0 {
             continue;
         }
-        let cut = plan(&lengths, header, footer_len);
+        let cut = plan(&lengths, header, footer_len, chunk_bytes());
         // Past S3's most parts (files of some 50 GiB), the client splices.
         if cut.iter().map(|(_, chunks)| chunks.len()).sum::<usize>() > MAX_PARTS {
             continue;
@@ -673,7 +740,13 @@ mod tests {
     /// Every part but the last at least S3's smallest; the parts add up to the file;
     /// groups take whole pieces, in order, each at least once.
     fn check(pieces: &[u64], header: u64, footer: u64) {
-        let groups = plan(pieces, header, footer);
+        for chunk in [CHUNK_BYTES, MIN_PART_BYTES, 7 * MIB + 3] {
+            check_with(pieces, header, footer, chunk);
+        }
+    }
+
+    fn check_with(pieces: &[u64], header: u64, footer: u64, chunk: u64) {
+        let groups = plan(pieces, header, footer, chunk);
         let mut next = 0;
         let mut parts = Vec::new();
         for (range, chunks) in &groups {
@@ -717,9 +790,18 @@ mod tests {
             check(&pieces, 4 * (x & 1), (x >> 7) % 4096);
         }
         // One group per 5 MiB of pieces, cut in 16 MiB parts.
-        let g = plan(&[14 * MIB, 14 * MIB, MIB], 0, 0);
+        let g = plan(&[14 * MIB, 14 * MIB, MIB], 0, 0, CHUNK_BYTES);
         assert_eq!(g.len(), 2);
         assert_eq!(g[1].0, 1..3, "the short last piece joins the group before");
-        assert_eq!(plan(&[40 * MIB], 0, 0)[0].1, vec![16 * MIB, 24 * MIB]);
+        assert_eq!(
+            plan(&[40 * MIB], 0, 0, CHUNK_BYTES)[0].1,
+            vec![16 * MIB, 24 * MIB]
+        );
+        // Smaller parts for the tests, never under S3's smallest.
+        assert_eq!(
+            plan(&[14 * MIB], 0, 0, 5 * MIB)[0].1,
+            vec![5 * MIB, 9 * MIB]
+        );
+        assert_eq!(plan(&[14 * MIB], 0, 0, MIB)[0].1, vec![5 * MIB, 9 * MIB]);
     }
 }
