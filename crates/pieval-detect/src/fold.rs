@@ -20,11 +20,49 @@ pub fn fold_into(s: &str, out: &mut String) {
     }
     // Most text is already NFKC: skip the (costly) normalisation when the quick check
     // says so, and only map and lowercase.
-    if unicode_normalization::is_nfkc_quick(s.chars()) == unicode_normalization::IsNormalized::Yes {
+    if is_nfkc_quick(s) {
         push_folded_str(s, out);
     } else {
         push_folded(s.nfkc(), out);
     }
+}
+
+/// The index of the first byte of `b` that is not ASCII, eight bytes at a time.
+#[inline]
+fn first_non_ascii(b: &[u8]) -> Option<usize> {
+    let mut i = 0;
+    while let Some(word) = b.get(i..i + 8) {
+        let word = u64::from_le_bytes(word.try_into().expect("eight bytes"));
+        if word & 0x8080_8080_8080_8080 != 0 {
+            break;
+        }
+        i += 8;
+    }
+    b[i..].iter().position(|x| !x.is_ascii()).map(|p| i + p)
+}
+
+/// Whether Unicode's quick check says `s` is in NFKC ("yes", not "maybe"), asked of its
+/// runs of other characters only: an ASCII character is always allowed and a starter,
+/// so the check starts afresh after one (UAX #15, "Detecting Normalization Forms") and
+/// the runs' answers are the whole text's. Prose with a few accents is mostly ASCII.
+fn is_nfkc_quick(s: &str) -> bool {
+    use unicode_normalization::{IsNormalized, is_nfkc_quick};
+    let b = s.as_bytes();
+    let mut i = 0;
+    while let Some(p) = first_non_ascii(&b[i..]) {
+        let start = i + p;
+        // A run of non-ASCII bytes is whole characters (UTF-8's continuation and lead
+        // bytes of a multi-byte character are all non-ASCII).
+        let end = b[start..]
+            .iter()
+            .position(u8::is_ascii)
+            .map_or(b.len(), |q| start + q);
+        if is_nfkc_quick(s[start..end].chars()) != IsNormalized::Yes {
+            return false;
+        }
+        i = end;
+    }
+    true
 }
 
 fn push_folded(chars: impl Iterator<Item = char>, out: &mut String) {
@@ -58,10 +96,7 @@ fn push_folded_char(c: char, out: &mut String) {
 fn push_folded_str(s: &str, out: &mut String) {
     let mut rest = s;
     while !rest.is_empty() {
-        let run = rest
-            .bytes()
-            .position(|b| !b.is_ascii())
-            .unwrap_or(rest.len());
+        let run = first_non_ascii(rest.as_bytes()).unwrap_or(rest.len());
         let start = out.len();
         out.push_str(&rest[..run]);
         out.as_mut_str()[start..].make_ascii_lowercase();
@@ -94,7 +129,7 @@ pub fn fold_with_offsets(s: &str, out: &mut String, offsets: &mut Vec<usize>) {
         offsets.extend(0..=s.len());
         return;
     }
-    if unicode_normalization::is_nfkc_quick(s.chars()) != unicode_normalization::IsNormalized::Yes {
+    if !is_nfkc_quick(s) {
         fold_with_offsets_per_char(s, out, offsets);
         return;
     }
@@ -104,10 +139,7 @@ pub fn fold_with_offsets(s: &str, out: &mut String, offsets: &mut Vec<usize>) {
     let bytes = s.as_bytes();
     let mut i = 0;
     while i < s.len() {
-        let run = bytes[i..]
-            .iter()
-            .position(|b| !b.is_ascii())
-            .unwrap_or(s.len() - i);
+        let run = first_non_ascii(&bytes[i..]).unwrap_or(s.len() - i);
         let start = out.len();
         out.push_str(&s[i..i + run]);
         out.as_mut_str()[start..].make_ascii_lowercase();
@@ -247,14 +279,63 @@ mod tests {
             slow_offsets.clear();
             fold_with_offsets_per_char(&s, &mut slow, &mut slow_offsets);
             assert_eq!((&fast, &offsets), (&slow, &slow_offsets), "{s:?}");
-            if unicode_normalization::is_nfkc_quick(s.chars())
-                == unicode_normalization::IsNormalized::Yes
-            {
+            let whole = unicode_normalization::is_nfkc_quick(s.chars())
+                == unicode_normalization::IsNormalized::Yes;
+            assert_eq!(is_nfkc_quick(&s), whole, "the quick check by runs: {s:?}");
+            if whole {
                 nfkc_texts += 1;
                 assert_eq!(fast, fold(&s), "{s:?}");
             }
         }
         assert!(nfkc_texts > 2_000, "{nfkc_texts}");
+    }
+
+    /// The quick check asked of the runs of other characters answers as the whole text's
+    /// does, around every way a run can start and end: combining marks after ASCII, out
+    /// of order, at either end; compatibility characters; texts longer than a word.
+    #[test]
+    fn the_quick_check_by_runs_is_the_whole_texts() {
+        let parts = [
+            "a",
+            "Z",
+            " ",
+            "ab cd ef gh",
+            "é",
+            "e\u{301}",
+            "\u{301}",
+            "\u{301}\u{327}",
+            "\u{327}\u{301}",
+            "ﬁ",
+            "Ｐ",
+            "\u{200B}",
+            "한",
+            "\u{1100}\u{1161}",
+            "ß",
+            "Ω",
+            "\u{2126}",
+            "x\u{308}\u{304}",
+            "12345678",
+            "\u{1F600}",
+        ];
+        let mut rng = fastrand::Rng::with_seed(5);
+        let mut seen = [0usize; 2];
+        for _ in 0..20_000 {
+            let s: String = (0..rng.usize(0..12))
+                .map(|_| parts[rng.usize(..parts.len())])
+                .collect();
+            let whole = unicode_normalization::is_nfkc_quick(s.chars())
+                == unicode_normalization::IsNormalized::Yes;
+            assert_eq!(is_nfkc_quick(&s), whole, "{s:?}");
+            seen[usize::from(whole)] += 1;
+        }
+        assert!(seen[0] > 1_000 && seen[1] > 1_000, "{seen:?}");
+        for (i, b) in [b"abcdefgh".as_slice(), b"abcdefghij\xc3", b"\xc3", b""]
+            .iter()
+            .enumerate()
+        {
+            let want = b.iter().position(|x| !x.is_ascii());
+            assert_eq!(first_non_ascii(b), want, "{i}");
+        }
     }
 
     #[test]

@@ -15,6 +15,7 @@
 use std::sync::OnceLock;
 
 use regex::Regex;
+use regex_automata::{Input, meta};
 use serde::Deserialize;
 
 use pieval_contract::error::{Error, Result};
@@ -87,9 +88,17 @@ pub struct RefusalDetector {
     pub version: String,
     window: usize,
     deflection_window: usize,
-    refusal: Regex,
-    deflection: Option<Regex>,
-    compliance: Regex,
+    refusal: meta::Regex,
+    deflection: Option<meta::Regex>,
+    compliance: meta::Regex,
+}
+
+/// How one class's patterns search: with a literal prefilter or not, and the capacity
+/// of the lazy DFA's cache (None: the default).
+#[derive(Clone, Copy)]
+struct Search {
+    prefilter: bool,
+    cache: Option<usize>,
 }
 
 fn alternation(rules: &[Rule]) -> String {
@@ -146,7 +155,7 @@ impl RefusalDetector {
             )?);
         }
         // `cache`: the lazy DFA's capacity, None for regex's default.
-        let build = |rules: &[Rule], cache: Option<usize>| {
+        let build = |rules: &[Rule], search: Search| {
             let joined = alternation(rules);
             // Each rule must stay one branch of the alternation: a rule whose comment or
             // flag reaches past its own pattern (`(?x)zzz#` swallowing the separator) would
@@ -171,31 +180,51 @@ impl RefusalDetector {
                     ),
                 ));
             }
-            let mut builder = regex::RegexBuilder::new(&joined);
-            builder.size_limit(1 << 24);
-            if let Some(bytes) = cache {
-                builder.dfa_size_limit(bytes);
+            // As `regex::RegexBuilder` configures it (the same syntax, leftmost-first,
+            // empty matches only between characters), with the search's own strategy.
+            let mut config = meta::Config::new()
+                .nfa_size_limit(Some(1 << 24))
+                .utf8_empty(true)
+                .auto_prefilter(search.prefilter);
+            if let Some(bytes) = search.cache {
+                config = config.hybrid_cache_capacity(bytes);
             }
-            builder
-                .build()
+            meta::Builder::new()
+                .configure(config)
+                .build(&joined)
                 .map_err(|e| Error::config(origin, format!("rules do not compile together: {e}")))
+        };
+        // The refusal and deflection searches read only the head of a response, where
+        // their patterns' first words ("i", "sorry", "as an ai", "instead" …) are common:
+        // a literal prefilter stopped at each and handed over to the automaton, slower
+        // than the automaton alone (over 300-character heads of the bench's distinct
+        // responses, 0.29 s → 0.15 s per 200,000 — benches/detectors.rs, `refusal`).
+        let head = Search {
+            prefilter: false,
+            cache: None,
         };
         let detector = Self {
             version: pack.version.clone(),
             window: pack.window,
             deflection_window: pack.deflection_window,
-            refusal: build(&pack.refusal, None)?,
+            refusal: build(&pack.refusal, head)?,
             deflection: if pack.deflection.is_empty() {
                 None
             } else {
-                Some(build(&pack.deflection, None)?)
+                Some(build(&pack.deflection, head)?)
             },
             // The compliance search reads the whole rest of a response: over distinct
             // prose the default lazy-DFA cache kept being cleared and rebuilt (state
             // building was a fifth of refusal's time; 206 MB/s with it, 482 with 16 MiB,
             // 491 with 64). The cache is per thread that searches (up to 16 MiB each);
             // the refusal and deflection searches, over the head only, gained nothing.
-            compliance: build(&pack.compliance, Some(16 << 20))?,
+            compliance: build(
+                &pack.compliance,
+                Search {
+                    prefilter: true,
+                    cache: Some(16 << 20),
+                },
+            )?,
         };
         detector.check_examples(&pack, &each, origin)?;
         Ok(detector)
@@ -299,18 +328,21 @@ impl RefusalDetector {
                 .map_or(folded.len(), |(i, _)| i);
             &folded[..end]
         };
-        let (found, class) = match self.refusal.find(head(self.window)) {
+        // Only where the match ends is read: the forward search alone (`search_half`
+        // ends where `find` does, without the reverse search for the start).
+        let end = |re: &meta::Regex, text: &str| re.search_half(&Input::new(text));
+        let (found, class) = match end(&self.refusal, head(self.window)) {
             Some(m) => (m, ResponseClass::Refusal),
             None => match self
                 .deflection
                 .as_ref()
-                .and_then(|d| d.find(head(self.deflection_window)))
+                .and_then(|d| end(d, head(self.deflection_window)))
             {
                 Some(m) => (m, ResponseClass::Deflection),
                 None => return ResponseClass::Compliance,
             },
         };
-        if self.compliance.is_match(&folded[found.end()..]) {
+        if self.compliance.is_match(&folded[found.offset()..]) {
             ResponseClass::Compliance
         } else {
             class
