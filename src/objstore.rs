@@ -513,7 +513,22 @@ impl BlockingObject {
     /// Called on a blocking thread of a tokio runtime (`spawn_blocking`): its requests
     /// block that thread, which an async worker thread must never do.
     pub fn open(loc: &Location, expect: Option<(u64, Option<&str>)>) -> Result<Self> {
-        let store = Store::open(loc)?;
+        Self::open_in(Store::open(loc)?, loc, expect)
+    }
+
+    /// [`BlockingObject::open`] through `store`, a connection to `loc`'s bucket already
+    /// open: a task reading many objects reuses its connections.
+    pub fn open_in(
+        store: Store,
+        loc: &Location,
+        expect: Option<(u64, Option<&str>)>,
+    ) -> Result<Self> {
+        if store.bucket != loc.bucket {
+            return Err(Error::Internal(format!(
+                "{loc}: read through a connection to bucket {}",
+                store.bucket
+            )));
+        }
         let handle = tokio::runtime::Handle::try_current()
             .map_err(|_| Error::Internal(format!("{loc}: read outside an async runtime")))?;
         let (len, e_tag) = handle

@@ -856,9 +856,12 @@ pub fn remote_footers(
     let limits = crate::rundir::bounds::ParquetLimits::from_env()?;
     let mut out: Vec<Footer> = Vec::with_capacity(list.len());
     let mut tags = Vec::with_capacity(list.len());
+    // One connection for every part's footer.
+    let store = crate::objstore::Store::open(parts)?;
     for (file, rows) in list {
         let at = parts.child(&file.name);
-        let object = crate::objstore::BlockingObject::open(&at, Some((file.bytes, None)))?;
+        let object =
+            crate::objstore::BlockingObject::open_in(store.clone(), &at, Some((file.bytes, None)))?;
         let path = PathBuf::from(at.to_string());
         let meta = crate::rundir::bounds::check_parquet_groups(
             &object,

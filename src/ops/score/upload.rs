@@ -422,6 +422,8 @@ fn put_group(spec: &UploadSpec, g: usize) -> Result<Vec<(usize, String)>> {
     let at = Location::parse(&target.at)?;
     let parts = Location::parse(&spec.parts)?;
     let store = Store::open(&at)?;
+    // One connection to the staging prefix's bucket for every piece read.
+    let source = Store::open(&parts)?;
     let handle = tokio::runtime::Handle::try_current()
         .map_err(|_| Error::Internal(format!("{at}: written outside an async runtime")))?;
     let mut out = Parts {
@@ -441,7 +443,11 @@ fn put_group(spec: &UploadSpec, g: usize) -> Result<Vec<(usize, String)>> {
     }
     for piece in &group.pieces {
         let from = parts.child(&piece.file.name);
-        let object = BlockingObject::open(&from, Some((piece.file.bytes, piece.e_tag.as_deref())))?;
+        let object = BlockingObject::open_in(
+            source.clone(),
+            &from,
+            Some((piece.file.bytes, piece.e_tag.as_deref())),
+        )?;
         let name = from.to_string();
         let reader = object.read_from(0);
         let write = |chunk: &[u8]| out.push(chunk);
