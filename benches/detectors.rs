@@ -35,8 +35,9 @@ fn responses() -> Vec<String> {
 }
 
 /// Mostly distinct ~1 KB responses, as `benches/compare_score_duckdb.py --distinct` makes
-/// them: 150 words drawn from its vocabulary, one in seven opening with a refusal, one in
-/// seven with a target (repeated templates flatter per-text caches and prefilters).
+/// them: 150 words drawn from its vocabulary, one in seven opening with a target, one in
+/// seven with a refusal, one in seven with an injection (repeated templates flatter
+/// per-text caches and prefilters).
 fn distinct_responses() -> Vec<String> {
     const WORDS: &str = "the report shows steady growth across all regions and teams while \
         the council approved new bike lanes budget meeting thursday room please bring estimates \

@@ -59,14 +59,21 @@ fn temp_owner(name: &str) -> Option<u32> {
 
 /// Remove the folder `dir` and everything in it, also while others still write in it (a
 /// cluster's executors finishing a task into a staging folder whose client gave up).
-/// The folder is first renamed to a temporary name of this process: a file put by its
-/// path after that finds no folder (parts are written into an existing folder, never one
-/// made for them — [`TempFile::create_shared`]), so nothing is added to what is removed
-/// and nothing comes back at `dir`. Where the rename is refused, a removal that finds a
-/// file put in meanwhile (`ENOTEMPTY`) is made again, for at most `patience`. What a
-/// failed removal leaves under the temporary name, [`clean_stale`] removes once this
-/// process has ended. A folder that is not there is removed already.
-pub fn remove_tree(dir: &Path, patience: std::time::Duration) -> std::io::Result<()> {
+/// The folder is first renamed to a temporary name of this process: on a local file
+/// system a file put by its path after that finds no folder (parts are written into an
+/// existing folder, never one made for them — [`TempFile::create_shared`]), so nothing is
+/// added to what is removed and nothing comes back at `dir`. On a network mount another
+/// machine may still reach the renamed folder through its cached lookup for a few
+/// seconds, and where the rename is refused, nothing stops a writer: a removal that finds
+/// a file put in meanwhile (`ENOTEMPTY`, or NFS's busy `.nfs…` files) is made again, for
+/// at most `patience`. On failure, the path left and why; what is left under the
+/// temporary name, [`clean_stale`] removes once this process has ended. A folder that is
+/// not there is removed already.
+pub fn remove_tree(
+    dir: &Path,
+    patience: std::time::Duration,
+) -> std::result::Result<(), (PathBuf, std::io::Error)> {
+    use std::io::ErrorKind;
     let aside = dir.with_file_name(format!(
         ".pieval-removed.tmp-{}-{:016x}",
         std::process::id(),
@@ -74,21 +81,23 @@ pub fn remove_tree(dir: &Path, patience: std::time::Duration) -> std::io::Result
     ));
     let target = match std::fs::rename(dir, &aside) {
         Ok(()) => aside,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
         Err(_) => dir.to_path_buf(),
     };
     let deadline = std::time::Instant::now() + patience;
     loop {
         match std::fs::remove_dir_all(&target) {
             Ok(()) => return Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
             Err(e)
-                if e.kind() == std::io::ErrorKind::DirectoryNotEmpty
-                    && std::time::Instant::now() < deadline =>
+                if matches!(
+                    e.kind(),
+                    ErrorKind::DirectoryNotEmpty | ErrorKind::ResourceBusy
+                ) && std::time::Instant::now() < deadline =>
             {
                 std::thread::sleep(std::time::Duration::from_millis(50));
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err((target, e)),
         }
     }
 }
@@ -583,20 +592,24 @@ mod tests {
             for i in 0..200 {
                 std::fs::write(tree.join(format!("in-{i}")), "x").unwrap();
             }
+            let (started, writing) = std::sync::mpsc::channel();
             let writer = {
                 let parts = parts.clone();
                 std::thread::spawn(move || {
                     // As a part is written: into the folder as it is, never one made anew.
                     let mut put = 0u32;
                     while std::fs::write(parts.join(format!("part-{put}")), "x").is_ok() {
+                        if put == 0 {
+                            let _ = started.send(());
+                        }
                         put += 1;
                     }
                     put
                 })
             };
-            std::thread::sleep(std::time::Duration::from_millis(5));
+            writing.recv().unwrap();
             remove_tree(&tree, std::time::Duration::from_secs(10))
-                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+                .unwrap_or_else(|(at, e)| panic!("round {round}: {}: {e}", at.display()));
             let put = writer.join().unwrap();
             assert!(put > 0, "round {round}: nothing was written meanwhile");
             assert!(!tree.exists(), "round {round}: the folder is back");

@@ -779,13 +779,15 @@ impl Staging {
 impl Drop for Staging {
     fn drop(&mut self) {
         // A job the client gave up on (its scheduler gone) may still be putting parts in.
-        if let Err(e) = crate::atomic::remove_tree(&self.dir, std::time::Duration::from_secs(10)) {
+        if let Err((left, e)) =
+            crate::atomic::remove_tree(&self.dir, std::time::Duration::from_secs(10))
+        {
             eprintln!(
                 "{}",
                 crate::text::terminal(&format!(
                     "note: the staging folder {} was not removed ({e}); remove it once no \
                      scoring runs",
-                    self.dir.display()
+                    left.display()
                 ))
             );
         }

@@ -1362,7 +1362,8 @@ fn a_cluster_stages_on_object_storage_where_its_executors_read_and_write() {
                 .ok()
         })
         .collect();
-    // Two tasks (one per executor's part), each of more than one part.
+    // Two tasks (one per executor's part, about 14 MB each, so two 5 MiB-or-more parts
+    // each): at least four parts, numbered from 1 without a gap.
     assert!(
         part_numbers.len() >= 4
             && part_numbers

@@ -192,7 +192,15 @@ impl RefusalDetector {
             meta::Builder::new()
                 .configure(config)
                 .build(&joined)
-                .map_err(|e| Error::config(origin, format!("rules do not compile together: {e}")))
+                .map_err(|e| {
+                    // meta's own message only says which stage failed.
+                    let why = match (e.size_limit(), e.syntax_error()) {
+                        (Some(limit), _) => format!("they exceed the size limit of {limit} bytes"),
+                        (None, Some(syntax)) => syntax.to_string(),
+                        (None, None) => e.to_string(),
+                    };
+                    Error::config(origin, format!("rules do not compile together: {why}"))
+                })
         };
         // The refusal and deflection searches read only the head of a response, where
         // their patterns' first words ("i", "sorry", "as an ai", "instead" …) are common:

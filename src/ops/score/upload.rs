@@ -322,7 +322,8 @@ impl ExecutionPlan for UploadExec {
 /// How many of a task's parts are sent at once while it reads on: a part's request waits
 /// on the network, the next part's bytes on the staging prefix's reads, and S3 takes one
 /// upload's parts in parallel. A task holds at most this many parts of [`CHUNK_BYTES`]
-/// being sent and the one being filled (up to twice that): under 64 MiB.
+/// being sent and the one being filled (up to twice that): under 64 MiB, for each task an
+/// executor runs at once.
 const IN_FLIGHT: usize = 2;
 
 /// Bytes gathered into the parts of one group, each sent when it is whole.
@@ -403,10 +404,15 @@ impl Parts<'_> {
 }
 
 impl Drop for Parts<'_> {
-    /// A task that failed stops the parts it still sends (the client aborts the upload).
+    /// A task that failed stops the parts it still sends, and waits until they have
+    /// stopped: none is still on its way when the client aborts the upload or the task is
+    /// tried again (a late copy of a part could replace the retry's).
     fn drop(&mut self) {
         for (_, request) in &self.sending {
             request.abort();
+        }
+        for (_, request) in self.sending.drain(..) {
+            let _ = self.handle.block_on(request);
         }
     }
 }
