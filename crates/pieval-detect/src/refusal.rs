@@ -154,7 +154,7 @@ impl RefusalDetector {
                 origin, &r.id, &r.pattern, size_limit,
             )?);
         }
-        // `cache`: the lazy DFA's capacity, None for regex's default.
+        // `search`: with a literal prefilter or not, and the lazy DFA's capacity.
         let build = |rules: &[Rule], search: Search| {
             let joined = alternation(rules);
             // Each rule must stay one branch of the alternation: a rule whose comment or
@@ -205,8 +205,9 @@ impl RefusalDetector {
         // The refusal and deflection searches read only the head of a response, where
         // their patterns' first words ("i", "sorry", "as an ai", "instead" …) are common:
         // a literal prefilter stopped at each and handed over to the automaton, slower
-        // than the automaton alone (over 300-character heads of the bench's distinct
-        // responses, 0.29 s → 0.15 s per 200,000 — benches/detectors.rs, `refusal`).
+        // than the automaton alone (about twice as slow over the 300-character heads of
+        // distinct prose; `cargo bench --bench detectors -- udf_distinct` measures the
+        // UDF, docs/performance.md the whole scoring before and after).
         let head = Search {
             prefilter: false,
             cache: None,
