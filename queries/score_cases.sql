@@ -62,7 +62,8 @@
 --                   ended undecided. injection_delivered and agent_stop are passed
 --                   through
 --   source_*        an imported row (src/import/mod.rs): the other tool's own verdict,
---                   detector, score and source line, passed through beside pieval's
+--                   detector, score, source line and its own id of the record, passed
+--                   through beside pieval's
 WITH joined AS (
     SELECT
         p.case_id,
@@ -91,6 +92,7 @@ WITH joined AS (
         p.source_detector,
         p.source_score,
         p.source_ref,
+        p.source_id,
         c.utility_criteria,
         nullif(trim(p.blocked_by), '')        AS blocked_by,
         sp.leakage_threshold,
@@ -349,6 +351,7 @@ SELECT
     source_detector,
     source_score,
     source_ref,
+    source_id,
     owasp_llm,
     owasp_agentic,
     mitre_atlas,

@@ -126,7 +126,8 @@ pub fn read_text_bounded(path: &Path, links: Links, max: u64) -> Result<String> 
         .map_err(|_| Error::input(path, 0, None, "not valid UTF-8"))
 }
 
-fn human(bytes: u64) -> String {
+/// A size for a message: `N MiB`, or `N KiB` under a mebibyte.
+pub fn human(bytes: u64) -> String {
     if bytes >= 1 << 20 {
         format!("{} MiB", bytes >> 20)
     } else {

@@ -18,7 +18,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value, json};
 
-use super::{Answer, At, Call, Importer, Row, Sink, SourceScore};
+use super::{Answer, At, Call, Importer, Row, Sink, SourceScore, add_provenance, case_id};
 use crate::contract::criteria::SuccessCriteria;
 use crate::contract::enums::{AttackSurface, Label};
 use crate::error::{Error, Result};
@@ -165,19 +165,41 @@ fn result(mut r: Map<String, Value>, at: &At, sink: &mut Sink) -> Result<bool> {
         .collect();
     let attacked =
         injection.as_deref().is_some_and(|i| i != "none") && attack.as_deref() != Some("none");
-    let cid = format!(
-        "agentdojo-{version}-{suite}-{user_task}-{}",
-        if attacked {
-            injection.as_deref().unwrap_or("none")
-        } else {
-            "none"
-        }
-    );
-    let case = match sink.known_case(&cid) {
+    let injected = if attacked {
+        injection.as_deref().unwrap_or("none")
+    } else {
+        "none"
+    };
+    // The id of pieval's translation of the pair (`data/agentdojo/`), when AgentDojo's
+    // names can make it unambiguously; else one made as every importer makes them.
+    let parts = [
+        version.as_str(),
+        suite.as_str(),
+        user_task.as_str(),
+        injected,
+    ];
+    let plain = |p: &str| {
+        !p.is_empty()
+            && p.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_')
+    };
+    let translation = parts
+        .iter()
+        .all(|p| plain(p))
+        .then(|| format!("agentdojo-{}", parts.join("-")))
+        .filter(|id| super::is_contract_id(id));
+    let known = translation.as_deref().and_then(|id| sink.known_case(id));
+    let case = match known {
         Some(c) => c,
         None => {
             let mut case = sink.new_case(
-                cid.clone(),
+                translation.unwrap_or_else(|| case_id("agentdojo", &parts)),
+                &[
+                    ("benchmark_version", &version),
+                    ("suite", &suite),
+                    ("user_task", &user_task),
+                    ("injection_task", injected),
+                ],
                 &if attacked { format!("agentdojo_{}", crate::ingest::slug(&suite)) } else { "agentdojo_benign".into() },
                 AttackSurface::ToolOutput,
                 prompt.clone(),
@@ -202,14 +224,14 @@ fn result(mut r: Map<String, Value>, at: &At, sink: &mut Sink) -> Result<bool> {
             if !attacked {
                 case.label = Some(Label::Benign);
             }
-            case.provenance = Some(json!({
-                "tool": "agentdojo", "suite": suite, "user_task": user_task,
-                "injection_task": injection, "attack": attack, "benchmark_version": version,
-            }));
+            add_provenance(
+                &mut case,
+                json!({"injection_task": injection, "attack": attack}),
+            );
             case
         }
     };
-    sink.case(at, &case)?;
+    let cid = sink.case(at, case)?;
 
     let mut answers: Vec<Answer> = Vec::new();
     let mut delivered = false;
@@ -310,6 +332,11 @@ fn result(mut r: Map<String, Value>, at: &At, sink: &mut Sink) -> Result<bool> {
         source_detector: Some("agentdojo:security".into()),
         source_verdict: verdict,
         source_score: verdict.map(|v| if v { 1.0 } else { 0.0 }),
+        // AgentDojo names a result by its tasks (its log folder's layout).
+        source_id: Some(format!(
+            "{user_task}/{}",
+            injection.as_deref().unwrap_or("none")
+        )),
         ..PredictionRecord::default()
     };
     let stop = if error.is_some() { "error" } else { "answer" };

@@ -234,12 +234,21 @@ fn record_row(
     })?;
     // The dataset's id when it is given (as `pieval ingest cyberseceval` names the
     // case), else the run's count.
-    let cid = match dataset {
-        Some((dataset_id, _)) => format!("cyberseceval-{dataset_id}"),
-        None => format!("cyberseceval-run-{id}"),
+    // (Both are whole numbers: ids pieval makes from them are the contract's.)
+    let (cid, source_ids) = match dataset {
+        Some((dataset_id, _)) => (
+            format!("cyberseceval-{dataset_id}"),
+            [("dataset_prompt_id", dataset_id.to_string())],
+        ),
+        None => (
+            format!("cyberseceval-run-{id}"),
+            [("prompt_id", id.to_string())],
+        ),
     };
+    let source_ids: Vec<(&str, &str)> = source_ids.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let mut case = sink.new_case(
-        cid.clone(),
+        cid,
+        &source_ids,
         &t.family,
         t.surface,
         t.user_input.clone(),
@@ -247,8 +256,8 @@ fn record_row(
         at,
     );
     t.fill(&mut case);
-    case.provenance = Some(t.provenance());
-    sink.case(at, &case)?;
+    super::add_provenance(&mut case, t.provenance());
+    let cid = sink.case(at, case)?;
     let text = |k: &str| record.get(k).and_then(Value::as_str).map(str::to_owned);
     let model = text("model");
     if let Some(m) = &model {
@@ -307,6 +316,7 @@ fn record_row(
         source_detector: judge_response.as_ref().map(|_| scorer),
         source_verdict: verdict,
         source_score: verdict.map(|v| if v { 1.0 } else { 0.0 }),
+        source_id: Some(id.to_string()),
         source_extra: Some(Value::Object(extra)),
         ..PredictionRecord::default()
     };

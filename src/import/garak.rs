@@ -22,7 +22,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value, json};
 
-use super::{At, Importer, Row, Sink, SourceScore, case_id, contains_any};
+use super::{At, Importer, Row, Sink, SourceScore, add_provenance, case_id, contains_any};
 use crate::contract::criteria::SuccessCriteria;
 use crate::contract::enums::AttackSurface;
 use crate::error::{Error, Result};
@@ -274,9 +274,9 @@ fn attempt(mut entry: Map<String, Value>, run: &Run, at: &At, sink: &mut Sink) -
             },
         }
     };
-    let cid = case_id("garak", &uuid);
     let mut case = sink.new_case(
-        cid.clone(),
+        case_id("garak", &[&uuid]),
+        &[("attempt_uuid", &uuid)],
         &family,
         AttackSurface::UserPrompt,
         prompt.clone(),
@@ -286,14 +286,16 @@ fn attempt(mut entry: Map<String, Value>, run: &Run, at: &At, sink: &mut Sink) -
     case.attack_subtype = Some(crate::ingest::slug(class)).filter(|s| !s.is_empty());
     case.context = system.clone();
     case.expected_target = triggers.first().cloned();
-    case.provenance = Some(json!({
-        "tool": "garak",
-        "probe": probe,
-        "goal": goal,
-        "intent": entry.get("intent"),
-        "seq": entry.get("seq"),
-    }));
-    sink.case(at, &case)?;
+    add_provenance(
+        &mut case,
+        json!({
+            "probe": probe,
+            "goal": goal,
+            "intent": entry.get("intent"),
+            "seq": entry.get("seq"),
+        }),
+    );
+    let cid = sink.case(at, case)?;
 
     let outputs: Vec<Value> = match entry.remove("outputs") {
         Some(Value::Array(o)) => o,
@@ -369,6 +371,7 @@ fn attempt(mut entry: Map<String, Value>, run: &Run, at: &At, sink: &mut Sink) -
             source_score: best.and_then(|b| b.score),
             source_verdict: best.and_then(|b| b.verdict),
             source_extra: Some(json!({"attempt": extra, "generation": i + 1})),
+            source_id: Some(uuid.clone()),
             ..PredictionRecord::default()
         };
         sink.row(

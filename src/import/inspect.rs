@@ -23,7 +23,9 @@ use serde::Deserialize;
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value, json};
 
-use super::{Answer, At, Call, Importer, Row, Sink, SourceScore, agent_attempt, case_id};
+use super::{
+    Answer, At, Call, Importer, Row, Sink, SourceScore, add_provenance, agent_attempt, case_id,
+};
 use crate::contract::criteria::SuccessCriteria;
 use crate::contract::enums::{AttackSurface, Label};
 use crate::error::{Error, Result};
@@ -707,7 +709,6 @@ fn take_sample(mut s: Sample, header: &Header, at: &At, sink: &mut Sink) -> Resu
         Value::Number(n) => n.to_string(),
         _ => return Err(at.error(Some("id"), "expected a string or a number")),
     };
-    let cid = case_id(&format!("inspect:{}", header.task), &id);
     let attachments = std::mem::take(&mut s.attachments);
     let prompt = input_text(&s.input, &attachments)
         .filter(|t| !t.trim().is_empty())
@@ -737,21 +738,30 @@ fn take_sample(mut s: Sample, header: &Header, at: &At, sink: &mut Sink) -> Resu
     } else {
         super::contains_any(&wanted)
     };
-    let mut case = sink.new_case(cid.clone(), &family, surface, prompt.clone(), criteria, at);
+    let mut case = sink.new_case(
+        case_id("inspect", &[&header.task, &id]),
+        &[("task", &header.task), ("sample_id", &id)],
+        &family,
+        surface,
+        prompt.clone(),
+        criteria,
+        at,
+    );
     case.context = (!system.is_empty()).then(|| system.join("\n\n"));
     case.expected_target = wanted.first().cloned();
     if meta_str("label").as_deref() == Some("benign") {
         case.label = Some(Label::Benign);
     }
-    case.provenance =
-        Some(json!({"tool": "inspect", "task": header.task, "sample_id": s.id, "metadata": meta}));
-    sink.case(at, &case)?;
+    add_provenance(&mut case, json!({"sample_id": s.id, "metadata": meta}));
+    let context = case.context.clone();
+    let cid = sink.case(at, case)?;
 
     let mut p = PredictionRecord {
-        case_id: cid.clone(),
         attempt_id: (header.epochs > 1 || s.epoch > 1).then(|| format!("{cid}:epoch{}", s.epoch)),
+        case_id: cid,
         request_prompt: Some(prompt.clone()),
-        request_context: case.context.clone(),
+        request_context: context,
+        source_id: Some(id),
         completed_at: s.completed_at.clone().unwrap_or_default(),
         latency_ms: s.total_time.map(|t| t * 1000.0),
         ..PredictionRecord::default()

@@ -25,6 +25,7 @@ pub mod inspect;
 pub mod promptfoo;
 pub mod pyrit;
 pub mod spikee;
+pub mod sqlite;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{BufWriter, Write};
@@ -120,8 +121,12 @@ pub struct ImportOptions {
 #[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
 pub struct SourceFile {
     pub path: String,
+    /// What was read: the file's size and SHA-256, or, for a SQLite database, the
+    /// snapshot's (the database as SQLite saw it, its WAL included: `sqlite`).
     pub bytes: u64,
     pub sha256: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sqlite: Option<sqlite::Snapshot>,
 }
 
 /// What an import did.
@@ -304,24 +309,113 @@ pub fn contains_any(values: &[String]) -> SuccessCriteria {
     }
 }
 
-/// A case id from a tool's own id: `prefix:id` when the id is safe in an id
-/// (`[A-Za-z0-9._:-]`, 128 bytes at most), else the safe part and a short hash of the
-/// whole, so distinct ids stay distinct.
-pub fn case_id(prefix: &str, id: &str) -> String {
-    let whole = format!("{prefix}:{id}");
-    let safe = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-');
-    if whole.len() <= 128 && whole.chars().all(safe) && !id.is_empty() {
-        return whole;
+/// Add the importer's own fields to a case's provenance (made by [`Sink::new_case`]).
+pub fn add_provenance(case: &mut AttackCase, fields: Value) {
+    let Value::Object(fields) = fields else {
+        return;
+    };
+    match &mut case.provenance {
+        Some(Value::Object(p)) => p.extend(fields),
+        other => *other = Some(Value::Object(fields)),
     }
-    let cleaned: String = id
-        .chars()
-        .map(|c| if safe(c) { c } else { '_' })
-        .take(80)
-        .collect();
-    format!(
-        "{prefix}:{cleaned}~{}",
-        &crate::digest::sha256_hex(id.as_bytes())[..12]
-    )
+}
+
+/// How a part of an id that could not be kept verbatim ends: `-h` and 16 hex digits of
+/// a SHA-256 (64 bits: among a million ids, a clash is about one chance in 10^7, and the
+/// sink refuses one rather than merge two records).
+const HASH_MARK: &str = "-h";
+const HASH_HEX: usize = 16;
+/// The most characters of a hashed part kept readable before its hash.
+const READABLE_CHARS: usize = 40;
+/// The contract's longest id (`schemas/attack_case.schema.json`).
+const MAX_ID_BYTES: usize = 128;
+
+/// Whether `part` ends like a hashed part (`…-h` and 16 lowercase hex digits).
+fn ends_like_hashed(part: &str) -> bool {
+    let b = part.as_bytes();
+    b.len() >= HASH_MARK.len() + HASH_HEX
+        && &b[b.len() - HASH_HEX - HASH_MARK.len()..b.len() - HASH_HEX] == HASH_MARK.as_bytes()
+        && b[b.len() - HASH_HEX..]
+            .iter()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+}
+
+/// 16 hex digits of the SHA-256 of `fields` under `domain`, each field length-prefixed
+/// (so no two lists of fields hash the same input).
+fn short_hash(domain: &str, fields: &[&str]) -> String {
+    let mut h = sha2::Sha256::new();
+    h.update(domain.as_bytes());
+    for f in fields {
+        h.update((f.len() as u64).to_le_bytes());
+        h.update(f.as_bytes());
+    }
+    let digest = h.finalize();
+    digest[..HASH_HEX / 2]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A case id from a tool's own ids (`parts`: Inspect's task and sample id, garak's
+/// attempt uuid, …), under the tool's name: `tool:part:part`. Whatever the tool's ids
+/// are (slashes, spaces, unicode, 10 KB long, empty), the id is
+///
+/// - **contract-valid**: `[A-Za-z0-9][A-Za-z0-9._:-]{0,127}` (`schemas/attack_case.schema.json`);
+/// - **stable**: the same ids give the same case id on every import;
+/// - **collision-free**: distinct ids give distinct case ids (up to a 64-bit hash).
+///
+/// A part is kept verbatim when it is non-empty, made of `[A-Za-z0-9._-]` (the last part
+/// may also hold `:`) and does not end like a hashed part; any other part becomes its
+/// first 40 characters with every other character as `_`, then `-h` and 16 hex digits
+/// of its SHA-256. Since only the last part may hold `:`, the parts can be read back from
+/// the id, and a verbatim part never looks hashed: two lists of parts give one id only
+/// through a hash collision. An id that would pass 128 bytes keeps its first bytes and
+/// ends with `-h` and the hash of all its parts. The caller gives the same number of parts
+/// for every record of a tool; the ids themselves are kept verbatim in the case's
+/// `provenance.source_ids` and the row's `source_id`.
+pub fn case_id(tool: &str, parts: &[&str]) -> String {
+    debug_assert!(
+        tool.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'),
+        "a tool's name is pieval's own"
+    );
+    let last = parts.len().saturating_sub(1);
+    let mut id = String::from(tool);
+    for (i, part) in parts.iter().enumerate() {
+        let allowed = |c: char| {
+            c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') || (c == ':' && i == last)
+        };
+        id.push(':');
+        if !part.is_empty() && part.chars().all(allowed) && !ends_like_hashed(part) {
+            id.push_str(part);
+        } else {
+            id.extend(
+                part.chars()
+                    .take(READABLE_CHARS)
+                    .map(|c| if allowed(c) { c } else { '_' }),
+            );
+            id.push_str(HASH_MARK);
+            id.push_str(&short_hash("part", &[part]));
+        }
+    }
+    if id.len() <= MAX_ID_BYTES {
+        return id;
+    }
+    let mut whole = vec![tool];
+    whole.extend_from_slice(parts);
+    hashed_id(&id, &short_hash("id", &whole))
+}
+
+/// `id` (contract characters only) cut so that `-h` and `hash` fit in the contract's
+/// 128 bytes, then those.
+fn hashed_id(id: &str, hash: &str) -> String {
+    debug_assert!(id.is_ascii());
+    let keep = MAX_ID_BYTES - HASH_MARK.len() - hash.len();
+    format!("{}{HASH_MARK}{hash}", &id[..id.len().min(keep)])
+}
+
+/// Whether `id` is an id the contract accepts (`schemas/attack_case.schema.json`).
+pub fn is_contract_id(id: &str) -> bool {
+    crate::contract::record::check_id(id).is_ok()
 }
 
 /// What the importers write into: the run folder under construction.
@@ -356,6 +450,11 @@ pub struct Sink {
     setup: Map<String, Value>,
     /// The cases of `--cases`, by id (loaded at the first lookup).
     known: Option<HashMap<String, AttackCase>>,
+    /// Where SQLite sources are copied to be read (beside the run being written; made
+    /// at the first database, removed with the sink).
+    scratch: Option<crate::atomic::TempDir>,
+    /// The SQLite sources read, with what was read of each.
+    databases: BTreeMap<PathBuf, sqlite::Snapshot>,
 }
 
 #[derive(Default)]
@@ -407,7 +506,25 @@ impl Sink {
             counts: Counts::default(),
             setup: Map::new(),
             known: None,
+            scratch: None,
+            databases: BTreeMap::new(),
         })
+    }
+
+    /// Open a SQLite source for reading (a snapshot in the scratch folder, under the
+    /// bounds of [`sqlite::Database`]); the manifest records what was read of it.
+    pub fn database(&mut self, path: &Path) -> Result<sqlite::Database> {
+        if self.scratch.is_none() {
+            let name = format!("{}.sources", self.run_id);
+            self.scratch = Some(crate::atomic::TempDir::create(
+                &self.options.output.with_file_name(name),
+            )?);
+        }
+        let scratch = self.scratch.as_ref().expect("made above").path();
+        let db = sqlite::Database::open(path, scratch, self.options.max_line_bytes)?;
+        self.databases
+            .insert(path.to_path_buf(), db.snapshot.clone());
+        Ok(db)
     }
 
     /// The tool's name (`source_tool`, `source_name`).
@@ -456,10 +573,14 @@ impl Sink {
     }
 
     /// A new case: `source_name` the tool, `source_type` red_team, the reference the
-    /// source line. Criteria and the rest are the importer's.
+    /// source line, and in `provenance` the tool's name and its own ids verbatim
+    /// (`source_ids`: each id the case id was made from, by name). Criteria and the rest
+    /// are the importer's (its own provenance fields go in with [`add_provenance`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn new_case(
         &self,
         case_id: String,
+        source_ids: &[(&str, &str)],
         family: &str,
         surface: AttackSurface,
         prompt: String,
@@ -476,13 +597,22 @@ impl Sink {
             criteria,
         );
         case.source_reference = Some(at.reference());
+        let ids: Map<String, Value> = source_ids
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), Value::String((*v).to_owned())))
+            .collect();
+        case.provenance = Some(json!({"tool": self.tool, "source_ids": ids}));
         case
     }
 
-    /// Write a case (enriched, checked against the contract). The same case again is
-    /// one case; another case under an id already written is an error at `at`.
-    pub fn case(&mut self, at: &At, case: &AttackCase) -> Result<()> {
-        let case = self.taxonomy.enrich(case);
+    /// Write a case (enriched, checked against the contract); the case id it was written
+    /// under. The same case again is one case. Another case under an id already written
+    /// (a tool's id given to two different records: a task run twice with another
+    /// dataset, two logs merged) is kept under an id of its own: the id cut to leave room,
+    /// then `-h` and a hash of the id and the case's content — stable, distinct from
+    /// every id made by [`case_id`], and the tool's id stays verbatim in its provenance.
+    pub fn case(&mut self, at: &At, case: AttackCase) -> Result<String> {
+        let mut case = self.taxonomy.enrich(&case);
         let line = case.to_json_line();
         if let Some((field, problem)) = crate::ingest::contract_error(&line, &mut self.criteria) {
             return Err(at.error(
@@ -490,17 +620,37 @@ impl Sink {
                 format!("the case pieval made of this record breaks the contract: {problem}"),
             ));
         }
-        let digest: [u8; 32] = sha2::Sha256::digest(line.as_bytes()).into();
+        // The same case is the same content wherever it was read (an epoch, another log
+        // of the same task): the digest leaves out the place it was read at.
+        let content = |case: &mut AttackCase| -> [u8; 32] {
+            let reference = case.source_reference.take();
+            let digest = sha2::Sha256::digest(case.to_json_line().as_bytes()).into();
+            case.source_reference = reference;
+            digest
+        };
+        let mut digest = content(&mut case);
         match self.case_ids.get(&case.case_id) {
-            Some(d) if *d == digest => return Ok(()),
+            Some(d) if *d == digest => return Ok(case.case_id),
             Some(_) => {
-                return Err(at.error(
-                    None,
-                    format!(
-                        "case id {} was made from another record before, with other content (the source holds the same id twice)",
-                        case.case_id
-                    ),
-                ));
+                let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+                case.case_id = hashed_id(
+                    &case.case_id,
+                    &short_hash("same-id", &[&case.case_id, &hex]),
+                );
+                digest = content(&mut case);
+                match self.case_ids.get(&case.case_id) {
+                    Some(d) if *d == digest => return Ok(case.case_id),
+                    Some(_) => {
+                        return Err(at.error(
+                            None,
+                            format!(
+                                "case id {} was made from another record before, with other content (a hash collision: please report it)",
+                                case.case_id
+                            ),
+                        ));
+                    }
+                    None => {}
+                }
             }
             None => {}
         }
@@ -519,11 +669,12 @@ impl Sink {
                 .entry(value.unwrap_or("unknown").to_owned())
                 .or_default() += 1;
         }
+        let line = case.to_json_line();
         let io = |e| Error::io(self.dir.join(crate::rundir::CASES_FILE), "cannot write", e);
         self.cases.write_all(line.as_bytes()).map_err(io)?;
         self.cases.write_all(b"\n").map_err(io)?;
         self.counts.cases += 1;
-        Ok(())
+        Ok(case.case_id)
     }
 
     /// Write a row: its prediction (tagged with the run, the tool and `at`) and scores.
@@ -606,6 +757,7 @@ impl Sink {
         self.scores.finish()?;
         self.tables.finish()?;
         Ok(Finished {
+            databases: self.databases,
             case_ids: self.order,
             taxonomy_summary: self.taxonomy_summary,
             versions: self.versions,
@@ -619,6 +771,7 @@ impl Sink {
 }
 
 struct Finished {
+    databases: BTreeMap<PathBuf, sqlite::Snapshot>,
     case_ids: Vec<String>,
     taxonomy_summary: BTreeMap<String, BTreeMap<String, u64>>,
     versions: BTreeSet<String>,
@@ -643,7 +796,16 @@ fn hash_source(path: &Path) -> Result<SourceFile> {
         path: path.display().to_string(),
         bytes: meta.len(),
         sha256: crate::digest::sha256_file_in(path, crate::files::Links::Refuse)?,
+        sqlite: None,
     })
+}
+
+/// Whether `f` is a `-wal`, `-shm` or `-journal` file beside a database.
+fn is_beside_a_database(f: &Path) -> bool {
+    sqlite::is_database_or_beside_one(f)
+        && ["-wal", "-shm", "-journal"]
+            .iter()
+            .any(|s| f.to_string_lossy().ends_with(s))
 }
 
 /// A file's size and modification time: what tells that it changed while it was read.
@@ -714,10 +876,17 @@ pub fn import(opts: &ImportOptions) -> Result<ImportReport> {
     // The source files: their digests are taken on a thread of their own while the
     // importer reads them; a file whose size or modification time differs after the
     // import changed while it was read.
-    let mut files = Vec::new();
+    // A SQLite database (and its -wal, -shm, -journal) is read through a snapshot
+    // whose digest the manifest records: a tool may still be writing it, which is not
+    // a change to refuse.
+    let mut all = Vec::new();
     for p in &opts.paths {
-        files.extend(files_under(p)?);
+        all.extend(files_under(p)?);
     }
+    let (databases, files): (Vec<PathBuf>, Vec<PathBuf>) = all
+        .iter()
+        .cloned()
+        .partition(|f| sqlite::is_database_or_beside_one(f));
     let stamps = files.iter().map(|f| stamp(f)).collect::<Result<Vec<_>>>()?;
     // The corpora of --cases load (and validate) before anything is read.
     let mut corpora = Vec::new();
@@ -752,8 +921,28 @@ pub fn import(opts: &ImportOptions) -> Result<ImportReport> {
         (read, sources)
     });
     read?;
-    let sources = sources?;
+    let hashed = sources?;
     let done = sink.finish()?;
+    // The sources in the order found: a file's digest, a database's snapshot (one the
+    // importer did not read is hashed as a file; the files beside one are in its
+    // snapshot's record).
+    let databases: std::collections::HashSet<PathBuf> = databases.into_iter().collect();
+    let mut sources = Vec::new();
+    let mut hashed = hashed.into_iter();
+    for f in &all {
+        if !databases.contains(f) {
+            sources.extend(hashed.next());
+        } else if let Some(s) = done.databases.get(f) {
+            sources.push(SourceFile {
+                path: f.display().to_string(),
+                bytes: s.bytes,
+                sha256: s.sha256.clone(),
+                sqlite: Some(s.clone()),
+            });
+        } else if !is_beside_a_database(f) {
+            sources.push(hash_source(f)?);
+        }
+    }
     if done.counts.predictions == 0 {
         return Err(Error::Usage(format!(
             "{}: no results found to import (is this a {} result file?)",
@@ -1005,17 +1194,84 @@ mod tests {
         );
     }
 
+    /// Ids as tools write them, and ids made to trip a scheme: every case id is the
+    /// contract's, the same ids give the same case id, and distinct ids distinct ones.
     #[test]
-    fn case_ids_stay_distinct_and_safe() {
-        assert_eq!(case_id("garak", "abc-1"), "garak:abc-1");
-        let a = case_id("inspect:t", "sample 1/ä");
-        let b = case_id("inspect:t", "sample 1/ö");
-        assert_ne!(a, b);
-        assert!(
-            a.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "._:-~".contains(c)),
-            "{a}"
+    fn case_ids_from_any_tools_ids_are_valid_stable_and_distinct() {
+        let long = "x".repeat(10 * 1024);
+        let hashed_look = format!("a{HASH_MARK}{}", "0123456789abcdef");
+        let singles: Vec<String> = vec![
+            "abc-1".into(),
+            "".into(),
+            " ".into(),
+            "sample 1".into(),
+            "sample 1/ä".into(),
+            "sample 1/ö".into(),
+            "sample_1__".into(),
+            "sample.1".into(),
+            "..".into(),
+            "../../etc/passwd".into(),
+            "a:b".into(),
+            "a_b".into(),
+            "a/b".into(),
+            "日本語".into(),
+            "\u{202e}evil".into(),
+            "\0".into(),
+            "-leading".into(),
+            "~tilde".into(),
+            long.clone(),
+            format!("{long}y"),
+            hashed_look.clone(),
+            format!("{}{HASH_MARK}{}", "a", short_hash("part", &["a/"])),
+            "a/".into(),
+        ];
+        let pairs: Vec<(String, String)> = vec![
+            ("inspect_evals/agentdojo".into(), "1".into()),
+            ("inspect_evals_agentdojo".into(), "1".into()),
+            ("a:b".into(), "c".into()),
+            ("a".into(), "b:c".into()),
+            ("a".into(), "b".into()),
+            ("".into(), "".into()),
+            ("t".into(), long.clone()),
+            (long.clone(), "t".into()),
+            ("t".into(), hashed_look.clone()),
+            ("task".into(), "x".repeat(100)),
+            ("task".into(), format!("{}y", "x".repeat(100))),
+        ];
+        let mut seen = std::collections::HashMap::new();
+        // (An importer gives the same number of parts for every record.)
+        let mut check = |parts: Vec<String>| {
+            let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
+            let tool = format!("tool{}", parts.len());
+            let id = case_id(&tool, &refs);
+            assert!(is_contract_id(&id), "{id:?} from {parts:?}");
+            assert_eq!(id, case_id(&tool, &refs), "stable");
+            if let Some(other) = seen.insert(id.clone(), parts.clone()) {
+                assert_eq!(other, parts, "{id} made from two different id lists");
+            }
+        };
+        for s in &singles {
+            check(vec![s.clone()]);
+        }
+        for (a, b) in &pairs {
+            check(vec![a.clone(), b.clone()]);
+        }
+        for s in &singles {
+            check(vec!["task".into(), s.clone()]);
+            check(vec![s.clone(), "1".into()]);
+        }
+        // Plain ids are kept as they are; the others say where they came from.
+        assert_eq!(case_id("garak", &["abc-1"]), "garak:abc-1");
+        assert_eq!(
+            case_id("promptfoo", &["eval-j1h-2026-12-03T18:50:20:t0:p1"]),
+            "promptfoo:eval-j1h-2026-12-03T18:50:20:t0:p1"
         );
-        assert!(case_id("x", &"y".repeat(500)).len() <= 128);
+        let inspect = case_id("inspect", &["inspect_evals/agentdojo", "user_task_0"]);
+        assert!(
+            inspect.starts_with("inspect:inspect_evals_agentdojo-h")
+                && inspect.ends_with(":user_task_0"),
+            "{inspect}"
+        );
+        assert!(case_id("x", &[&long]).len() <= MAX_ID_BYTES);
     }
 }

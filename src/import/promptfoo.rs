@@ -15,13 +15,14 @@
 //! `source_extra`.
 //!
 //! Memory: a JSON output is read whole (promptfoo writes it whole); the database row by
-//! row.
+//! row, from a snapshot that holds every committed row, its WAL included (a database
+//! promptfoo still has open is read as of one moment: src/import/sqlite.rs).
 
 use std::path::Path;
 
 use serde_json::{Map, Value, json};
 
-use super::{At, Importer, Row, Sink, SourceScore, case_id};
+use super::{At, Importer, Row, Sink, SourceScore, add_provenance, case_id};
 use crate::contract::criteria::SuccessCriteria;
 use crate::contract::enums::AttackSurface;
 use crate::error::{Error, Result};
@@ -135,104 +136,125 @@ fn setup(eval_id: &str, config: Option<&Value>, sink: &mut Sink) {
     sink.setup(&format!("promptfoo:{eval_id}"), Value::Object(kept));
 }
 
+/// The columns of `eval_results` pieval reads.
+const RESULT_COLUMNS: &[&str] = &[
+    "id",
+    "eval_id",
+    "test_idx",
+    "prompt_idx",
+    "test_case",
+    "prompt",
+    "provider",
+    "response",
+    "error",
+    "success",
+    "score",
+    "grading_result",
+    "named_scores",
+    "metadata",
+    "latency_ms",
+    "failure_reason",
+    "created_at",
+];
+
 fn read_db(path: &Path, sink: &mut Sink) -> Result<()> {
-    use rusqlite::{OpenFlags, params};
-    // Read-only and immutable: a database received from someone else is never written,
-    // and no journal beside it is created or read.
-    let uri = format!(
-        "file:{}?mode=ro&immutable=1",
-        path.display()
-            .to_string()
-            .replace('%', "%25")
-            .replace('?', "%3f")
-            .replace('#', "%23")
-    );
-    let db = rusqlite::Connection::open_with_flags(
-        &uri,
-        OpenFlags::SQLITE_OPEN_READ_ONLY
-            | OpenFlags::SQLITE_OPEN_URI
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(|e| Error::input(path, 0, None, format!("cannot open as SQLite: {e}")))?;
-    let bad = |e: rusqlite::Error| {
-        Error::input(
-            path,
-            0,
-            None,
-            format!("not a promptfoo database (its evals and eval_results tables): {e}"),
-        )
-    };
-    let mut evals = db
-        .prepare("SELECT id, config FROM evals ORDER BY created_at, id")
-        .map_err(bad)?;
-    let evals: Vec<(String, Option<String>)> = evals
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .map_err(bad)?
-        .collect::<std::result::Result<_, _>>()
-        .map_err(bad)?;
-    let mut stmt = db
-        .prepare(
-            "SELECT rowid, id, test_idx, prompt_idx, test_case, prompt, provider, response, \
-             error, success, score, grading_result, named_scores, metadata, latency_ms, \
-             failure_reason, created_at FROM eval_results WHERE eval_id = ?1 \
-             ORDER BY test_idx, prompt_idx, rowid",
-        )
-        .map_err(bad)?;
-    for (eval_id, config) in evals {
-        sink.source_runs.insert(eval_id.clone());
-        let config: Option<Value> = config.and_then(|c| serde_json::from_str(&c).ok());
-        setup(&eval_id, config.as_ref(), sink);
-        let mut rows = stmt.query(params![eval_id]).map_err(bad)?;
-        while let Some(row) = rows.next().map_err(bad)? {
-            let rowid: i64 = row.get(0).map_err(bad)?;
-            let at = At::entry(path, &format!("eval_results rowid {rowid}"));
-            let text = |i: usize| -> Result<Option<String>> {
-                row.get::<_, Option<String>>(i)
-                    .map_err(|e| at.error(None, format!("column {i}: {e}")))
-            };
-            let json_col = |i: usize, name: &str| -> Result<Value> {
-                match text(i)? {
-                    None => Ok(Value::Null),
-                    Some(t) => serde_json::from_str(&t)
-                        .map_err(|e| at.error(Some(name), format!("not valid JSON: {e}"))),
-                }
-            };
-            let mut r = Map::new();
-            r.insert("id".into(), json!(text(1)?));
-            r.insert("testIdx".into(), json!(row.get::<_, i64>(2).map_err(bad)?));
-            r.insert(
-                "promptIdx".into(),
-                json!(row.get::<_, i64>(3).map_err(bad)?),
-            );
-            r.insert("testCase".into(), json_col(4, "test_case")?);
-            r.insert("prompt".into(), json_col(5, "prompt")?);
-            r.insert("provider".into(), json_col(6, "provider")?);
-            r.insert("response".into(), json_col(7, "response")?);
-            r.insert("error".into(), json!(text(8)?));
-            r.insert(
-                "success".into(),
-                json!(row.get::<_, Option<bool>>(9).map_err(bad)?),
-            );
-            r.insert(
-                "score".into(),
-                json!(row.get::<_, Option<f64>>(10).map_err(bad)?),
-            );
-            r.insert("gradingResult".into(), json_col(11, "grading_result")?);
-            r.insert("namedScores".into(), json_col(12, "named_scores")?);
-            r.insert("metadata".into(), json_col(13, "metadata")?);
-            r.insert(
-                "latencyMs".into(),
-                json!(row.get::<_, Option<f64>>(14).map_err(bad)?),
-            );
-            r.insert(
-                "failureReason".into(),
-                json!(row.get::<_, Option<i64>>(15).map_err(bad)?),
-            );
-            if let Some(t) = text(16)? {
-                sink.started(&t);
-            }
-            result(&eval_id, r, &at, sink)?;
+    // A snapshot of the database as SQLite sees it (its WAL included), never written;
+    // only the two tables read, each checked to be a stored table of the expected
+    // columns, in one ordered pass under a bound of work (src/import/sqlite.rs).
+    let db = sink.database(path)?;
+    db.expect_table("evals", &["id", "config", "created_at"], "promptfoo")?;
+    db.expect_table("eval_results", RESULT_COLUMNS, "promptfoo")?;
+    let bad = |e: rusqlite::Error| db.error(e);
+    // The evals' configs, then every result in the evals' order: one pass over each
+    // table (a result of an eval the evals table lacks is read under its own eval id).
+    db.reading("evals");
+    let mut configs: std::collections::HashMap<String, Option<String>> = Default::default();
+    {
+        let mut stmt = db
+            .conn()
+            .prepare("SELECT id, config FROM evals")
+            .map_err(bad)?;
+        let mut rows = stmt.query([]).map_err(bad)?;
+        while let Some(r) = rows.next().map_err(bad)? {
+            configs.insert(r.get(0).map_err(bad)?, r.get(1).map_err(bad)?);
         }
+    }
+    db.reading("eval_results");
+    let mut stmt = db
+        .conn()
+        .prepare(
+            "SELECT r.rowid, r.id, r.test_idx, r.prompt_idx, r.test_case, r.prompt, r.provider, \
+             r.response, r.error, r.success, r.score, r.grading_result, r.named_scores, \
+             r.metadata, r.latency_ms, r.failure_reason, r.created_at, r.eval_id \
+             FROM eval_results r LEFT JOIN evals e ON e.id = r.eval_id \
+             ORDER BY e.created_at, r.eval_id, r.test_idx, r.prompt_idx, r.rowid",
+        )
+        .map_err(bad)?;
+    let mut rows = stmt.query([]).map_err(bad)?;
+    let mut current: Option<String> = None;
+    while let Some(row) = rows.next().map_err(bad)? {
+        let rowid: i64 = row.get(0).map_err(bad)?;
+        let at = At::entry(path, &format!("eval_results rowid {rowid}"));
+        let eval_id: String = row
+            .get(17)
+            .map_err(|e| at.error(Some("eval_id"), format!("{e}")))?;
+        if current.as_deref() != Some(eval_id.as_str()) {
+            sink.source_runs.insert(eval_id.clone());
+            let config: Option<Value> = configs
+                .get(&eval_id)
+                .cloned()
+                .flatten()
+                .and_then(|c| serde_json::from_str(&c).ok());
+            setup(&eval_id, config.as_ref(), sink);
+            current = Some(eval_id.clone());
+        }
+        let text = |i: usize| -> Result<Option<String>> {
+            row.get::<_, Option<String>>(i)
+                .map_err(|e| at.error(Some(RESULT_COLUMNS[i - 1]), format!("{e}")))
+        };
+        let json_col = |i: usize| -> Result<Value> {
+            match text(i)? {
+                None => Ok(Value::Null),
+                Some(t) => serde_json::from_str(&t).map_err(|e| {
+                    at.error(Some(RESULT_COLUMNS[i - 1]), format!("not valid JSON: {e}"))
+                }),
+            }
+        };
+        let number = |i: usize| -> Result<Value> {
+            row.get::<_, Option<f64>>(i)
+                .map(|x| json!(x))
+                .map_err(|e| at.error(Some(RESULT_COLUMNS[i - 1]), format!("{e}")))
+        };
+        let int = |i: usize| -> Result<Option<i64>> {
+            row.get::<_, Option<i64>>(i)
+                .map_err(|e| at.error(Some(RESULT_COLUMNS[i - 1]), format!("{e}")))
+        };
+        let mut r = Map::new();
+        r.insert("id".into(), json!(text(1)?));
+        r.insert("testIdx".into(), json!(int(2)?));
+        r.insert("promptIdx".into(), json!(int(3)?));
+        r.insert("testCase".into(), json_col(4)?);
+        r.insert("prompt".into(), json_col(5)?);
+        r.insert("provider".into(), json_col(6)?);
+        r.insert("response".into(), json_col(7)?);
+        r.insert("error".into(), json!(text(8)?));
+        r.insert(
+            "success".into(),
+            json!(
+                row.get::<_, Option<bool>>(9)
+                    .map_err(|e| at.error(Some("success"), format!("{e}")))?
+            ),
+        );
+        r.insert("score".into(), number(10)?);
+        r.insert("gradingResult".into(), json_col(11)?);
+        r.insert("namedScores".into(), json_col(12)?);
+        r.insert("metadata".into(), json_col(13)?);
+        r.insert("latencyMs".into(), number(14)?);
+        r.insert("failureReason".into(), json!(int(15)?));
+        if let Some(t) = text(16)? {
+            sink.started(&t);
+        }
+        result(&eval_id, r, &at, sink)?;
     }
     Ok(())
 }
@@ -357,27 +379,37 @@ fn result(eval_id: &str, mut r: Map<String, Value>, at: &At, sink: &mut Sink) ->
     } else {
         SuccessCriteria::Any { of: parts }
     };
-    let cid = case_id(
-        &format!("promptfoo:{eval_id}"),
-        &format!("t{test}:p{prompt_idx}"),
+    // One part: the test and prompt after the eval id are pieval's own digits, so the
+    // eval id (which holds ':' in its time) is read back whole.
+    let (test_s, prompt_s) = (test.to_string(), prompt_idx.to_string());
+    let mut case = sink.new_case(
+        case_id("promptfoo", &[&format!("{eval_id}:t{test}:p{prompt_idx}")]),
+        &[
+            ("eval_id", eval_id),
+            ("test_idx", &test_s),
+            ("prompt_idx", &prompt_s),
+        ],
+        &family,
+        surface,
+        prompt.clone(),
+        criteria,
+        at,
     );
-    let mut case = sink.new_case(cid.clone(), &family, surface, prompt.clone(), criteria, at);
     case.attack_subtype = strategy
         .as_deref()
         .map(crate::ingest::slug)
         .filter(|s| !s.is_empty());
-    case.provenance = Some(json!({
-        "tool": "promptfoo",
-        "eval_id": eval_id,
-        "test_idx": test,
-        "prompt_idx": prompt_idx,
-        "description": description,
-        "plugin": plugin,
-        "strategy": strategy,
-        "vars": test_case.get("vars"),
-        "assert": asserts,
-    }));
-    sink.case(at, &case)?;
+    add_provenance(
+        &mut case,
+        json!({
+            "description": description,
+            "plugin": plugin,
+            "strategy": strategy,
+            "vars": test_case.get("vars"),
+            "assert": asserts,
+        }),
+    );
+    let cid = sink.case(at, case)?;
 
     let provider = r.remove("provider").unwrap_or(Value::Null);
     let provider_name = match &provider {
@@ -463,6 +495,12 @@ fn result(eval_id: &str, mut r: Map<String, Value>, at: &At, sink: &mut Sink) ->
         source_detector: Some("promptfoo:test".into()),
         source_verdict: scores[0].verdict,
         source_score: score,
+        // The result's own id (a uuid), else its test and prompt.
+        source_id: Some(
+            r.get("id")
+                .and_then(Value::as_str)
+                .map_or_else(|| format!("t{test}:p{prompt_idx}"), str::to_owned),
+        ),
         source_extra: Some({
             r.remove("prompt");
             r.insert("provider".into(), provider);

@@ -12,13 +12,17 @@
 //! `undetermined` has none); every score PyRIT gave the conversation's pieces is in
 //! `source_scores`, and each piece's metadata and the attack result's fields pieval has
 //! no column for are kept in `source_extra`.
+//!
+//! The memory is read from a snapshot that holds every committed row (its WAL included),
+//! only from tables of the expected shape, in passes ordered by conversation: memory
+//! holds one conversation at a time (src/import/sqlite.rs).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde_json::{Value, json};
 
-use super::{Answer, At, Call, Importer, Row, Sink, SourceScore, case_id};
+use super::{Answer, At, Call, Importer, Row, Sink, SourceScore, add_provenance, case_id};
 use crate::contract::criteria::SuccessCriteria;
 use crate::contract::enums::AttackSurface;
 use crate::error::{Error, Result};
@@ -52,27 +56,6 @@ fn import(path: &Path, sink: &mut Sink) -> Result<()> {
         read_db(&f, sink)?;
     }
     Ok(())
-}
-
-fn open(path: &Path) -> Result<rusqlite::Connection> {
-    use rusqlite::OpenFlags;
-    // Read-only and immutable: a memory database received from someone else is never
-    // written, and no journal beside it is created or read.
-    let uri = format!(
-        "file:{}?mode=ro&immutable=1",
-        path.display()
-            .to_string()
-            .replace('%', "%25")
-            .replace('?', "%3f")
-            .replace('#', "%23")
-    );
-    rusqlite::Connection::open_with_flags(
-        &uri,
-        OpenFlags::SQLITE_OPEN_READ_ONLY
-            | OpenFlags::SQLITE_OPEN_URI
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(|e| Error::input(path, 0, None, format!("cannot open as SQLite: {e}")))
 }
 
 fn json_text(v: Option<String>) -> Value {
@@ -125,18 +108,127 @@ fn model_name(id: &Value) -> Option<String> {
     }
 }
 
-fn read_db(path: &Path, sink: &mut Sink) -> Result<()> {
-    let db = open(path)?;
-    let bad = |e: rusqlite::Error| {
-        Error::input(
-            path,
-            0,
-            None,
-            format!("not a PyRIT memory database (its PromptMemoryEntries table): {e}"),
-        )
+/// The columns pieval reads of each table.
+const PIECE_COLUMNS: &[&str] = &[
+    "conversation_id",
+    "id",
+    "role",
+    "sequence",
+    "original_value",
+    "converted_value",
+    "converted_value_data_type",
+    "response_error",
+    "converter_identifiers",
+    "prompt_metadata",
+    "timestamp",
+    "pyrit_version",
+];
+const SCORE_COLUMNS: &[&str] = &[
+    "id",
+    "prompt_request_response_id",
+    "score_value",
+    "score_type",
+    "score_category",
+    "score_rationale",
+    "scorer_class_identifier",
+    "timestamp",
+];
+const RESULT_COLUMNS: &[&str] = &[
+    "conversation_id",
+    "id",
+    "objective",
+    "outcome",
+    "outcome_reason",
+    "executed_turns",
+    "execution_time_ms",
+    "attack_metadata",
+    "labels",
+    "error_message",
+    "atomic_attack_identifier",
+    "timestamp",
+    "last_score_id",
+];
+
+/// A result of PyRIT's, by the conversation it belongs to.
+fn attack_result(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, Value)> {
+    let get = |i: usize| r.get::<_, Option<String>>(i);
+    Ok((
+        r.get(0)?,
+        json!({
+            "attack_result_id": get(1)?,
+            "objective": get(2)?,
+            "outcome": get(3)?,
+            "outcome_reason": get(4)?,
+            "executed_turns": r.get::<_, Option<i64>>(5)?,
+            "execution_time_ms": r.get::<_, Option<i64>>(6)?,
+            "attack_metadata": json_text(get(7)?),
+            "labels": json_text(get(8)?),
+            "error_message": get(9)?,
+            "atomic_attack_identifier": json_text(get(10)?),
+            "timestamp": get(11)?,
+            "last_score_id": get(12)?,
+        }),
+    ))
+}
+
+/// A score of PyRIT's: (its conversation, the piece it scored, the score).
+fn score(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, String, SourceScore)> {
+    let value: Option<String> = r.get(2)?;
+    let kind: Option<String> = r.get(3)?;
+    let category = json_text(r.get(4)?);
+    let scorer = json_text(r.get(6)?);
+    let mut name = scorer
+        .get("class_name")
+        .and_then(Value::as_str)
+        .unwrap_or("scorer")
+        .to_owned();
+    if let Some(c) = category
+        .as_array()
+        .and_then(|c| c.first())
+        .and_then(Value::as_str)
+    {
+        name = format!("{name}:{c}");
+    }
+    let (score, verdict) = match (kind.as_deref(), value.as_deref()) {
+        (Some("true_false"), Some(v)) => {
+            let b = v.eq_ignore_ascii_case("true");
+            (Some(if b { 1.0 } else { 0.0 }), Some(b))
+        }
+        (_, Some(v)) => {
+            let x = v.trim().parse::<f64>().ok().filter(|x| x.is_finite());
+            (x, x.filter(|x| (0.0..=1.0).contains(x)).map(|x| x >= 0.5))
+        }
+        _ => (None, None),
     };
+    Ok((
+        r.get(0)?,
+        r.get(1)?,
+        SourceScore {
+            scorer: name,
+            value,
+            score,
+            verdict,
+            explanation: r.get::<_, Option<String>>(5)?.filter(|s| !s.is_empty()),
+        },
+    ))
+}
+
+fn read_db(path: &Path, sink: &mut Sink) -> Result<()> {
+    // A snapshot of the memory as SQLite sees it, never written; only the tables read,
+    // each checked to be a stored table of the expected columns, each read in one pass
+    // ordered by conversation and under a bound of work (src/import/sqlite.rs).
+    let db = sink.database(path)?;
+    db.expect_table("PromptMemoryEntries", PIECE_COLUMNS, "PyRIT memory")?;
+    db.expect_table("ScoreEntries", SCORE_COLUMNS, "PyRIT memory")?;
+    let has_results = db.has("AttackResultEntries")?;
+    if has_results {
+        db.expect_table("AttackResultEntries", RESULT_COLUMNS, "PyRIT memory")?;
+    }
+    let bad = |e: rusqlite::Error| db.error(e);
     // The version: every piece records the PyRIT that wrote it.
+    db.reading("PromptMemoryEntries");
     let versions: Vec<String> = db
+        .conn()
         .prepare("SELECT DISTINCT pyrit_version FROM PromptMemoryEntries WHERE pyrit_version IS NOT NULL")
         .map_err(bad)?
         .query_map([], |r| r.get(0))
@@ -155,107 +247,100 @@ fn read_db(path: &Path, sink: &mut Sink) -> Result<()> {
         }
         sink.version(v);
     }
-    // Attack results, by conversation.
-    let mut results: BTreeMap<String, Value> = BTreeMap::new();
-    let has_results = db
-        .prepare(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'AttackResultEntries'",
+    // Three passes in step, each ordered by conversation (bytewise, as Rust compares
+    // them): the pieces, their scores and the attack results (memory: one
+    // conversation's, never the database's).
+    db.reading("AttackResultEntries");
+    let mut results_stmt = if has_results {
+        Some(
+            db.conn()
+                .prepare(
+                    "SELECT conversation_id, id, objective, outcome, outcome_reason, executed_turns, \
+                     execution_time_ms, attack_metadata, labels, error_message, atomic_attack_identifier, \
+                     timestamp, last_score_id FROM AttackResultEntries \
+                     ORDER BY conversation_id COLLATE BINARY, timestamp, id",
+                )
+                .map_err(bad)?,
         )
-        .and_then(|mut s| s.exists([]))
-        .map_err(bad)?;
-    if has_results {
-        let mut stmt = db
-            .prepare(
-                "SELECT conversation_id, id, objective, outcome, outcome_reason, executed_turns, \
-                 execution_time_ms, attack_metadata, labels, error_message, atomic_attack_identifier, \
-                 timestamp, last_score_id FROM AttackResultEntries ORDER BY timestamp, id",
-            )
-            .map_err(bad)?;
-        let mut rows = stmt.query([]).map_err(bad)?;
-        while let Some(r) = rows.next().map_err(bad)? {
-            let conv: String = r.get(0).map_err(bad)?;
-            let get = |i: usize| r.get::<_, Option<String>>(i);
-            results.insert(
-                conv,
-                json!({
-                    "attack_result_id": get(1).map_err(bad)?,
-                    "objective": get(2).map_err(bad)?,
-                    "outcome": get(3).map_err(bad)?,
-                    "outcome_reason": get(4).map_err(bad)?,
-                    "executed_turns": r.get::<_, Option<i64>>(5).map_err(bad)?,
-                    "execution_time_ms": r.get::<_, Option<i64>>(6).map_err(bad)?,
-                    "attack_metadata": json_text(get(7).map_err(bad)?),
-                    "labels": json_text(get(8).map_err(bad)?),
-                    "error_message": get(9).map_err(bad)?,
-                    "atomic_attack_identifier": json_text(get(10).map_err(bad)?),
-                    "timestamp": get(11).map_err(bad)?,
-                    "last_score_id": get(12).map_err(bad)?,
-                }),
-            );
-        }
-    }
-    // Scores, by the piece they scored.
-    let mut scores: BTreeMap<String, Vec<SourceScore>> = BTreeMap::new();
-    let mut stmt = db
+    } else {
+        None
+    };
+    let mut results = match &mut results_stmt {
+        Some(s) => Some(s.query([]).map_err(bad)?),
+        None => None,
+    };
+    db.reading("ScoreEntries");
+    let mut scores_stmt = db
+        .conn()
         .prepare(
-            "SELECT prompt_request_response_id, score_value, score_type, score_category, \
-             score_rationale, scorer_class_identifier FROM ScoreEntries ORDER BY timestamp, id",
+            "SELECT p.conversation_id, s.prompt_request_response_id, s.score_value, s.score_type, \
+             s.score_category, s.score_rationale, s.scorer_class_identifier \
+             FROM ScoreEntries s JOIN PromptMemoryEntries p ON p.id = s.prompt_request_response_id \
+             ORDER BY p.conversation_id COLLATE BINARY, s.timestamp, s.id",
         )
         .map_err(bad)?;
-    let mut rows = stmt.query([]).map_err(bad)?;
-    while let Some(r) = rows.next().map_err(bad)? {
-        let Some(piece): Option<String> = r.get(0).map_err(bad)? else {
-            continue;
-        };
-        let value: Option<String> = r.get(1).map_err(bad)?;
-        let kind: Option<String> = r.get(2).map_err(bad)?;
-        let category = json_text(r.get(3).map_err(bad)?);
-        let scorer = json_text(r.get(5).map_err(bad)?);
-        let mut name = scorer
-            .get("class_name")
-            .and_then(Value::as_str)
-            .unwrap_or("scorer")
-            .to_owned();
-        if let Some(c) = category
-            .as_array()
-            .and_then(|c| c.first())
-            .and_then(Value::as_str)
-        {
-            name = format!("{name}:{c}");
-        }
-        let (score, verdict) = match (kind.as_deref(), value.as_deref()) {
-            (Some("true_false"), Some(v)) => {
-                let b = v.eq_ignore_ascii_case("true");
-                (Some(if b { 1.0 } else { 0.0 }), Some(b))
-            }
-            (_, Some(v)) => {
-                let x = v.trim().parse::<f64>().ok().filter(|x| x.is_finite());
-                (x, x.filter(|x| (0.0..=1.0).contains(x)).map(|x| x >= 0.5))
-            }
-            _ => (None, None),
-        };
-        scores.entry(piece).or_default().push(SourceScore {
-            scorer: name,
-            value,
-            score,
-            verdict,
-            explanation: r
-                .get::<_, Option<String>>(4)
-                .map_err(bad)?
-                .filter(|s| !s.is_empty()),
-        });
-    }
-    // The conversations, piece by piece in order.
+    let mut scores = scores_stmt.query([]).map_err(bad)?;
+    db.reading("PromptMemoryEntries");
     let mut stmt = db
+        .conn()
         .prepare(
             "SELECT conversation_id, id, role, sequence, original_value, converted_value, \
              converted_value_data_type, response_error, converter_identifiers, prompt_metadata, \
-             timestamp FROM PromptMemoryEntries ORDER BY conversation_id, sequence, timestamp, id",
+             timestamp FROM PromptMemoryEntries \
+             ORDER BY conversation_id COLLATE BINARY, sequence, timestamp, id",
         )
         .map_err(bad)?;
     let mut rows = stmt.query([]).map_err(bad)?;
+    // The next row of a pass ordered by conversation, held until its conversation comes.
+    let mut next_result: Option<(String, Value)> = None;
+    let mut next_score: Option<(String, String, SourceScore)> = None;
     let mut current: Option<(String, Vec<Piece>)> = None;
     let mut seen = 0u64;
+    let mut flush = |conv: String, pieces: Vec<Piece>, sink: &mut Sink| -> Result<()> {
+        // The conversation's attack result (the last one) and scores.
+        let mut result = None;
+        loop {
+            if next_result.is_none() {
+                db.reading("AttackResultEntries");
+                next_result = match &mut results {
+                    Some(r) => r
+                        .next()
+                        .map_err(bad)?
+                        .map(attack_result)
+                        .transpose()
+                        .map_err(bad)?,
+                    None => None,
+                };
+            }
+            match &next_result {
+                Some((c, _)) if *c < conv => next_result = None,
+                Some((c, _)) if *c == conv => result = next_result.take().map(|r| r.1),
+                _ => break,
+            }
+        }
+        let mut by_piece: BTreeMap<String, Vec<SourceScore>> = BTreeMap::new();
+        loop {
+            if next_score.is_none() {
+                db.reading("ScoreEntries");
+                next_score = scores
+                    .next()
+                    .map_err(bad)?
+                    .map(score)
+                    .transpose()
+                    .map_err(bad)?;
+            }
+            match &next_score {
+                Some((c, _, _)) if *c < conv => next_score = None,
+                Some((c, _, _)) if *c == conv => {
+                    let (_, piece, s) = next_score.take().expect("matched");
+                    by_piece.entry(piece).or_default().push(s);
+                }
+                _ => break,
+            }
+        }
+        db.reading("PromptMemoryEntries");
+        conversation(path, &conv, pieces, result.as_ref(), &by_piece, sink)
+    };
     while let Some(r) = rows.next().map_err(bad)? {
         seen += 1;
         let conv: String = r.get(0).map_err(bad)?;
@@ -291,14 +376,14 @@ fn read_db(path: &Path, sink: &mut Sink) -> Result<()> {
             Some((c, pieces)) if *c == conv => pieces.push(piece),
             _ => {
                 if let Some((c, pieces)) = current.take() {
-                    conversation(path, &c, pieces, results.get(&c), &scores, sink)?;
+                    flush(c, pieces, sink)?;
                 }
                 current = Some((conv, vec![piece]));
             }
         }
     }
     if let Some((c, pieces)) = current.take() {
-        conversation(path, &c, pieces, results.get(&c), &scores, sink)?;
+        flush(c, pieces, sink)?;
     }
     if seen == 0 {
         return Err(Error::input(
@@ -374,9 +459,9 @@ fn conversation(
         })
         .filter(|f| !f.is_empty())
         .unwrap_or_else(|| "pyrit_objective".into());
-    let cid = case_id("pyrit", conv);
     let mut case = sink.new_case(
-        cid.clone(),
+        case_id("pyrit", &[conv]),
+        &[("conversation_id", conv)],
         &family,
         AttackSurface::UserPrompt,
         prompt.clone(),
@@ -388,14 +473,16 @@ fn conversation(
         .as_deref()
         .map(crate::ingest::slug)
         .filter(|s| !s.is_empty());
-    case.provenance = Some(json!({
-        "tool": "pyrit",
-        "conversation_id": conv,
-        "objective": objective,
-        "attack": attack,
-        "labels": labels,
-    }));
-    sink.case(&at, &case)?;
+    add_provenance(
+        &mut case,
+        json!({
+            "objective": objective,
+            "attack": attack,
+            "labels": labels,
+        }),
+    );
+    let context = case.context.clone();
+    let cid = sink.case(&at, case)?;
 
     if let Some(m) = model_name(&identifier) {
         sink.model(&m);
@@ -538,12 +625,13 @@ fn conversation(
     let usage = last_answer.map(|p| &p.metadata);
     let mut pred = PredictionRecord {
         case_id: cid,
+        source_id: Some(conv.to_owned()),
         response_text: response,
         error,
         provider: "pyrit".into(),
         model_name: model_name(&identifier).unwrap_or_else(|| "unknown".into()),
         request_prompt: Some(text_of(first_user)),
-        request_context: case.context.clone(),
+        request_context: context,
         attack_pipeline: (!first_user.converters.is_empty()).then(|| {
             first_user
                 .converters

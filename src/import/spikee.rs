@@ -14,7 +14,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value, json};
 
-use super::{At, Importer, Row, Sink, SourceScore, case_id};
+use super::{At, Importer, Row, Sink, SourceScore, add_provenance, case_id};
 use crate::contract::criteria::SuccessCriteria;
 use crate::contract::enums::AttackSurface;
 use crate::error::{Error, Result};
@@ -55,7 +55,12 @@ fn entry_row(mut e: Map<String, Value>, at: &At, sink: &mut Sink) -> Result<()> 
     let text =
         |e: &Map<String, Value>, k: &str| e.get(k).and_then(Value::as_str).map(str::to_owned);
     let long_id = text(&e, "long_id")
-        .or_else(|| e.get("id").map(|v| v.to_string()))
+        .or_else(|| {
+            e.get("id").filter(|v| !v.is_null()).map(|v| match v {
+                Value::String(s) => s.clone(),
+                v => v.to_string(),
+            })
+        })
         .ok_or_else(|| at.error(Some("long_id"), "missing: not a spikee result"))?;
     let input = text(&e, "input")
         .filter(|t| !t.trim().is_empty())
@@ -90,23 +95,32 @@ fn entry_row(mut e: Map<String, Value>, at: &At, sink: &mut Sink) -> Result<()> 
         Some("document" | "summarization" | "qna") => AttackSurface::RetrievedDocument,
         _ => AttackSurface::UserPrompt,
     };
-    let cid = case_id("spikee", &long_id);
-    let mut case = sink.new_case(cid.clone(), &family, surface, input.clone(), criteria, at);
+    let mut case = sink.new_case(
+        case_id("spikee", &[&long_id]),
+        &[("long_id", &long_id)],
+        &family,
+        surface,
+        input.clone(),
+        criteria,
+        at,
+    );
     case.attack_subtype = text(&e, "instruction_type")
         .map(|t| crate::ingest::slug(&t))
         .filter(|s| !s.is_empty());
     case.context = text(&e, "system_message").filter(|s| !s.trim().is_empty());
     case.expected_target = arg.clone().filter(|_| judge == "canary");
     case.language = text(&e, "lang").filter(|l| l.len() <= 16 && !l.is_empty());
-    case.provenance = Some(json!({
-        "tool": "spikee",
-        "long_id": long_id,
-        "document_id": e.get("document_id"),
-        "position": e.get("position"),
-        "judge_name": judge,
-        "judge_args": args,
-    }));
-    sink.case(at, &case)?;
+    add_provenance(
+        &mut case,
+        json!({
+            "document_id": e.get("document_id"),
+            "position": e.get("position"),
+            "judge_name": judge,
+            "judge_args": args,
+        }),
+    );
+    let context = case.context.clone();
+    let cid = sink.case(at, case)?;
     let attack = text(&e, "attack_name").filter(|a| a != "None" && !a.is_empty());
     let error = text(&e, "error").filter(|s| !s.trim().is_empty());
     let verdict = if error.is_some() { None } else { success };
@@ -133,7 +147,7 @@ fn entry_row(mut e: Map<String, Value>, at: &At, sink: &mut Sink) -> Result<()> 
         provider: "spikee".into(),
         model_name: text(&e, "target").unwrap_or_else(|| "spikee-target".into()),
         request_prompt: Some(input),
-        request_context: case.context.clone(),
+        request_context: context,
         latency_ms: e
             .get("response_time")
             .and_then(Value::as_f64)
@@ -141,6 +155,7 @@ fn entry_row(mut e: Map<String, Value>, at: &At, sink: &mut Sink) -> Result<()> 
         source_detector: Some(scorer),
         source_verdict: verdict,
         source_score: verdict.map(|v| if v { 1.0 } else { 0.0 }),
+        source_id: Some(long_id),
         source_extra: Some({
             e.remove("input");
             Value::Object(e)

@@ -146,6 +146,10 @@ pub struct PredictionRecord {
     pub source_score: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_ref: Option<String>,
+    /// The tool's own id of the record, verbatim (an Inspect sample id, a garak attempt
+    /// uuid): the case id is made from it but cannot always keep it (src/import/mod.rs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_id: Option<String>,
     /// The source record's fields that have no column here, kept as the tool wrote them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_extra: Option<serde_json::Value>,

@@ -489,13 +489,16 @@ fn promptfoo_output_and_database_give_the_same_rows() {
         .unwrap();
     assert_eq!(exfil["success_criteria"]["type"], "any", "{exfil}");
     assert_eq!(exfil["attack_subtype"], "jailbreak");
-    // A database is opened read-only: the fixture is unchanged.
+    // A database is opened read-only: the fixture is unchanged, and the manifest
+    // names both the snapshot read and the file as found.
+    let source = &manifest(&b)["import"]["sources"][0];
+    // (promptfoo writes its database in WAL mode: read from a recovered copy.)
+    assert_eq!(source["sqlite"]["how"], "recovered copy", "{source}");
     assert_eq!(
         sha256(&fixture("promptfoo/promptfoo.db")),
-        manifest(&b)["import"]["sources"][0]["sha256"]
-            .as_str()
-            .unwrap()
+        source["sqlite"]["files"][0]["sha256"].as_str().unwrap()
     );
+    assert_eq!(source["sha256"], source["sqlite"]["sha256"]);
 }
 
 #[test]

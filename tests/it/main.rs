@@ -19,6 +19,7 @@ mod detector_quality;
 mod evidence;
 mod fuzz;
 mod hostile;
+mod hostile_import;
 mod import;
 mod ingest;
 mod judge;

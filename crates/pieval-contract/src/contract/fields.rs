@@ -151,12 +151,14 @@ pub const PREDICTION_FIELDS: &[(&str, bool)] = &[
     // Imported results (`pieval import`, docs/import.md), additive: the tool that produced
     // the row, its own verdict (true: the attack succeeded by the tool's reading), the
     // detector or scorer behind it and its score, and where the row came from
-    // (`file:line`, or the entry of an archive).
+    // (`file:line`, or the entry of an archive), and the tool's own id of the record,
+    // verbatim (the case id is made from it, src/import/mod.rs).
     ("source_tool", false),
     ("source_verdict", false),
     ("source_detector", false),
     ("source_score", false),
     ("source_ref", false),
+    ("source_id", false),
 ];
 
 /// The numeric prediction fields (the others are strings).
@@ -250,12 +252,14 @@ pub const CASE_RESULT_FIELDS: &[&str] = &[
     "agent_stop",
     // Imported results (`pieval import`), additive (NULL for pieval's own runs): the tool,
     // its verdict beside pieval's attack_success, the detector or scorer that gave it,
-    // its score, and the source file and line (or archive entry) of the row.
+    // its score, the source file and line (or archive entry) of the row, and the tool's
+    // own id of the record, verbatim.
     "source_tool",
     "source_verdict",
     "source_detector",
     "source_score",
     "source_ref",
+    "source_id",
     // Framework tags, additive: the case's (lists of strings; empty for a case enriched
     // before the taxonomy had them).
     "owasp_llm",

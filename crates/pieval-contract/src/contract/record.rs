@@ -499,6 +499,12 @@ pub fn check_vocabulary(field: &str, s: &str) -> Result<(), String> {
     }
 }
 
+/// Whether `s` is an id the contract accepts (`case_id`: letters, digits, '.', '_', ':',
+/// '-'; a letter or digit first; at most 128 bytes), or why not.
+pub fn check_id(s: &str) -> Result<(), String> {
+    check_string(FieldKind::Id, s)
+}
+
 fn check_string(kind: FieldKind, s: &str) -> Result<(), String> {
     if s.trim().is_empty() {
         return Err("empty".into());
