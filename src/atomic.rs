@@ -125,10 +125,10 @@ pub fn clean_stale(dir: &Path) {
         let Some(pid) = temp_owner(&name) else {
             continue;
         };
-        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+        let path = entry.path();
+        if pid == std::process::id() || !owner_is_gone(&path, pid) {
             continue;
         }
-        let path = entry.path();
         if let Some((target, _)) = name.strip_prefix('.').and_then(|n| n.rsplit_once(".old-")) {
             let target = dir.join(target);
             if std::fs::symlink_metadata(&target).is_err() {
@@ -146,6 +146,60 @@ pub fn clean_stale(dir: &Path) {
             Err(_) => {}
         }
     }
+}
+
+/// The file a [`TempDir`] holds naming the process that made it: its id, its start time
+/// (in clock ticks since boot, `/proc/PID/stat`'s 22nd field) and the boot's id. A
+/// process id alone may be given to another process after the first ended; the three
+/// together name one process.
+pub const OWNER_FILE: &str = ".pieval-owner";
+
+/// This process, as [`OWNER_FILE`] names it (`None` where `/proc` cannot tell).
+fn this_process() -> Option<String> {
+    let pid = std::process::id();
+    Some(format!("{pid} {} {}", start_time(pid)?, boot_id()?))
+}
+
+/// When process `pid` started (clock ticks since boot), if it is running.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: the fields
+    // after its last ')' start at field 3.
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+fn boot_id() -> Option<String> {
+    Some(
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .ok()?
+            .trim()
+            .to_owned(),
+    )
+}
+
+/// Whether the process that made the temporary `path` (whose name gives `pid`) has
+/// ended. A folder that names its owner ([`OWNER_FILE`]) is its own proof: gone when the
+/// machine has rebooted since, or no process with that id started at that time is
+/// running (the id reused by another process does not keep it). Anything else is gone
+/// when no process has that id.
+fn owner_is_gone(path: &Path, pid: u32) -> bool {
+    let alive = Path::new(&format!("/proc/{pid}")).exists();
+    let Ok(owner) = std::fs::read_to_string(path.join(OWNER_FILE)) else {
+        return !alive;
+    };
+    let mut fields = owner.split_whitespace();
+    let (Some(p), Some(started), Some(boot)) = (fields.next(), fields.next(), fields.next()) else {
+        return !alive;
+    };
+    if p != pid.to_string() {
+        // Not what the name says: not ours to judge.
+        return false;
+    }
+    if boot_id().is_some_and(|b| b != boot) {
+        return true;
+    }
+    !alive || start_time(pid).is_some_and(|t| t.to_string() != started)
 }
 
 /// A file written under a temporary name in its target's folder, synced and renamed over
@@ -331,10 +385,17 @@ impl TempDir {
         ));
         // create_dir, not create_dir_all: a name planted in the way is an error.
         std::fs::create_dir(&tmp).map_err(|e| Error::io(&tmp, "cannot create folder", e))?;
-        Ok(Self {
+        let dir = Self {
             target: target.to_path_buf(),
             tmp,
-        })
+        };
+        // Who made it: a later run removes it once this process is gone, and only then
+        // (`clean_stale`); removed again before the folder is swapped in.
+        if let Some(me) = this_process() {
+            let owner = dir.tmp.join(OWNER_FILE);
+            std::fs::write(&owner, me).map_err(|e| Error::io(&owner, "cannot write", e))?;
+        }
+        Ok(dir)
     }
 
     /// The folder being built.
@@ -344,6 +405,13 @@ impl TempDir {
 
     /// Swap the built folder in; its final path.
     pub fn commit(self) -> Result<PathBuf> {
+        let owner = self.tmp.join(OWNER_FILE);
+        match std::fs::remove_file(&owner) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Error::io(&owner, "cannot remove", e));
+            }
+            _ => {}
+        }
         let dir = self.target.clone();
         let name = dir
             .file_name()
@@ -571,6 +639,28 @@ mod tests {
                 "the old folder is put back"
             );
             assert!(mine.exists(), "this process's own file is kept");
+        }
+        // A folder that names its owner: gone when the id is now another process's
+        // (here this test's own process, started at another time), kept while its
+        // owner runs.
+        if let Some(me) = this_process() {
+            let pid = std::process::id();
+            let reused = dir.path().join(format!(".run.tmp-{pid}-00000000deadbeef"));
+            std::fs::create_dir(&reused).unwrap();
+            let (_, rest) = me.split_once(' ').unwrap();
+            let (started, boot) = rest.split_once(' ').unwrap();
+            let other: u64 = started.parse::<u64>().unwrap() + 1;
+            std::fs::write(reused.join(OWNER_FILE), format!("{pid} {other} {boot}")).unwrap();
+            assert!(owner_is_gone(&reused, pid), "a reused id keeps the folder");
+            std::fs::write(reused.join(OWNER_FILE), &me).unwrap();
+            assert!(!owner_is_gone(&reused, pid), "the running owner's folder is removed");
+            std::fs::write(reused.join(OWNER_FILE), format!("{pid} {started} another-boot")).unwrap();
+            assert!(owner_is_gone(&reused, pid), "a folder of another boot is kept");
+            // A temporary folder made here names this process, and goes on commit.
+            let made = TempDir::create(&dir.path().join("made")).unwrap();
+            assert_eq!(std::fs::read_to_string(made.path().join(OWNER_FILE)).unwrap(), me);
+            let at = made.commit().unwrap();
+            assert!(!at.join(OWNER_FILE).exists());
         }
         // A planted symbolic link under a temporary name is never written through.
         let target = dir.path().join("out.txt");

@@ -108,6 +108,8 @@ struct Work {
     calls: AtomicU64,
     /// The most calls allowed.
     budget: u64,
+    /// The most steps allowed (what the budget is in calls).
+    steps: u64,
     /// The handler stopped a query.
     stopped: AtomicBool,
     /// The table being read (for the error).
@@ -231,15 +233,18 @@ impl Database {
             i32::try_from(max_value_bytes).unwrap_or(i32::MAX),
         )
         .map_err(cannot)?;
+        let steps = budget_steps(bytes);
+        let per_call = STEPS_PER_CALL.min(steps.max(1));
         let work = Arc::new(Work {
             calls: AtomicU64::new(0),
-            budget: budget_steps(bytes).div_ceil(STEPS_PER_CALL),
+            budget: steps.div_ceil(per_call),
+            steps,
             stopped: AtomicBool::new(false),
             table: std::sync::Mutex::new(String::new()),
         });
         let w = Arc::clone(&work);
         conn.progress_handler(
-            STEPS_PER_CALL as i32,
+            per_call as i32,
             Some(move || {
                 let n = w.calls.fetch_add(1, Ordering::Relaxed) + 1;
                 if n > w.budget {
@@ -372,8 +377,8 @@ impl Database {
         let code = e.sqlite_error_code();
         let message = if self.work.stopped.load(Ordering::Relaxed) {
             format!(
-                "stopped after {} million steps of SQLite's work, the bound for a database of {} (a table of this size is read in far fewer): nothing of the import was kept",
-                self.work.budget.saturating_mul(STEPS_PER_CALL) / 1_000_000,
+                "stopped after {} steps of SQLite's work, the bound for a database of {} (a table of this size is read in far fewer): nothing of the import was kept",
+                self.work.steps,
                 crate::files::human(self.snapshot.bytes),
             )
         } else if code == Some(rusqlite::ErrorCode::TooBig) {

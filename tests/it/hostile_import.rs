@@ -388,3 +388,405 @@ fn cyberseceval_prompt_ids_given_twice_make_distinct_case_ids() {
         &want,
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// SQLite sources: read as SQLite sees them (WAL included, one moment), never written, and
+// only as far as expected.
+
+/// The fixture's promptfoo database in `dir`, with a connection open on it as promptfoo
+/// holds one while it runs (WAL mode; no checkpoint, so what it commits stays in the
+/// -wal file until it closes).
+fn live_promptfoo(dir: &Path) -> (PathBuf, rusqlite::Connection) {
+    let db = dir.join("promptfoo.db");
+    std::fs::copy(fixture("promptfoo/promptfoo.db"), &db).unwrap();
+    let c = rusqlite::Connection::open(&db).unwrap();
+    let mode: String = c
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+    c.execute_batch("PRAGMA wal_autocheckpoint = 0").unwrap();
+    (db, c)
+}
+
+/// Commit three results of one new test (`test_idx` 100 + `batch`), in one transaction.
+fn add_batch(c: &rusqlite::Connection, batch: u32) {
+    c.execute_batch("BEGIN IMMEDIATE").unwrap();
+    for p in 0..3 {
+        c.execute(
+            "INSERT INTO eval_results (id, created_at, updated_at, eval_id, prompt_idx, test_idx, \
+             test_case, prompt, prompt_id, provider, latency_ms, cost, response, error, success, \
+             score, grading_result, named_scores, metadata, failure_reason) \
+             SELECT ?1, created_at, updated_at, eval_id, ?2, ?3, test_case, prompt, prompt_id, \
+             provider, latency_ms, cost, response, error, success, score, grading_result, \
+             named_scores, metadata, failure_reason FROM eval_results \
+             WHERE test_idx = 0 AND prompt_idx = 0",
+            rusqlite::params![format!("added-{batch}-{p}"), p, 100 + batch],
+        )
+        .unwrap();
+    }
+    c.execute_batch("COMMIT").unwrap();
+}
+
+/// Every file of `dir` with its digest (what must not change when a database is read).
+fn digests(dir: &Path) -> BTreeMap<String, String> {
+    use sha2::Digest;
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file() && !p.to_string_lossy().ends_with("-shm"))
+        .map(|p| {
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                hex::encode(sha2::Sha256::digest(std::fs::read(&p).unwrap())),
+            )
+        })
+        .collect()
+}
+
+fn names(dir: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+fn import_json(tool: &str, path: &Path, out: &Path, env: &[(&str, &str)]) -> common::Output {
+    let mut cmd = pieval();
+    cmd.arg("import").arg(tool).arg(path).arg("--output").arg(out).arg("--json");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    run(&mut cmd)
+}
+
+fn manifest(dir: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn a_database_promptfoo_still_has_open_is_read_with_every_committed_row() {
+    let src = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let (db, writer) = live_promptfoo(src.path());
+    add_batch(&writer, 0);
+    add_batch(&writer, 1);
+    // The rows are committed and only in the -wal: the main file alone is older.
+    let alone = rusqlite::Connection::open_with_flags(
+        format!("file:{}?mode=ro&immutable=1", db.display()),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_URI,
+    )
+    .unwrap();
+    let in_main: i64 = alone
+        .query_row("SELECT count(*) FROM eval_results", [], |r| r.get(0))
+        .unwrap();
+    drop(alone);
+    assert_eq!(in_main, 3, "the test's rows should be in the -wal only");
+    let before = (names(src.path()), digests(src.path()));
+
+    // Read in place, through SQLite's locks: every committed row.
+    let first = out.path().join("live-1");
+    let r = import_json("promptfoo", &db, &first, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let report: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(report["predictions"], 3 + 6, "{report}");
+    let source = &manifest(&first)["import"]["sources"][0];
+    assert_eq!(source["sqlite"]["how"], "online backup", "{source}");
+    assert_eq!(source["sqlite"]["files"].as_array().unwrap().len(), 2, "{source}");
+    // Nothing written beside it: the same files, the database and its -wal unchanged.
+    assert_eq!((names(src.path()), digests(src.path())), before);
+
+    // The files copied without the -shm (a shared drive): recovered in a copy, not
+    // read as the main file alone, and nothing made beside them.
+    let copied = tempfile::tempdir().unwrap();
+    for f in ["promptfoo.db", "promptfoo.db-wal"] {
+        std::fs::copy(src.path().join(f), copied.path().join(f)).unwrap();
+    }
+    let before_copy = names(copied.path());
+    let second = out.path().join("copied");
+    let r = import_json("promptfoo", &copied.path().join("promptfoo.db"), &second, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let report: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(report["predictions"], 9, "{report}");
+    assert_eq!(manifest(&second)["import"]["sources"][0]["sqlite"]["how"], "recovered copy");
+    assert_eq!(names(copied.path()), before_copy, "files were made beside a copied database");
+    // The same rows either way.
+    let rows = |dir: &Path| -> Vec<(String, Value)> {
+        let mut v: Vec<_> = read_jsonl(&dir.join("case_results.jsonl"))
+            .into_iter()
+            .map(|r| (r["case_id"].as_str().unwrap().to_owned(), r["source_verdict"].clone()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+    assert_eq!(rows(&first), rows(&second));
+
+    // The digest is of what was read: a new commit in the -wal changes it, though the
+    // main file is the same bytes.
+    let main_before = digests(src.path())["promptfoo.db"].clone();
+    add_batch(&writer, 2);
+    let third = out.path().join("live-2");
+    let r = import_json("promptfoo", &db, &third, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(digests(src.path())["promptfoo.db"], main_before);
+    let (a, b) = (
+        manifest(&first)["import"]["sources"][0]["sha256"].clone(),
+        manifest(&third)["import"]["sources"][0]["sha256"].clone(),
+    );
+    assert_ne!(a, b, "the manifest's digest does not cover the -wal's rows");
+    drop(writer);
+}
+
+#[test]
+fn a_database_written_while_it_is_read_is_read_as_of_one_moment() {
+    let src = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let (db, writer) = live_promptfoo(src.path());
+    // SQLite's own checkpoints go on as promptfoo's do.
+    writer.execute_batch("PRAGMA wal_autocheckpoint = 100").unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let committed = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let thread = {
+        let (stop, committed) = (stop.clone(), committed.clone());
+        std::thread::spawn(move || {
+            let mut b = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                add_batch(&writer, b);
+                b += 1;
+                committed.store(b, std::sync::atomic::Ordering::Relaxed);
+            }
+        })
+    };
+    while committed.load(std::sync::atomic::Ordering::Relaxed) < 20 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let run = out.path().join("while-written");
+    let r = import_json("promptfoo", &db, &run, &[]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    thread.join().unwrap();
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    // Every batch whole: three results of each test, none of a half-read transaction.
+    let mut per_test: BTreeMap<u64, usize> = BTreeMap::new();
+    for c in read_jsonl(&run.join("cases.jsonl")) {
+        let t: u64 = c["provenance"]["source_ids"]["test_idx"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        *per_test.entry(t).or_default() += 1;
+    }
+    let batches: Vec<_> = per_test.iter().filter(|(t, _)| **t >= 100).collect();
+    assert!(batches.len() >= 20, "{per_test:?}");
+    for (t, n) in &batches {
+        assert_eq!(**n, 3, "test {t}: {n} of its 3 results: a transaction read half");
+    }
+    // And they are the first batches, with none missing between.
+    let tests: Vec<u64> = batches.iter().map(|(t, _)| **t).collect();
+    assert_eq!(tests, (100..100 + tests.len() as u64).collect::<Vec<_>>());
+}
+
+/// The fixture's promptfoo database in `dir`, changed by `sql` (and closed: its WAL
+/// checkpointed into it).
+fn hostile_promptfoo(dir: &Path, name: &str, sql: &str) -> PathBuf {
+    let db = dir.join(format!("{name}.db"));
+    std::fs::copy(fixture("promptfoo/promptfoo.db"), &db).unwrap();
+    let c = rusqlite::Connection::open(&db).unwrap();
+    c.execute_batch(sql).unwrap();
+    drop(c);
+    db
+}
+
+/// The columns of promptfoo's eval_results, for tables rebuilt around them.
+const RESULT_COLUMNS: &str = "id, created_at, updated_at, eval_id, prompt_idx, test_idx, test_case, prompt, \
+     prompt_id, provider, latency_ms, cost, response, error, success, score, grading_result, \
+     named_scores, metadata, failure_reason";
+
+#[test]
+fn hostile_databases_are_read_only_as_far_as_expected() {
+    let src = tempfile::tempdir().unwrap();
+    let endless_view = format!(
+        "ALTER TABLE eval_results RENAME TO kept; \
+         CREATE VIEW eval_results AS WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n) \
+         SELECT k.* FROM kept k, n;"
+    );
+    let cases: Vec<(&str, String, &[&str])> = vec![
+        ("endless-view", endless_view, &["eval_results", "a view, not a table"]),
+        (
+            "evals-view",
+            "ALTER TABLE evals RENAME TO e2; CREATE VIEW evals AS SELECT * FROM e2;".into(),
+            &["evals", "a view, not a table"],
+        ),
+        (
+            "computed-column",
+            format!(
+                "ALTER TABLE eval_results RENAME TO kept; \
+                 CREATE TABLE eval_results (id, created_at, updated_at, eval_id, prompt_idx, test_idx, \
+                 test_case, prompt, prompt_id, provider, latency_ms, cost, raw, error, success, score, \
+                 grading_result, named_scores, metadata, failure_reason, \
+                 response AS (printf('%.*c', 900000000, 'x')) VIRTUAL); \
+                 INSERT INTO eval_results ({}) SELECT {} FROM kept;",
+                RESULT_COLUMNS.replace("response", "raw"),
+                RESULT_COLUMNS
+            ),
+            &["eval_results", "column response is computed"],
+        ),
+        (
+            "virtual-table",
+            format!(
+                "ALTER TABLE eval_results RENAME TO kept; \
+                 CREATE VIRTUAL TABLE eval_results USING fts5({RESULT_COLUMNS});"
+            ),
+            &["eval_results", "a virtual table"],
+        ),
+        (
+            "missing-column",
+            "DROP INDEX eval_result_grading_result_reason_idx; \
+             DROP INDEX eval_result_grading_result_comment_idx; \
+             ALTER TABLE eval_results DROP COLUMN grading_result;"
+                .into(),
+            &["eval_results", "no column grading_result"],
+        ),
+        (
+            "huge-value",
+            "UPDATE eval_results SET response = json_object('output', printf('%.*c', 2000000, 'x')) \
+             WHERE test_idx = 1;"
+                .into(),
+            &["eval_results", "a value longer than the limit of 1 MiB"],
+        ),
+    ];
+    for (name, sql, want) in &cases {
+        let db = hostile_promptfoo(src.path(), name, sql);
+        let parent = tempfile::tempdir().unwrap();
+        let before = names(src.path());
+        let r = run(pieval()
+            .args(["import", "promptfoo"])
+            .arg(&db)
+            .arg("--output")
+            .arg(parent.path().join("run"))
+            .args(["--max-line-bytes", "1048576"]));
+        assert_eq!(r.code, 2, "{name}: {}{}", r.stdout, r.stderr);
+        assert!(r.stderr.contains(&db.display().to_string()), "{name}: the file is not named: {}", r.stderr);
+        for w in *want {
+            assert!(r.stderr.contains(w), "{name}: {w:?} not in: {}", r.stderr);
+        }
+        let left: Vec<_> = std::fs::read_dir(parent.path()).unwrap().collect();
+        assert!(left.is_empty(), "{name}: an import that failed left {left:?}");
+        assert_eq!(names(src.path()), before, "{name}: files made beside the database");
+    }
+
+    // A trigger that would empty the database if anything wrote it: nothing does.
+    let db = hostile_promptfoo(
+        src.path(),
+        "trigger",
+        "CREATE TRIGGER wipe AFTER UPDATE ON evals BEGIN DELETE FROM eval_results; END; \
+         CREATE TRIGGER wipe2 AFTER INSERT ON eval_results BEGIN DELETE FROM evals; END;",
+    );
+    let out = tempfile::tempdir().unwrap();
+    let r = import_json("promptfoo", &db, &out.path().join("run"), &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(serde_json::from_str::<Value>(&r.stdout).unwrap()["predictions"], 3);
+
+    // Work past the bound (here a bound made tiny for the test): stopped, the table named.
+    let db = src.path().join("bounded.db");
+    std::fs::copy(fixture("promptfoo/promptfoo.db"), &db).unwrap();
+    let parent = tempfile::tempdir().unwrap();
+    let r = import_json(
+        "promptfoo",
+        &db,
+        &parent.path().join("run"),
+        &[("PIEVAL_TEST_SQLITE_STEPS", "100")],
+    );
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr.contains("stopped after") && r.stderr.contains(&db.display().to_string()),
+        "{}",
+        r.stderr
+    );
+    let left: Vec<_> = std::fs::read_dir(parent.path()).unwrap().collect();
+    assert!(left.is_empty(), "an import that failed left {left:?}");
+}
+
+/// PyRIT's memory with a million scores of pieces it does not hold (a table of millions
+/// of rows the importer reads): read in one pass, the same three conversations out.
+fn pyrit_with_orphan_scores(dir: &Path, n: u64) -> PathBuf {
+    let db = dir.join("memory.db");
+    std::fs::copy(fixture("pyrit/memory.db"), &db).unwrap();
+    let c = rusqlite::Connection::open(&db).unwrap();
+    c.execute_batch("PRAGMA foreign_keys = OFF").unwrap();
+    let cols: Vec<String> = c
+        .prepare("SELECT name FROM pragma_table_info('ScoreEntries')")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let values: Vec<String> = cols
+        .iter()
+        .map(|c| match c.as_str() {
+            "id" => "'orphan-' || i".to_owned(),
+            "prompt_request_response_id" => "'no-such-piece-' || i".to_owned(),
+            _ => c.clone(),
+        })
+        .collect();
+    c.execute(
+        &format!(
+            "INSERT INTO ScoreEntries ({cols}) WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1) \
+             SELECT {values} FROM n, (SELECT * FROM ScoreEntries LIMIT 1)",
+            cols = cols.join(", "),
+            values = values.join(", ")
+        ),
+        [n],
+    )
+    .unwrap();
+    drop(c);
+    db
+}
+
+#[test]
+fn a_database_of_millions_of_rows_is_read_in_one_pass_and_a_killed_import_leaves_nothing() {
+    let src = tempfile::tempdir().unwrap();
+    let db = pyrit_with_orphan_scores(src.path(), 1_000_000);
+    let parent = tempfile::tempdir().unwrap();
+    let r = import_json("pyrit", &db, &parent.path().join("run"), &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let report: Value = serde_json::from_str(&r.stdout).unwrap();
+    let plain = import_json("pyrit", &fixture("pyrit/memory.db"), &parent.path().join("plain"), &[]);
+    let plain: Value = serde_json::from_str(&plain.stdout).unwrap();
+    assert_eq!(report["predictions"], 3, "{report}");
+    assert_eq!(report["source_scores"], plain["source_scores"], "{report}");
+
+    // Killed while it reads: what it left (the run folder and the snapshot, under
+    // temporary names) is removed by the next import into the same folder, which can
+    // tell that their process is gone.
+    let mut child = pieval()
+        .args(["import", "pyrit"])
+        .arg(&db)
+        .arg("--output")
+        .arg(parent.path().join("killed"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let temporary = |dir: &Path| -> Vec<String> {
+        names(dir)
+            .into_iter()
+            .filter(|n| n.starts_with(".killed"))
+            .collect()
+    };
+    while temporary(parent.path()).len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "the import made no snapshot in 60 s");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let left = temporary(parent.path());
+    assert!(left.iter().any(|n| n.contains(".sources.tmp-")), "{left:?}");
+    let r = import_json(
+        "garak",
+        &fixture("garak/repeat.report.jsonl"),
+        &parent.path().join("next"),
+        &[],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(temporary(parent.path()), Vec::<String>::new());
+}
