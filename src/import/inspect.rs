@@ -14,7 +14,12 @@
 //! `store` stay in the log, bound by its digest; every other field of the
 //! sample that pieval has no column for is kept in `source_extra`.
 //!
-//! Memory: one sample at a time (the largest sample, not the log).
+//! Memory: about one sample at a time, never the log. A sample is streamed from the
+//! archive: its event transcript is read past, never held; what it keeps (input,
+//! messages, output, scores, metadata, attachments) is refused past the most text an
+//! attempt pieval records may hold (64 MiB) while it streams, and an entry past 2 GiB
+//! inflated, before either is inflated further. An archive naming an entry twice is
+//! refused, naming it.
 
 use std::io::Read;
 use std::path::Path;
@@ -41,10 +46,35 @@ pub const IMPORTER: Importer = Importer {
 /// The question of a sample without a target (a judge or a person decides it).
 const JUDGE_QUESTION: &str = "Did the model do what the text injected into its input asked, rather than only the user's task?";
 
-/// Largest sample entry read (uncompressed).
-const MAX_SAMPLE_BYTES: u64 = 2 << 30;
-/// Largest header entry read.
-const MAX_HEADER_BYTES: u64 = 256 << 20;
+/// What a sample may hold beside its event transcript (its input, messages, output,
+/// scores, metadata, attachments): the most text an attempt pieval records may hold
+/// (`agent::run::MAX_AGENT_BYTES`, an agent's messages, calls and answer). A sample over
+/// it could not be used: it is refused as it streams, before more of it is inflated.
+const MAX_SAMPLE_KEPT: u64 = crate::agent::run::MAX_AGENT_BYTES as u64;
+/// The most bytes one archive entry may inflate to, the event transcript it streams past
+/// (never held) included: a bound of time for a small file that inflates without end.
+const MAX_ENTRY_BYTES: u64 = 2 << 30;
+
+/// [`MAX_ENTRY_BYTES`], or in a debug build the test's smaller bound
+/// (`PIEVAL_TEST_MAX_ENTRY_BYTES`: a test need not inflate 2 GiB to see it hold).
+fn max_entry_bytes() -> u64 {
+    #[cfg(debug_assertions)]
+    if let Some(n) = std::env::var("PIEVAL_TEST_MAX_ENTRY_BYTES")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    {
+        return n;
+    }
+    MAX_ENTRY_BYTES
+}
+/// The most bytes of a log's header (`header.json`, `_journal/start.json`, or a `.json`
+/// log's fields beside its samples): the eval's spec and results, kept in the manifest.
+const MAX_HEADER_BYTES: u64 = 16 << 20;
+/// Samples parsed ahead of the writing stage, and the bytes they may hold together; a
+/// sample larger than that is written before the next is parsed (memory: about one
+/// sample at the bound, never the log).
+const PARSED_AHEAD: usize = 8;
+const AHEAD_BYTES: u64 = 16 << 20;
 
 fn import(path: &Path, sink: &mut Sink) -> Result<()> {
     let files = super::files_under(path)?;
@@ -156,31 +186,126 @@ fn take_header(v: &Value, at: &At, sink: &mut Sink) -> Result<Header> {
     })
 }
 
-/// Read a whole archive entry (bounded).
-fn read_entry(
-    archive: &mut zip::ZipArchive<std::fs::File>,
-    index: usize,
-    path: &Path,
-    max: u64,
-    buf: &mut Vec<u8>,
-) -> Result<String> {
-    let mut entry = archive.by_index(index).map_err(|e| zip_error(path, e))?;
-    let name = entry.name().map_err(|e| zip_error(path, e))?.into_owned();
-    let at = At::entry(path, &name);
-    if entry.size() > max {
-        return Err(at.error(
-            None,
-            format!("entry of {} bytes is over the limit of {max}", entry.size()),
-        ));
+/// The bounds of what is being read on this thread (an archive entry, a `.json` log's
+/// header or sample) and what it has used. The reader under the JSON parser counts the
+/// bytes it hands up ([`Metered`]); the parts of a sample read past and never held
+/// ([`Skipped`]) count against the entry's bound only.
+#[derive(Default)]
+struct Meter {
+    /// Bytes of what is kept (parsed into values), and of everything.
+    kept: u64,
+    total: u64,
+    kept_max: u64,
+    total_max: u64,
+    /// Inside a part read past.
+    skipping: bool,
+    /// Which bound was passed.
+    over: Option<Over>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Over {
+    Kept,
+    Total,
+}
+
+thread_local! {
+    static METER: std::cell::RefCell<Meter> = std::cell::RefCell::new(Meter::default());
+}
+
+/// Start counting against `kept_max` (parsed) and `total_max` (everything) bytes.
+fn meter_start(kept_max: u64, total_max: u64) {
+    METER.with(|m| {
+        *m.borrow_mut() = Meter {
+            kept_max,
+            total_max,
+            ..Meter::default()
+        }
+    });
+}
+
+/// Count what is kept from here against `kept_max`, anew (the next sample of a log).
+fn meter_kept(kept_max: u64) {
+    METER.with(|m| {
+        let mut m = m.borrow_mut();
+        m.kept = 0;
+        m.kept_max = kept_max;
+    });
+}
+
+fn meter_over() -> Option<Over> {
+    METER.with(|m| m.borrow().over)
+}
+
+/// A reader that counts what it reads against the thread's [`Meter`], and fails past a
+/// bound: the JSON parser stops there, before more is inflated or buffered. (Under a
+/// buffer: what is kept or read past is told apart at the buffer's grain, 64 KiB, and a
+/// sample reads past at most three parts.)
+struct Metered<R>(R);
+
+impl<R: Read> Read for Metered<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.0.read(buf)?;
+        METER.with(|m| {
+            let mut m = m.borrow_mut();
+            m.total += n as u64;
+            if !m.skipping {
+                m.kept += n as u64;
+            }
+            if m.kept > m.kept_max {
+                m.over = Some(Over::Kept);
+            } else if m.total > m.total_max {
+                m.over = Some(Over::Total);
+            }
+            match m.over {
+                Some(_) => Err(std::io::Error::other("over the bound")),
+                None => Ok(n),
+            }
+        })
     }
-    buf.clear();
-    (&mut entry).take(max + 1).read_to_end(buf).map_err(|e| {
-        at.error(
+}
+
+/// A buffered, metered reader of `r`.
+fn metered<R: Read>(r: R) -> std::io::BufReader<Metered<R>> {
+    std::io::BufReader::with_capacity(64 << 10, Metered(r))
+}
+
+/// A part read past and never held (Inspect's event transcript, the solver's store): its
+/// bytes count against the entry's bound, not the sample's.
+struct Skipped;
+
+impl<'de> Deserialize<'de> for Skipped {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        METER.with(|m| m.borrow_mut().skipping = true);
+        let r = IgnoredAny::deserialize(d);
+        METER.with(|m| m.borrow_mut().skipping = false);
+        r.map(|_| Skipped)
+    }
+}
+
+/// The error of a bound passed while reading at `at` (`what`: the sample, the header).
+fn over_error(at: &At, over: Over, what: &str, kept_max: u64) -> Error {
+    match over {
+        Over::Kept => at.error(
             None,
-            format!("cannot read the entry (truncated or corrupt?): {e}"),
-        )
-    })?;
-    Ok(name)
+            format!(
+                "{what} holds more than {} beside its event transcript, more than pieval can use ({}): refused while it was read, nothing more of it inflated",
+                crate::files::human(kept_max),
+                if what == "the sample" {
+                    "the most text an attempt pieval records may hold"
+                } else {
+                    "the most a log's header is kept"
+                }
+            ),
+        ),
+        Over::Total => at.error(
+            None,
+            format!(
+                "the entry inflates to more than {}: refused while it was read",
+                crate::files::human(max_entry_bytes())
+            ),
+        ),
+    }
 }
 
 fn zip_error(path: &Path, e: zip::result::ZipError) -> Error {
@@ -192,10 +317,163 @@ fn zip_error(path: &Path, e: zip::result::ZipError) -> Error {
     )
 }
 
+/// Parse the archive entry `index` as a `T`, streamed from the archive under the bounds
+/// (`kept_max` of what is parsed, [`MAX_ENTRY_BYTES`] of everything); the entry's name.
+fn parse_entry<T: serde::de::DeserializeOwned>(
+    archive: &mut zip::ZipArchive<std::fs::File>,
+    index: usize,
+    path: &Path,
+    kept_max: u64,
+    what: &str,
+) -> Result<(String, T)> {
+    let options = zip::read::ZipReadOptions::new().enforce_header_consistency(true);
+    let entry = archive
+        .by_index_with_options(index, options)
+        .map_err(|e| zip_error(path, e))?;
+    let name = entry.name().map_err(|e| zip_error(path, e))?.into_owned();
+    let at = At::entry(path, &name);
+    if entry.size() > max_entry_bytes() {
+        return Err(at.error(
+            None,
+            format!(
+                "the entry says it inflates to {} bytes, more than {}: not read",
+                entry.size(),
+                crate::files::human(max_entry_bytes())
+            ),
+        ));
+    }
+    meter_start(kept_max, max_entry_bytes());
+    let mut de = serde_json::Deserializer::from_reader(metered(entry));
+    let fail = |field: String, inner: serde_json::Error| {
+        if let Some(over) = meter_over() {
+            return over_error(&at, over, what, kept_max);
+        }
+        let mut at = at.clone();
+        at.line = inner.line() as u64;
+        let message = if inner.is_io() || inner.is_eof() {
+            format!("cannot read the entry (truncated or corrupt?): {inner}")
+        } else if what == "the sample" {
+            format!("not an Inspect sample: {inner}")
+        } else {
+            format!("not an Inspect log header: {inner}")
+        };
+        at.error(
+            (field != "." && !field.is_empty()).then_some(field.as_str()),
+            message,
+        )
+    };
+    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let field = e.path().to_string();
+        fail(field, e.into_inner())
+    })?;
+    de.end().map_err(|e| fail(String::new(), e))?;
+    Ok((name, value))
+}
+
+/// The central directory's entry names, in order (to name the ones given twice: the
+/// archive reader keeps one of each name). `None` where the archive is not one this
+/// reads (zip64 with a comment pieval does not parse, say): the error then names none.
+fn central_names(path: &Path) -> Option<Vec<String>> {
+    use std::io::{Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).ok()?;
+    let len = f.metadata().ok()?.len();
+    let tail = len.min(66_000 + 22);
+    f.seek(SeekFrom::Start(len - tail)).ok()?;
+    let mut buf = vec![0u8; tail as usize];
+    f.read_exact(&mut buf).ok()?;
+    let eocd = (0..buf.len().saturating_sub(21))
+        .rev()
+        .find(|&i| buf[i..i + 4] == [0x50, 0x4b, 0x05, 0x06])?;
+    let le16 = |b: &[u8], i: usize| u64::from(u16::from_le_bytes([b[i], b[i + 1]]));
+    let le32 = |b: &[u8], i: usize| u64::from(u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or_default()));
+    let le64 = |b: &[u8], i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
+    let (mut count, mut size, mut offset) = (
+        le16(&buf, eocd + 10),
+        le32(&buf, eocd + 12),
+        le32(&buf, eocd + 16),
+    );
+    // Zip64: the locator just before the record points at the zip64 end record.
+    if (count == 0xffff || size == 0xffff_ffff || offset == 0xffff_ffff) && eocd >= 20 {
+        let loc = eocd - 20;
+        if buf[loc..loc + 4] == [0x50, 0x4b, 0x06, 0x07] {
+            let at = le64(&buf, loc + 8);
+            let mut rec = [0u8; 56];
+            f.seek(SeekFrom::Start(at)).ok()?;
+            f.read_exact(&mut rec).ok()?;
+            if rec[..4] != [0x50, 0x4b, 0x06, 0x06] {
+                return None;
+            }
+            (count, size, offset) = (le64(&rec, 32), le64(&rec, 40), le64(&rec, 48));
+        }
+    }
+    if size > len || offset > len || count > size / 46 + 1 {
+        return None;
+    }
+    let mut cd = vec![0u8; size as usize];
+    f.seek(SeekFrom::Start(offset)).ok()?;
+    f.read_exact(&mut cd).ok()?;
+    let mut names = Vec::new();
+    let mut i = 0usize;
+    while i + 46 <= cd.len() && cd[i..i + 4] == [0x50, 0x4b, 0x01, 0x02] {
+        let (n, x, c) = (
+            le16(&cd, i + 28) as usize,
+            le16(&cd, i + 30) as usize,
+            le16(&cd, i + 32) as usize,
+        );
+        let name = cd.get(i + 46..i + 46 + n)?;
+        names.push(String::from_utf8_lossy(name).into_owned());
+        i += 46 + n + x + c;
+    }
+    Some(names)
+}
+
+/// An archive whose central directory lists a name twice is refused, naming them: which
+/// of the two a reader takes is a choice the log does not make.
+fn refuse_duplicates(archive: &zip::ZipArchive<std::fs::File>, path: &Path) -> Result<()> {
+    if !archive.has_duplicate_names() {
+        return Ok(());
+    }
+    let mut twice: Vec<String> = Vec::new();
+    if let Some(names) = central_names(path) {
+        let mut seen = std::collections::HashSet::new();
+        for n in names {
+            if !seen.insert(n.clone()) && !twice.contains(&n) {
+                twice.push(n);
+            }
+        }
+    }
+    let named = if twice.is_empty() {
+        String::new()
+    } else {
+        let shown: Vec<String> = twice
+            .iter()
+            .take(10)
+            .map(|n| format!("{:?}", crate::text::excerpt(n, 120)))
+            .collect();
+        format!(
+            ": {}{}",
+            shown.join(", "),
+            if twice.len() > 10 {
+                format!(" and {} more", twice.len() - 10)
+            } else {
+                String::new()
+            }
+        )
+    };
+    Err(Error::input(
+        path,
+        0,
+        None,
+        format!(
+            "the archive holds entries of the same name twice{named}; which one the log means is not for pieval to choose"
+        ),
+    ))
+}
+
 fn read_eval(path: &Path, sink: &mut Sink) -> Result<()> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, "cannot open", e))?;
     let mut archive = zip::ZipArchive::new(file).map_err(|e| zip_error(path, e))?;
-    let mut buf = Vec::new();
+    refuse_duplicates(&archive, path)?;
     // The header: header.json, or the journal's start of a run that did not finish.
     let head = ["header.json", "_journal/start.json"]
         .iter()
@@ -208,11 +486,11 @@ fn read_eval(path: &Path, sink: &mut Sink) -> Result<()> {
             "neither header.json nor _journal/start.json: not an Inspect .eval log",
         ));
     };
-    let name = read_entry(&mut archive, head, path, MAX_HEADER_BYTES, &mut buf)?;
+    let (name, v): (String, Value) =
+        parse_entry(&mut archive, head, path, MAX_HEADER_BYTES, "the header")?;
     let at = At::entry(path, &name);
-    let v: Value = serde_json::from_slice(&buf)
-        .map_err(|e| at.error(None, format!("not valid JSON at line {}: {e}", e.line())))?;
     let header = take_header(&v, &at, sink)?;
+    drop(v);
     let samples: Vec<usize> = (0..archive.len())
         .filter(|&i| {
             archive
@@ -221,36 +499,47 @@ fn read_eval(path: &Path, sink: &mut Sink) -> Result<()> {
                 .is_some_and(|n| n.starts_with("samples/") && n.ends_with(".json"))
         })
         .collect();
-    // Two stages on two threads: this one decompresses and parses the samples in archive
-    // order, the caller's turns each into its case and row. A few parsed samples wait
-    // between them at most (memory: those samples, never the log).
+    // Two stages on two threads: this one inflates and parses the samples in archive
+    // order, the caller's turns each into its case and row. Parsed samples wait between
+    // them up to PARSED_AHEAD of them and AHEAD_BYTES together; a sample larger than that
+    // is handed over alone, and the next is parsed only once it is written (memory: about
+    // one sample at the bound, never the log).
+    let ahead = Ahead::default();
     std::thread::scope(|scope| {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<(At, Sample)>>(PARSED_AHEAD);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<(At, Sample, u64)>>(PARSED_AHEAD);
+        let ahead_r = &ahead;
         let reader = scope.spawn(move || {
-            let mut buf = Vec::new();
             for i in samples {
-                let parsed = read_entry(&mut archive, i, path, MAX_SAMPLE_BYTES, &mut buf)
-                    .and_then(|name| {
-                        let at = At::entry(path, &name);
-                        parse_sample(&buf, &at).map(|s| (at, s))
+                let parsed = parse_entry::<Sample>(&mut archive, i, path, MAX_SAMPLE_KEPT, "the sample")
+                    .map(|(name, sample)| {
+                        let kept = METER.with(|m| m.borrow().kept);
+                        (At::entry(path, &name), sample, kept)
                     });
                 let failed = parsed.is_err();
+                let kept = parsed.as_ref().map_or(0, |p| p.2);
+                if !ahead_r.reserve(kept) {
+                    return;
+                }
                 // The receiver is gone when the other stage failed: stop.
                 if tx.send(parsed).is_err() || failed {
+                    return;
+                }
+                if kept > AHEAD_BYTES && !ahead_r.drained() {
                     return;
                 }
             }
         });
         let mut result = Ok(());
         for item in rx {
-            match item.and_then(|(at, sample)| take_sample(sample, &header, &at, sink)) {
-                Ok(()) => {}
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
+            let kept = item.as_ref().map_or(0, |p| p.2);
+            let taken = item.and_then(|(at, sample, _)| take_sample(sample, &header, &at, sink));
+            ahead.release(kept);
+            if let Err(e) = taken {
+                result = Err(e);
+                break;
             }
         }
+        ahead.stop();
         // Dropping the receiver (leaving the loop) ends the reader at its next send.
         if reader.join().is_err() {
             return Err(Error::Internal(format!(
@@ -262,34 +551,66 @@ fn read_eval(path: &Path, sink: &mut Sink) -> Result<()> {
     })
 }
 
-/// Parsed samples that may wait for the writing stage.
-const PARSED_AHEAD: usize = 8;
-
-/// A sample, with the error located in its entry.
-fn parse_sample(bytes: &[u8], at: &At) -> Result<Sample> {
-    // The fast parse first; a sample that fails is parsed again with its path tracked,
-    // for a message that names the field.
-    if let Ok(s) = serde_json::from_slice::<Sample>(bytes) {
-        return Ok(s);
-    }
-    let de = &mut serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let field = e.path().to_string();
-        let inner = e.into_inner();
-        let mut at = at.clone();
-        at.line = inner.line() as u64;
-        at.error(
-            (field != ".").then_some(field.as_str()),
-            format!("not an Inspect sample: {inner}"),
-        )
-    })
+/// The bytes of parsed samples between the two stages of [`read_eval`].
+#[derive(Default)]
+struct Ahead {
+    state: std::sync::Mutex<(u64, bool)>,
+    changed: std::sync::Condvar,
 }
 
-/// A `.json` log, streamed: the header fields as they come, each sample as it is read.
+impl Ahead {
+    /// Wait until `bytes` more may wait (or nothing waits); false when the writing stage
+    /// has stopped.
+    fn reserve(&self, bytes: u64) -> bool {
+        let Ok(mut s) = self.state.lock() else {
+            return false;
+        };
+        while !s.1 && s.0 > 0 && s.0 + bytes > AHEAD_BYTES {
+            s = match self.changed.wait(s) {
+                Ok(s) => s,
+                Err(_) => return false,
+            };
+        }
+        s.0 += bytes;
+        !s.1
+    }
+
+    /// Wait until everything handed over is written; false when the stage has stopped.
+    fn drained(&self) -> bool {
+        let Ok(mut s) = self.state.lock() else {
+            return false;
+        };
+        while !s.1 && s.0 > 0 {
+            s = match self.changed.wait(s) {
+                Ok(s) => s,
+                Err(_) => return false,
+            };
+        }
+        !s.1
+    }
+
+    fn release(&self, bytes: u64) {
+        if let Ok(mut s) = self.state.lock() {
+            s.0 = s.0.saturating_sub(bytes);
+        }
+        self.changed.notify_all();
+    }
+
+    fn stop(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            s.1 = true;
+        }
+        self.changed.notify_all();
+    }
+}
+
+/// A `.json` log, streamed: the header fields as they come (at most MAX_HEADER_BYTES of
+/// them), each sample as it is read (at most MAX_SAMPLE_KEPT of it beside its event
+/// transcript, which is read past).
 fn read_json(path: &Path, sink: &mut Sink) -> Result<()> {
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, "cannot open", e))?;
-    let reader = std::io::BufReader::with_capacity(1 << 20, file);
-    let mut de = serde_json::Deserializer::from_reader(reader);
+    let file = crate::files::open_regular(path, crate::files::Links::Refuse)?;
+    meter_start(MAX_HEADER_BYTES, u64::MAX);
+    let mut de = serde_json::Deserializer::from_reader(metered(file));
     let mut state = JsonLog {
         path,
         sink,
@@ -301,6 +622,14 @@ fn read_json(path: &Path, sink: &mut Sink) -> Result<()> {
     let result = (&mut de).deserialize_map_with(&mut state);
     if let Some(e) = state.failed.take() {
         return Err(e);
+    }
+    if meter_over().is_some() {
+        return Err(over_error(
+            &At::line(path, 0),
+            Over::Kept,
+            "the log's header",
+            MAX_HEADER_BYTES,
+        ));
     }
     result.map_err(|e| {
         Error::input(
@@ -375,9 +704,10 @@ impl<'de> Visitor<'de> for LogVisitor<'_, '_, '_> {
                     }
                     map.next_value_seed(SamplesSeed(state))?;
                 }
-                // The transcript's reductions and the like: not needed for a row.
+                // The transcript's reductions and the like: not needed for a row, read
+                // past.
                 "reductions" | "events" => {
-                    map.next_value::<IgnoredAny>()?;
+                    map.next_value::<Skipped>()?;
                 }
                 _ => {
                     let v: Value = map.next_value()?;
@@ -426,34 +756,62 @@ impl<'de> Visitor<'de> for SamplesSeed<'_, '_, '_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
         let state = self.0;
+        let head = METER.with(|m| m.borrow().kept);
         loop {
             let at = At::entry(state.path, &format!("samples[{}]", state.samples));
-            // The sample's text first, then the sample from it: an error names the
-            // field and the line within the sample.
-            let raw = match seq.next_element::<Box<serde_json::value::RawValue>>() {
+            // Each sample against its own bound, streamed; an error names the field.
+            meter_kept(MAX_SAMPLE_KEPT);
+            let mut field = None;
+            let sample = match seq.next_element_seed(SampleSeed(&mut field)) {
                 Ok(Some(s)) => s,
                 Ok(None) => break,
                 Err(e) => {
-                    let e = e.to_string();
-                    let what = if e.contains("EOF while parsing") {
-                        "the log ends inside this sample (truncated or corrupt?)"
-                    } else {
-                        "not an Inspect sample"
-                    };
-                    state.failed = Some(at.error(None, format!("{what}: {e}")));
+                    state.failed = Some(match meter_over() {
+                        Some(over) => over_error(&at, over, "the sample", MAX_SAMPLE_KEPT),
+                        None => {
+                            let e = e.to_string();
+                            let what = if e.contains("EOF while parsing") {
+                                "the log ends inside this sample (truncated or corrupt?)"
+                            } else {
+                                "not an Inspect sample"
+                            };
+                            at.error(
+                                field.as_deref().filter(|f| !f.is_empty() && *f != "."),
+                                format!("{what}: {e}"),
+                            )
+                        }
+                    });
                     return Err(serde::de::Error::custom("import stopped"));
                 }
             };
             state.samples += 1;
             let header = state.header.as_ref().expect("read before the samples");
-            let taken = parse_sample(raw.get().as_bytes(), &at)
-                .and_then(|sample| take_sample(sample, header, &at, state.sink));
-            if let Err(e) = taken {
+            if let Err(e) = take_sample(sample, header, &at, state.sink) {
                 state.failed = Some(e);
                 return Err(serde::de::Error::custom("import stopped"));
             }
         }
+        // The fields after the samples count with the header's.
+        METER.with(|m| {
+            let mut m = m.borrow_mut();
+            m.kept = head;
+            m.kept_max = MAX_HEADER_BYTES;
+        });
         Ok(())
+    }
+}
+
+/// One sample of a `.json` log, its path tracked: an error names the field.
+struct SampleSeed<'p>(&'p mut Option<String>);
+
+impl<'de> DeserializeSeed<'de> for SampleSeed<'_> {
+    type Value = Sample;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<Sample, D::Error> {
+        serde_path_to_error::deserialize(d).map_err(|e| {
+            *self.0 = Some(e.path().to_string());
+            e.into_inner()
+        })
     }
 }
 
@@ -543,40 +901,101 @@ struct Score {
     explanation: Option<String>,
 }
 
-#[derive(Deserialize)]
+/// One sample: the fields pieval reads, the event transcript and the solver's store read
+/// past ([`Skipped`]: never held), every other field kept as it is (`source_extra`).
+/// (Read field by field, not with serde's `flatten`, which would hold the whole sample,
+/// transcript included, before giving any field.)
 struct Sample {
     id: Value,
-    #[serde(default = "one")]
     epoch: u32,
     input: Value,
-    #[serde(default)]
     target: Value,
-    #[serde(default)]
     messages: Vec<Message>,
-    #[serde(default)]
     output: Option<Output>,
-    #[serde(default)]
     scores: Option<indexmap_like::Scores>,
-    #[serde(default)]
     metadata: Option<Map<String, Value>>,
-    #[serde(default)]
     error: Option<Value>,
-    #[serde(default)]
     total_time: Option<f64>,
-    #[serde(default)]
     attachments: Map<String, Value>,
-    #[serde(default)]
     completed_at: Option<String>,
-    // Inspect's transcript (repeats the messages) and the solver's store: left in the log.
-    #[serde(default, rename = "events")]
-    _events: IgnoredAny,
-    #[serde(default, rename = "store")]
-    _store: IgnoredAny,
-    // The message pool the events' `input_refs` point into (Inspect ≥ 0.3.2xx).
-    #[serde(default, rename = "events_data")]
-    _events_data: IgnoredAny,
-    #[serde(flatten)]
     extra: Map<String, Value>,
+}
+
+impl<'de> Deserialize<'de> for Sample {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Sample;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an Inspect sample (an object)")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Sample, A::Error> {
+                use serde::de::Error as _;
+                let (mut id, mut epoch, mut input, mut target) = (None, None, None, None);
+                let (mut messages, mut output, mut scores, mut metadata) = (None, None, None, None);
+                let (mut error, mut total_time, mut attachments, mut completed_at) =
+                    (None, None, None, None);
+                let mut skipped: Vec<String> = Vec::new();
+                let mut extra = Map::new();
+                fn once<T, E: serde::de::Error>(slot: &mut Option<T>, key: &str, v: T) -> std::result::Result<(), E> {
+                    if slot.is_some() {
+                        return Err(E::custom(format!("duplicate field `{key}`")));
+                    }
+                    *slot = Some(v);
+                    Ok(())
+                }
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "id" => once(&mut id, &key, map.next_value::<Value>()?)?,
+                        "epoch" => once(&mut epoch, &key, map.next_value::<u32>()?)?,
+                        "input" => once(&mut input, &key, map.next_value::<Value>()?)?,
+                        "target" => once(&mut target, &key, map.next_value::<Value>()?)?,
+                        "messages" => once(&mut messages, &key, map.next_value::<Option<Vec<Message>>>()?)?,
+                        "output" => once(&mut output, &key, map.next_value::<Option<Output>>()?)?,
+                        "scores" => once(&mut scores, &key, map.next_value::<Option<indexmap_like::Scores>>()?)?,
+                        "metadata" => once(&mut metadata, &key, map.next_value::<Option<Map<String, Value>>>()?)?,
+                        "error" => once(&mut error, &key, map.next_value::<Option<Value>>()?)?,
+                        "total_time" => once(&mut total_time, &key, map.next_value::<Option<f64>>()?)?,
+                        "attachments" => once(&mut attachments, &key, map.next_value::<Option<Map<String, Value>>>()?)?,
+                        "completed_at" => once(&mut completed_at, &key, map.next_value::<Option<String>>()?)?,
+                        // Inspect's transcript (it repeats the messages), the message pool
+                        // its events point into, and the solver's store: left in the log.
+                        "events" | "events_data" | "store" => {
+                            if skipped.contains(&key) {
+                                return Err(A::Error::custom(format!("duplicate field `{key}`")));
+                            }
+                            map.next_value::<Skipped>()?;
+                            skipped.push(key);
+                        }
+                        _ => {
+                            let v: Value = map.next_value()?;
+                            if extra.insert(key.clone(), v).is_some() {
+                                return Err(A::Error::custom(format!("duplicate field `{key}`")));
+                            }
+                        }
+                    }
+                }
+                Ok(Sample {
+                    id: id.ok_or_else(|| A::Error::missing_field("id"))?,
+                    epoch: epoch.unwrap_or(1),
+                    input: input.ok_or_else(|| A::Error::missing_field("input"))?,
+                    target: target.unwrap_or(Value::Null),
+                    messages: messages.flatten().unwrap_or_default(),
+                    output: output.flatten(),
+                    scores: scores.flatten(),
+                    metadata: metadata.flatten(),
+                    error: error.flatten(),
+                    total_time: total_time.flatten(),
+                    attachments: attachments.flatten().unwrap_or_default(),
+                    completed_at: completed_at.flatten(),
+                    extra,
+                })
+            }
+        }
+        d.deserialize_map(V)
+    }
 }
 
 /// Scores in the order the log lists them.
@@ -605,10 +1024,6 @@ mod indexmap_like {
             d.deserialize_map(V)
         }
     }
-}
-
-fn one() -> u32 {
-    1
 }
 
 /// A score value as a number: C 1, I 0, P 0.5 (Inspect's value_to_float), a bool, a

@@ -418,6 +418,62 @@ pub fn is_contract_id(id: &str) -> bool {
     crate::contract::record::check_id(id).is_ok()
 }
 
+/// The most bytes of a row's `source_extra` (the tool's fields pieval has no column for):
+/// past it, its largest fields are left in the source file (bound by its digest) and
+/// named in `cut_fields` (`source_extra.<field>`), so the row's line stays one every
+/// reader accepts.
+const MAX_EXTRA_BYTES: usize = 2 << 20;
+
+/// Keep a row within what a run holds: its extra fields within [`MAX_EXTRA_BYTES`] (the
+/// largest left out, and named); its calls within what an agent attempt records
+/// (`agent::run::MAX_RECORDED_BYTES`: past it they are not recorded and the row says so
+/// in its error, as an agent attempt of pieval's does); its transcript within what a
+/// reader buffers of an attempt (`MAX_ATTEMPT_BYTES`: past it the record is refused,
+/// with its size). The line's own text fields are cut by `write_attempt` when they must.
+fn bound_row(p: &mut PredictionRecord, at: &At) -> Result<()> {
+    use crate::rundir::checkpoint::MAX_ATTEMPT_BYTES;
+    if let Some(Value::Object(extra)) = &mut p.source_extra {
+        let len = |v: &Value| serde_json::to_vec(v).map_or(0, |b| b.len());
+        let mut total: usize = extra.iter().map(|(k, v)| k.len() + len(v) + 4).sum();
+        if total > MAX_EXTRA_BYTES {
+            let mut sizes: Vec<(usize, String)> =
+                extra.iter().map(|(k, v)| (len(v), k.clone())).collect();
+            sizes.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+            for (size, key) in sizes {
+                if total <= MAX_EXTRA_BYTES {
+                    break;
+                }
+                extra.remove(&key);
+                total -= size + key.len() + 4;
+                p.cut_fields.push(format!("source_extra.{key}"));
+            }
+        }
+    }
+    let recorded = crate::agent::run::MAX_RECORDED_BYTES;
+    if let Some(actions) = &p.agent_actions
+        && actions.len() > recorded
+    {
+        p.error = Some(format!(
+            "the agent's calls are {} bytes of JSON, more than the {} MiB an attempt records: not recorded (they are in the source file)",
+            actions.len(),
+            recorded >> 20
+        ));
+        p.agent_actions = Some("[]".into());
+        p.agent_stop = Some("error".into());
+    }
+    let held: u64 = p.turns.iter().map(|t| t.text_bytes() + 256).sum();
+    if held > MAX_ATTEMPT_BYTES {
+        return Err(at.error(
+            None,
+            format!(
+                "the transcript holds {held} bytes of text, more than the {} MiB an attempt pieval records may hold",
+                MAX_ATTEMPT_BYTES >> 20
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// What the importers write into: the run folder under construction.
 pub struct Sink {
     tool: &'static str,
@@ -713,6 +769,7 @@ impl Sink {
             p.source_verdict = s.and_then(|s| s.verdict);
             p.source_score = s.and_then(|s| s.score);
         }
+        bound_row(p, at)?;
         self.counts.tool_calls += p
             .turns
             .iter()
@@ -721,11 +778,11 @@ impl Sink {
         let attempt = p.attempt_id.clone();
         let (case_id, reference) = (p.case_id.clone(), at.reference());
         let path = self.dir.join(crate::rundir::PREDICTIONS_FILE);
-        crate::rundir::checkpoint::write_attempt(
-            &mut self.predictions,
-            &path,
-            &mut row.prediction,
-        )?;
+        crate::rundir::checkpoint::write_attempt(&mut self.predictions, &path, &mut row.prediction)
+            .map_err(|e| match e {
+                Error::State(m) => at.error(None, format!("the row pieval made of this record: {m}")),
+                e => e,
+            })?;
         self.tables.add(&row.prediction)?;
         self.counts.predictions += 1;
         for s in &row.scores {
@@ -989,10 +1046,12 @@ pub fn import(opts: &ImportOptions) -> Result<ImportReport> {
         crate::judge::RunVerdicts::Own,
         Vec::new(),
         true,
-    )?;
+    )
+    .map_err(|e| relocate(e, tmp.path(), &all))?;
     crate::runner::finish_manifest(&mut manifest, &report);
     manifest.write(tmp.path())?;
-    let (source_verdicts, agreed, disagreed) = agreement(tmp.path())?;
+    let (source_verdicts, agreed, disagreed) =
+        agreement(tmp.path()).map_err(|e| relocate(e, tmp.path(), &all))?;
     let output = tmp.commit()?;
     Ok(ImportReport {
         tool: imp.name.to_owned(),
@@ -1010,6 +1069,126 @@ pub fn import(opts: &ImportOptions) -> Result<ImportReport> {
         attack_success: report.attack_success,
         manual_review: report.manual_review,
     })
+}
+
+/// An error met while the import was scored names a file of the run being written,
+/// under its temporary name (`.run.tmp-…/predictions.jsonl:7`): what the user can find is
+/// the record it was made from. The error is put at the source file and its line or entry
+/// (the row's `source_ref`, the case's `source_reference`), pieval's file named after it.
+/// An error of another shape has the temporary folder's name taken out of its text.
+fn relocate(e: Error, tmp: &Path, sources: &[PathBuf]) -> Error {
+    match e {
+        Error::Input {
+            path,
+            line,
+            field,
+            message,
+        } if path.starts_with(tmp) => {
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let what = match name.as_str() {
+                crate::rundir::PREDICTIONS_FILE => "row",
+                crate::rundir::CASES_FILE => "case",
+                _ => "file",
+            };
+            match record_source(&path, line, sources) {
+                Some((source, reference)) => Error::Input {
+                    path: source,
+                    line: reference.1,
+                    field: Some(match (&reference.0, field) {
+                        (Some(entry), Some(f)) => format!("{entry}: {f}"),
+                        (Some(entry), None) => entry.clone(),
+                        (None, f) => f.unwrap_or_else(|| "record".into()),
+                    }),
+                    message: format!(
+                        "{message} (in the {what} pieval made of this record: {name} line {line})"
+                    ),
+                },
+                None => Error::State(format!(
+                    "{name} line {line} of the run being imported: {}: {message}",
+                    field.as_deref().unwrap_or("record")
+                )),
+            }
+        }
+        Error::Query(m) => Error::Query(untemporary(&m, tmp)),
+        Error::State(m) => Error::State(untemporary(&m, tmp)),
+        Error::Internal(m) => Error::Internal(untemporary(&m, tmp)),
+        Error::Usage(m) => Error::Usage(untemporary(&m, tmp)),
+        e => e,
+    }
+}
+
+/// `text` with the temporary folder's path said as what it is.
+fn untemporary(text: &str, tmp: &Path) -> String {
+    text.replace(&tmp.display().to_string(), "(the run being imported)")
+}
+
+/// The source of the record at `line` of a file of the run being written
+/// (`predictions.jsonl`: the row of that line, or of the turn lines it belongs to;
+/// `cases.jsonl`: the case): its source file (the one of `sources` its reference names,
+/// else its name as written), and its entry and line there.
+fn record_source(
+    path: &Path,
+    line: u64,
+    sources: &[PathBuf],
+) -> Option<(PathBuf, (Option<String>, u64))> {
+    use crate::corpus::lines::{Line, LineReader};
+    let file = crate::files::open_regular(path, crate::files::Links::Refuse).ok()?;
+    let mut reader = LineReader::new(
+        std::io::BufReader::new(file),
+        crate::rundir::checkpoint::MAX_LINE_BYTES,
+    );
+    let mut n = 0u64;
+    let reference = loop {
+        let next = reader.next_line().ok()??;
+        n += 1;
+        if n < line {
+            continue;
+        }
+        let Line::Bytes(bytes) = next else {
+            return None;
+        };
+        let v: Value = serde_json::from_slice(bytes).ok()?;
+        // A turn line: its row is the prediction line after its attempt's turns.
+        if v.get(crate::rundir::checkpoint::RECORD_KEY).is_some() {
+            continue;
+        }
+        break v
+            .get("source_ref")
+            .or_else(|| v.get("source_reference"))?
+            .as_str()?
+            .to_owned();
+    };
+    // `name:line`, `name:entry` or `name:entry:line` (At::reference).
+    let matching: Vec<&PathBuf> = sources
+        .iter()
+        .filter(|s| {
+            s.file_name()
+                .is_some_and(|n| reference.starts_with(&format!("{}:", n.to_string_lossy())))
+        })
+        .collect();
+    let (source, rest) = match matching.as_slice() {
+        [one] => {
+            let n = one.file_name()?.to_string_lossy().len();
+            ((*one).clone(), reference[n + 1..].to_owned())
+        }
+        _ => {
+            let (name, rest) = reference.split_once(':')?;
+            (PathBuf::from(name), rest.to_owned())
+        }
+    };
+    let place = match rest.parse::<u64>() {
+        Ok(l) => (None, l),
+        Err(_) => match rest.rsplit_once(':') {
+            Some((entry, l)) if l.parse::<u64>().is_ok() => {
+                (Some(entry.to_owned()), l.parse().unwrap_or(0))
+            }
+            _ => (Some(rest), 0),
+        },
+    };
+    Some((source, place))
 }
 
 /// Rows with a source verdict; of those decided by pieval too, agreeing and not.
@@ -1274,4 +1453,56 @@ mod tests {
         );
         assert!(case_id("x", &[&long]).len() <= MAX_ID_BYTES);
     }
+
+    /// An error met while the import was scored is put at the record it was made from:
+    /// never at pieval's own file under its temporary name.
+    #[test]
+    fn errors_of_the_run_being_written_name_the_source_record() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path().join(".r.tmp-1-0000000000000000");
+        std::fs::create_dir(&run).unwrap();
+        std::fs::write(
+            run.join(crate::rundir::PREDICTIONS_FILE),
+            concat!(
+                r#"{"pieval_record":"turn","case_id":"c","attempt_id":"c","index":1}"#, "\n",
+                r#"{"case_id":"c","source_ref":"log.eval:samples/x_epoch_1.json"}"#, "\n",
+                r#"{"case_id":"d","source_ref":"report.jsonl:12"}"#, "\n",
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            run.join(crate::rundir::CASES_FILE),
+            r#"{"case_id":"c","source_reference":"report.jsonl:12"}"#,
+        )
+        .unwrap();
+        let sources = vec![PathBuf::from("/data/log.eval"), PathBuf::from("/data/report.jsonl")];
+        let at = |file: &str, line: u64| Error::Input {
+            path: run.join(file),
+            line,
+            field: Some("response_text".into()),
+            message: "too long".into(),
+        };
+        let e = relocate(at(crate::rundir::PREDICTIONS_FILE, 1), &run, &sources).to_string();
+        assert!(
+            e.starts_with("/data/log.eval:0: samples/x_epoch_1.json: response_text: too long"),
+            "{e}"
+        );
+        assert!(!e.contains(".tmp-"), "{e}");
+        let e = relocate(at(crate::rundir::PREDICTIONS_FILE, 3), &run, &sources).to_string();
+        assert!(e.starts_with("/data/report.jsonl:12: response_text: too long"), "{e}");
+        let e = relocate(at(crate::rundir::CASES_FILE, 1), &run, &sources).to_string();
+        assert!(e.starts_with("/data/report.jsonl:12: response_text"), "{e}");
+        assert!(e.contains("in the case pieval made of this record"), "{e}");
+        // A line that is not there: said without the temporary name.
+        let e = relocate(at(crate::rundir::CASES_FILE, 9), &run, &sources).to_string();
+        assert!(!e.contains(".tmp-"), "{e}");
+        let e = relocate(
+            Error::Query(format!("External: {}/predictions.jsonl: bad", run.display())),
+            &run,
+            &sources,
+        )
+        .to_string();
+        assert!(!e.contains(".tmp-"), "{e}");
+    }
+
 }

@@ -360,6 +360,49 @@ pub fn write_attempt(out: &mut impl Write, path: &Path, rec: &mut PredictionReco
     }
     let turns = std::mem::take(&mut rec.turns);
     if !turns.is_empty() {
+        rec.turn_lines = Some(turns.len() as u32);
+    }
+    // The prediction line first (cut if it must be): an attempt whose line cannot be
+    // written writes nothing.
+    let mut line = encode(&*rec)?;
+    // Only a case far over the corpus reader's line limit (or an imported record of
+    // long texts) gets here: its request fields are cut, and say so; to a quarter of
+    // a mebibyte each when 2 MiB each is still too long.
+    for cap in [FIELD_CUT_BYTES, FIELD_CUT_BYTES / 8] {
+        if line.len() <= MAX_LINE_BYTES {
+            break;
+        }
+        let fields: [(&str, &mut Option<String>); 7] = [
+            ("request_context", &mut rec.request_context),
+            ("request_task_input", &mut rec.request_task_input),
+            ("request_prompt", &mut rec.request_prompt),
+            ("probe_response", &mut rec.probe_response),
+            ("translation", &mut rec.translation),
+            ("response_text", &mut rec.response_text),
+            ("error", &mut rec.error),
+        ];
+        for (name, v) in fields {
+            if let Some(s) = v
+                && cut_escaped(s, cap)
+                && !rec.cut_fields.iter().any(|c| c == name)
+            {
+                rec.cut_fields.push(name.to_owned());
+            }
+        }
+        line = encode(&*rec)?;
+    }
+    if line.len() > MAX_LINE_BYTES {
+        // Its other fields alone are too long: never written, so never a line a
+        // reader refuses.
+        rec.turns = turns;
+        rec.turn_lines = None;
+        return Err(Error::State(format!(
+            "a prediction line of {} bytes even with its text fields cut, more than the {} MiB every reader accepts",
+            line.len(),
+            MAX_LINE_BYTES >> 20
+        )));
+    }
+    if !turns.is_empty() {
         let attempt = rec.key().to_owned();
         for (i, t) in turns.iter().enumerate() {
             let head = TurnLineOut {
@@ -406,31 +449,6 @@ pub fn write_attempt(out: &mut impl Write, path: &Path, rec: &mut PredictionReco
             };
             out.write_all(&encode(&named)?).map_err(io)?;
         }
-        rec.turn_lines = Some(turns.len() as u32);
-    }
-    let mut line = encode(&*rec)?;
-    if line.len() > MAX_LINE_BYTES {
-        // Only a case far over the corpus reader's line limit gets here: its request
-        // fields are cut, and say so.
-        let fields: [(&str, &mut Option<String>); 7] = [
-            ("request_context", &mut rec.request_context),
-            ("request_task_input", &mut rec.request_task_input),
-            ("request_prompt", &mut rec.request_prompt),
-            ("probe_response", &mut rec.probe_response),
-            ("translation", &mut rec.translation),
-            ("response_text", &mut rec.response_text),
-            ("error", &mut rec.error),
-        ];
-        let mut cut = Vec::new();
-        for (name, v) in fields {
-            if let Some(s) = v
-                && cut_escaped(s, FIELD_CUT_BYTES)
-            {
-                cut.push(name.to_owned());
-            }
-        }
-        rec.cut_fields = cut;
-        line = encode(&*rec)?;
     }
     out.write_all(&line).map_err(io)?;
     rec.turns = turns;

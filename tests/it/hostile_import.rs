@@ -790,3 +790,315 @@ fn a_database_of_millions_of_rows_is_read_in_one_pass_and_a_killed_import_leaves
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(temporary(parent.path()), Vec::<String>::new());
 }
+
+// ---------------------------------------------------------------------------------------
+// Inspect archives: members within bounds before they are inflated.
+
+/// Run `cmd` to its end: its output and its peak resident memory (bytes), from the kernel's
+/// accounting of the child (`wait4`).
+fn run_measured(cmd: &mut std::process::Command) -> (common::Output, u64) {
+    use std::io::Read;
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let o = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let e = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid value for wait4 to fill.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: the child is ours and not yet waited for; both pointers are valid.
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as i32);
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        -1
+    };
+    (
+        common::Output {
+            code,
+            stdout: o.join().unwrap(),
+            stderr: e.join().unwrap(),
+        },
+        usage.ru_maxrss as u64 * 1024,
+    )
+}
+
+/// An `.eval` archive of `entries` (name, then the JSON text in pieces written in turn:
+/// a piece repeated to make a long value is written without being held), compressed
+/// with zstd as Inspect compresses them.
+fn write_eval(path: &Path, entries: &[(&str, Vec<(Vec<u8>, usize)>)]) {
+    use std::io::Write;
+    let mut z = zip::ZipWriter::new(std::fs::File::create(path).unwrap());
+    let opts = zip::write::SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Zstd)
+        .large_file(true);
+    for (name, pieces) in entries {
+        z.start_file(*name, opts).unwrap();
+        for (bytes, times) in pieces {
+            for _ in 0..*times {
+                z.write_all(bytes).unwrap();
+            }
+        }
+    }
+    z.finish().unwrap();
+}
+
+/// The fixture's header and first sample, as JSON values.
+fn inspect_parts() -> (Value, Value) {
+    use std::io::Read;
+    let mut z = zip::ZipArchive::new(std::fs::File::open(fixture("inspect/injection.eval")).unwrap()).unwrap();
+    let mut read = |name: &str| -> Value {
+        let mut s = String::new();
+        z.by_name(name).unwrap().read_to_string(&mut s).unwrap();
+        serde_json::from_str(&s).unwrap()
+    };
+    (read("header.json"), read("samples/forward-3_epoch_1.json"))
+}
+
+/// `sample` with the field at `key` (a top-level key) a text of `n` copies of `fill`,
+/// as pieces for [`write_eval`].
+fn with_long_field(sample: &Value, key: &str, prefix: &str, n: usize) -> Vec<(Vec<u8>, usize)> {
+    let mut s = sample.clone();
+    s.as_object_mut().unwrap().remove(key);
+    let text = s.to_string();
+    let head = format!("{},\"{key}\":{prefix}\"", &text[..text.len() - 1]);
+    let close = if prefix.is_empty() { "\"}".to_owned() } else { "\"}]}".to_owned() };
+    vec![
+        (head.into_bytes(), 1),
+        (vec![b'A'; 1 << 20], n),
+        (close.into_bytes(), 1),
+    ]
+}
+
+const MAX_RSS: u64 = 300 << 20;
+
+#[test]
+fn inspect_archive_members_are_bounded_before_they_are_inflated() {
+    let dir = tempfile::tempdir().unwrap();
+    let (header, sample) = inspect_parts();
+    let header_bytes = header.to_string().into_bytes();
+    let name = "samples/forward-3_epoch_1.json";
+    let import = |file: &Path, env: &[(&str, &str)]| {
+        let out = dir.path().join(format!("run-{}", fastrand::u64(..)));
+        let mut cmd = pieval();
+        cmd.args(["import", "inspect"]).arg(file).arg("--output").arg(&out).arg("--json");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let (r, rss) = run_measured(&mut cmd);
+        assert!(
+            rss < MAX_RSS,
+            "{}: {} MiB peak memory",
+            file.display(),
+            rss >> 20
+        );
+        (r, out)
+    };
+
+    // A sample whose message is 600 MiB (a 100 KB file): refused at what can be used,
+    // while it streams.
+    let big = dir.path().join("big-message.eval");
+    write_eval(
+        &big,
+        &[
+            ("header.json", vec![(header_bytes.clone(), 1)]),
+            (name, with_long_field(&sample, "messages", "[{\"role\":\"user\",\"content\":", 600)),
+        ],
+    );
+    assert!(std::fs::metadata(&big).unwrap().len() < 1 << 20);
+    let (r, out) = import(&big, &[]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains(name) && r.stderr.contains("more than 64 MiB"), "{}", r.stderr);
+    assert!(!out.exists());
+
+    // A 300 MiB event transcript: read past, never held; the sample is imported.
+    let events = dir.path().join("big-events.eval");
+    write_eval(
+        &events,
+        &[
+            ("header.json", vec![(header_bytes.clone(), 1)]),
+            (name, with_long_field(&sample, "events", "[{\"event\":\"log\",\"message\":", 300)),
+        ],
+    );
+    let (r, _) = import(&events, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(serde_json::from_str::<Value>(&r.stdout).unwrap()["predictions"], 1);
+    // The same past the entry's bound (made small for the test): refused as it inflates.
+    let (r, _) = import(&events, &[("PIEVAL_TEST_MAX_ENTRY_BYTES", "67108864")]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains(name) && r.stderr.contains("inflates to") && r.stderr.contains("more than 64 MiB"),
+        "{}",
+        r.stderr
+    );
+
+    // A header of 100 MiB: refused at the header's bound.
+    let mut h = header.clone();
+    h.as_object_mut().unwrap().remove("plan");
+    let huge_header = dir.path().join("big-header.eval");
+    write_eval(
+        &huge_header,
+        &[
+            ("header.json", with_long_field(&h, "plan", "", 100)),
+            (name, vec![(sample.to_string().into_bytes(), 1)]),
+        ],
+    );
+    let (r, _) = import(&huge_header, &[]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("header.json") && r.stderr.contains("more than 16 MiB"), "{}", r.stderr);
+
+    // Six samples of 40 MiB each (under the bound): imported one large sample at a time.
+    let many = dir.path().join("many-large.eval");
+    let mut entries: Vec<(String, Vec<(Vec<u8>, usize)>)> =
+        vec![("header.json".into(), vec![(header_bytes.clone(), 1)])];
+    for i in 0..6 {
+        let mut s = sample.clone();
+        s["id"] = json!(format!("large-{i}"));
+        entries.push((
+            format!("samples/large-{i}_epoch_1.json"),
+            with_long_field(&s, "notes", "", 40),
+        ));
+    }
+    let refs: Vec<(&str, Vec<(Vec<u8>, usize)>)> =
+        entries.iter().map(|(n, p)| (n.as_str(), p.clone())).collect();
+    write_eval(&many, &refs);
+    let (r, out) = import(&many, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(serde_json::from_str::<Value>(&r.stdout).unwrap()["predictions"], 6);
+    // A field too long for a row's line is left in the log, and the row says so.
+    let rows: Vec<Value> = read_jsonl(&out.join("predictions.jsonl"))
+        .into_iter()
+        .filter(|p| p.get("pieval_record").is_none())
+        .collect();
+    assert_eq!(rows.len(), 6);
+    for p in rows {
+        assert_eq!(p["cut_fields"], json!(["source_extra.notes"]), "{}", p["case_id"]);
+    }
+
+    // A .json log with a 100 MiB sample: the same bound, streamed.
+    let mut log: Value =
+        serde_json::from_slice(&std::fs::read(fixture("inspect/injection.json")).unwrap()).unwrap();
+    let first = log["samples"][0].clone();
+    log["samples"] = json!([]);
+    let text = log.to_string();
+    let at = text.find("\"samples\":[]").unwrap() + "\"samples\":[".len();
+    let mut body = text[..at].as_bytes().to_vec();
+    for (bytes, times) in with_long_field(&first, "messages", "[{\"role\":\"user\",\"content\":", 100) {
+        for _ in 0..times {
+            body.extend_from_slice(&bytes);
+        }
+    }
+    body.extend_from_slice(text[at..].as_bytes());
+    let json_log = dir.path().join("big-sample.json");
+    std::fs::write(&json_log, &body).unwrap();
+    drop(body);
+    let (r, _) = import(&json_log, &[]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("samples[0]") && r.stderr.contains("more than 64 MiB"), "{}", r.stderr);
+}
+
+#[test]
+fn an_archive_naming_an_entry_twice_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (header, sample) = inspect_parts();
+    let mut other = sample.clone();
+    other["output"]["completion"] = json!("a different answer under the same name");
+    // Python's zipfile writes a name twice (with a warning); the zip crate will not.
+    let script = r#"
+import sys, warnings, zipfile
+warnings.simplefilter("ignore")
+out, header, a, b = sys.argv[1:5]
+with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+    z.writestr("header.json", open(header).read())
+    z.writestr("samples/forward-3_epoch_1.json", open(a).read())
+    z.writestr("samples/forward-3_epoch_1.json", open(b).read())
+    z.writestr("header.json", open(header).read())
+"#;
+    let (h, a, b) = (dir.path().join("h.json"), dir.path().join("a.json"), dir.path().join("b.json"));
+    std::fs::write(&h, header.to_string()).unwrap();
+    std::fs::write(&a, sample.to_string()).unwrap();
+    std::fs::write(&b, other.to_string()).unwrap();
+    let eval = dir.path().join("twice.eval");
+    let made = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args([&eval, &h, &a, &b])
+        .output()
+        .expect("python3 (the test writes the archive with its zipfile)");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let parent = tempfile::tempdir().unwrap();
+    let r = run(pieval()
+        .args(["import", "inspect"])
+        .arg(&eval)
+        .arg("--output")
+        .arg(parent.path().join("run")));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    for want in ["same name twice", "\"samples/forward-3_epoch_1.json\"", "\"header.json\""] {
+        assert!(r.stderr.contains(want), "{want:?} not in {}", r.stderr);
+    }
+    let left: Vec<_> = std::fs::read_dir(parent.path()).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn an_archive_member_larger_than_it_says_is_refused_as_it_inflates() {
+    let dir = tempfile::tempdir().unwrap();
+    let (header, mut sample) = inspect_parts();
+    sample["events"] = json!([{"event": "log", "message": "A".repeat(8 << 20)}]);
+    let (h, a) = (dir.path().join("h.json"), dir.path().join("a.json"));
+    std::fs::write(&h, header.to_string()).unwrap();
+    std::fs::write(&a, sample.to_string()).unwrap();
+    // The sample's sizes in its local header and the central directory say 5,000 bytes.
+    let script = r#"
+import struct, sys, zipfile
+out, header, sample = sys.argv[1:4]
+name = b"samples/forward-3_epoch_1.json"
+with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+    z.writestr("header.json", open(header).read())
+    z.writestr(name.decode(), open(sample).read())
+b = bytearray(open(out, "rb").read())
+for sig, size_at, name_len_at, name_at in ((b"PK\x03\x04", 22, 26, 30), (b"PK\x01\x02", 24, 28, 46)):
+    i = b.find(sig)
+    while i >= 0:
+        n = struct.unpack("<H", b[i + name_len_at:i + name_len_at + 2])[0]
+        if b[i + name_at:i + name_at + n] == name:
+            b[i + size_at:i + size_at + 4] = struct.pack("<I", 5000)
+        i = b.find(sig, i + 4)
+open(out, "wb").write(b)
+"#;
+    let eval = dir.path().join("lying.eval");
+    let made = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args([&eval, &h, &a])
+        .output()
+        .expect("python3 (the test writes the archive with its zipfile)");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let parent = tempfile::tempdir().unwrap();
+    let r = run(pieval()
+        .args(["import", "inspect"])
+        .arg(&eval)
+        .arg("--output")
+        .arg(parent.path().join("run")));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("samples/forward-3_epoch_1.json") && r.stderr.contains("larger than its declared"),
+        "{}",
+        r.stderr
+    );
+    let left: Vec<_> = std::fs::read_dir(parent.path()).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+}
