@@ -337,13 +337,17 @@ pub async fn run(
             ));
             reply.tool_calls.truncate(MAX_PARALLEL_CALLS);
         }
-        for call in &mut reply.tool_calls {
-            cap_arguments(&mut call.arguments);
-        }
-        messages.push(assistant_message(
-            reply.content.as_deref(),
-            &reply.tool_calls,
-        ));
+        // What is re-sent and recorded of the calls is cut; the environment judges each
+        // call on its arguments as sent (a refusal names their real size).
+        let capped: Vec<ToolCall> = reply
+            .tool_calls
+            .iter()
+            .map(|c| ToolCall {
+                arguments: super::world::capped_arguments(&c.arguments).into_owned(),
+                ..c.clone()
+            })
+            .collect();
+        messages.push(assistant_message(reply.content.as_deref(), &capped));
         let done = batch.run(&reply.tool_calls, true, &mut turn, &mut messages);
         seen |= done.seen;
         out.turns.push(turn);
@@ -414,20 +418,6 @@ pub const MAX_AGENT_BYTES: usize = 64 << 20;
 /// prediction line, which stays under the checkpoint's line limit).
 pub const MAX_RECORDED_BYTES: usize = 4 << 20;
 
-/// Arguments past `world::MAX_ARGUMENT_BYTES` kept cut, with a marker (the call is
-/// rejected by the environment either way; its name still counts).
-fn cap_arguments(args: &mut String) {
-    let max = super::world::MAX_ARGUMENT_BYTES;
-    if args.len() > max {
-        let mut end = max;
-        while !args.is_char_boundary(end) {
-            end -= 1;
-        }
-        args.truncate(end);
-        args.push_str(" […arguments cut at 16 KiB]");
-    }
-}
-
 /// The assistant message that asks for `calls` (OpenAI's chat form).
 fn assistant_message(content: Option<&str>, calls: &[ToolCall]) -> Value {
     json!({"role": "assistant", "content": content, "tool_calls": calls.iter().map(|t| json!({
@@ -476,7 +466,7 @@ impl Batch<'_, '_, '_> {
             let mut rec = ToolCallRecord {
                 id: call.id.clone(),
                 name: call.name.clone(),
-                arguments: call.arguments.clone(),
+                arguments: super::world::capped_arguments(&call.arguments).into_owned(),
                 ..ToolCallRecord::default()
             };
             if done.blocked.is_some() {
@@ -499,7 +489,7 @@ impl Batch<'_, '_, '_> {
                 }
                 if rec.action {
                     // `failed`: the call returned a tool error (criteria with `ok` skip it).
-                    let mut action = json!({"name": call.name, "arguments": call.arguments});
+                    let mut action = json!({"name": call.name, "arguments": rec.arguments});
                     if rec.error {
                         action["failed"] = Value::Bool(true);
                     }

@@ -17,6 +17,39 @@ use crate::detect::fold::fold;
 /// The longest arguments text a call may carry: longer is a tool error (and keeps a
 /// prediction line bounded).
 pub const MAX_ARGUMENT_BYTES: usize = 16 << 10;
+
+/// How arguments cut for the record end: their size as sent.
+const CUT_MARK: (&str, &str) = (" […arguments of ", " bytes, cut at 16 KiB]");
+
+/// Arguments as re-sent to the model and recorded: past [`MAX_ARGUMENT_BYTES`] cut, with
+/// a marker giving their size as sent (the call is refused either way, on the arguments
+/// as sent; its name still counts). A record already cut is kept as it is (a replay
+/// records what the first run did).
+pub fn capped_arguments(args: &str) -> std::borrow::Cow<'_, str> {
+    if args.len() <= MAX_ARGUMENT_BYTES || cut_size(args).is_some() {
+        return std::borrow::Cow::Borrowed(args);
+    }
+    let mut end = MAX_ARGUMENT_BYTES;
+    while !args.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!(
+        "{}{}{}{}",
+        &args[..end],
+        CUT_MARK.0,
+        args.len(),
+        CUT_MARK.1
+    ))
+}
+
+/// The size arguments had when sent, when `args` is a record of them cut by
+/// [`capped_arguments`].
+fn cut_size(args: &str) -> Option<usize> {
+    let rest = args.strip_suffix(CUT_MARK.1)?;
+    let (head, n) = rest.rsplit_once(CUT_MARK.0)?;
+    let n: usize = n.parse().ok()?;
+    (head.len() <= MAX_ARGUMENT_BYTES && n > MAX_ARGUMENT_BYTES).then_some(n)
+}
 /// The longest tool output sent back; longer is cut there, and says so.
 pub const MAX_OUTPUT_BYTES: usize = 64 << 10;
 
@@ -64,8 +97,9 @@ fn cap(mut s: String) -> String {
         while !s.is_char_boundary(end) {
             end -= 1;
         }
+        let len = s.len();
         s.truncate(end);
-        s.push_str(" […output cut at 64 KiB]");
+        s.push_str(&format!(" […output of {len} bytes, cut at 64 KiB]"));
     }
     s
 }
@@ -198,9 +232,10 @@ impl<'e> World<'e> {
             ));
         };
         if arguments.len() > MAX_ARGUMENT_BYTES {
+            // Their size as the model sent them (a replayed call holds the record's cut).
             return Outcome::rejected(format!(
                 "the arguments are {} bytes; at most {MAX_ARGUMENT_BYTES} are accepted",
-                arguments.len()
+                cut_size(arguments).unwrap_or(arguments.len())
             ));
         }
         let args: Value = if arguments.trim().is_empty() {
@@ -678,13 +713,33 @@ mod tests {
         }
         let long = format!(
             r#"{{"recipient": "{}", "amount": 1}}"#,
-            "x".repeat(MAX_ARGUMENT_BYTES)
+            "x".repeat(2 * MAX_ARGUMENT_BYTES)
         );
+        let mut said = |args: &str| {
+            let o = w.call("send_money", args, &offered);
+            assert!(o.error && !o.executed, "{o:?}");
+            o.output
+        };
+        // Refused with its size as sent, live and replayed from the cut record.
+        let want = format!(
+            "the arguments are {} bytes; at most {MAX_ARGUMENT_BYTES} are accepted",
+            long.len()
+        );
+        assert_eq!(said(&long), want);
+        let record = capped_arguments(&long).into_owned();
+        assert!(record.len() < long.len() && record.ends_with(" bytes, cut at 16 KiB]"));
+        assert_eq!(said(&record), want);
+        assert_eq!(capped_arguments(&record), record, "a record is cut once");
+        // A tool's output past its bound is cut, saying its size.
+        let out = cap("y".repeat(MAX_OUTPUT_BYTES + 100));
         assert!(
-            w.call("send_money", &long, &offered)
-                .output
-                .contains("at most")
+            out.ends_with(&format!(" […output of {} bytes, cut at 64 KiB]", MAX_OUTPUT_BYTES + 100)),
+            "{}",
+            &out[out.len() - 60..]
         );
+        // A marker a model wrote itself, under the limit, is only text.
+        let small = format!("{{}} […arguments of 99999 bytes, cut at 16 KiB]");
+        assert_eq!(capped_arguments(&small), small);
         assert!(
             w.state()["transactions"].as_array().unwrap().is_empty(),
             "nothing was done"

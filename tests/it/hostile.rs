@@ -2768,3 +2768,85 @@ fn refusal_packs_whose_rules_join_into_anything_are_refused() {
         r.stderr
     );
 }
+
+/// Issue 52, class 7: sizes said truthfully. A tool argument over the limit is refused
+/// with its real size, and recorded cut with a marker giving it — never the size it had
+/// after cutting.
+#[test]
+fn an_oversize_tool_argument_is_said_with_its_real_size() {
+    use crate::common::chat_server::{Action, ChatServer, OBEDIENT};
+    let dir = tempfile::tempdir().unwrap();
+    let cases = read_jsonl(&repo("tests/fixtures/agents/cases.jsonl"));
+    let mut case = cases
+        .into_iter()
+        .find(|c| c["case_id"] == "agent-malformed")
+        .unwrap();
+    let args = format!("{{\"recipient\": \"{}\", \"amount\": 5}}", "a".repeat(20_000));
+    case["case_id"] = json!("agent-oversize");
+    case["prompt"] = json!(format!("Pay Alice 5.\nCALL send_money {args}"));
+    let corpus = dir.path().join("cases.jsonl");
+    write_jsonl(&corpus, &[case]);
+    let server = ChatServer::always(Action::Answer);
+    let cfg = dir.path().join("oversize.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "experiment: {{name: oversize, seed: 1, output_dir: \"{}\"}}\ndataset: {{path: \"{}\"}}\nmodel: {{provider: openai, name: {OBEDIENT}, base_url: \"{}\", timeout_s: 5, max_retries: 0}}\nmitigation: {{name: none}}\n",
+            dir.path().join("results").display(),
+            corpus.display(),
+            server.base_url()
+        ),
+    )
+    .unwrap();
+    let r = run(pieval().arg("run").arg(&cfg));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let calls_of = |results: &Path| -> Vec<Value> {
+        let run_dir = std::fs::read_dir(results)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.is_dir())
+            .unwrap();
+        read_jsonl(&run_dir.join("predictions.jsonl"))
+            .into_iter()
+            .filter(|l| l["pieval_record"] == "turn")
+            .flat_map(|l| l["turn"]["tool_calls"].as_array().cloned().unwrap_or_default())
+            .filter(|c| c["name"] == "send_money")
+            .collect()
+    };
+    let calls = calls_of(&dir.path().join("results"));
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    // Replayed from the record, the call is refused in the same words and recorded the same.
+    let live = std::fs::read_dir(dir.path().join("results"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.is_dir())
+        .unwrap();
+    let again = dir.path().join("again.yaml");
+    std::fs::write(
+        &again,
+        format!(
+            "experiment: {{name: again, seed: 1, output_dir: \"{}\"}}\ndataset: {{path: \"{}\"}}\nmodel: {{provider: replay, name: r, replay_from: \"{}\"}}\nmitigation: {{name: none}}\n",
+            dir.path().join("replayed").display(),
+            corpus.display(),
+            live.display()
+        ),
+    )
+    .unwrap();
+    let r = run(pieval().arg("run").arg(&again));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(calls_of(&dir.path().join("replayed")), calls);
+    let real = args.len();
+    assert_eq!(
+        calls[0]["output"],
+        format!("the arguments are {real} bytes; at most 16384 are accepted"),
+        "{}",
+        calls[0]
+    );
+    let recorded = calls[0]["arguments"].as_str().unwrap();
+    assert!(
+        recorded.ends_with(&format!("[…arguments of {real} bytes, cut at 16 KiB]")),
+        "{}",
+        &recorded[recorded.len().saturating_sub(80)..]
+    );
+    assert!(recorded.len() < real);
+}
