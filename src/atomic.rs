@@ -653,12 +653,25 @@ mod tests {
             std::fs::write(reused.join(OWNER_FILE), format!("{pid} {other} {boot}")).unwrap();
             assert!(owner_is_gone(&reused, pid), "a reused id keeps the folder");
             std::fs::write(reused.join(OWNER_FILE), &me).unwrap();
-            assert!(!owner_is_gone(&reused, pid), "the running owner's folder is removed");
-            std::fs::write(reused.join(OWNER_FILE), format!("{pid} {started} another-boot")).unwrap();
-            assert!(owner_is_gone(&reused, pid), "a folder of another boot is kept");
+            assert!(
+                !owner_is_gone(&reused, pid),
+                "the running owner's folder is removed"
+            );
+            std::fs::write(
+                reused.join(OWNER_FILE),
+                format!("{pid} {started} another-boot"),
+            )
+            .unwrap();
+            assert!(
+                owner_is_gone(&reused, pid),
+                "a folder of another boot is kept"
+            );
             // A temporary folder made here names this process, and goes on commit.
             let made = TempDir::create(&dir.path().join("made")).unwrap();
-            assert_eq!(std::fs::read_to_string(made.path().join(OWNER_FILE)).unwrap(), me);
+            assert_eq!(
+                std::fs::read_to_string(made.path().join(OWNER_FILE)).unwrap(),
+                me
+            );
             let at = made.commit().unwrap();
             assert!(!at.join(OWNER_FILE).exists());
         }

@@ -178,6 +178,7 @@ pub const RETRIES_ENV: &str = "PIEVAL_S3_RETRIES";
 impl Store {
     /// The bucket of `loc`, with everything else from the environment.
     pub fn open(loc: &Location) -> Result<Self> {
+        register_credentials();
         let mut retry = object_store::RetryConfig::default();
         if let Ok(v) = std::env::var(RETRIES_ENV) {
             retry.max_retries = v.trim().parse().map_err(|_| {
@@ -798,23 +799,26 @@ fn child_key(dir: &ObjPath, name: &str) -> ObjPath {
     })
 }
 
-/// An error of the S3 client as text, with anything that looks like a credential
-/// removed (the client's messages name URLs and headers, never a secret as far as its
-/// source shows; this is a second guard).
-fn redact(e: &object_store::Error) -> String {
-    let mut text = e.to_string();
+/// The credentials of the environment, registered as secrets: redacted, in any
+/// spelling, from every text pieval writes or prints (`crate::secrets`).
+fn register_credentials() {
     for var in [
         "AWS_SECRET_ACCESS_KEY",
         "AWS_SESSION_TOKEN",
         "AWS_ACCESS_KEY_ID",
     ] {
-        if let Ok(secret) = std::env::var(var)
-            && secret.len() >= 4
-        {
-            text = text.replace(&secret, "[redacted]");
+        if let Ok(secret) = std::env::var(var) {
+            crate::secrets::register(secret.trim());
         }
     }
-    text
+}
+
+/// An error of the S3 client as text, with the credentials removed in any spelling (the
+/// client's messages name URLs and headers, never a secret as far as its source shows;
+/// a server's error body is quoted in them, and may echo anything).
+fn redact(e: &object_store::Error) -> String {
+    register_credentials();
+    crate::secrets::redact(&e.to_string()).0.into_owned()
 }
 
 /// One file of a commit.

@@ -733,7 +733,10 @@ mod tests {
         // A tool's output past its bound is cut, saying its size.
         let out = cap("y".repeat(MAX_OUTPUT_BYTES + 100));
         assert!(
-            out.ends_with(&format!(" […output of {} bytes, cut at 64 KiB]", MAX_OUTPUT_BYTES + 100)),
+            out.ends_with(&format!(
+                " […output of {} bytes, cut at 64 KiB]",
+                MAX_OUTPUT_BYTES + 100
+            )),
             "{}",
             &out[out.len() - 60..]
         );

@@ -12,13 +12,18 @@ use crate::error::{Error, Result};
 
 pub fn stdout_line(text: &str) -> Result<()> {
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{}", crate::text::terminal(text))
-        .map_err(|e| Error::io("<stdout>", "cannot write", e))
+    writeln!(
+        out,
+        "{}",
+        crate::text::terminal(&crate::secrets::redact(text).0)
+    )
+    .map_err(|e| Error::io("<stdout>", "cannot write", e))
 }
 
-/// A line to stderr, escaped for the terminal.
+/// A line to stderr, escaped for the terminal (a registered secret redacted in any
+/// spelling, as on stdout).
 pub fn stderr_line(text: &str) {
-    eprintln!("{}", crate::text::terminal(text));
+    eprintln!("{}", crate::text::terminal(&crate::secrets::redact(text).0));
 }
 
 pub fn json<T: serde::Serialize>(value: &T) -> Result<()> {

@@ -385,7 +385,11 @@ fn central_names(path: &Path) -> Option<Vec<String>> {
         .rev()
         .find(|&i| buf[i..i + 4] == [0x50, 0x4b, 0x05, 0x06])?;
     let le16 = |b: &[u8], i: usize| u64::from(u16::from_le_bytes([b[i], b[i + 1]]));
-    let le32 = |b: &[u8], i: usize| u64::from(u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or_default()));
+    let le32 = |b: &[u8], i: usize| {
+        u64::from(u32::from_le_bytes(
+            b[i..i + 4].try_into().unwrap_or_default(),
+        ))
+    };
     let le64 = |b: &[u8], i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
     let (mut count, mut size, mut offset) = (
         le16(&buf, eocd + 10),
@@ -510,11 +514,12 @@ fn read_eval(path: &Path, sink: &mut Sink) -> Result<()> {
         let ahead_r = &ahead;
         let reader = scope.spawn(move || {
             for i in samples {
-                let parsed = parse_entry::<Sample>(&mut archive, i, path, MAX_SAMPLE_KEPT, "the sample")
-                    .map(|(name, sample)| {
-                        let kept = METER.with(|m| m.borrow().kept);
-                        (At::entry(path, &name), sample, kept)
-                    });
+                let parsed =
+                    parse_entry::<Sample>(&mut archive, i, path, MAX_SAMPLE_KEPT, "the sample")
+                        .map(|(name, sample)| {
+                            let kept = METER.with(|m| m.borrow().kept);
+                            (At::entry(path, &name), sample, kept)
+                        });
                 let failed = parsed.is_err();
                 let kept = parsed.as_ref().map_or(0, |p| p.2);
                 if !ahead_r.reserve(kept) {
@@ -807,7 +812,10 @@ struct SampleSeed<'p>(&'p mut Option<String>);
 impl<'de> DeserializeSeed<'de> for SampleSeed<'_> {
     type Value = Sample;
 
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<Sample, D::Error> {
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        d: D,
+    ) -> std::result::Result<Sample, D::Error> {
         serde_path_to_error::deserialize(d).map_err(|e| {
             *self.0 = Some(e.path().to_string());
             e.into_inner()
@@ -931,7 +939,10 @@ impl<'de> Deserialize<'de> for Sample {
                 f.write_str("an Inspect sample (an object)")
             }
 
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Sample, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Sample, A::Error> {
                 use serde::de::Error as _;
                 let (mut id, mut epoch, mut input, mut target) = (None, None, None, None);
                 let (mut messages, mut output, mut scores, mut metadata) = (None, None, None, None);
@@ -939,7 +950,11 @@ impl<'de> Deserialize<'de> for Sample {
                     (None, None, None, None);
                 let mut skipped: Vec<String> = Vec::new();
                 let mut extra = Map::new();
-                fn once<T, E: serde::de::Error>(slot: &mut Option<T>, key: &str, v: T) -> std::result::Result<(), E> {
+                fn once<T, E: serde::de::Error>(
+                    slot: &mut Option<T>,
+                    key: &str,
+                    v: T,
+                ) -> std::result::Result<(), E> {
                     if slot.is_some() {
                         return Err(E::custom(format!("duplicate field `{key}`")));
                     }
@@ -952,14 +967,34 @@ impl<'de> Deserialize<'de> for Sample {
                         "epoch" => once(&mut epoch, &key, map.next_value::<u32>()?)?,
                         "input" => once(&mut input, &key, map.next_value::<Value>()?)?,
                         "target" => once(&mut target, &key, map.next_value::<Value>()?)?,
-                        "messages" => once(&mut messages, &key, map.next_value::<Option<Vec<Message>>>()?)?,
+                        "messages" => once(
+                            &mut messages,
+                            &key,
+                            map.next_value::<Option<Vec<Message>>>()?,
+                        )?,
                         "output" => once(&mut output, &key, map.next_value::<Option<Output>>()?)?,
-                        "scores" => once(&mut scores, &key, map.next_value::<Option<indexmap_like::Scores>>()?)?,
-                        "metadata" => once(&mut metadata, &key, map.next_value::<Option<Map<String, Value>>>()?)?,
+                        "scores" => once(
+                            &mut scores,
+                            &key,
+                            map.next_value::<Option<indexmap_like::Scores>>()?,
+                        )?,
+                        "metadata" => once(
+                            &mut metadata,
+                            &key,
+                            map.next_value::<Option<Map<String, Value>>>()?,
+                        )?,
                         "error" => once(&mut error, &key, map.next_value::<Option<Value>>()?)?,
-                        "total_time" => once(&mut total_time, &key, map.next_value::<Option<f64>>()?)?,
-                        "attachments" => once(&mut attachments, &key, map.next_value::<Option<Map<String, Value>>>()?)?,
-                        "completed_at" => once(&mut completed_at, &key, map.next_value::<Option<String>>()?)?,
+                        "total_time" => {
+                            once(&mut total_time, &key, map.next_value::<Option<f64>>()?)?
+                        }
+                        "attachments" => once(
+                            &mut attachments,
+                            &key,
+                            map.next_value::<Option<Map<String, Value>>>()?,
+                        )?,
+                        "completed_at" => {
+                            once(&mut completed_at, &key, map.next_value::<Option<String>>()?)?
+                        }
                         // Inspect's transcript (it repeats the messages), the message pool
                         // its events point into, and the solver's store: left in the log.
                         "events" | "events_data" | "store" => {

@@ -780,7 +780,9 @@ impl Sink {
         let path = self.dir.join(crate::rundir::PREDICTIONS_FILE);
         crate::rundir::checkpoint::write_attempt(&mut self.predictions, &path, &mut row.prediction)
             .map_err(|e| match e {
-                Error::State(m) => at.error(None, format!("the row pieval made of this record: {m}")),
+                Error::State(m) => {
+                    at.error(None, format!("the row pieval made of this record: {m}"))
+                }
                 e => e,
             })?;
         self.tables.add(&row.prediction)?;
@@ -1464,9 +1466,12 @@ mod tests {
         std::fs::write(
             run.join(crate::rundir::PREDICTIONS_FILE),
             concat!(
-                r#"{"pieval_record":"turn","case_id":"c","attempt_id":"c","index":1}"#, "\n",
-                r#"{"case_id":"c","source_ref":"log.eval:samples/x_epoch_1.json"}"#, "\n",
-                r#"{"case_id":"d","source_ref":"report.jsonl:12"}"#, "\n",
+                r#"{"pieval_record":"turn","case_id":"c","attempt_id":"c","index":1}"#,
+                "\n",
+                r#"{"case_id":"c","source_ref":"log.eval:samples/x_epoch_1.json"}"#,
+                "\n",
+                r#"{"case_id":"d","source_ref":"report.jsonl:12"}"#,
+                "\n",
             ),
         )
         .unwrap();
@@ -1475,7 +1480,10 @@ mod tests {
             r#"{"case_id":"c","source_reference":"report.jsonl:12"}"#,
         )
         .unwrap();
-        let sources = vec![PathBuf::from("/data/log.eval"), PathBuf::from("/data/report.jsonl")];
+        let sources = vec![
+            PathBuf::from("/data/log.eval"),
+            PathBuf::from("/data/report.jsonl"),
+        ];
         let at = |file: &str, line: u64| Error::Input {
             path: run.join(file),
             line,
@@ -1489,7 +1497,10 @@ mod tests {
         );
         assert!(!e.contains(".tmp-"), "{e}");
         let e = relocate(at(crate::rundir::PREDICTIONS_FILE, 3), &run, &sources).to_string();
-        assert!(e.starts_with("/data/report.jsonl:12: response_text: too long"), "{e}");
+        assert!(
+            e.starts_with("/data/report.jsonl:12: response_text: too long"),
+            "{e}"
+        );
         let e = relocate(at(crate::rundir::CASES_FILE, 1), &run, &sources).to_string();
         assert!(e.starts_with("/data/report.jsonl:12: response_text"), "{e}");
         assert!(e.contains("in the case pieval made of this record"), "{e}");
@@ -1497,12 +1508,14 @@ mod tests {
         let e = relocate(at(crate::rundir::CASES_FILE, 9), &run, &sources).to_string();
         assert!(!e.contains(".tmp-"), "{e}");
         let e = relocate(
-            Error::Query(format!("External: {}/predictions.jsonl: bad", run.display())),
+            Error::Query(format!(
+                "External: {}/predictions.jsonl: bad",
+                run.display()
+            )),
             &run,
             &sources,
         )
         .to_string();
         assert!(!e.contains(".tmp-"), "{e}");
     }
-
 }

@@ -50,6 +50,10 @@ impl OpenAiProvider {
                 }
             },
         };
+        // Redacted from every text of every client from now on, in any spelling.
+        if let Some(k) = &api_key {
+            crate::secrets::register(k);
+        }
         let base = model.base_url.as_deref().unwrap_or_default();
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs_f64(model.timeout_s))
@@ -81,37 +85,9 @@ impl OpenAiProvider {
         })
     }
 
-    /// The key as a secret to redact: placeholders and keys under 8 characters are not
-    /// secrets (local servers accept `none`, `test`, `sk-xxx`), and redacting them would
-    /// rewrite ordinary words in answers and messages.
-    fn secret(&self) -> Option<&str> {
-        const PLACEHOLDERS: [&str; 12] = [
-            "none",
-            "null",
-            "test",
-            "dummy",
-            "empty",
-            "not-needed",
-            "no-key",
-            "placeholder",
-            "changeme",
-            "ollama",
-            "lm-studio",
-            "sk-no-key-required",
-        ];
-        let k = self.api_key.as_deref()?;
-        let placeholder = PLACEHOLDERS.iter().any(|p| k.eq_ignore_ascii_case(p))
-            || k.trim_start_matches("sk-")
-                .chars()
-                .all(|c| c == 'x' || c == 'X');
-        (k.chars().count() >= 8 && !placeholder).then_some(k)
-    }
-
+    /// Text with every registered key, in any spelling, redacted (`crate::secrets`).
     fn redact(&self, s: &str) -> String {
-        match self.secret() {
-            Some(k) => s.replace(k, "[REDACTED]"),
-            None => s.to_owned(),
-        }
+        crate::secrets::redact(s).0.into_owned()
     }
 
     /// Wait for this request's slot under the requests-per-minute limit.
@@ -128,9 +104,12 @@ impl OpenAiProvider {
         }
     }
 
-    /// One attempt: the answer's body (the key redacted), or Err(message, retryable,
-    /// retry_after).
-    async fn attempt(&self, body: &Value) -> Result<String, (String, bool, Option<Duration>)> {
+    /// One attempt: the answer's body (every key redacted, in any spelling) and whether
+    /// anything was, or Err(message, retryable, retry_after).
+    async fn attempt(
+        &self,
+        body: &Value,
+    ) -> Result<(String, bool), (String, bool, Option<Duration>)> {
         let mut req = self.client.post(&self.url).json(body);
         if let Some(k) = &self.api_key {
             req = req.bearer_auth(k);
@@ -192,7 +171,11 @@ impl OpenAiProvider {
         }
         // Redacted before anything is cut or parsed: an excerpt never holds part of the
         // key.
-        let text = self.redact(&String::from_utf8_lossy(&body));
+        let (text, redacted) = {
+            let raw = String::from_utf8_lossy(&body);
+            let (t, r) = crate::secrets::redact(&raw);
+            (t.into_owned(), r)
+        };
         if status.is_redirection() {
             let to = location.as_deref().map_or_else(
                 || "no Location".to_owned(),
@@ -222,15 +205,16 @@ impl OpenAiProvider {
                 retry_after,
             ));
         }
-        Ok(text)
+        Ok((text, redacted))
     }
 
-    /// Send `body` with retries; each answer is parsed by `parse` (an answer it
-    /// rejects is retried like a server error). The answer, its latency and attempts.
+    /// Send `body` with retries; each answer is parsed by `parse` (given the body, and
+    /// whether a key was redacted from it; an answer it rejects is retried like a server
+    /// error). The answer, its latency and attempts.
     async fn send<T>(
         &self,
         body: &Value,
-        parse: impl Fn(&str) -> Result<T, String>,
+        parse: impl Fn(&str, bool) -> Result<T, String>,
     ) -> Result<(T, f64, u32), CallError> {
         let start = Instant::now();
         let mut attempts = 0;
@@ -240,7 +224,7 @@ impl OpenAiProvider {
             match self
                 .attempt(body)
                 .await
-                .and_then(|text| parse(&text).map_err(|m| (m, true, None)))
+                .and_then(|(text, redacted)| parse(&text, redacted).map_err(|m| (m, true, None)))
             {
                 Ok(answer) => return Ok((answer, start.elapsed().as_secs_f64() * 1e3, attempts)),
                 Err((message, retryable, retry_after)) => {
@@ -423,14 +407,19 @@ impl Provider for OpenAiProvider {
         _case_id: &str,
         messages: &[Message],
     ) -> Result<Completion, CallError> {
-        let secret = self.secret().is_some();
         let (mut c, latency_ms, attempts) = self
-            .send(&self.body(&messages), |text| {
-                parse_completion(text).map(|c| (c, secret && text.contains("[REDACTED]")))
+            .send(&self.body(&messages), |text, redacted| {
+                parse_completion(text).map(|c| (c, redacted))
             })
             .await
             .map(|((mut c, redacted), l, a)| {
-                c.redacted = redacted && c.text.contains("[REDACTED]");
+                // The answer as parsed, redacted again: the body's redaction covers it,
+                // this covers a key its parts only make when joined.
+                let (text, again) = crate::secrets::redact(&c.text);
+                if again {
+                    c.text = text.into_owned();
+                }
+                c.redacted = (redacted || again) && c.text.contains(crate::secrets::REDACTED);
                 (c, l, a)
             })?;
         c.truncated = super::cap_response(&mut c.text);
@@ -449,12 +438,27 @@ impl Provider for OpenAiProvider {
         if !tools.is_empty() {
             body["tools"] = Value::Array(tools.to_vec());
         }
-        let secret = self.secret().is_some();
-        let ((mut turn, redacted), latency_ms, attempts) = self
-            .send(&body, |text| {
-                parse_agent_turn(text).map(|t| (t, secret && text.contains("[REDACTED]")))
+        let ((mut turn, mut redacted), latency_ms, attempts) = self
+            .send(&body, |text, redacted| {
+                parse_agent_turn(text).map(|t| (t, redacted))
             })
             .await?;
+        // What was parsed, redacted again (a key its parts only make when joined).
+        let mut again = |s: &mut String| {
+            let (t, r) = crate::secrets::redact(s);
+            if r {
+                *s = t.into_owned();
+                redacted = true;
+            }
+        };
+        if let Some(text) = &mut turn.content {
+            again(text);
+        }
+        for call in &mut turn.tool_calls {
+            again(&mut call.arguments);
+            again(&mut call.name);
+            again(&mut call.id);
+        }
         let c = &mut turn.completion;
         c.redacted = redacted;
         if let Some(text) = &mut turn.content {

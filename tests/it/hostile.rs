@@ -2781,7 +2781,10 @@ fn an_oversize_tool_argument_is_said_with_its_real_size() {
         .into_iter()
         .find(|c| c["case_id"] == "agent-malformed")
         .unwrap();
-    let args = format!("{{\"recipient\": \"{}\", \"amount\": 5}}", "a".repeat(20_000));
+    let args = format!(
+        "{{\"recipient\": \"{}\", \"amount\": 5}}",
+        "a".repeat(20_000)
+    );
     case["case_id"] = json!("agent-oversize");
     case["prompt"] = json!(format!("Pay Alice 5.\nCALL send_money {args}"));
     let corpus = dir.path().join("cases.jsonl");
@@ -2809,7 +2812,12 @@ fn an_oversize_tool_argument_is_said_with_its_real_size() {
         read_jsonl(&run_dir.join("predictions.jsonl"))
             .into_iter()
             .filter(|l| l["pieval_record"] == "turn")
-            .flat_map(|l| l["turn"]["tool_calls"].as_array().cloned().unwrap_or_default())
+            .flat_map(|l| {
+                l["turn"]["tool_calls"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
             .filter(|c| c["name"] == "send_money")
             .collect()
     };

@@ -452,7 +452,12 @@ fn names(dir: &Path) -> BTreeSet<String> {
 
 fn import_json(tool: &str, path: &Path, out: &Path, env: &[(&str, &str)]) -> common::Output {
     let mut cmd = pieval();
-    cmd.arg("import").arg(tool).arg(path).arg("--output").arg(out).arg("--json");
+    cmd.arg("import")
+        .arg(tool)
+        .arg(path)
+        .arg("--output")
+        .arg(out)
+        .arg("--json");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -491,7 +496,11 @@ fn a_database_promptfoo_still_has_open_is_read_with_every_committed_row() {
     assert_eq!(report["predictions"], 3 + 6, "{report}");
     let source = &manifest(&first)["import"]["sources"][0];
     assert_eq!(source["sqlite"]["how"], "online backup", "{source}");
-    assert_eq!(source["sqlite"]["files"].as_array().unwrap().len(), 2, "{source}");
+    assert_eq!(
+        source["sqlite"]["files"].as_array().unwrap().len(),
+        2,
+        "{source}"
+    );
     // Nothing written beside it: the same files, the database and its -wal unchanged.
     assert_eq!((names(src.path()), digests(src.path())), before);
 
@@ -503,17 +512,34 @@ fn a_database_promptfoo_still_has_open_is_read_with_every_committed_row() {
     }
     let before_copy = names(copied.path());
     let second = out.path().join("copied");
-    let r = import_json("promptfoo", &copied.path().join("promptfoo.db"), &second, &[]);
+    let r = import_json(
+        "promptfoo",
+        &copied.path().join("promptfoo.db"),
+        &second,
+        &[],
+    );
     assert_eq!(r.code, 0, "{}", r.stderr);
     let report: Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(report["predictions"], 9, "{report}");
-    assert_eq!(manifest(&second)["import"]["sources"][0]["sqlite"]["how"], "recovered copy");
-    assert_eq!(names(copied.path()), before_copy, "files were made beside a copied database");
+    assert_eq!(
+        manifest(&second)["import"]["sources"][0]["sqlite"]["how"],
+        "recovered copy"
+    );
+    assert_eq!(
+        names(copied.path()),
+        before_copy,
+        "files were made beside a copied database"
+    );
     // The same rows either way.
     let rows = |dir: &Path| -> Vec<(String, Value)> {
         let mut v: Vec<_> = read_jsonl(&dir.join("case_results.jsonl"))
             .into_iter()
-            .map(|r| (r["case_id"].as_str().unwrap().to_owned(), r["source_verdict"].clone()))
+            .map(|r| {
+                (
+                    r["case_id"].as_str().unwrap().to_owned(),
+                    r["source_verdict"].clone(),
+                )
+            })
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
@@ -542,7 +568,9 @@ fn a_database_written_while_it_is_read_is_read_as_of_one_moment() {
     let out = tempfile::tempdir().unwrap();
     let (db, writer) = live_promptfoo(src.path());
     // SQLite's own checkpoints go on as promptfoo's do.
-    writer.execute_batch("PRAGMA wal_autocheckpoint = 100").unwrap();
+    writer
+        .execute_batch("PRAGMA wal_autocheckpoint = 100")
+        .unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let committed = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let thread = {
@@ -577,7 +605,10 @@ fn a_database_written_while_it_is_read_is_read_as_of_one_moment() {
     let batches: Vec<_> = per_test.iter().filter(|(t, _)| **t >= 100).collect();
     assert!(batches.len() >= 20, "{per_test:?}");
     for (t, n) in &batches {
-        assert_eq!(**n, 3, "test {t}: {n} of its 3 results: a transaction read half");
+        assert_eq!(
+            **n, 3,
+            "test {t}: {n} of its 3 results: a transaction read half"
+        );
     }
     // And they are the first batches, with none missing between.
     let tests: Vec<u64> = batches.iter().map(|(t, _)| **t).collect();
@@ -664,13 +695,24 @@ fn hostile_databases_are_read_only_as_far_as_expected() {
             .arg(parent.path().join("run"))
             .args(["--max-line-bytes", "1048576"]));
         assert_eq!(r.code, 2, "{name}: {}{}", r.stdout, r.stderr);
-        assert!(r.stderr.contains(&db.display().to_string()), "{name}: the file is not named: {}", r.stderr);
+        assert!(
+            r.stderr.contains(&db.display().to_string()),
+            "{name}: the file is not named: {}",
+            r.stderr
+        );
         for w in *want {
             assert!(r.stderr.contains(w), "{name}: {w:?} not in: {}", r.stderr);
         }
         let left: Vec<_> = std::fs::read_dir(parent.path()).unwrap().collect();
-        assert!(left.is_empty(), "{name}: an import that failed left {left:?}");
-        assert_eq!(names(src.path()), before, "{name}: files made beside the database");
+        assert!(
+            left.is_empty(),
+            "{name}: an import that failed left {left:?}"
+        );
+        assert_eq!(
+            names(src.path()),
+            before,
+            "{name}: files made beside the database"
+        );
     }
 
     // A trigger that would empty the database if anything wrote it: nothing does.
@@ -683,7 +725,10 @@ fn hostile_databases_are_read_only_as_far_as_expected() {
     let out = tempfile::tempdir().unwrap();
     let r = import_json("promptfoo", &db, &out.path().join("run"), &[]);
     assert_eq!(r.code, 0, "{}", r.stderr);
-    assert_eq!(serde_json::from_str::<Value>(&r.stdout).unwrap()["predictions"], 3);
+    assert_eq!(
+        serde_json::from_str::<Value>(&r.stdout).unwrap()["predictions"],
+        3
+    );
 
     // Work past the bound (here a bound made tiny for the test): stopped, the table named.
     let db = src.path().join("bounded.db");
@@ -749,7 +794,12 @@ fn a_database_of_millions_of_rows_is_read_in_one_pass_and_a_killed_import_leaves
     let r = import_json("pyrit", &db, &parent.path().join("run"), &[]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     let report: Value = serde_json::from_str(&r.stdout).unwrap();
-    let plain = import_json("pyrit", &fixture("pyrit/memory.db"), &parent.path().join("plain"), &[]);
+    let plain = import_json(
+        "pyrit",
+        &fixture("pyrit/memory.db"),
+        &parent.path().join("plain"),
+        &[],
+    );
     let plain: Value = serde_json::from_str(&plain.stdout).unwrap();
     assert_eq!(report["predictions"], 3, "{report}");
     assert_eq!(report["source_scores"], plain["source_scores"], "{report}");
@@ -774,7 +824,10 @@ fn a_database_of_millions_of_rows_is_read_in_one_pass_and_a_killed_import_leaves
             .collect()
     };
     while temporary(parent.path()).len() < 2 {
-        assert!(std::time::Instant::now() < deadline, "the import made no snapshot in 60 s");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the import made no snapshot in 60 s"
+        );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     child.kill().unwrap();
@@ -859,7 +912,9 @@ fn write_eval(path: &Path, entries: &[(&str, Vec<(Vec<u8>, usize)>)]) {
 /// The fixture's header and first sample, as JSON values.
 fn inspect_parts() -> (Value, Value) {
     use std::io::Read;
-    let mut z = zip::ZipArchive::new(std::fs::File::open(fixture("inspect/injection.eval")).unwrap()).unwrap();
+    let mut z =
+        zip::ZipArchive::new(std::fs::File::open(fixture("inspect/injection.eval")).unwrap())
+            .unwrap();
     let mut read = |name: &str| -> Value {
         let mut s = String::new();
         z.by_name(name).unwrap().read_to_string(&mut s).unwrap();
@@ -875,7 +930,11 @@ fn with_long_field(sample: &Value, key: &str, prefix: &str, n: usize) -> Vec<(Ve
     s.as_object_mut().unwrap().remove(key);
     let text = s.to_string();
     let head = format!("{},\"{key}\":{prefix}\"", &text[..text.len() - 1]);
-    let close = if prefix.is_empty() { "\"}".to_owned() } else { "\"}]}".to_owned() };
+    let close = if prefix.is_empty() {
+        "\"}".to_owned()
+    } else {
+        "\"}]}".to_owned()
+    };
     vec![
         (head.into_bytes(), 1),
         (vec![b'A'; 1 << 20], n),
@@ -894,7 +953,11 @@ fn inspect_archive_members_are_bounded_before_they_are_inflated() {
     let import = |file: &Path, env: &[(&str, &str)]| {
         let out = dir.path().join(format!("run-{}", fastrand::u64(..)));
         let mut cmd = pieval();
-        cmd.args(["import", "inspect"]).arg(file).arg("--output").arg(&out).arg("--json");
+        cmd.args(["import", "inspect"])
+            .arg(file)
+            .arg("--output")
+            .arg(&out)
+            .arg("--json");
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -915,13 +978,20 @@ fn inspect_archive_members_are_bounded_before_they_are_inflated() {
         &big,
         &[
             ("header.json", vec![(header_bytes.clone(), 1)]),
-            (name, with_long_field(&sample, "messages", "[{\"role\":\"user\",\"content\":", 600)),
+            (
+                name,
+                with_long_field(&sample, "messages", "[{\"role\":\"user\",\"content\":", 600),
+            ),
         ],
     );
     assert!(std::fs::metadata(&big).unwrap().len() < 1 << 20);
     let (r, out) = import(&big, &[]);
     assert_eq!(r.code, 2, "{}", r.stderr);
-    assert!(r.stderr.contains(name) && r.stderr.contains("more than 64 MiB"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains(name) && r.stderr.contains("more than 64 MiB"),
+        "{}",
+        r.stderr
+    );
     assert!(!out.exists());
 
     // A 300 MiB event transcript: read past, never held; the sample is imported.
@@ -930,17 +1000,25 @@ fn inspect_archive_members_are_bounded_before_they_are_inflated() {
         &events,
         &[
             ("header.json", vec![(header_bytes.clone(), 1)]),
-            (name, with_long_field(&sample, "events", "[{\"event\":\"log\",\"message\":", 300)),
+            (
+                name,
+                with_long_field(&sample, "events", "[{\"event\":\"log\",\"message\":", 300),
+            ),
         ],
     );
     let (r, _) = import(&events, &[]);
     assert_eq!(r.code, 0, "{}", r.stderr);
-    assert_eq!(serde_json::from_str::<Value>(&r.stdout).unwrap()["predictions"], 1);
+    assert_eq!(
+        serde_json::from_str::<Value>(&r.stdout).unwrap()["predictions"],
+        1
+    );
     // The same past the entry's bound (made small for the test): refused as it inflates.
     let (r, _) = import(&events, &[("PIEVAL_TEST_MAX_ENTRY_BYTES", "67108864")]);
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(
-        r.stderr.contains(name) && r.stderr.contains("inflates to") && r.stderr.contains("more than 64 MiB"),
+        r.stderr.contains(name)
+            && r.stderr.contains("inflates to")
+            && r.stderr.contains("more than 64 MiB"),
         "{}",
         r.stderr
     );
@@ -958,7 +1036,11 @@ fn inspect_archive_members_are_bounded_before_they_are_inflated() {
     );
     let (r, _) = import(&huge_header, &[]);
     assert_eq!(r.code, 2, "{}", r.stderr);
-    assert!(r.stderr.contains("header.json") && r.stderr.contains("more than 16 MiB"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("header.json") && r.stderr.contains("more than 16 MiB"),
+        "{}",
+        r.stderr
+    );
 
     // Six samples of 40 MiB each (under the bound): imported one large sample at a time.
     let many = dir.path().join("many-large.eval");
@@ -972,12 +1054,17 @@ fn inspect_archive_members_are_bounded_before_they_are_inflated() {
             with_long_field(&s, "notes", "", 40),
         ));
     }
-    let refs: Vec<(&str, Vec<(Vec<u8>, usize)>)> =
-        entries.iter().map(|(n, p)| (n.as_str(), p.clone())).collect();
+    let refs: Vec<(&str, Vec<(Vec<u8>, usize)>)> = entries
+        .iter()
+        .map(|(n, p)| (n.as_str(), p.clone()))
+        .collect();
     write_eval(&many, &refs);
     let (r, out) = import(&many, &[]);
     assert_eq!(r.code, 0, "{}", r.stderr);
-    assert_eq!(serde_json::from_str::<Value>(&r.stdout).unwrap()["predictions"], 6);
+    assert_eq!(
+        serde_json::from_str::<Value>(&r.stdout).unwrap()["predictions"],
+        6
+    );
     // A field too long for a row's line is left in the log, and the row says so.
     let rows: Vec<Value> = read_jsonl(&out.join("predictions.jsonl"))
         .into_iter()
@@ -985,7 +1072,12 @@ fn inspect_archive_members_are_bounded_before_they_are_inflated() {
         .collect();
     assert_eq!(rows.len(), 6);
     for p in rows {
-        assert_eq!(p["cut_fields"], json!(["source_extra.notes"]), "{}", p["case_id"]);
+        assert_eq!(
+            p["cut_fields"],
+            json!(["source_extra.notes"]),
+            "{}",
+            p["case_id"]
+        );
     }
 
     // A .json log with a 100 MiB sample: the same bound, streamed.
@@ -996,7 +1088,9 @@ fn inspect_archive_members_are_bounded_before_they_are_inflated() {
     let text = log.to_string();
     let at = text.find("\"samples\":[]").unwrap() + "\"samples\":[".len();
     let mut body = text[..at].as_bytes().to_vec();
-    for (bytes, times) in with_long_field(&first, "messages", "[{\"role\":\"user\",\"content\":", 100) {
+    for (bytes, times) in
+        with_long_field(&first, "messages", "[{\"role\":\"user\",\"content\":", 100)
+    {
         for _ in 0..times {
             body.extend_from_slice(&bytes);
         }
@@ -1007,7 +1101,11 @@ fn inspect_archive_members_are_bounded_before_they_are_inflated() {
     drop(body);
     let (r, _) = import(&json_log, &[]);
     assert_eq!(r.code, 2, "{}", r.stderr);
-    assert!(r.stderr.contains("samples[0]") && r.stderr.contains("more than 64 MiB"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("samples[0]") && r.stderr.contains("more than 64 MiB"),
+        "{}",
+        r.stderr
+    );
 }
 
 #[test]
@@ -1027,7 +1125,11 @@ with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
     z.writestr("samples/forward-3_epoch_1.json", open(b).read())
     z.writestr("header.json", open(header).read())
 "#;
-    let (h, a, b) = (dir.path().join("h.json"), dir.path().join("a.json"), dir.path().join("b.json"));
+    let (h, a, b) = (
+        dir.path().join("h.json"),
+        dir.path().join("a.json"),
+        dir.path().join("b.json"),
+    );
     std::fs::write(&h, header.to_string()).unwrap();
     std::fs::write(&a, sample.to_string()).unwrap();
     std::fs::write(&b, other.to_string()).unwrap();
@@ -1038,7 +1140,11 @@ with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
         .args([&eval, &h, &a, &b])
         .output()
         .expect("python3 (the test writes the archive with its zipfile)");
-    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
     let parent = tempfile::tempdir().unwrap();
     let r = run(pieval()
         .args(["import", "inspect"])
@@ -1046,7 +1152,11 @@ with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
         .arg("--output")
         .arg(parent.path().join("run")));
     assert_eq!(r.code, 2, "{}", r.stderr);
-    for want in ["same name twice", "\"samples/forward-3_epoch_1.json\"", "\"header.json\""] {
+    for want in [
+        "same name twice",
+        "\"samples/forward-3_epoch_1.json\"",
+        "\"header.json\"",
+    ] {
         assert!(r.stderr.contains(want), "{want:?} not in {}", r.stderr);
     }
     let left: Vec<_> = std::fs::read_dir(parent.path()).unwrap().collect();
@@ -1086,7 +1196,11 @@ open(out, "wb").write(b)
         .args([&eval, &h, &a])
         .output()
         .expect("python3 (the test writes the archive with its zipfile)");
-    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
     let parent = tempfile::tempdir().unwrap();
     let r = run(pieval()
         .args(["import", "inspect"])
@@ -1095,7 +1209,8 @@ open(out, "wb").write(b)
         .arg(parent.path().join("run")));
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(
-        r.stderr.contains("samples/forward-3_epoch_1.json") && r.stderr.contains("larger than its declared"),
+        r.stderr.contains("samples/forward-3_epoch_1.json")
+            && r.stderr.contains("larger than its declared"),
         "{}",
         r.stderr
     );

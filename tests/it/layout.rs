@@ -187,6 +187,7 @@ fn modules_import_only_downward() {
         "config_errors",
         "atomic",
         "digest",
+        "secrets",
         "files",
         "stats",
         "text",

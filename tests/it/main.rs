@@ -20,6 +20,7 @@ mod evidence;
 mod fuzz;
 mod hostile;
 mod hostile_import;
+mod hostile_keys;
 mod import;
 mod ingest;
 mod judge;

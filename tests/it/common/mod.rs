@@ -175,3 +175,158 @@ pub fn run_within(cmd: &mut Command, secs: u64) -> Output {
         stderr: String::from_utf8_lossy(&t_err.join().unwrap()).into_owned(),
     }
 }
+
+/// The spellings of `key` a hostile endpoint may echo, as raw text to put inside a JSON
+/// string (so `\u0073` is a JSON escape there): JSON `\u` escapes (all, some, twice),
+/// percent-encoding (all, some, twice, inside JSON escapes), HTML references, zero-width
+/// characters between its letters, `\x` escapes, base64 (both alphabets, at the three
+/// alignments, inside Basic auth), hex.
+pub fn spellings(key: &str) -> Vec<(&'static str, String)> {
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let b64url = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+    let each = |f: &dyn Fn(usize, u8) -> String| -> String {
+        key.bytes().enumerate().map(|(i, c)| f(i, c)).collect()
+    };
+    vec![
+        ("plain", key.to_owned()),
+        (
+            "json u-escapes every character",
+            each(&|_, c| format!("\\u{c:04x}")),
+        ),
+        (
+            "json u-escapes some characters",
+            each(&|i, c| {
+                if i % 3 == 1 {
+                    format!("\\u{c:04X}")
+                } else {
+                    (c as char).to_string()
+                }
+            }),
+        ),
+        ("json escaped twice", each(&|_, c| format!("\\\\u{c:04x}"))),
+        ("percent-encoded", each(&|_, c| format!("%{c:02X}"))),
+        (
+            "percent-encoded some",
+            each(&|i, c| {
+                if i % 2 == 0 {
+                    format!("%{c:02x}")
+                } else {
+                    (c as char).to_string()
+                }
+            }),
+        ),
+        ("percent-encoded twice", each(&|_, c| format!("%25{c:02X}"))),
+        (
+            "percent inside json escapes",
+            each(&|_, c| format!("\\u0025{c:02x}")),
+        ),
+        ("html references", each(&|_, c| format!("&#{c};"))),
+        ("html hex references", each(&|_, c| format!("&#x{c:x};"))),
+        (
+            "zero-width between",
+            each(&|_, c| format!("{}\u{200b}", c as char)),
+        ),
+        ("x escapes", each(&|_, c| format!("\\\\x{c:02x}"))),
+        ("base64", b64(key)),
+        ("base64 url-safe", b64url(key)),
+        ("base64 after a byte", b64(&format!("x{key}"))),
+        ("base64 after two bytes", b64(&format!("xy{key}"))),
+        ("basic auth", b64(&format!("user:{key}"))),
+        ("hex", hex::encode(key)),
+        ("HEX", hex::encode_upper(key)),
+    ]
+}
+
+/// Every spelling of [`spellings`], one after another (what one hostile answer echoes).
+pub fn all_spellings(key: &str) -> String {
+    spellings(key)
+        .into_iter()
+        .map(|(what, s)| format!("{what}: {s}; "))
+        .collect()
+}
+
+/// Whether `text` still holds `key` in a spelling a reader could undo, decoded every way
+/// this oracle knows (independently of pieval's redactor): JSON and `\x` escapes,
+/// percent-encoding and HTML references undone three times over, zero-width characters
+/// dropped, base64 of every run of its alphabet at every offset, hex.
+pub fn holds_secret(text: &str, key: &str) -> bool {
+    use base64::Engine;
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+    let unescape = regex::Regex::new(
+        r"\\u([0-9a-fA-F]{4})|\\x([0-9a-fA-F]{2})|&#x([0-9a-fA-F]+);|&#([0-9]+);|%([0-9a-fA-F]{2})",
+    )
+    .unwrap();
+    let mut views = vec![text.to_owned()];
+    for _ in 0..3 {
+        let mut next = Vec::new();
+        for v in &views {
+            let decoded = unescape.replace_all(v, |c: &regex::Captures| {
+                let (digits, radix) =
+                    match (c.get(1).or(c.get(2)).or(c.get(3)).or(c.get(5)), c.get(4)) {
+                        (Some(h), _) => (h.as_str(), 16),
+                        (None, Some(d)) => (d.as_str(), 10),
+                        _ => unreachable!(),
+                    };
+                u32::from_str_radix(digits, radix)
+                    .ok()
+                    .and_then(char::from_u32)
+                    .map(String::from)
+                    .unwrap_or_default()
+            });
+            next.push(decoded.replace("\\\\", "\\").replace('\u{200b}', ""));
+            next.push(v.replace("\\\\", "\\"));
+        }
+        views.extend(next);
+    }
+    let lenient = GeneralPurposeConfig::new()
+        .with_decode_padding_mode(DecodePaddingMode::Indifferent)
+        .with_decode_allow_trailing_bits(true);
+    let engines = [
+        GeneralPurpose::new(&base64::alphabet::STANDARD, lenient),
+        GeneralPurpose::new(&base64::alphabet::URL_SAFE, lenient),
+    ];
+    for v in &views {
+        if v.contains(key) || v.contains(&hex::encode(key)) || v.contains(&hex::encode_upper(key)) {
+            return true;
+        }
+        for run in v.split(|c: char| !(c.is_ascii_alphanumeric() || "+/-_".contains(c))) {
+            for off in 0..4.min(run.len()) {
+                let r = &run[off..];
+                let r = if r.len() % 4 == 1 {
+                    &r[..r.len() - 1]
+                } else {
+                    r
+                };
+                for e in &engines {
+                    if let Ok(d) = e.decode(r)
+                        && d.windows(key.len()).any(|w| w == key.as_bytes())
+                    {
+                        return true;
+                    }
+                }
+            }
+        }
+    }
+    false
+}
+
+/// Every file under `dir` as text a reader sees: JSON and text files as they are, Parquet
+/// files as `pieval sql` gives their rows (JSON), (path, text).
+pub fn readable_files(dir: &Path) -> Vec<(PathBuf, String)> {
+    let mut out = Vec::new();
+    for f in files_under(dir) {
+        let name = f.to_string_lossy().into_owned();
+        if name.ends_with(".parquet") {
+            let r = run(pieval()
+                .args(["sql", "--format", "json", "--table"])
+                .arg(format!("t={name}"))
+                .arg("SELECT * FROM t"));
+            assert_eq!(r.code, 0, "{name}: {}", r.stderr);
+            out.push((f, r.stdout));
+        } else if let Ok(text) = std::fs::read_to_string(&f) {
+            out.push((f, text));
+        }
+    }
+    out
+}
