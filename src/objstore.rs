@@ -175,6 +175,169 @@ pub struct Store {
 /// 10, with exponential backoff from 100 ms to 15 s, for at most 3 minutes).
 pub const RETRIES_ENV: &str = "PIEVAL_S3_RETRIES";
 
+/// `PIEVAL_S3_SILENCE_SECS`: how long a request may stay silent — no answer, no byte of
+/// its body — before it is given up and retried (a download resumes where it stopped).
+/// No request has a bound on its total time: a slow transfer that keeps moving is never
+/// cut.
+pub const SILENCE_ENV: &str = "PIEVAL_S3_SILENCE_SECS";
+const DEFAULT_SILENCE: Duration = Duration::from_secs(30);
+
+/// `PIEVAL_S3_MAX_FETCH_BYTES`: the largest input fetched from object storage (`512M`,
+/// `64G`, …); one past it is an error naming its size.
+pub const MAX_FETCH_ENV: &str = "PIEVAL_S3_MAX_FETCH_BYTES";
+const DEFAULT_MAX_FETCH: u64 = 16 << 30;
+
+/// The slowest upload kept alive: a request's body may take its size at this rate (plus
+/// the silence) before its answer must have begun.
+const MIN_UPLOAD_BYTES_PER_SEC: f64 = 64.0 * 1024.0;
+
+/// A download that stops is resumed from the byte it reached this many times without any
+/// new byte in between.
+const RESUMES: u32 = 5;
+
+/// The silence allowed ([`SILENCE_ENV`]).
+fn silence() -> Result<Duration> {
+    match std::env::var(SILENCE_ENV) {
+        Err(_) => Ok(DEFAULT_SILENCE),
+        Ok(v) => v
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s > 0.0 && *s <= 86_400.0)
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| {
+                Error::Usage(format!(
+                    "{SILENCE_ENV}={v}: give the seconds a request may stay silent (up to a day)"
+                ))
+            }),
+    }
+}
+
+/// The largest input fetched ([`MAX_FETCH_ENV`]).
+pub fn max_fetch_bytes() -> Result<u64> {
+    match std::env::var(MAX_FETCH_ENV) {
+        Err(_) => Ok(DEFAULT_MAX_FETCH),
+        Ok(v) => crate::rundir::bounds::parse_bytes(&v).ok_or_else(|| {
+            Error::Usage(format!(
+                "{MAX_FETCH_ENV}={v}: give a size (`512M`, `64G`, or bytes)"
+            ))
+        }),
+    }
+}
+
+/// The HTTP client of a store: object_store's own (its proxies, certificates and
+/// settings from the environment), with no bound on a request's total time, watched for
+/// silence instead: a request whose answer does not begin within the silence (plus its
+/// body's upload at [`MIN_UPLOAD_BYTES_PER_SEC`]), or whose answer's body stays silent
+/// that long, fails as a timeout — which object_store retries, resuming a download by
+/// range (checked against the object's entity tag).
+#[derive(Debug)]
+struct Watched {
+    silence: Duration,
+}
+
+impl object_store::client::HttpConnector for Watched {
+    fn connect(
+        &self,
+        options: &object_store::ClientOptions,
+    ) -> object_store::Result<object_store::client::HttpClient> {
+        let inner = object_store::client::ReqwestConnector::default().connect(options)?;
+        Ok(object_store::client::HttpClient::new(WatchedClient {
+            inner,
+            silence: self.silence,
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct WatchedClient {
+    inner: object_store::client::HttpClient,
+    silence: Duration,
+}
+
+/// A request or body that stayed silent past the bound.
+#[derive(Debug)]
+struct Silent(Duration);
+
+impl std::fmt::Display for Silent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "nothing received for {} s ({SILENCE_ENV})",
+            self.0.as_secs_f64()
+        )
+    }
+}
+
+impl std::error::Error for Silent {}
+
+#[async_trait::async_trait]
+impl object_store::client::HttpService for WatchedClient {
+    async fn call(
+        &self,
+        req: object_store::client::HttpRequest,
+    ) -> std::result::Result<object_store::client::HttpResponse, object_store::client::HttpError>
+    {
+        use object_store::client::{HttpError, HttpErrorKind, HttpResponse, HttpResponseBody};
+        let sent = req.body().content_length() as f64;
+        let wait = self.silence + Duration::from_secs_f64(sent / MIN_UPLOAD_BYTES_PER_SEC);
+        let resp = tokio::time::timeout(wait, self.inner.execute(req))
+            .await
+            .map_err(|_| HttpError::new(HttpErrorKind::Timeout, Silent(wait)))??;
+        let (parts, body) = resp.into_parts();
+        let body = Quiet {
+            inner: body,
+            silence: self.silence,
+            deadline: Box::pin(tokio::time::sleep(self.silence)),
+        };
+        Ok(HttpResponse::from_parts(parts, HttpResponseBody::new(body)))
+    }
+}
+
+/// A response body that fails as a timeout once no frame has come for the silence.
+struct Quiet {
+    inner: object_store::client::HttpResponseBody,
+    silence: Duration,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl http_body::Body for Quiet {
+    type Data = bytes::Bytes;
+    type Error = object_store::client::HttpError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<std::result::Result<http_body::Frame<bytes::Bytes>, Self::Error>>>
+    {
+        use std::future::Future;
+        use std::task::Poll;
+        let this = self.get_mut();
+        match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                let next = tokio::time::Instant::now() + this.silence;
+                this.deadline.as_mut().reset(next);
+                Poll::Ready(frame)
+            }
+            Poll::Pending => match this.deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(object_store::client::HttpError::new(
+                    object_store::client::HttpErrorKind::Timeout,
+                    Silent(this.silence),
+                )))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 impl Store {
     /// The bucket of `loc`, with everything else from the environment.
     pub fn open(loc: &Location) -> Result<Self> {
@@ -186,9 +349,19 @@ impl Store {
             })?;
         }
         retry.retry_timeout = Duration::from_secs(180);
+        let silence = silence()?;
+        // No bound on a request's total time (a day, object_store's setting): the client
+        // is watched for silence instead.
         let store = object_store::aws::AmazonS3Builder::from_env()
             .with_bucket_name(&loc.bucket)
             .with_retry(retry)
+            .with_config(
+                object_store::aws::AmazonS3ConfigKey::Client(
+                    object_store::ClientConfigKey::Timeout,
+                ),
+                "1day",
+            )
+            .with_http_connector(Watched { silence })
             .build()
             .map_err(|e| Error::Usage(format!("{loc}: cannot open the bucket: {}", redact(&e))))?;
         let store = Arc::new(store);
@@ -291,10 +464,21 @@ impl Store {
         }
     }
 
-    /// Stream an object into a local file, written under a temporary name and renamed
-    /// when whole: its size and SHA-256.
+    /// Stream an object — an input, at most [`MAX_FETCH_ENV`] bytes — into a local
+    /// file, written under a temporary name and renamed when whole: its size and SHA-256.
     pub async fn download(&self, key: &ObjPath, to: &Path) -> Result<(u64, String)> {
-        self.download_at_most(key, to, u64::MAX).await
+        let cap = max_fetch_bytes()?;
+        self.fetch_into(key, to, cap, &|size| match size {
+            Some(n) => format!(
+                "{}: {n} bytes, more than the {cap} bytes an input fetched from object storage may be ({MAX_FETCH_ENV} raises it)",
+                self.at(key)
+            ),
+            None => format!(
+                "{}: more than the {cap} bytes an input fetched from object storage may be ({MAX_FETCH_ENV} raises it)",
+                self.at(key)
+            ),
+        })
+        .await
     }
 
     /// [`Store::download`], stopped (nothing kept) once more than `limit` bytes arrive: a
@@ -305,28 +489,89 @@ impl Store {
         to: &Path,
         limit: u64,
     ) -> Result<(u64, String)> {
+        self.fetch_into(key, to, limit, &|size| match size {
+            Some(n) => format!(
+                "{}: {n} bytes, more than the {limit} bytes its commit gives it",
+                self.at(key)
+            ),
+            None => format!(
+                "{}: more than the {limit} bytes its commit gives it",
+                self.at(key)
+            ),
+        })
+        .await
+    }
+
+    /// Stream `key` into `to`, at most `limit` bytes (`too_big`: the error past it, given
+    /// the object's size when it says one). A transfer that stops — an error, or silence
+    /// past [`SILENCE_ENV`] — is resumed from the byte it reached, by range, on the same
+    /// object (its entity tag: an object replaced meanwhile is an error, never a file of
+    /// two objects), as long as each attempt brings new bytes ([`RESUMES`] that bring
+    /// none end it).
+    async fn fetch_into(
+        &self,
+        key: &ObjPath,
+        to: &Path,
+        limit: u64,
+        too_big: &dyn Fn(Option<u64>) -> String,
+    ) -> Result<(u64, String)> {
         use std::io::Write;
-        let got = self
-            .inner
-            .get(key)
-            .await
-            .map_err(|e| self.err(key, "read", e))?;
         let mut file = crate::atomic::TempFile::create(to)?;
         let mut hash = Sha256::new();
         let mut bytes = 0u64;
-        let mut stream = got.into_stream();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| self.err(key, "read", e))?;
-            hash.update(&chunk);
-            bytes += chunk.len() as u64;
-            if bytes > limit {
-                return Err(Error::State(format!(
-                    "{}: more than the {limit} bytes its commit gives it",
-                    self.at(key)
-                )));
+        let mut etag: Option<String> = None;
+        let mut idle = 0u32;
+        loop {
+            let options = object_store::GetOptions {
+                range: (bytes > 0).then_some(object_store::GetRange::Offset(bytes)),
+                if_match: etag.clone(),
+                ..Default::default()
+            };
+            let got = match self.inner.get_opts(key, options).await {
+                Ok(g) => g,
+                Err(object_store::Error::Precondition { .. }) => {
+                    return Err(Error::State(format!(
+                        "{}: replaced while it was read; read it again",
+                        self.at(key)
+                    )));
+                }
+                Err(e) => return Err(self.err(key, "read", e)),
+            };
+            if bytes == 0 {
+                if got.meta.size > limit {
+                    return Err(Error::State(too_big(Some(got.meta.size))));
+                }
+                etag = got.meta.e_tag.clone();
             }
-            file.write_all(&chunk)
-                .map_err(|e| Error::io(to, "cannot write", e))?;
+            let mut stream = got.into_stream();
+            let mut progressed = false;
+            let mut stopped = None;
+            while let Some(chunk) = stream.next().await {
+                match chunk {
+                    Ok(chunk) => {
+                        bytes += chunk.len() as u64;
+                        if bytes > limit {
+                            return Err(Error::State(too_big(None)));
+                        }
+                        hash.update(&chunk);
+                        file.write_all(&chunk)
+                            .map_err(|e| Error::io(to, "cannot write", e))?;
+                        progressed |= !chunk.is_empty();
+                    }
+                    Err(e) => {
+                        stopped = Some(e);
+                        break;
+                    }
+                }
+            }
+            let Some(e) = stopped else {
+                break;
+            };
+            idle = if progressed { 0 } else { idle + 1 };
+            // Without an entity tag, another object could be read on: no resume.
+            if etag.is_none() || idle > RESUMES {
+                return Err(self.err(key, "read", e));
+            }
         }
         file.commit()?;
         Ok((bytes, hex::encode(hash.finalize())))

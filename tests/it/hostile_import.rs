@@ -847,46 +847,18 @@ fn a_database_of_millions_of_rows_is_read_in_one_pass_and_a_killed_import_leaves
 // ---------------------------------------------------------------------------------------
 // Inspect archives: members within bounds before they are inflated.
 
-/// Run `cmd` to its end: its output and its peak resident memory (bytes), from the kernel's
-/// accounting of the child (`wait4`).
+/// Run `cmd` (pieval) to its end: its output and its peak resident memory (bytes), as the
+/// process itself reads it as it ends (`PIEVAL_TEST_PEAK_MEMORY_FILE`, debug builds: the
+/// kernel's accounting of a child also counts the test process it was forked from).
 fn run_measured(cmd: &mut std::process::Command) -> (common::Output, u64) {
-    use std::io::Read;
-    let mut child = cmd
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let o = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let e = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let mut status = 0;
-    // SAFETY: a zeroed rusage is a valid value for wait4 to fill.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: the child is ours and not yet waited for; both pointers are valid.
-    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
-    assert_eq!(pid, child.id() as i32);
-    let code = if libc::WIFEXITED(status) {
-        libc::WEXITSTATUS(status)
-    } else {
-        -1
-    };
-    (
-        common::Output {
-            code,
-            stdout: o.join().unwrap(),
-            stderr: e.join().unwrap(),
-        },
-        usage.ru_maxrss as u64 * 1024,
-    )
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let r = run(cmd.env("PIEVAL_TEST_PEAK_MEMORY_FILE", file.path()));
+    let peak: u64 = std::fs::read_to_string(file.path())
+        .unwrap()
+        .trim()
+        .parse()
+        .expect("pieval wrote its peak memory");
+    (r, peak)
 }
 
 /// An `.eval` archive of `entries` (name, then the JSON text in pieces written in turn:

@@ -884,7 +884,7 @@ fn bad_locations_missing_objects_bad_lines_and_foreign_commits_are_clear_errors(
     let r = sql_count(port);
     fails_naming(
         &r,
-        "summary.json: more than the 2 bytes its commit gives it",
+        "summary.json: 1048576 bytes, more than the 2 bytes its commit gives it",
     );
 
     // SQLite cannot be exported to object storage (it is updated in place).
@@ -934,4 +934,321 @@ fn the_object_storage_code_is_not_reached_for_local_paths() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(out.join("case_results.parquet").is_file());
     assert!(!out.join("_pieval_commit.json").exists());
+}
+
+// ---------------------------------------------------------------------------------------
+// Object storage that is slow but alive (issue 52, class 8): a scripted S3 endpoint that
+// trickles bytes, stalls, or serves an object too large to fetch. Timeouts measure
+// silence, not total time; a stopped download resumes by range on the same object; a
+// fetched input has a size cap the user can raise.
+
+/// How the scripted endpoint answers a GET of the object: given the request's first byte
+/// (its `Range`), `If-Match` and the request's number, the status and the bytes to send,
+/// in pieces with a pause before each (the headers always announce the object's rest).
+type Serve = Arc<dyn Fn(u64, Option<&str>, usize) -> (u16, Vec<(Duration, Vec<u8>)>) + Send + Sync>;
+
+/// One object `bkt/in.jsonl` of `body`, served by `serve`; every request's (first byte,
+/// If-Match) logged.
+struct ScriptedS3 {
+    port: u16,
+    log: Arc<Mutex<Vec<(u64, Option<String>)>>>,
+}
+
+impl ScriptedS3 {
+    fn start(len: u64, serve: Serve) -> ScriptedS3 {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let count = Arc::new(AtomicUsize::new(0));
+        let l = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for sock in listener.incoming() {
+                let Ok(sock) = sock else { continue };
+                let (l, serve, count) = (Arc::clone(&l), Arc::clone(&serve), Arc::clone(&count));
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(sock.try_clone().unwrap());
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).is_err() {
+                        return;
+                    }
+                    let head = line.trim().to_owned();
+                    let (mut from, mut if_match) = (0u64, None);
+                    loop {
+                        let mut h = String::new();
+                        if reader.read_line(&mut h).unwrap_or(0) == 0 || h.trim().is_empty() {
+                            break;
+                        }
+                        let lower = h.to_ascii_lowercase();
+                        if let Some(r) = lower.strip_prefix("range: bytes=") {
+                            from = r.trim().split('-').next().unwrap().parse().unwrap_or(0);
+                        }
+                        if lower.starts_with("if-match:") {
+                            if_match = Some(h[9..].trim().to_owned());
+                        }
+                    }
+                    let mut sock = sock;
+                    if !head.starts_with("GET ") && !head.starts_with("HEAD ") {
+                        let _ = sock.write_all(
+                            b"HTTP/1.1 405 No\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                        );
+                        return;
+                    }
+                    let n = count.fetch_add(1, Ordering::SeqCst);
+                    l.lock().unwrap().push((from, if_match.clone()));
+                    let (status, pieces) = serve(from, if_match.as_deref(), n);
+                    // The length the object's rest has (what is sent may stop short).
+                    let total = if matches!(status, 200 | 206) {
+                        len - from
+                    } else {
+                        0
+                    };
+                    let range = if from > 0 {
+                        format!("Content-Range: bytes {from}-{}/{len}\r\n", len - 1)
+                    } else {
+                        String::new()
+                    };
+                    let reason = match status {
+                        200 => "OK",
+                        206 => "Partial Content",
+                        412 => "Precondition Failed",
+                        _ => "Error",
+                    };
+                    let head = format!(
+                        "HTTP/1.1 {status} {reason}\r\nContent-Length: {total}\r\nETag: \"v1\"\r\nLast-Modified: Sun, 06 Dec 2026 10:00:00 GMT\r\n{range}Connection: close\r\n\r\n"
+                    );
+                    if sock.write_all(head.as_bytes()).is_err() {
+                        return;
+                    }
+                    for (pause, bytes) in pieces {
+                        std::thread::sleep(pause);
+                        if sock.write_all(&bytes).is_err() || sock.flush().is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        ScriptedS3 { port, log }
+    }
+}
+
+/// `pieval score` of `s3://bkt/in.jsonl` through the scripted endpoint, with `env`.
+fn score_scripted(port: u16, out: &std::path::Path, env: &[(&str, &str)]) -> common::Output {
+    let mut cmd = pieval();
+    for (k, _) in std::env::vars() {
+        if k.starts_with("AWS_") || k.starts_with("PIEVAL_S3") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("AWS_ACCESS_KEY_ID", KEY_ID)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET)
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{port}"))
+        .env("AWS_ALLOW_HTTP", "true")
+        .env("PIEVAL_S3_RETRIES", "0");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    run(cmd
+        .args(["score", "--run-id", "slow", "--cases"])
+        .arg(repo("data/normalized/attack_cases.enriched.jsonl"))
+        .args(["--predictions", "s3://bkt/in.jsonl", "--output"])
+        .arg(out))
+}
+
+/// The predictions the scripted endpoint serves, as bytes.
+fn scripted_input() -> Vec<u8> {
+    predictions(1, true)
+        .iter()
+        .take(40)
+        .map(|p| format!("{p}\n"))
+        .collect::<String>()
+        .into_bytes()
+}
+
+#[test]
+fn a_slow_download_that_keeps_moving_is_never_cut_and_a_stalled_one_resumes_by_range() {
+    let body = Arc::new(scripted_input());
+    let len = body.len() as u64;
+    // Trickled over 33 s in 66 pieces, with 1 s of silence allowed: longer than the 30 s
+    // a request used to be given in all, and than any bound of the silence on the total.
+    let b = Arc::clone(&body);
+    let trickle = ScriptedS3::start(
+        len,
+        Arc::new(move |from, _, _| {
+            let rest = &b[from as usize..];
+            let step = rest.len().div_ceil(66);
+            (
+                if from > 0 { 206 } else { 200 },
+                rest.chunks(step)
+                    .map(|c| (Duration::from_millis(500), c.to_vec()))
+                    .collect(),
+            )
+        }),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let r = score_scripted(
+        trickle.port,
+        &dir.path().join("trickled"),
+        &[("PIEVAL_S3_SILENCE_SECS", "1")],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        started.elapsed() > Duration::from_secs(30),
+        "the trickle was not slow"
+    );
+    assert_eq!(
+        trickle.log.lock().unwrap().len(),
+        1,
+        "a steady download was cut"
+    );
+    let local = dir.path().join("local.jsonl");
+    std::fs::write(&local, body.as_slice()).unwrap();
+    let reference = run(pieval()
+        .args(["score", "--run-id", "slow", "--cases"])
+        .arg(repo("data/normalized/attack_cases.enriched.jsonl"))
+        .arg("--predictions")
+        .arg(&local)
+        .arg("--output")
+        .arg(dir.path().join("reference")));
+    assert_eq!(reference.code, 0, "{}", reference.stderr);
+    let rows = |d: &str| read_jsonl(&dir.path().join(d).join("case_results.jsonl"));
+    assert_eq!(rows("trickled"), rows("reference"));
+
+    // Half the object, then silence past the bound: the download resumes from the byte
+    // it reached, on the same object (If-Match its entity tag), and is whole.
+    let b = Arc::clone(&body);
+    let half = len / 2;
+    let stall = ScriptedS3::start(
+        len,
+        Arc::new(move |from, _, n| {
+            if n == 0 {
+                (
+                    200,
+                    vec![
+                        (Duration::ZERO, b[..half as usize].to_vec()),
+                        (Duration::from_secs(4), b[half as usize..].to_vec()),
+                    ],
+                )
+            } else {
+                (206, vec![(Duration::ZERO, b[from as usize..].to_vec())])
+            }
+        }),
+    );
+    let r = score_scripted(
+        stall.port,
+        &dir.path().join("resumed"),
+        &[("PIEVAL_S3_SILENCE_SECS", "1")],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(rows("resumed"), rows("reference"));
+    let log = stall.log.lock().unwrap().clone();
+    assert_eq!(log.len(), 2, "{log:?}");
+    assert_eq!(log[0], (0, None));
+    assert!(log[1].0 > 0 && log[1].0 <= half, "{log:?}");
+    assert_eq!(
+        log[1].1.as_deref(),
+        Some("\"v1\""),
+        "resumed without checking the object: {log:?}"
+    );
+
+    // An endpoint that stalls every time: an error saying so, after a bounded number of
+    // attempts, and nothing left behind.
+    let dead = ScriptedS3::start(
+        len,
+        Arc::new(move |_, _, _| (200, vec![(Duration::from_secs(30), b"x".to_vec())])),
+    );
+    let started = Instant::now();
+    let r = score_scripted(
+        dead.port,
+        &dir.path().join("dead"),
+        &[("PIEVAL_S3_SILENCE_SECS", "1")],
+    );
+    assert_ne!(r.code, 0);
+    assert!(
+        r.stderr.contains("nothing received for 1 s"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(25),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(!dir.path().join("dead").exists());
+
+    // The object replaced between two attempts: an error, never a file of two objects.
+    let b = Arc::clone(&body);
+    let replaced = ScriptedS3::start(
+        len,
+        Arc::new(move |_, if_match, n| {
+            if n == 0 {
+                (
+                    200,
+                    vec![
+                        (Duration::ZERO, b[..100].to_vec()),
+                        (Duration::from_secs(4), Vec::new()),
+                    ],
+                )
+            } else if if_match.is_some() {
+                (412, Vec::new())
+            } else {
+                (200, vec![(Duration::ZERO, b.to_vec())])
+            }
+        }),
+    );
+    let r = score_scripted(
+        replaced.port,
+        &dir.path().join("replaced"),
+        &[("PIEVAL_S3_SILENCE_SECS", "1")],
+    );
+    assert_ne!(r.code, 0);
+    assert!(
+        r.stderr.contains("replaced while it was read"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn a_fetched_input_past_its_cap_is_an_error_naming_its_size() {
+    let body = Arc::new(scripted_input());
+    let len = body.len() as u64;
+    let b = Arc::clone(&body);
+    let s3 = ScriptedS3::start(
+        len,
+        Arc::new(move |_, _, _| (200, vec![(Duration::ZERO, b.to_vec())])),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let r = score_scripted(
+        s3.port,
+        &dir.path().join("capped"),
+        &[("PIEVAL_S3_MAX_FETCH_BYTES", "1K")],
+    );
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&format!(
+            "s3://bkt/in.jsonl: {len} bytes, more than the 1024 bytes"
+        )) && r.stderr.contains("PIEVAL_S3_MAX_FETCH_BYTES raises it"),
+        "{}",
+        r.stderr
+    );
+    let r = score_scripted(
+        s3.port,
+        &dir.path().join("raised"),
+        &[("PIEVAL_S3_MAX_FETCH_BYTES", "64M")],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = score_scripted(
+        s3.port,
+        &dir.path().join("bad"),
+        &[("PIEVAL_S3_MAX_FETCH_BYTES", "lots")],
+    );
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("PIEVAL_S3_MAX_FETCH_BYTES=lots"),
+        "{}",
+        r.stderr
+    );
 }
