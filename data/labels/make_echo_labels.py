@@ -5,9 +5,10 @@ results and the reviewed labels (sources/labels_echo.txt: `id LABEL note`):
     python3 data/labels/make_echo_labels.py RUN_DIR ../shared/datasets/spikee > data/labels/echo.jsonl
 
 RUN_DIR is the folder `pieval run data/labels/sources/echo-gen.yaml` wrote (its cases.jsonl
-and predictions.jsonl); sources/echo_gpt4o.py selects the gpt-4o rows. Rows come in the
-run's prediction order, then the gpt-4o rows in their selection order; a row without a
-reviewed label is an error.
+and predictions.jsonl); sources/echo_gpt4o.py selects the gpt-4o rows; sources/echo_hand.py
+writes the handwritten development rows of issue 52's classes. Rows come in the run's
+prediction order, then the gpt-4o rows in their selection order, then the handwritten ones;
+a row without a reviewed label is an error.
 """
 import json
 import os
@@ -74,6 +75,11 @@ for line in out.splitlines():
         "response": g["response"],
         "license": "Apache-2.0 (spikee)",
     })
+out = subprocess.run(
+    [sys.executable, os.path.join(here, "sources", "echo_hand.py")],
+    check=True, capture_output=True, text=True,
+).stdout
+rows.extend(json.loads(line) for line in out.splitlines())
 for r in rows:
     if r["id"] not in labels:
         sys.exit(f"no reviewed label for {r['id']}")
