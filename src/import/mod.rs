@@ -1193,6 +1193,35 @@ fn record_source(
     Some((source, place))
 }
 
+/// Read `path` with `tool`'s importer into a sink in `dir` (a folder of the caller's; no
+/// run folder is made and nothing is scored): the rows read. Every record parser of every
+/// importer is reached through here by the fuzz tests (`tests/it/fuzz.rs`).
+pub fn read_records(tool: &str, path: &Path, dir: &Path) -> Result<u64> {
+    let imp = importer(tool)?;
+    let opts = ImportOptions {
+        tool: tool.to_owned(),
+        paths: vec![path.to_path_buf()],
+        output: dir.join("run"),
+        replace: false,
+        source_scorer: None,
+        correct_means_attack: true,
+        judge: None,
+        command: String::new(),
+        max_line_bytes: crate::corpus::lines::DEFAULT_MAX_LINE_BYTES * 64,
+        taxonomy: None,
+        cases: Vec::new(),
+    };
+    let mut sink = Sink::create(
+        imp.name,
+        "run",
+        dir,
+        opts,
+        crate::taxonomy::Taxonomy::shipped()?,
+    )?;
+    (imp.import)(path, &mut sink)?;
+    Ok(sink.finish()?.counts.predictions)
+}
+
 /// Rows with a source verdict; of those decided by pieval too, agreeing and not.
 fn agreement(dir: &Path) -> Result<(u64, u64, u64)> {
     let path = dir.join(crate::rundir::CASE_RESULTS_PARQUET);

@@ -378,3 +378,80 @@ fn fuzz_judge_answers() {
         }
     });
 }
+
+/// Every importer's record parser (issue 52): the tools' own files, mutated — a garak
+/// report, an Inspect `.eval` archive and `.json` log, promptfoo's output and database,
+/// PyRIT's memory, an AgentDojo result, spikee's results, CyberSecEval's response and
+/// judge files. Each mutation is read as `pieval import` reads it (without scoring): an
+/// error is fine, a panic is not.
+#[test]
+fn fuzz_importers() {
+    let fixture = |rel: &str| std::fs::read(repo(&format!("tests/fixtures/import/{rel}"))).unwrap();
+    let targets: Vec<(&str, &str, Vec<Vec<u8>>)> = vec![
+        (
+            "garak",
+            "r.report.jsonl",
+            vec![fixture("garak/repeat.report.jsonl")],
+        ),
+        (
+            "inspect",
+            "log.json",
+            vec![fixture("inspect/injection.json")],
+        ),
+        (
+            "inspect",
+            "log.eval",
+            vec![fixture("inspect/injection.eval")],
+        ),
+        (
+            "promptfoo",
+            "out.json",
+            vec![fixture("promptfoo/results.json")],
+        ),
+        (
+            "promptfoo",
+            "promptfoo.db",
+            vec![fixture("promptfoo/promptfoo.db")],
+        ),
+        ("pyrit", "memory.db", vec![fixture("pyrit/memory.db")]),
+        (
+            "agentdojo",
+            "injection_task_0.json",
+            vec![fixture(
+                "agentdojo/obey/vllm_parsed/banking/user_task_0/important_instructions_no_model_name/injection_task_0.json",
+            )],
+        ),
+        (
+            "spikee",
+            "results_x.jsonl",
+            vec![fixture("spikee/results.jsonl")],
+        ),
+        (
+            "cyberseceval",
+            "responses.json",
+            vec![
+                fixture("cyberseceval/responses.json"),
+                fixture("cyberseceval/judge.json"),
+            ],
+        ),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    for (tool, name, seeds) in targets {
+        let mut n = 0u64;
+        Fuzz::new(&format!("import {tool} {name}")).run(
+            &format!("import {tool} {name}"),
+            &seeds,
+            |input| {
+                n += 1;
+                let work = dir.path().join(format!("{tool}-{n}"));
+                std::fs::create_dir(&work).unwrap();
+                let file = work.join(name);
+                std::fs::write(&file, input).unwrap();
+                let sink = work.join("sink");
+                std::fs::create_dir(&sink).unwrap();
+                let _ = pieval::import::read_records(tool, &file, &sink);
+                let _ = std::fs::remove_dir_all(&work);
+            },
+        );
+    }
+}
