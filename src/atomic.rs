@@ -185,7 +185,16 @@ fn boot_id() -> Option<String> {
 /// when no process has that id.
 fn owner_is_gone(path: &Path, pid: u32) -> bool {
     let alive = Path::new(&format!("/proc/{pid}")).exists();
-    let Ok(owner) = std::fs::read_to_string(path.join(OWNER_FILE)) else {
+    // A regular file, not followed through a link, read to at most 256 bytes: a FIFO or a
+    // link to /dev/zero planted under the name neither hangs nor fills this.
+    let owner = crate::files::open_regular(&path.join(OWNER_FILE), crate::files::Links::Refuse)
+        .ok()
+        .and_then(|f| {
+            use std::io::Read;
+            let mut s = String::new();
+            f.take(256).read_to_string(&mut s).ok().map(|_| s)
+        });
+    let Some(owner) = owner else {
         return !alive;
     };
     let mut fields = owner.split_whitespace();
@@ -674,6 +683,25 @@ mod tests {
             );
             let at = made.commit().unwrap();
             assert!(!at.join(OWNER_FILE).exists());
+        }
+        // An owner file planted as a FIFO (or a link to /dev/zero) is not read: the
+        // cleaning goes on, and an id nobody has is gone.
+        #[cfg(unix)]
+        {
+            let planted = dir.path().join(".planted.tmp-4194305-00000000deadbeef");
+            std::fs::create_dir(&planted).unwrap();
+            let fifo =
+                std::ffi::CString::new(planted.join(OWNER_FILE).to_string_lossy().into_owned())
+                    .unwrap();
+            // SAFETY: a valid C string path.
+            assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+            let zero = dir.path().join(".zero.tmp-4194305-00000000deadbeef");
+            std::fs::create_dir(&zero).unwrap();
+            std::os::unix::fs::symlink("/dev/zero", zero.join(OWNER_FILE)).unwrap();
+            clean_stale(dir.path());
+            if Path::new("/proc/self").exists() {
+                assert!(!planted.exists() && !zero.exists());
+            }
         }
         // A planted symbolic link under a temporary name is never written through.
         let target = dir.path().join("out.txt");

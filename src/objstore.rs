@@ -315,8 +315,13 @@ impl http_body::Body for Quiet {
         let this = self.get_mut();
         match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
-                let next = tokio::time::Instant::now() + this.silence;
-                this.deadline.as_mut().reset(next);
+                // Only bytes are news: empty frames (or trailers) keep nothing alive.
+                let bytes =
+                    matches!(&frame, Some(Ok(f)) if f.data_ref().is_some_and(|d| !d.is_empty()));
+                if bytes || !matches!(frame, Some(Ok(_))) {
+                    let next = tokio::time::Instant::now() + this.silence;
+                    this.deadline.as_mut().reset(next);
+                }
                 Poll::Ready(frame)
             }
             Poll::Pending => match this.deadline.as_mut().poll(cx) {
@@ -520,6 +525,7 @@ impl Store {
         let mut hash = Sha256::new();
         let mut bytes = 0u64;
         let mut etag: Option<String> = None;
+        let mut size = 0u64;
         let mut idle = 0u32;
         loop {
             let options = object_store::GetOptions {
@@ -542,6 +548,13 @@ impl Store {
                     return Err(Error::State(too_big(Some(got.meta.size))));
                 }
                 etag = got.meta.e_tag.clone();
+                size = got.meta.size;
+            } else if got.meta.e_tag != etag || got.meta.size != size {
+                // The server did not keep to If-Match: another object, not to be spliced.
+                return Err(Error::State(format!(
+                    "{}: replaced while it was read; read it again",
+                    self.at(key)
+                )));
             }
             let mut stream = got.into_stream();
             let mut progressed = false;
@@ -567,11 +580,21 @@ impl Store {
             let Some(e) = stopped else {
                 break;
             };
+            // Every byte arrived before the stream stopped: whole.
+            if bytes == size {
+                break;
+            }
             idle = if progressed { 0 } else { idle + 1 };
             // Without an entity tag, another object could be read on: no resume.
             if etag.is_none() || idle > RESUMES {
                 return Err(self.err(key, "read", e));
             }
+        }
+        if bytes != size {
+            return Err(Error::State(format!(
+                "{}: {bytes} bytes arrived of the {size} it has; read it again",
+                self.at(key)
+            )));
         }
         file.commit()?;
         Ok((bytes, hex::encode(hash.finalize())))

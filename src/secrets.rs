@@ -81,9 +81,7 @@ pub fn register(key: &str) {
     if !is_secret(key) {
         return;
     }
-    let Ok(mut r) = REGISTRY.write() else {
-        return;
-    };
+    let mut r = REGISTRY.write().unwrap_or_else(|p| p.into_inner());
     if r.keys.iter().any(|k| k == key) {
         return;
     }
@@ -133,21 +131,28 @@ fn spellings(key: &str) -> Vec<(String, bool)> {
 /// `text` with every registered secret, in any spelling, replaced by [`REDACTED`]; and
 /// whether anything was.
 pub fn redact(text: &str) -> (Cow<'_, str>, bool) {
-    let Ok(r) = REGISTRY.read() else {
-        return (Cow::Borrowed(text), false);
-    };
+    // A lock poisoned by a panic elsewhere still holds the keys: redaction never stops.
+    let r = REGISTRY.read().unwrap_or_else(|p| p.into_inner());
     let Some(forms) = &r.forms else {
         return (Cow::Borrowed(text), false);
     };
     let mut spans: Vec<(usize, usize)> = Vec::new();
+    // In the text as it is, a match that begins or ends inside an escape (`\n`, `\u00e9`,
+    // `%2F`) takes the whole escape: replacing half of one would break the JSON or URL
+    // the text is (the decoded layers below are whole characters already).
+    let raw = text.as_bytes();
     find(
         forms,
         &r.widen,
-        text.as_bytes(),
-        &|i| i,
-        &|i| i + 1,
+        raw,
+        &|i| escape_at(raw, i).map_or(i, |(s, _)| s),
+        &|i| escape_at(raw, i).map_or(i + 1, |(_, e)| e),
         &mut spans,
     );
+    // Texts past 4 GiB are searched as they are only (a layer maps its bytes with u32).
+    if text.len() > u32::MAX as usize {
+        return finish(text, spans);
+    }
     // The layers of decoding, each mapped back to the original text.
     let mut layer: Option<(String, Vec<u32>)> = None;
     for _ in 0..MAX_LAYERS {
@@ -175,6 +180,44 @@ pub fn redact(text: &str) -> (Cow<'_, str>, bool) {
         }
         layer = Some((decoded, starts));
     }
+    finish(text, spans)
+}
+
+/// The escape sequence of the text holding its byte `i`, if one does: a JSON escape
+/// (`\n`, `\uXXXX`), `\xHH`, or a percent-escape (`%HH`); its range.
+fn escape_at(b: &[u8], i: usize) -> Option<(usize, usize)> {
+    let hex = |k: usize| b.get(k).is_some_and(u8::is_ascii_hexdigit);
+    for j in i.saturating_sub(5)..=i {
+        let len = match b.get(j) {
+            Some(b'\\') => {
+                // Not itself escaped: an even run of backslashes before it.
+                let run = b[..j].iter().rev().take_while(|&&c| c == b'\\').count();
+                if run % 2 == 1 {
+                    continue;
+                }
+                match b.get(j + 1) {
+                    Some(b'u') if (2..6).all(|k| hex(j + k)) => 6,
+                    Some(b'x') if (2..4).all(|k| hex(j + k)) => 4,
+                    Some(_) => 2,
+                    None => continue,
+                }
+            }
+            Some(b'%') if hex(j + 1) && hex(j + 2) => 3,
+            _ => continue,
+        };
+        if j < i && i < j + len {
+            return Some((j, j + len));
+        }
+        if j == i {
+            // `i` starts an escape: the escape is whole from here.
+            return None;
+        }
+    }
+    None
+}
+
+/// `text` with `spans` (ranges of it) replaced by [`REDACTED`].
+fn finish(text: &str, mut spans: Vec<(usize, usize)>) -> (Cow<'_, str>, bool) {
     if spans.is_empty() {
         return (Cow::Borrowed(text), false);
     }
@@ -514,6 +557,25 @@ mod tests {
         let (out, changed) = redact(&body);
         assert!(changed && !still_holds(&out, KEY), "{out}");
         serde_json::from_str::<serde_json::Value>(&out).expect("still JSON");
+        // Whatever comes before or after it — an escape, a multi-byte character — the
+        // text stays the JSON it was.
+        for (what, spelled) in spellings_of(KEY) {
+            for (before, after) in [
+                ("\\n", "\\n"),
+                ("\\u00e9", "\\/"),
+                ("%2F", "é"),
+                ("\\\\", "\\t"),
+            ] {
+                let body = format!("{{\"content\": \"x{before}{spelled}{after}y\"}}");
+                if serde_json::from_str::<serde_json::Value>(&body).is_err() {
+                    continue;
+                }
+                let (out, _) = redact(&body);
+                serde_json::from_str::<serde_json::Value>(&out)
+                    .unwrap_or_else(|e| panic!("{what} after {before:?}: {body} -> {out}: {e}"));
+                assert!(!still_holds(&out, KEY), "{what} after {before:?}: {out}");
+            }
+        }
         // Text without the key is returned as it is.
         let clean = "Nothing to see: \\u0041 %41 &#65; here.";
         assert_eq!(redact(clean), (Cow::Borrowed(clean), false));

@@ -168,6 +168,8 @@ pub async fn run(
             return out;
         }
     };
+    let replaying = model.name() == "replay";
+    world.replaying = replaying;
     out.final_state = world.state().to_string();
     let (stop_on_block, only) = match mitigation {
         Mitigation::KnownAnswer(_) => {
@@ -343,7 +345,7 @@ pub async fn run(
             .tool_calls
             .iter()
             .map(|c| ToolCall {
-                arguments: super::world::capped_arguments(&c.arguments).into_owned(),
+                arguments: super::world::capped_arguments(&c.arguments, replaying).into_owned(),
                 ..c.clone()
             })
             .collect();
@@ -466,7 +468,8 @@ impl Batch<'_, '_, '_> {
             let mut rec = ToolCallRecord {
                 id: call.id.clone(),
                 name: call.name.clone(),
-                arguments: super::world::capped_arguments(&call.arguments).into_owned(),
+                arguments: super::world::capped_arguments(&call.arguments, self.world.replaying)
+                    .into_owned(),
                 ..ToolCallRecord::default()
             };
             if done.blocked.is_some() {

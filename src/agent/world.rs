@@ -23,10 +23,11 @@ const CUT_MARK: (&str, &str) = (" […arguments of ", " bytes, cut at 16 KiB]");
 
 /// Arguments as re-sent to the model and recorded: past [`MAX_ARGUMENT_BYTES`] cut, with
 /// a marker giving their size as sent (the call is refused either way, on the arguments
-/// as sent; its name still counts). A record already cut is kept as it is (a replay
-/// records what the first run did).
-pub fn capped_arguments(args: &str) -> std::borrow::Cow<'_, str> {
-    if args.len() <= MAX_ARGUMENT_BYTES || cut_size(args).is_some() {
+/// as sent; its name still counts). When `replaying`, a record already cut is kept as it
+/// is (a replay records what the first run did); a live model's text that looks like
+/// one is cut like any other.
+pub fn capped_arguments(args: &str, replaying: bool) -> std::borrow::Cow<'_, str> {
+    if args.len() <= MAX_ARGUMENT_BYTES || (replaying && cut_size(args).is_some()) {
         return std::borrow::Cow::Borrowed(args);
     }
     let mut end = MAX_ARGUMENT_BYTES;
@@ -112,6 +113,9 @@ pub struct World<'e> {
     schemas: Vec<Value>,
     pub store: BTreeMap<String, Vec<Map<String, Value>>>,
     lookups: Vec<Option<Vec<CallMatch>>>,
+    /// The calls are a recorded run's, replayed: arguments cut for the record say their
+    /// size as sent (a live model's marker is only text).
+    pub replaying: bool,
 }
 
 impl<'e> World<'e> {
@@ -163,6 +167,7 @@ impl<'e> World<'e> {
             schemas,
             store,
             lookups,
+            replaying: false,
         })
     }
 
@@ -235,7 +240,10 @@ impl<'e> World<'e> {
             // Their size as the model sent them (a replayed call holds the record's cut).
             return Outcome::rejected(format!(
                 "the arguments are {} bytes; at most {MAX_ARGUMENT_BYTES} are accepted",
-                cut_size(arguments).unwrap_or(arguments.len())
+                self.replaying
+                    .then(|| cut_size(arguments))
+                    .flatten()
+                    .unwrap_or(arguments.len())
             ));
         }
         let args: Value = if arguments.trim().is_empty() {
@@ -715,21 +723,34 @@ mod tests {
             r#"{{"recipient": "{}", "amount": 1}}"#,
             "x".repeat(2 * MAX_ARGUMENT_BYTES)
         );
-        let mut said = |args: &str| {
-            let o = w.call("send_money", args, &offered);
+        fn said(w: &mut World<'_>, args: &str, offered: &[String]) -> String {
+            let o = w.call("send_money", args, offered);
             assert!(o.error && !o.executed, "{o:?}");
             o.output
-        };
+        }
         // Refused with its size as sent, live and replayed from the cut record.
         let want = format!(
             "the arguments are {} bytes; at most {MAX_ARGUMENT_BYTES} are accepted",
             long.len()
         );
-        assert_eq!(said(&long), want);
-        let record = capped_arguments(&long).into_owned();
+        assert_eq!(said(&mut w, &long, &offered), want);
+        let record = capped_arguments(&long, false).into_owned();
         assert!(record.len() < long.len() && record.ends_with(" bytes, cut at 16 KiB]"));
-        assert_eq!(said(&record), want);
-        assert_eq!(capped_arguments(&record), record, "a record is cut once");
+        // A live model's text ending like a record is its text: its own size is said.
+        assert!(
+            said(&mut w, &record, &offered)
+                .starts_with(&format!("the arguments are {} bytes", record.len()))
+        );
+        assert_ne!(capped_arguments(&record, false), record);
+        // Replayed, the record says the size the first run was sent.
+        w.replaying = true;
+        assert_eq!(said(&mut w, &record, &offered), want);
+        assert_eq!(
+            capped_arguments(&record, true),
+            record,
+            "a record is cut once"
+        );
+        w.replaying = false;
         // A tool's output past its bound is cut, saying its size.
         let out = cap("y".repeat(MAX_OUTPUT_BYTES + 100));
         assert!(
@@ -742,7 +763,7 @@ mod tests {
         );
         // A marker a model wrote itself, under the limit, is only text.
         let small = format!("{{}} […arguments of 99999 bytes, cut at 16 KiB]");
-        assert_eq!(capped_arguments(&small), small);
+        assert_eq!(capped_arguments(&small, false), small);
         assert!(
             w.state()["transactions"].as_array().unwrap().is_empty(),
             "nothing was done"

@@ -192,7 +192,9 @@ fn take_header(v: &Value, at: &At, sink: &mut Sink) -> Result<Header> {
 /// ([`Skipped`]) count against the entry's bound only.
 #[derive(Default)]
 struct Meter {
-    /// Bytes of what is kept (parsed into values), and of everything.
+    /// What is kept (parsed into values: its bytes, and [`VALUE_WEIGHT`] for each value
+    /// of an array or object, what a value costs in memory beside its text), and every
+    /// byte.
     kept: u64,
     total: u64,
     kept_max: u64,
@@ -201,12 +203,82 @@ struct Meter {
     skipping: bool,
     /// Which bound was passed.
     over: Option<Over>,
+    /// Where the bytes are in the JSON they make: in a string, after its backslash, and
+    /// how deep in arrays and objects.
+    in_string: bool,
+    escaped: bool,
+    depth: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Over {
     Kept,
     Total,
+    Depth,
+}
+
+/// What a value of an array or object costs in memory beside its text (a
+/// `serde_json::Value` and its slot): `[0,0,…]` is two bytes a value as JSON, some thirty
+/// parsed.
+const VALUE_WEIGHT: u64 = 32;
+/// The deepest nesting of arrays and objects read: what is read past is nested without
+/// bound in the JSON parser's own stack of open brackets (a byte each), so an entry of
+/// `[[[[…` would fill gigabytes; no Inspect log nests beyond a few dozen.
+const MAX_DEPTH: u32 = 256;
+
+impl Meter {
+    /// Account for `bytes`, read in order.
+    fn count(&mut self, bytes: &[u8]) {
+        self.total += bytes.len() as u64;
+        let mut values = 0u64;
+        let mut i = 0;
+        while i < bytes.len() {
+            if self.in_string {
+                // To the next quote or backslash.
+                match memchr::memchr2(b'"', b'\\', &bytes[i..]) {
+                    _ if self.escaped => {
+                        self.escaped = false;
+                        i += 1;
+                    }
+                    None => break,
+                    Some(k) => {
+                        i += k;
+                        if bytes[i] == b'\\' {
+                            self.escaped = true;
+                        } else {
+                            self.in_string = false;
+                        }
+                        i += 1;
+                    }
+                }
+                continue;
+            }
+            match bytes[i] {
+                b'"' => self.in_string = true,
+                b'[' | b'{' => {
+                    self.depth += 1;
+                    values += 1;
+                    if self.depth > MAX_DEPTH {
+                        self.over = Some(Over::Depth);
+                    }
+                }
+                b']' | b'}' => self.depth = self.depth.saturating_sub(1),
+                b',' => values += 1,
+                _ => {}
+            }
+            i += 1;
+        }
+        if !self.skipping {
+            self.kept += bytes.len() as u64 + values * VALUE_WEIGHT;
+        }
+        if self.over.is_none() {
+            if self.kept > self.kept_max {
+                self.over = Some(Over::Kept);
+            } else if self.total > self.total_max {
+                self.over = Some(Over::Total);
+            }
+        }
+    }
 }
 
 thread_local! {
@@ -248,15 +320,7 @@ impl<R: Read> Read for Metered<R> {
         let n = self.0.read(buf)?;
         METER.with(|m| {
             let mut m = m.borrow_mut();
-            m.total += n as u64;
-            if !m.skipping {
-                m.kept += n as u64;
-            }
-            if m.kept > m.kept_max {
-                m.over = Some(Over::Kept);
-            } else if m.total > m.total_max {
-                m.over = Some(Over::Total);
-            }
+            m.count(&buf[..n]);
             match m.over {
                 Some(_) => Err(std::io::Error::other("over the bound")),
                 None => Ok(n),
@@ -305,6 +369,12 @@ fn over_error(at: &At, over: Over, what: &str, kept_max: u64) -> Error {
                 crate::files::human(max_entry_bytes())
             ),
         ),
+        Over::Depth => at.error(
+            None,
+            format!(
+                "arrays and objects nested more than {MAX_DEPTH} deep: refused while it was read (no Inspect log nests so)"
+            ),
+        ),
     }
 }
 
@@ -324,6 +394,7 @@ fn parse_entry<T: serde::de::DeserializeOwned>(
     index: usize,
     path: &Path,
     kept_max: u64,
+    budget: &mut Inflation,
     what: &str,
 ) -> Result<(String, T)> {
     let options = zip::read::ZipReadOptions::new().enforce_header_consistency(true);
@@ -342,11 +413,18 @@ fn parse_entry<T: serde::de::DeserializeOwned>(
             ),
         ));
     }
-    meter_start(kept_max, max_entry_bytes());
+    if budget.left == 0 {
+        return Err(budget.spent(&at).clone_message());
+    }
+    meter_start(kept_max, max_entry_bytes().min(budget.left));
+    let archive_bound = max_entry_bytes() > budget.left;
+    let spent = budget.spent(&at);
     let mut de = serde_json::Deserializer::from_reader(metered(entry));
     let fail = |field: String, inner: serde_json::Error| {
-        if let Some(over) = meter_over() {
-            return over_error(&at, over, what, kept_max);
+        match meter_over() {
+            Some(Over::Total) if archive_bound => return spent.clone_message(),
+            Some(over) => return over_error(&at, over, what, kept_max),
+            None => {}
         }
         let mut at = at.clone();
         at.line = inner.line() as u64;
@@ -367,7 +445,53 @@ fn parse_entry<T: serde::de::DeserializeOwned>(
         fail(field, e.into_inner())
     })?;
     de.end().map_err(|e| fail(String::new(), e))?;
+    budget.left = budget.left.saturating_sub(METER.with(|m| m.borrow().total));
     Ok((name, value))
+}
+
+/// What an archive's entries may inflate to together: at least [`MIN_ARCHIVE_INFLATION`],
+/// [`ARCHIVE_INFLATION_RATIO`] times the archive's size beyond. A small file of many
+/// entries each near the entry's bound, or of entries that share one bomb's compressed
+/// data, stops there. (Inspect's logs inflate about 5 to 20 times.)
+struct Inflation {
+    left: u64,
+    all: u64,
+}
+
+const MIN_ARCHIVE_INFLATION: u64 = 4 << 30;
+const ARCHIVE_INFLATION_RATIO: u64 = 256;
+
+impl Inflation {
+    fn for_archive(size: u64) -> Self {
+        let all = MIN_ARCHIVE_INFLATION.max(size.saturating_mul(ARCHIVE_INFLATION_RATIO));
+        #[cfg(debug_assertions)]
+        let all = std::env::var("PIEVAL_TEST_MAX_ARCHIVE_BYTES")
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap_or(all);
+        Inflation { left: all, all }
+    }
+
+    /// The error of an archive past its budget, at `at`.
+    fn spent(&self, at: &At) -> Spent {
+        Spent(at.clone(), self.all)
+    }
+}
+
+/// An archive's budget spent, as an error at an entry.
+struct Spent(At, u64);
+
+impl Spent {
+    fn clone_message(&self) -> Error {
+        self.0.error(
+            None,
+            format!(
+                "the archive's entries inflate to more than {} together (at least {}, or {ARCHIVE_INFLATION_RATIO} times the archive's size): refused while it was read",
+                crate::files::human(self.1),
+                crate::files::human(MIN_ARCHIVE_INFLATION)
+            ),
+        )
+    }
 }
 
 /// The central directory's entry names, in order (to name the ones given twice: the
@@ -476,6 +600,11 @@ fn refuse_duplicates(archive: &zip::ZipArchive<std::fs::File>, path: &Path) -> R
 
 fn read_eval(path: &Path, sink: &mut Sink) -> Result<()> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, "cannot open", e))?;
+    let size = file
+        .metadata()
+        .map_err(|e| Error::io(path, "cannot read", e))?
+        .len();
+    let mut budget = Inflation::for_archive(size);
     let mut archive = zip::ZipArchive::new(file).map_err(|e| zip_error(path, e))?;
     refuse_duplicates(&archive, path)?;
     // The header: header.json, or the journal's start of a run that did not finish.
@@ -490,8 +619,14 @@ fn read_eval(path: &Path, sink: &mut Sink) -> Result<()> {
             "neither header.json nor _journal/start.json: not an Inspect .eval log",
         ));
     };
-    let (name, v): (String, Value) =
-        parse_entry(&mut archive, head, path, MAX_HEADER_BYTES, "the header")?;
+    let (name, v): (String, Value) = parse_entry(
+        &mut archive,
+        head,
+        path,
+        MAX_HEADER_BYTES,
+        &mut budget,
+        "the header",
+    )?;
     let at = At::entry(path, &name);
     let header = take_header(&v, &at, sink)?;
     drop(v);
@@ -514,12 +649,18 @@ fn read_eval(path: &Path, sink: &mut Sink) -> Result<()> {
         let ahead_r = &ahead;
         let reader = scope.spawn(move || {
             for i in samples {
-                let parsed =
-                    parse_entry::<Sample>(&mut archive, i, path, MAX_SAMPLE_KEPT, "the sample")
-                        .map(|(name, sample)| {
-                            let kept = METER.with(|m| m.borrow().kept);
-                            (At::entry(path, &name), sample, kept)
-                        });
+                let parsed = parse_entry::<Sample>(
+                    &mut archive,
+                    i,
+                    path,
+                    MAX_SAMPLE_KEPT,
+                    &mut budget,
+                    "the sample",
+                )
+                .map(|(name, sample)| {
+                    let kept = METER.with(|m| m.borrow().kept);
+                    (At::entry(path, &name), sample, kept)
+                });
                 let failed = parsed.is_err();
                 let kept = parsed.as_ref().map_or(0, |p| p.2);
                 if !ahead_r.reserve(kept) {
@@ -534,6 +675,9 @@ fn read_eval(path: &Path, sink: &mut Sink) -> Result<()> {
                 }
             }
         });
+        // However this stage ends (an error, a panic), the reader is told to stop before
+        // it is waited for: it may be waiting for room.
+        let stop = StopOnDrop(&ahead);
         let mut result = Ok(());
         for item in rx {
             let kept = item.as_ref().map_or(0, |p| p.2);
@@ -544,7 +688,7 @@ fn read_eval(path: &Path, sink: &mut Sink) -> Result<()> {
                 break;
             }
         }
-        ahead.stop();
+        drop(stop);
         // Dropping the receiver (leaving the loop) ends the reader at its next send.
         if reader.join().is_err() {
             return Err(Error::Internal(format!(
@@ -554,6 +698,15 @@ fn read_eval(path: &Path, sink: &mut Sink) -> Result<()> {
         }
         result
     })
+}
+
+/// Stops an [`Ahead`] when dropped.
+struct StopOnDrop<'a>(&'a Ahead);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
 }
 
 /// The bytes of parsed samples between the two stages of [`read_eval`].
@@ -694,7 +847,17 @@ impl<'de> Visitor<'de> for LogVisitor<'_, '_, '_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<(), A::Error> {
         let state = self.0;
+        // A field given twice is refused: which one the log means is not for pieval to
+        // choose (and a part read past, repeated, would blur what is counted as held).
+        let mut seen: std::collections::HashSet<String> = std::collections::HashSet::new();
         while let Some(key) = map.next_key::<String>()? {
+            if !seen.insert(key.clone()) {
+                state.failed = Some(At::line(state.path, 0).error(
+                    Some(&key),
+                    "given twice: which one the log means is not for pieval to choose",
+                ));
+                return Err(serde::de::Error::custom("import stopped"));
+            }
             match key.as_str() {
                 "samples" => {
                     if state.header.is_none() {
@@ -833,28 +996,70 @@ enum Content {
 
 impl Content {
     /// The text parts, joined.
-    fn text(&self, attachments: &Map<String, Value>) -> String {
+    fn text(&self, attachments: &Attachments<'_>) -> String {
         match self {
             Content::Text(s) => resolve(s, attachments),
-            Content::Parts(parts) => parts
-                .iter()
-                .filter(|p| p.get("type").and_then(Value::as_str) == Some("text"))
-                .filter_map(|p| p.get("text").and_then(Value::as_str))
-                .map(|s| resolve(s, attachments))
-                .collect::<Vec<_>>()
-                .join("\n"),
+            // Joined as they are resolved (no list of copies beside the text).
+            Content::Parts(parts) => {
+                let mut out = String::new();
+                for s in parts
+                    .iter()
+                    .filter(|p| p.get("type").and_then(Value::as_str) == Some("text"))
+                    .filter_map(|p| p.get("text").and_then(Value::as_str))
+                {
+                    if !out.is_empty() {
+                        out.push('\n');
+                    }
+                    out.push_str(&resolve(s, attachments));
+                }
+                out
+            }
         }
     }
 }
 
-/// Inspect moves long texts out of a sample into its `attachments`, leaving
-/// `attachment://<hash>` in their place.
-fn resolve(s: &str, attachments: &Map<String, Value>) -> String {
+/// A sample's `attachments`: Inspect moves long texts out of a sample into them, leaving
+/// `attachment://<hash>` in their place. Each reference resolved is a copy: the copies a
+/// sample makes are bounded together ([`MAX_RESOLVED`]); past it a reference stays as it
+/// is and the sample is refused (a few hundred bytes of references to one large
+/// attachment would otherwise make gigabytes of copies).
+struct Attachments<'a> {
+    map: &'a Map<String, Value>,
+    resolved: std::cell::Cell<u64>,
+}
+
+/// The most text a sample's attachment references may resolve to together: what a sample
+/// may hold.
+const MAX_RESOLVED: u64 = MAX_SAMPLE_KEPT;
+
+impl<'a> Attachments<'a> {
+    fn new(map: &'a Map<String, Value>) -> Self {
+        Attachments {
+            map,
+            resolved: std::cell::Cell::new(0),
+        }
+    }
+
+    /// Whether the references resolved so far passed [`MAX_RESOLVED`].
+    fn over(&self) -> bool {
+        self.resolved.get() > MAX_RESOLVED
+    }
+}
+
+fn resolve(s: &str, attachments: &Attachments<'_>) -> String {
     match s.strip_prefix("attachment://") {
-        Some(id) => attachments
-            .get(id)
-            .and_then(Value::as_str)
-            .map_or_else(|| s.to_owned(), str::to_owned),
+        Some(id) => match attachments.map.get(id).and_then(Value::as_str) {
+            Some(text) => {
+                let used = attachments.resolved.get() + text.len() as u64;
+                attachments.resolved.set(used);
+                if used > MAX_RESOLVED {
+                    s.to_owned()
+                } else {
+                    text.to_owned()
+                }
+            }
+            None => s.to_owned(),
+        },
         None => s.to_owned(),
     }
 }
@@ -1122,7 +1327,7 @@ fn text_of(v: &Value) -> String {
 }
 
 /// The text of the sample's input: a string, or its messages' text.
-fn input_text(input: &Value, attachments: &Map<String, Value>) -> Option<String> {
+fn input_text(input: &Value, attachments: &Attachments<'_>) -> Option<String> {
     match input {
         Value::String(s) => Some(resolve(s, attachments)),
         Value::Array(msgs) => {
@@ -1159,7 +1364,8 @@ fn take_sample(mut s: Sample, header: &Header, at: &At, sink: &mut Sink) -> Resu
         Value::Number(n) => n.to_string(),
         _ => return Err(at.error(Some("id"), "expected a string or a number")),
     };
-    let attachments = std::mem::take(&mut s.attachments);
+    let attachment_map = std::mem::take(&mut s.attachments);
+    let attachments = Attachments::new(&attachment_map);
     let prompt = input_text(&s.input, &attachments)
         .filter(|t| !t.trim().is_empty())
         .ok_or_else(|| at.error(Some("input"), "no text in the sample's input"))?;
@@ -1170,6 +1376,18 @@ fn take_sample(mut s: Sample, header: &Header, at: &At, sink: &mut Sink) -> Resu
         .map(|m| m.content.text(&attachments))
         .filter(|t| !t.trim().is_empty())
         .collect();
+    let too_many = || {
+        at.error(
+            Some("attachments"),
+            format!(
+                "its attachment references resolve to more than {} of text together, more than a sample pieval records can hold: refused",
+                crate::files::human(MAX_RESOLVED)
+            ),
+        )
+    };
+    if attachments.over() {
+        return Err(too_many());
+    }
     let meta = s.metadata.take().unwrap_or_default();
     let meta_str = |k: &str| meta.get(k).and_then(Value::as_str).map(str::to_owned);
     let family = meta_str("attack_family")
@@ -1296,6 +1514,9 @@ fn take_sample(mut s: Sample, header: &Header, at: &At, sink: &mut Sink) -> Resu
             }
             _ => {}
         }
+    }
+    if attachments.over() {
+        return Err(too_many());
     }
     if any_call {
         let stop = if s.error.is_some() { "error" } else { "answer" };

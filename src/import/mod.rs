@@ -423,6 +423,8 @@ pub fn is_contract_id(id: &str) -> bool {
 /// named in `cut_fields` (`source_extra.<field>`), so the row's line stays one every
 /// reader accepts.
 const MAX_EXTRA_BYTES: usize = 2 << 20;
+/// The most bytes of a row's `source_id` kept.
+const MAX_SOURCE_ID_BYTES: usize = 64 << 10;
 
 /// Keep a row within what a run holds: its extra fields within [`MAX_EXTRA_BYTES`] (the
 /// largest left out, and named); its calls within what an agent attempt records
@@ -432,6 +434,17 @@ const MAX_EXTRA_BYTES: usize = 2 << 20;
 /// with its size). The line's own text fields are cut by `write_attempt` when they must.
 fn bound_row(p: &mut PredictionRecord, at: &At) -> Result<()> {
     use crate::rundir::checkpoint::MAX_ATTEMPT_BYTES;
+    // The tool's own id, verbatim up to 64 KiB (no tool's id is near it).
+    if let Some(id) = &mut p.source_id
+        && id.len() > MAX_SOURCE_ID_BYTES
+    {
+        let mut end = MAX_SOURCE_ID_BYTES;
+        while !id.is_char_boundary(end) {
+            end -= 1;
+        }
+        id.truncate(end);
+        p.cut_fields.push("source_id".into());
+    }
     if let Some(Value::Object(extra)) = &mut p.source_extra {
         let len = |v: &Value| serde_json::to_vec(v).map_or(0, |b| b.len());
         let mut total: usize = extra.iter().map(|(k, v)| k.len() + len(v) + 4).sum();
@@ -1114,6 +1127,19 @@ fn relocate(e: Error, tmp: &Path, sources: &[PathBuf]) -> Error {
                 )),
             }
         }
+        Error::Io {
+            path,
+            action,
+            source,
+        } if path.starts_with(tmp) => Error::State(format!(
+            "{} of the run being imported: {action}: {source}",
+            path.strip_prefix(tmp).unwrap_or(&path).display()
+        )),
+        Error::Config { path, message } if path.starts_with(tmp) => Error::State(format!(
+            "{} of the run being imported: {}",
+            path.strip_prefix(tmp).unwrap_or(&path).display(),
+            untemporary(&message, tmp)
+        )),
         Error::Query(m) => Error::Query(untemporary(&m, tmp)),
         Error::State(m) => Error::State(untemporary(&m, tmp)),
         Error::Internal(m) => Error::Internal(untemporary(&m, tmp)),

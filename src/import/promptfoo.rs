@@ -165,8 +165,9 @@ fn read_db(path: &Path, sink: &mut Sink) -> Result<()> {
     db.expect_table("evals", &["id", "config", "created_at"], "promptfoo")?;
     db.expect_table("eval_results", RESULT_COLUMNS, "promptfoo")?;
     let bad = |e: rusqlite::Error| db.error(e);
-    // The evals' configs, then every result in the evals' order: one pass over each
-    // table (a result of an eval the evals table lacks is read under its own eval id).
+    // The evals' configs, then every result, by eval: one pass over each table (a result
+    // of an eval the evals table lacks is read under its own eval id; an eval given twice
+    // is read once).
     db.reading("evals");
     let mut configs: std::collections::HashMap<String, Option<String>> = Default::default();
     {
@@ -183,11 +184,10 @@ fn read_db(path: &Path, sink: &mut Sink) -> Result<()> {
     let mut stmt = db
         .conn()
         .prepare(
-            "SELECT r.rowid, r.id, r.test_idx, r.prompt_idx, r.test_case, r.prompt, r.provider, \
-             r.response, r.error, r.success, r.score, r.grading_result, r.named_scores, \
-             r.metadata, r.latency_ms, r.failure_reason, r.created_at, r.eval_id \
-             FROM eval_results r LEFT JOIN evals e ON e.id = r.eval_id \
-             ORDER BY e.created_at, r.eval_id, r.test_idx, r.prompt_idx, r.rowid",
+            "SELECT rowid, id, test_idx, prompt_idx, test_case, prompt, provider, \
+             response, error, success, score, grading_result, named_scores, \
+             metadata, latency_ms, failure_reason, created_at, eval_id \
+             FROM eval_results ORDER BY eval_id, test_idx, prompt_idx, rowid",
         )
         .map_err(bad)?;
     let mut rows = stmt.query([]).map_err(bad)?;

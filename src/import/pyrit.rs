@@ -296,6 +296,22 @@ fn read_db(path: &Path, sink: &mut Sink) -> Result<()> {
     let mut next_score: Option<(String, String, SourceScore)> = None;
     let mut current: Option<(String, Vec<Piece>)> = None;
     let mut seen = 0u64;
+    // Each pass must come in the order asked (its rows would be dropped otherwise): one
+    // that goes back is an error, not a silent loss.
+    let backwards = |table: &str, prev: &str, next: &str| {
+        Error::input(
+            path,
+            0,
+            Some(table),
+            format!(
+                "rows out of order (conversation {:?} after {:?}): the database is damaged",
+                crate::text::excerpt(next, 60),
+                crate::text::excerpt(prev, 60)
+            ),
+        )
+    };
+    let mut last_result: Option<String> = None;
+    let mut last_score: Option<String> = None;
     let mut flush = |conv: String, pieces: Vec<Piece>, sink: &mut Sink| -> Result<()> {
         // The conversation's attack result (the last one) and scores.
         let mut result = None;
@@ -311,6 +327,16 @@ fn read_db(path: &Path, sink: &mut Sink) -> Result<()> {
                         .map_err(bad)?,
                     None => None,
                 };
+                if let Some((c, _)) = &next_result {
+                    if last_result.as_ref().is_some_and(|l| c < l) {
+                        return Err(backwards(
+                            "AttackResultEntries",
+                            last_result.as_deref().unwrap_or(""),
+                            c,
+                        ));
+                    }
+                    last_result = Some(c.clone());
+                }
             }
             match &next_result {
                 Some((c, _)) if *c < conv => next_result = None,
@@ -328,6 +354,16 @@ fn read_db(path: &Path, sink: &mut Sink) -> Result<()> {
                     .map(score)
                     .transpose()
                     .map_err(bad)?;
+                if let Some((c, _, _)) = &next_score {
+                    if last_score.as_ref().is_some_and(|l| c < l) {
+                        return Err(backwards(
+                            "ScoreEntries",
+                            last_score.as_deref().unwrap_or(""),
+                            c,
+                        ));
+                    }
+                    last_score = Some(c.clone());
+                }
             }
             match &next_score {
                 Some((c, _, _)) if *c < conv => next_score = None,
@@ -374,6 +410,9 @@ fn read_db(path: &Path, sink: &mut Sink) -> Result<()> {
         };
         match &mut current {
             Some((c, pieces)) if *c == conv => pieces.push(piece),
+            Some((c, _)) if conv < *c => {
+                return Err(backwards("PromptMemoryEntries", c, &conv));
+            }
             _ => {
                 if let Some((c, pieces)) = current.take() {
                     flush(c, pieces, sink)?;

@@ -67,6 +67,9 @@ pub struct FoundFile {
     pub bytes: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
+    /// When it was last written, as found (what tells a change; not recorded).
+    #[serde(skip)]
+    pub modified: Option<std::time::SystemTime>,
 }
 
 /// Whether `path` is a SQLite database (its first bytes), or a `-wal`, `-shm` or
@@ -106,14 +109,46 @@ pub struct Database {
 struct Work {
     /// Steps so far, in units of [`STEPS_PER_CALL`].
     calls: AtomicU64,
-    /// The most calls allowed.
+    /// The most calls allowed, and the steps between two.
     budget: u64,
+    per_call: u64,
     /// The most steps allowed (what the budget is in calls).
     steps: u64,
     /// The handler stopped a query.
     stopped: AtomicBool,
     /// The table being read (for the error).
     table: std::sync::Mutex<String>,
+}
+
+impl Work {
+    fn new(steps: u64) -> Arc<Work> {
+        let per_call = STEPS_PER_CALL.min(steps.max(1));
+        Arc::new(Work {
+            calls: AtomicU64::new(0),
+            budget: steps.div_ceil(per_call),
+            per_call,
+            steps,
+            stopped: AtomicBool::new(false),
+            table: std::sync::Mutex::new(String::new()),
+        })
+    }
+
+    /// Stop every query of `conn` past the bound.
+    fn watch(self: &Arc<Self>, conn: &Connection) {
+        let w = Arc::clone(self);
+        conn.progress_handler(
+            self.per_call as i32,
+            Some(move || {
+                let n = w.calls.fetch_add(1, Ordering::Relaxed) + 1;
+                if n > w.budget {
+                    w.stopped.store(true, Ordering::Relaxed);
+                    true
+                } else {
+                    false
+                }
+            }),
+        );
+    }
 }
 
 /// SQLite's virtual-machine steps between two calls of the progress handler.
@@ -168,30 +203,21 @@ impl Database {
                 format!("cannot read as a SQLite database (corrupt, or not one?): {e}"),
             )
         };
-        let (how, files) = if wal_mode && shm.is_some() && wal.is_some() {
-            // A connection may be open (the tool still running): read in place, through
-            // SQLite's locks (its -shm), as every reader of a WAL database reads.
-            let src = open_source(path, "mode=ro").map_err(cannot)?;
-            backup(&src, &mut dst).map_err(cannot)?;
-            let files = vec![
-                found(path, None)?,
-                found(wal.as_deref().expect("checked"), None)?,
-            ];
-            ("online backup", files)
-        } else if wal_mode || journal.is_some() {
-            // A connection's files without its shared memory (closed, crashed, copied:
-            // nothing can be writing), or a WAL database alone (opening it in place would
-            // make a -wal and -shm beside it). Copied, and recovered in the copy (SQLite
-            // replays the WAL or rolls the journal back there).
+        // A connection's files copied and recovered in the copy (SQLite replays the WAL
+        // or rolls the journal back there): for files nothing is writing.
+        let recovered = |dst: &mut Connection,
+                         side: Option<(&Path, &str)>|
+         -> Result<Vec<FoundFile>> {
             let dir = scratch.join(format!("copy-{n:016x}"));
             std::fs::create_dir(&dir).map_err(|e| Error::io(&dir, "cannot create folder", e))?;
             let copy = dir.join("source.db");
             let mut files = vec![copy_whole(path, &copy)?];
-            let sides = [(&wal, "-wal"), (&journal, "-journal")];
-            for (side, suffix) in sides.iter().filter(|(_, s)| wal_mode == (*s == "-wal")) {
-                if let Some(s) = side {
-                    files.push(copy_whole(s, &dir.join(format!("source.db{suffix}")))?);
-                }
+            if let Some((s, suffix)) = side {
+                files.push(copy_whole(s, &dir.join(format!("source.db{suffix}")))?);
+            }
+            // Nothing changed while both were copied: the two are of one moment.
+            if stamp(path)? != (files[0].bytes, files[0].modified) {
+                return Err(changed(path));
             }
             let src = Connection::open_with_flags(
                 &copy,
@@ -199,26 +225,108 @@ impl Database {
             )
             .map_err(cannot)?;
             harden(&src).map_err(cannot)?;
-            backup(&src, &mut dst).map_err(cannot)?;
+            backup(&src, dst).map_err(cannot)?;
             drop(src);
             let _ = std::fs::remove_dir_all(&dir);
-            ("recovered copy", files)
-        } else {
-            // The file's own digest too, when it did not change around the copy (what
-            // `sha256sum` of a database nobody writes gives).
-            let before = stamp(path)?;
+            Ok(files)
+        };
+        let (how, files) = if wal_mode
+            && let (Some(w), Some(s)) = (&wal, &shm)
+            && shm_in_use(s)
+        {
+            // A connection is open (the tool still running): read in place, through
+            // SQLite's locks (its -shm, which that connection keeps), as every reader of a
+            // WAL database reads.
             let src = open_source(path, "mode=ro").map_err(cannot)?;
             backup(&src, &mut dst).map_err(cannot)?;
-            drop(src);
-            let (sha, len) = crate::digest::sha256_streamed(
-                crate::files::open_regular(path, crate::files::Links::Refuse)?,
-                path,
-                |_| Ok(()),
-            )?;
-            let unchanged = stamp(path)? == before && len == before.0;
-            ("in place", vec![found(path, unchanged.then_some(sha))?])
+            ("online backup", vec![found(path, None)?, found(w, None)?])
+        } else if wal_mode {
+            // A WAL database no connection has open (its files copied from a shared
+            // drive, or left by a tool that crashed; or the main file alone): opened in
+            // place, SQLite would make or rebuild a -wal and -shm beside it.
+            let side = wal.as_deref().map(|w| (w, "-wal"));
+            ("recovered copy", recovered(&mut dst, side)?)
+        } else {
+            // Rollback mode: read in place under SQLite's shared lock, which a writer
+            // (its -journal in use) is waited for. A journal left by a writer that died
+            // is hot: a reader may not roll it back in place, so the files are copied
+            // and rolled back in the copy.
+            let before = stamp(path)?;
+            let src = open_source(path, "mode=ro").map_err(cannot)?;
+            match backup(&src, &mut dst) {
+                Ok(()) => {
+                    drop(src);
+                    // The file's own digest too, when it did not change around the copy
+                    // (what `sha256sum` of a database nobody writes gives).
+                    let (sha, len) = crate::digest::sha256_streamed(
+                        crate::files::open_regular(path, crate::files::Links::Refuse)?,
+                        path,
+                        |_| Ok(()),
+                    )?;
+                    let unchanged = stamp(path)? == before && len == before.0;
+                    ("in place", vec![found(path, unchanged.then_some(sha))?])
+                }
+                Err(e)
+                    if e.sqlite_error().map(|x| x.extended_code)
+                        == Some(rusqlite::ffi::SQLITE_READONLY_ROLLBACK) =>
+                {
+                    drop(src);
+                    let side = journal.as_deref().map(|j| (j, "-journal"));
+                    ("recovered copy", recovered(&mut dst, side)?)
+                }
+                Err(e) => return Err(cannot(e)),
+            }
         };
-        // The snapshot is a database of pieval's own: no WAL, then read-only.
+        // The snapshot is a database of pieval's own: its indexes rebuilt from its tables
+        // (an index a received file doctored would hide or reorder rows), under the same
+        // bounds as every read; no WAL; then read-only.
+        harden(&dst).map_err(cannot)?;
+        dst.set_limit(
+            rusqlite::limits::Limit::SQLITE_LIMIT_LENGTH,
+            i32::try_from(max_value_bytes).unwrap_or(i32::MAX),
+        )
+        .map_err(cannot)?;
+        let copied = std::fs::metadata(&file).map_or(0, |m| m.len());
+        let rebuild = Work::new(budget_steps(copied));
+        let tables: Vec<String> = dst
+            .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' AND rootpage > 0")
+            .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+            .map_err(cannot)?;
+        rebuild.watch(&dst);
+        for table in tables {
+            let quoted = format!("\"{}\"", table.replace('"', "\"\""));
+            if let Err(e) = dst.execute_batch(&format!("REINDEX {quoted}")) {
+                let why = if rebuild.stopped.load(Ordering::Relaxed) {
+                    format!(
+                        "rebuilding its indexes stopped after {} steps of SQLite's work, the bound for a database of {}",
+                        rebuild.steps,
+                        crate::files::human(copied)
+                    )
+                } else if e.sqlite_error_code() == Some(rusqlite::ErrorCode::TooBig) {
+                    format!(
+                        "a value longer than the limit of {} (--max-line-bytes): not read",
+                        crate::files::human(max_value_bytes as u64)
+                    )
+                } else {
+                    format!("its indexes cannot be rebuilt from the table: {e}")
+                };
+                return Err(Error::input(path, 0, Some(&table), why));
+            }
+        }
+        dst.progress_handler(0, None::<fn() -> bool>);
+        let encoding: String = dst
+            .query_row("PRAGMA encoding", [], |r| r.get(0))
+            .map_err(cannot)?;
+        if encoding != "UTF-8" {
+            return Err(Error::input(
+                path,
+                0,
+                None,
+                format!(
+                    "its text is stored as {encoding}: pieval reads databases stored as UTF-8, as the tools write them"
+                ),
+            ));
+        }
         dst.execute_batch("PRAGMA journal_mode = DELETE")
             .map_err(cannot)?;
         drop(dst);
@@ -233,28 +341,8 @@ impl Database {
             i32::try_from(max_value_bytes).unwrap_or(i32::MAX),
         )
         .map_err(cannot)?;
-        let steps = budget_steps(bytes);
-        let per_call = STEPS_PER_CALL.min(steps.max(1));
-        let work = Arc::new(Work {
-            calls: AtomicU64::new(0),
-            budget: steps.div_ceil(per_call),
-            steps,
-            stopped: AtomicBool::new(false),
-            table: std::sync::Mutex::new(String::new()),
-        });
-        let w = Arc::clone(&work);
-        conn.progress_handler(
-            per_call as i32,
-            Some(move || {
-                let n = w.calls.fetch_add(1, Ordering::Relaxed) + 1;
-                if n > w.budget {
-                    w.stopped.store(true, Ordering::Relaxed);
-                    true
-                } else {
-                    false
-                }
-            }),
-        );
+        let work = Work::new(budget_steps(bytes));
+        work.watch(&conn);
         Ok(Database {
             conn,
             path: path.to_path_buf(),
@@ -290,7 +378,8 @@ impl Database {
     pub fn has(&self, name: &str) -> Result<bool> {
         self.conn
             .query_row(
-                "SELECT count(*) FROM sqlite_schema WHERE name = ?1 COLLATE NOCASE",
+                "SELECT count(*) FROM sqlite_schema WHERE name = ?1 COLLATE NOCASE \
+                 AND type IN ('table', 'view')",
                 [name],
                 |r| r.get::<_, i64>(0),
             )
@@ -311,12 +400,20 @@ impl Database {
                 format!("{why}: not a {tool} database as {tool} writes it; nothing of it was read"),
             )
         };
-        let row: Option<(String, Option<String>)> = self
+        // (A trigger or an index may share the name: only a table or view is it.)
+        let row: Option<(String, Option<String>, i64)> = self
             .conn
             .query_row(
-                "SELECT type, sql FROM sqlite_schema WHERE name = ?1 COLLATE NOCASE",
+                "SELECT type, sql, rootpage FROM sqlite_schema WHERE name = ?1 COLLATE NOCASE \
+                 AND type IN ('table', 'view') ORDER BY type = 'table' DESC LIMIT 1",
                 [table],
-                |r| Ok((r.get(0)?, r.get(1)?)),
+                |r| {
+                    Ok((
+                        r.get(0)?,
+                        r.get(1)?,
+                        r.get::<_, Option<i64>>(2)?.unwrap_or(0),
+                    ))
+                },
             )
             .map(Some)
             .or_else(|e| match e {
@@ -324,7 +421,7 @@ impl Database {
                 e => Err(e),
             })
             .map_err(|e| self.error(e))?;
-        let Some((kind, sql)) = row else {
+        let Some((kind, sql, rootpage)) = row else {
             return Err(not("no such table".into()));
         };
         if kind != "table" {
@@ -332,11 +429,14 @@ impl Database {
                 "a {kind}, not a table (pieval reads only stored tables)"
             )));
         }
+        // A virtual table has no pages of its own (its SQL may say so in any spelling:
+        // comments, case, a schema written by hand).
         let sql = sql.unwrap_or_default();
-        if sql
-            .trim_start()
-            .get(..20)
-            .is_some_and(|s| s.eq_ignore_ascii_case("CREATE VIRTUAL TABLE"))
+        if rootpage <= 0
+            || sql
+                .trim_start()
+                .get(..20)
+                .is_some_and(|s| s.eq_ignore_ascii_case("CREATE VIRTUAL TABLE"))
         {
             return Err(not(
                 "a virtual table, not a stored one (pieval reads only stored tables)".into(),
@@ -506,6 +606,41 @@ fn stamp(p: &Path) -> Result<(u64, Option<std::time::SystemTime>)> {
     Ok((m.len(), m.modified().ok()))
 }
 
+/// The error of a file that changed while it was copied.
+fn changed(path: &Path) -> Error {
+    Error::State(format!(
+        "{}: changed while it was copied (something writes the database without holding it open as SQLite does); import it again when that has stopped",
+        path.display()
+    ))
+}
+
+/// Whether a connection has the WAL database of the shared-memory file `shm` open: every
+/// connection holds a shared lock on its dead-man-switch byte (offset 128: SQLite's
+/// `UNIX_SHM_DMS`) while it has the file mapped; a test of the lock, nothing written.
+fn shm_in_use(shm: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::io::AsRawFd;
+        let Ok(f) = crate::files::open_regular(shm, crate::files::Links::Refuse) else {
+            return false;
+        };
+        // SAFETY: a zeroed flock is a valid value; F_GETLK fills it for this open file.
+        let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+        lock.l_type = libc::F_WRLCK as _;
+        lock.l_whence = libc::SEEK_SET as _;
+        lock.l_start = 128;
+        lock.l_len = 1;
+        // SAFETY: the descriptor is open and the pointer valid for the call.
+        let rc = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETLK, &mut lock) };
+        rc == 0 && i32::from(lock.l_type) != libc::F_UNLCK
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = shm;
+        true
+    }
+}
+
 /// A file found beside the snapshot: its size (and digest, when copied whole).
 fn found(path: &Path, sha256: Option<String>) -> Result<FoundFile> {
     let m = std::fs::symlink_metadata(path).map_err(|e| Error::io(path, "cannot read", e))?;
@@ -513,6 +648,7 @@ fn found(path: &Path, sha256: Option<String>) -> Result<FoundFile> {
         path: path.display().to_string(),
         bytes: m.len(),
         sha256,
+        modified: m.modified().ok(),
     })
 }
 
@@ -532,14 +668,12 @@ fn copy_whole(from: &Path, to: &Path) -> Result<FoundFile> {
     })?;
     std::io::Write::flush(&mut writer).map_err(|e| Error::io(to, "cannot write", e))?;
     if stamp(from)? != before || bytes != before.0 {
-        return Err(Error::State(format!(
-            "{}: changed while it was copied (something writes the database without its -shm file); import it again when that has stopped",
-            from.display()
-        )));
+        return Err(changed(from));
     }
     Ok(FoundFile {
         path: from.display().to_string(),
         bytes,
         sha256: Some(sha256),
+        modified: before.1,
     })
 }

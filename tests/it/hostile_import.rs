@@ -715,6 +715,71 @@ fn hostile_databases_are_read_only_as_far_as_expected() {
         );
     }
 
+    // Text stored as UTF-16 (the order of its rows is another than pieval's), and a
+    // virtual table whose SQL was written by hand to hide it.
+    for (name, sql, want) in [
+        ("utf16", "", "stored as UTF-16"),
+        (
+            "virtual-commented",
+            "ALTER TABLE eval_results RENAME TO kept; \
+             CREATE VIRTUAL TABLE eval_results USING fts5(x);",
+            "a virtual table",
+        ),
+    ] {
+        let db = src.path().join(format!("{name}.db"));
+        if name == "utf16" {
+            // The fixture's two tables, row for row, in a database of UTF-16 text.
+            let c = rusqlite::Connection::open(&db).unwrap();
+            c.execute_batch("PRAGMA encoding = 'UTF-16le'").unwrap();
+            let from = rusqlite::Connection::open(fixture("promptfoo/promptfoo.db")).unwrap();
+            for table in ["evals", "eval_results"] {
+                let sql: String = from
+                    .query_row(
+                        "SELECT sql FROM sqlite_schema WHERE name = ?1",
+                        [table],
+                        |r| r.get(0),
+                    )
+                    .unwrap();
+                c.execute_batch(&sql).unwrap();
+                let mut stmt = from.prepare(&format!("SELECT * FROM {table}")).unwrap();
+                let n = stmt.column_count();
+                let marks = vec!["?"; n].join(", ");
+                let mut rows = stmt.query([]).unwrap();
+                while let Some(row) = rows.next().unwrap() {
+                    let values: Vec<rusqlite::types::Value> =
+                        (0..n).map(|i| row.get(i).unwrap()).collect();
+                    c.execute(
+                        &format!("INSERT INTO {table} VALUES ({marks})"),
+                        rusqlite::params_from_iter(values),
+                    )
+                    .unwrap();
+                }
+            }
+        } else {
+            let db2 = hostile_promptfoo(src.path(), name, sql);
+            let c = rusqlite::Connection::open(&db2).unwrap();
+            c.execute_batch("PRAGMA writable_schema = ON").unwrap();
+            c.execute(
+                "UPDATE sqlite_schema SET sql = replace(sql, 'CREATE VIRTUAL TABLE', 'CREATE /* a table */ VIRTUAL TABLE') WHERE name = 'eval_results'",
+                [],
+            )
+            .unwrap();
+        }
+        let parent = tempfile::tempdir().unwrap();
+        let r = run(pieval()
+            .args(["import", "promptfoo"])
+            .arg(&db)
+            .arg("--output")
+            .arg(parent.path().join("run")));
+        assert_eq!(r.code, 2, "{name}: {}{}", r.stdout, r.stderr);
+        assert!(
+            r.stderr.contains(want),
+            "{name}: {want:?} not in {}",
+            r.stderr
+        );
+        assert!(std::fs::read_dir(parent.path()).unwrap().next().is_none());
+    }
+
     // A trigger that would empty the database if anything wrote it: nothing does.
     let db = hostile_promptfoo(
         src.path(),
@@ -1188,4 +1253,287 @@ open(out, "wb").write(b)
     );
     let left: Vec<_> = std::fs::read_dir(parent.path()).unwrap().collect();
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// Archives that would make the parser hold far more than they say: references to one
+/// large attachment repeated, arrays of tiny values, nesting without end, many entries
+/// that each stay under the entry's bound, fields given twice.
+#[test]
+fn inspect_samples_that_multiply_in_memory_are_refused_while_they_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let (header, sample) = inspect_parts();
+    let header_bytes = header.to_string().into_bytes();
+    let name = "samples/forward-3_epoch_1.json";
+    let import = |file: &Path, env: &[(&str, &str)]| {
+        let out = dir.path().join(format!("run-{}", fastrand::u64(..)));
+        let mut cmd = pieval();
+        cmd.args(["import", "inspect"])
+            .arg(file)
+            .arg("--output")
+            .arg(&out);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let (r, rss) = run_measured(&mut cmd);
+        assert!(
+            rss < MAX_RSS,
+            "{}: {} MiB peak memory",
+            file.display(),
+            rss >> 20
+        );
+        assert!(!out.exists());
+        r
+    };
+    // 10,000 references to one attachment of 30 MiB: 300 GB of copies, asked for by a
+    // few hundred kilobytes.
+    let mut s = sample.clone();
+    let parts: Vec<Value> = (0..10_000)
+        .map(|_| json!({"type": "text", "text": "attachment://a"}))
+        .collect();
+    s["messages"] =
+        json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": parts}]);
+    s.as_object_mut().unwrap().remove("attachments");
+    let text = s.to_string();
+    let fan = dir.path().join("fan-out.eval");
+    write_eval(
+        &fan,
+        &[
+            ("header.json", vec![(header_bytes.clone(), 1)]),
+            (
+                name,
+                vec![
+                    (
+                        format!("{},\"attachments\":{{\"a\":\"", &text[..text.len() - 1])
+                            .into_bytes(),
+                        1,
+                    ),
+                    (vec![b'A'; 1 << 20], 30),
+                    (b"\"}}".to_vec(), 1),
+                ],
+            ),
+        ],
+    );
+    let r = import(&fan, &[]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("attachment references resolve to more than 64 MiB"),
+        "{}",
+        r.stderr
+    );
+
+    // An array of forty million zeros (80 MB of JSON, gigabytes as values).
+    let zeros = dir.path().join("zeros.eval");
+    let mut s = sample.clone();
+    s.as_object_mut().unwrap().remove("metadata");
+    let text = s.to_string();
+    write_eval(
+        &zeros,
+        &[
+            ("header.json", vec![(header_bytes.clone(), 1)]),
+            (
+                name,
+                vec![
+                    (
+                        format!("{},\"metadata\":{{\"z\":[0", &text[..text.len() - 1]).into_bytes(),
+                        1,
+                    ),
+                    (b",0".repeat(1 << 19), 80),
+                    (b"]}}".to_vec(), 1),
+                ],
+            ),
+        ],
+    );
+    let r = import(&zeros, &[]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("more than 64 MiB"), "{}", r.stderr);
+
+    // Nesting without end inside the transcript read past.
+    let deep = dir.path().join("deep.eval");
+    let mut s = sample.clone();
+    s.as_object_mut().unwrap().remove("events");
+    let text = s.to_string();
+    write_eval(
+        &deep,
+        &[
+            ("header.json", vec![(header_bytes.clone(), 1)]),
+            (
+                name,
+                vec![
+                    (
+                        format!("{},\"events\":", &text[..text.len() - 1]).into_bytes(),
+                        1,
+                    ),
+                    (vec![b'['; 1 << 20], 200),
+                ],
+            ),
+        ],
+    );
+    let r = import(&deep, &[]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("nested more than 256 deep"),
+        "{}",
+        r.stderr
+    );
+
+    // Entries each under the entry's bound, over the archive's together (the archive's
+    // bound made small for the test: at least 4 GiB otherwise).
+    let many = dir.path().join("many.eval");
+    let mut entries: Vec<(String, Vec<(Vec<u8>, usize)>)> =
+        vec![("header.json".into(), vec![(header_bytes.clone(), 1)])];
+    for i in 0..4 {
+        let mut s = sample.clone();
+        s["id"] = json!(format!("many-{i}"));
+        entries.push((
+            format!("samples/many-{i}_epoch_1.json"),
+            with_long_field(&s, "events", "[{\"event\":\"log\",\"message\":", 40),
+        ));
+    }
+    let refs: Vec<(&str, Vec<(Vec<u8>, usize)>)> = entries
+        .iter()
+        .map(|(n, p)| (n.as_str(), p.clone()))
+        .collect();
+    write_eval(&many, &refs);
+    let r = import(&many, &[("PIEVAL_TEST_MAX_ARCHIVE_BYTES", "104857600")]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("the archive's entries inflate to more than 100 MiB together"),
+        "{}",
+        r.stderr
+    );
+
+    // A .json log naming a field twice.
+    let mut log: Value =
+        serde_json::from_slice(&std::fs::read(fixture("inspect/injection.json")).unwrap()).unwrap();
+    let samples = log["samples"].take();
+    log.as_object_mut().unwrap().remove("samples");
+    let text = log.to_string();
+    let twice = format!(
+        "{},\"events\":[],\"events\":[],\"samples\":{samples}}}",
+        &text[..text.len() - 1]
+    );
+    let path = dir.path().join("twice.json");
+    std::fs::write(&path, twice).unwrap();
+    let r = import(&path, &[]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("events: given twice"), "{}", r.stderr);
+}
+
+/// A writer that died mid-write: its journal (rollback mode) or its -wal and -shm (WAL
+/// mode) left beside the database, nothing holding them. Read as SQLite would recover
+/// them, in a copy: the journal rolled back, the WAL's committed rows kept — and nothing
+/// beside the source written.
+#[test]
+fn files_a_dead_writer_left_are_recovered_in_a_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    // A python process writes, then is killed (SQLite's files as a crash leaves them).
+    let crash = |script: &str| {
+        let mut child = std::process::Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .current_dir(dir.path())
+            .spawn()
+            .expect("python3 (the test's writer)");
+        let ready = dir.path().join("ready");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !ready.exists() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the writer did not get ready"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        std::fs::remove_file(ready).unwrap();
+    };
+    // Rollback mode: a transaction that spilled pages and was never committed.
+    std::fs::copy(fixture("pyrit/memory.db"), dir.path().join("memory.db")).unwrap();
+    crash(
+        "import sqlite3, time\n\
+         c = sqlite3.connect('memory.db', isolation_level=None)\n\
+         c.execute('PRAGMA journal_mode = PERSIST'); c.execute('PRAGMA cache_size = 1')\n\
+         c.execute('BEGIN'); c.execute(\"UPDATE PromptMemoryEntries SET original_value = 'TORN'\")\n\
+         [c.execute('CREATE TABLE junk%d (x)' % i) for i in range(50)]\n\
+         open('ready', 'w').close(); time.sleep(60)",
+    );
+    let db = dir.path().join("memory.db");
+    assert!(dir.path().join("memory.db-journal").exists());
+    let before = digests(dir.path());
+    let out = tempfile::tempdir().unwrap();
+    let r = import_json("pyrit", &db, &out.path().join("run"), &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        digests(dir.path()),
+        before,
+        "the source's files were written"
+    );
+    assert_eq!(
+        manifest(&out.path().join("run"))["import"]["sources"][0]["sqlite"]["how"],
+        "recovered copy"
+    );
+    for c in read_jsonl(&out.path().join("run").join("cases.jsonl")) {
+        assert_ne!(c["prompt"], "TORN", "an uncommitted write was read");
+    }
+
+    // WAL mode: rows committed to the -wal, the -shm left, no process holding it.
+    let wal_dir = dir.path().join("wal");
+    std::fs::create_dir(&wal_dir).unwrap();
+    std::fs::copy(
+        fixture("promptfoo/promptfoo.db"),
+        wal_dir.join("promptfoo.db"),
+    )
+    .unwrap();
+    crash(
+        "import sqlite3, time\n\
+         c = sqlite3.connect('wal/promptfoo.db', isolation_level=None)\n\
+         c.execute('PRAGMA journal_mode = WAL'); c.execute('PRAGMA wal_autocheckpoint = 0')\n\
+         c.execute('BEGIN')\n\
+         c.execute(\"INSERT INTO eval_results SELECT 'crash-1', created_at, updated_at, eval_id, 0, 77, test_case, prompt, prompt_id, provider, latency_ms, cost, response, error, success, score, grading_result, named_scores, metadata, failure_reason FROM eval_results WHERE test_idx = 0 AND prompt_idx = 0\")\n\
+         c.execute('COMMIT')\n\
+         open('ready', 'w').close(); time.sleep(60)",
+    );
+    let db = wal_dir.join("promptfoo.db");
+    assert!(wal_dir.join("promptfoo.db-shm").exists() && wal_dir.join("promptfoo.db-wal").exists());
+    let before: BTreeMap<String, String> = {
+        use sha2::Digest;
+        names(&wal_dir)
+            .into_iter()
+            .map(|n| {
+                let d = hex::encode(sha2::Sha256::digest(
+                    std::fs::read(wal_dir.join(&n)).unwrap(),
+                ));
+                (n, d)
+            })
+            .collect()
+    };
+    let r = import_json("promptfoo", &db, &out.path().join("wal-run"), &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let report: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(
+        report["predictions"], 4,
+        "the -wal's committed row is read: {report}"
+    );
+    let after: BTreeMap<String, String> = {
+        use sha2::Digest;
+        names(&wal_dir)
+            .into_iter()
+            .map(|n| {
+                let d = hex::encode(sha2::Sha256::digest(
+                    std::fs::read(wal_dir.join(&n)).unwrap(),
+                ));
+                (n, d)
+            })
+            .collect()
+    };
+    assert_eq!(
+        after, before,
+        "the -wal or -shm beside the source was written"
+    );
+    assert_eq!(
+        manifest(&out.path().join("wal-run"))["import"]["sources"][0]["sqlite"]["how"],
+        "recovered copy"
+    );
 }

@@ -603,13 +603,21 @@ fn side_words_within<'t>(
 }
 
 /// The letters and digits of `text` nearest its end (`left`: read backwards, nearest
-/// first) or its start, at most `n`, everything else left out.
+/// first) or its start, at most `n`, everything else left out; at most `8n + 64`
+/// characters are read for them (a response of punctuation is not read to its end for
+/// each occurrence).
 fn letters(text: &str, left: bool, n: usize) -> String {
     let keep = |c: &char| c.is_alphanumeric();
+    let reach = n.saturating_mul(8).saturating_add(64);
     if left {
-        text.chars().rev().filter(keep).take(n).collect()
+        text.chars()
+            .rev()
+            .take(reach)
+            .filter(keep)
+            .take(n)
+            .collect()
     } else {
-        text.chars().filter(keep).take(n).collect()
+        text.chars().take(reach).filter(keep).take(n).collect()
     }
 }
 
