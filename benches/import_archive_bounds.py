@@ -86,11 +86,12 @@ def archives(work: Path):
 
     head, tail = with_long(sample, "messages", '[{"role": "user", "content": ', "")
     add("message-600M", [("header.json", h, 0, b""), (name, head, 600, tail.replace(b'"}', b'"}]}'))])
-    head, tail = with_long(sample, "events", '[{"event": "log", "message": ', "")
+    # An info event, whose data may be any JSON: the transcript is valid for Inspect too.
+    head, tail = with_long(sample, "events", '[{"event": "info", "data": ', "")
     tail = tail.replace(b'"}', b'"}]}')
     add("events-1500M", [("header.json", h, 0, b""), (name, head, 1536, tail)])
     add("events-3G", [("header.json", h, 0, b""), (name, head, 3072, tail)])
-    hh, ht = with_long(header, "plan", "", "")
+    hh, ht = with_long(header, "plan", '{"name": "plan", "steps": [], "config": {}, "metadata": {"note": ', "}}")
     add("header-200M", [("header.json", hh, 200, ht), (name, json.dumps(sample).encode(), 0, b"")])
     entries = [("header.json", h, 0, b"")]
     for i in range(8):
@@ -108,7 +109,7 @@ try:
     log = read_eval_log(sys.argv[1])
     print("read", len(log.samples or []))
 except Exception as e:
-    print("error", type(e).__name__, str(e)[:200])
+    print("error", type(e).__name__, " ".join(str(e).split())[:200])
 '''
 
 

@@ -397,10 +397,7 @@ fn parse_entry<T: serde::de::DeserializeOwned>(
     budget: &mut Inflation,
     what: &str,
 ) -> Result<(String, T)> {
-    let options = zip::read::ZipReadOptions::new().enforce_header_consistency(true);
-    let entry = archive
-        .by_index_with_options(index, options)
-        .map_err(|e| zip_error(path, e))?;
+    let entry = open_entry(archive, index, path)?;
     let name = entry.name().map_err(|e| zip_error(path, e))?.into_owned();
     let at = At::entry(path, &name);
     if entry.size() > max_entry_bytes() {
@@ -416,10 +413,31 @@ fn parse_entry<T: serde::de::DeserializeOwned>(
     if budget.left == 0 {
         return Err(budget.spent(&at).clone_message());
     }
-    meter_start(kept_max, max_entry_bytes().min(budget.left));
     let archive_bound = max_entry_bytes() > budget.left;
     let spent = budget.spent(&at);
-    let mut de = serde_json::Deserializer::from_reader(metered(entry));
+    // A small entry is inflated whole and parsed from memory: the streamed parse reads
+    // a byte at a time through its reader, the largest cost of an import of many
+    // samples. It is counted first as if all of it were kept; only an entry within every
+    // bound that way, and no larger than it declared, is parsed so. Any other is
+    // streamed, its parts read past told apart from what is kept.
+    let declared = entry.size();
+    drop(entry);
+    let mut whole: Option<Vec<u8>> = None;
+    if declared <= SMALL_ENTRY_BYTES.min(kept_max) {
+        meter_start(kept_max, max_entry_bytes().min(budget.left));
+        let mut buf = Vec::with_capacity(declared as usize);
+        let read = open_entry(archive, index, path)?
+            .take(declared + 1)
+            .read_to_end(&mut buf);
+        METER.with(|m| m.borrow_mut().count(&buf));
+        if read.is_ok() && buf.len() as u64 <= declared && meter_over().is_none() {
+            whole = Some(buf);
+        }
+    }
+    meter_start(kept_max, max_entry_bytes().min(budget.left));
+    if let Some(buf) = &whole {
+        METER.with(|m| m.borrow_mut().count(buf));
+    }
     let fail = |field: String, inner: serde_json::Error| {
         match meter_over() {
             Some(Over::Total) if archive_bound => return spent.clone_message(),
@@ -440,13 +458,47 @@ fn parse_entry<T: serde::de::DeserializeOwned>(
             message,
         )
     };
-    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    let value: T = match &whole {
+        Some(buf) => parse_json(&mut serde_json::Deserializer::from_slice(buf), &fail)?,
+        None => {
+            let entry = open_entry(archive, index, path)?;
+            parse_json(
+                &mut serde_json::Deserializer::from_reader(metered(entry)),
+                &fail,
+            )?
+        }
+    };
+    budget.left = budget.left.saturating_sub(METER.with(|m| m.borrow().total));
+    Ok((name, value))
+}
+
+/// Archive entry `index`, its local header checked against the central directory.
+fn open_entry<'a>(
+    archive: &'a mut zip::ZipArchive<std::fs::File>,
+    index: usize,
+    path: &Path,
+) -> Result<zip::read::ZipFile<'a, std::fs::File>> {
+    let options = zip::read::ZipReadOptions::new().enforce_header_consistency(true);
+    archive
+        .by_index_with_options(index, options)
+        .map_err(|e| zip_error(path, e))
+}
+
+/// The largest entry parsed from memory rather than streamed ([`parse_entry`]).
+const SMALL_ENTRY_BYTES: u64 = 16 << 20;
+
+/// A whole JSON document as a `T`; an error through `fail` (the field's path, serde's
+/// error).
+fn parse_json<'de, R: serde_json::de::Read<'de>, T: serde::de::DeserializeOwned>(
+    de: &mut serde_json::Deserializer<R>,
+    fail: &dyn Fn(String, serde_json::Error) -> Error,
+) -> Result<T> {
+    let value: T = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
         let field = e.path().to_string();
         fail(field, e.into_inner())
     })?;
     de.end().map_err(|e| fail(String::new(), e))?;
-    budget.left = budget.left.saturating_sub(METER.with(|m| m.borrow().total));
-    Ok((name, value))
+    Ok(value)
 }
 
 /// What an archive's entries may inflate to together: at least [`MIN_ARCHIVE_INFLATION`],
