@@ -104,6 +104,9 @@ enum Command {
     /// Run a recorded run again with the same selection and settings, or --rescore its
     /// stored predictions with today's detectors.
     Replay(run::ReplayArgs),
+    /// Remove what an interrupted run's application target planted and did not remove
+    /// (its plants.jsonl), with your config's session and teardown steps.
+    Cleanup(run::CleanupArgs),
     /// The run catalogue: list, show, diff.
     #[command(subcommand)]
     Runs(runs::Command),
@@ -166,6 +169,7 @@ pub fn main() -> Result<ExitStatus> {
         Command::Sql(args) => sql::run(args),
         Command::Run(args) => run::run(args),
         Command::Replay(args) => run::replay(args),
+        Command::Cleanup(args) => run::cleanup(args),
         Command::Runs(cmd) => runs::run(cmd),
         Command::Controls(args) => controls::run(args),
         Command::Keygen(args) => keygen::run(args),

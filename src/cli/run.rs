@@ -89,6 +89,43 @@ fn progress(bar: bool) -> runner::Progress {
     })
 }
 
+#[derive(Debug, clap::Args)]
+pub struct CleanupArgs {
+    /// Your experiment config: its target's session and teardown steps are the ones
+    /// run (a run folder's own are not trusted).
+    config: PathBuf,
+    /// The run whose plants to remove (a run id under the output folder, or a path).
+    #[arg(long, value_name = "RUN")]
+    run: String,
+    /// Override experiment.output_dir.
+    #[arg(long)]
+    output_dir: Option<PathBuf>,
+}
+
+/// `pieval cleanup CONFIG --run RUN`: remove what a killed run's application target
+/// planted and did not remove (its `plants.jsonl`); exit 1 when some could not be.
+pub fn cleanup(args: CleanupArgs) -> Result<ExitStatus> {
+    let loaded = crate::experiment::config::Config::load(&args.config)?;
+    let results = args
+        .output_dir
+        .clone()
+        .unwrap_or_else(|| loaded.config.experiment.output_dir.clone());
+    let dir = run_dir(&args.run, &results)?;
+    let (before, after) = runner::cleanup(&loaded.config, &dir, Some(&progress(false)))?;
+    output::stdout_line(&format!(
+        "{}: {} attempt(s) were left planted, {} removed, {} still planted",
+        dir.display(),
+        before,
+        before - after,
+        after
+    ))?;
+    Ok(if after == 0 {
+        ExitStatus::Success
+    } else {
+        ExitStatus::Failure
+    })
+}
+
 pub fn run(args: Args) -> Result<ExitStatus> {
     let mut opts = options(args.config, args.output_dir, args.json);
     opts.sample_size = args.sample_size;

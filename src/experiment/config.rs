@@ -211,6 +211,52 @@ impl Config {
         if let Err((key, message)) = endpoint_of(m).check() {
             return bad(&format!("model.{key}"), message);
         }
+        match (m.provider, &m.http) {
+            (ProviderKind::Http, None) => {
+                return bad(
+                    "model.http",
+                    "provider http needs the http section: the request, and where its answer is (docs/applications.md)".into(),
+                );
+            }
+            (ProviderKind::Http, Some(h)) => {
+                if let Err((k, message)) = h.compile() {
+                    return bad(&format!("model.http.{k}"), message);
+                }
+            }
+            (_, Some(_)) => {
+                return bad(
+                    "model.http",
+                    format!(
+                        "only provider http reads this section (the provider is {})",
+                        m.provider.as_str()
+                    ),
+                );
+            }
+            (_, None) => {}
+        }
+        match (m.provider, &m.exec) {
+            (ProviderKind::Exec, None) => {
+                return bad(
+                    "model.exec",
+                    "provider exec needs the exec section: the command to start (docs/applications.md)".into(),
+                );
+            }
+            (ProviderKind::Exec, Some(x)) => {
+                if let Err((k, message)) = x.check() {
+                    return bad(&format!("model.exec.{k}"), message);
+                }
+            }
+            (_, Some(_)) => {
+                return bad(
+                    "model.exec",
+                    format!(
+                        "only provider exec reads this section (the provider is {})",
+                        m.provider.as_str()
+                    ),
+                );
+            }
+            (_, None) => {}
+        }
         if m.provider == ProviderKind::Replay && m.replay_from.is_none() {
             return bad(
                 "model.replay_from",
@@ -252,6 +298,17 @@ impl Config {
                 }
                 if let Err((k, message)) = endpoint_of(model).check() {
                     return bad(&format!("attack.{key}.{k}"), message);
+                }
+                if matches!(model.provider, ProviderKind::Http | ProviderKind::Exec)
+                    || model.http.is_some()
+                    || model.exec.is_some()
+                {
+                    return bad(
+                        &format!("attack.{key}.provider"),
+                        format!(
+                            "the {key} is a model (openai, local or replay), not an application"
+                        ),
+                    );
                 }
             }
             if plan.strategy.is_some()
@@ -303,6 +360,24 @@ impl Config {
             if let Some(m) = &a.translator {
                 model("attack.translator", m);
             }
+        }
+        if let Some(h) = &self.model.http {
+            for (k, p) in h.local_paths() {
+                add(format!("model.http.{k}"), Some(&p));
+            }
+        }
+        if let Some(x) = &self.model.exec {
+            add(
+                "model.exec.command".into(),
+                x.command
+                    .first()
+                    .map(Path::new)
+                    .filter(|p| p.components().count() > 1),
+            );
+            for a in x.command.iter().skip(1).filter(|a| Path::new(a).exists()) {
+                add("model.exec.command".into(), Some(Path::new(a)));
+            }
+            add("model.exec.cwd".into(), x.cwd.as_deref());
         }
         if let Some(j) = &self.evaluation.judge {
             add("evaluation.judge.rubric".into(), j.rubric.as_deref());

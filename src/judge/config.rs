@@ -149,6 +149,13 @@ impl JudgeSection {
             max_tokens: self.max_tokens,
         };
         e.check()?;
+        if matches!(self.provider, ProviderKind::Http | ProviderKind::Exec) {
+            return Err((
+                "provider",
+                "a judge is a model: openai (any OpenAI-compatible endpoint), local or replay"
+                    .into(),
+            ));
+        }
         if self.provider == ProviderKind::Replay && self.replay_from.is_none() {
             return Err((
                 "replay_from",
@@ -186,6 +193,8 @@ impl JudgeSection {
             max_retries: self.max_retries,
             path: self.path.clone(),
             replay_from: None,
+            http: None,
+            exec: None,
         }
     }
 }

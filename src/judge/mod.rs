@@ -219,6 +219,11 @@ impl Judge {
                         .trim_end_matches('/')
                 ),
             ),
+            ProviderKind::Http | ProviderKind::Exec => {
+                return Err(Error::State(
+                    "a judge is a model: openai, local or replay (not an application)".into(),
+                ));
+            }
             ProviderKind::Local => {
                 let sha = match &section.path {
                     Some(p) => crate::digest::sha256_file(p)?,

@@ -11,6 +11,8 @@ pub enum ProviderKind {
     Local,
     Openai,
     Replay,
+    Http,
+    Exec,
 }
 
 impl ProviderKind {
@@ -19,6 +21,8 @@ impl ProviderKind {
             ProviderKind::Local => "local",
             ProviderKind::Openai => "openai",
             ProviderKind::Replay => "replay",
+            ProviderKind::Http => "http",
+            ProviderKind::Exec => "exec",
         }
     }
 }
@@ -79,6 +83,12 @@ pub struct ModelSection {
     /// `replay`: a predictions file (JSONL / Parquet) or a run folder / run id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay_from: Option<String>,
+    /// `http`: the application's API (`provider::http`, docs/applications.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<crate::provider::http::HttpSection>,
+    /// `exec`: the team's own code, a process speaking JSON lines (`provider::exec`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<crate::provider::exec::ExecSection>,
 }
 
 pub(crate) fn default_max_tokens() -> u32 {

@@ -7,9 +7,16 @@
 //! - [`replay::ReplayProvider`]: the responses of a predictions file or an earlier run.
 
 pub mod config;
+pub mod exec;
+pub mod http;
 pub mod local;
 pub mod openai;
 pub mod replay;
+pub(crate) mod transport;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 
@@ -79,6 +86,32 @@ pub trait Provider: Send + Sync {
         1
     }
     async fn complete(&self, case_id: &str, messages: &[Message]) -> Result<Completion, CallError>;
+
+    /// Once per run, before any attempt, with the run folder: a target that keeps files
+    /// there opens them, and completes what a killed run left (an application target
+    /// removes what it had planted). `note` tells the user.
+    async fn open_run(&self, dir: &Path, note: crate::judge::Notes) -> Result<()> {
+        let _ = (dir, note);
+        Ok(())
+    }
+
+    /// Before an attempt's first call (an application's session, what is planted for
+    /// it). The attempt's calls run inside [`ATTEMPT`]'s scope.
+    async fn begin(&self, scope: &Arc<AttemptScope>) -> Result<(), CallError> {
+        let _ = scope;
+        Ok(())
+    }
+
+    /// After an attempt, whatever happened (what was planted is removed).
+    async fn end(&self, scope: &Arc<AttemptScope>) {
+        let _ = scope;
+    }
+
+    /// Once per run, after the last attempt or an interruption: attempts begun and not
+    /// ended are ended; a line for the user ("planted N, removed N").
+    async fn close_run(&self) -> Option<String> {
+        None
+    }
 
     /// One assistant turn of an agent: `messages` in the OpenAI chat form (system, user,
     /// assistant with `tool_calls`, `tool` results) and the `tools` offered. `key` names
@@ -152,6 +185,8 @@ pub fn build(
                 },
             )))
         }
+        ProviderKind::Http => Ok(Box::new(http::HttpProvider::new(model, seed)?)),
+        ProviderKind::Exec => Ok(Box::new(exec::ExecProvider::new(model, seed)?)),
         ProviderKind::Replay => Err(Error::Internal(
             "a replay provider answers from records, not calls".into(),
         )),
@@ -194,5 +229,112 @@ impl Message {
             role: "assistant",
             content,
         }
+    }
+}
+
+tokio::task_local! {
+    /// The attempt the running calls belong to (set by the runner around each attempt).
+    pub static ATTEMPT: Arc<AttemptScope>;
+}
+
+/// One attempt, as a target that keeps state per attempt sees it.
+pub struct AttemptScope {
+    /// The attempt's key (its attempt id, or the case id).
+    pub key: String,
+    pub case_id: String,
+    /// The case's injection (what setup plants) and its user task.
+    pub payload: Option<String>,
+    pub task: Option<String>,
+    state: std::sync::Mutex<AttemptState>,
+}
+
+/// What an attempt gathers as it runs.
+#[derive(Debug, Default)]
+pub struct AttemptState {
+    /// What steps extracted (`{{vars.<name>}}`).
+    pub vars: BTreeMap<String, String>,
+    /// (origin, name) → value.
+    pub cookies: BTreeMap<(String, String), String>,
+    pub turn: u32,
+    /// What setup planted (JSON of its variables), when it ran.
+    pub planted: Option<String>,
+    /// Whether teardown removed it.
+    pub removed: Option<bool>,
+    pub cleanup_error: Option<String>,
+}
+
+impl AttemptScope {
+    pub fn new(key: &str, case: &crate::contract::case::AttackCase) -> Self {
+        // the untrusted content that carries the injection: the document, e-mail, page
+        // or tool output of an indirect case; the prompt of a direct one
+        let indirect = case.attack_surface.is_indirect() && case.task_input.is_some();
+        Self {
+            key: key.to_owned(),
+            case_id: case.case_id.clone(),
+            payload: Some(if indirect {
+                case.task_input.clone().unwrap_or_default()
+            } else {
+                case.prompt.clone()
+            }),
+            task: Some(case.prompt.clone()),
+            state: Default::default(),
+        }
+    }
+
+    /// A call outside any attempt (a judge's), or one rebuilt from a journal.
+    pub fn bare(case_id: &str) -> Self {
+        Self::bare_attempt(case_id, case_id)
+    }
+
+    pub fn bare_attempt(key: &str, case_id: &str) -> Self {
+        Self {
+            key: key.to_owned(),
+            case_id: case_id.to_owned(),
+            payload: None,
+            task: None,
+            state: Default::default(),
+        }
+    }
+
+    pub fn state(&self) -> std::sync::MutexGuard<'_, AttemptState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn set_vars(&self, vars: Vec<(String, String)>) {
+        self.state().vars.extend(vars);
+    }
+
+    /// A `Set-Cookie` header from `origin` (its name and value; attributes ignored: the
+    /// jar is the attempt's, and sends a cookie only back to the origin that set it).
+    pub fn set_cookie(&self, origin: &str, header: &str) {
+        let pair = header.split(';').next().unwrap_or_default();
+        if let Some((name, value)) = pair.split_once('=') {
+            let name = name.trim();
+            if !name.is_empty() {
+                self.state().cookies.insert(
+                    (origin.to_owned(), name.to_owned()),
+                    value.trim().to_owned(),
+                );
+            }
+        }
+    }
+
+    pub fn cookie(&self, origin: &str, name: &str) -> Option<String> {
+        self.state()
+            .cookies
+            .get(&(origin.to_owned(), name.to_owned()))
+            .cloned()
+    }
+
+    /// The `Cookie` header for a request to `origin`.
+    pub fn cookie_header(&self, origin: &str) -> Option<String> {
+        let st = self.state();
+        let pairs: Vec<String> = st
+            .cookies
+            .iter()
+            .filter(|((o, _), _)| o == origin)
+            .map(|((_, n), v)| format!("{n}={v}"))
+            .collect();
+        (!pairs.is_empty()).then(|| pairs.join("; "))
     }
 }

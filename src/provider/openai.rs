@@ -1,6 +1,6 @@
 //! OpenAI-compatible chat completions over HTTP (tokio + reqwest).
 //!
-//! Retries: timeouts, connection failures, HTTP 408 / 409 / 429 / 5xx and unparseable
+//! Retries (`super::transport`): timeouts, connection failures, HTTP 408 / 409 / 429 / 5xx and unparseable
 //! bodies are retried up to `max_retries` times. The wait before retry `n` (from 0) is a
 //! random duration in `[0, min(30 s, 0.5 s · 2ⁿ)]` ("full jitter"), or the server's
 //! `Retry-After` (seconds or an HTTP date, at most 5 minutes) when it sends one. Other
@@ -9,18 +9,17 @@
 //! environment variable the config names, sent only in the `Authorization` header, and
 //! redacted from every message this module returns.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use tokio::sync::Mutex;
 
 use super::Message;
 use super::config::ModelSection;
+use super::transport::{self, Pacing, TryError};
 use super::{AgentTurn, CallError, Completion, Provider, ToolCall};
 use crate::error::{Error, Result};
 
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 
 pub struct OpenAiProvider {
@@ -33,8 +32,7 @@ pub struct OpenAiProvider {
     top_p: Option<f64>,
     seed: u64,
     max_retries: u32,
-    /// Requests-per-minute limit: the earliest instant the next request may start.
-    pacing: Option<(Duration, Mutex<Instant>)>,
+    pacing: Pacing,
 }
 
 impl OpenAiProvider {
@@ -55,17 +53,7 @@ impl OpenAiProvider {
             crate::secrets::register(k);
         }
         let base = model.base_url.as_deref().unwrap_or_default();
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs_f64(model.timeout_s))
-            .connect_timeout(Duration::from_secs_f64(model.timeout_s.min(10.0)))
-            .pool_max_idle_per_host(model.concurrency)
-            .user_agent(concat!("pieval/", env!("CARGO_PKG_VERSION")))
-            // Never follow a redirect: the key goes only to the configured origin, on
-            // every hop (reqwest strips it on a cross-host hop, but a chain that comes
-            // back to one host would carry it again). A 3xx is the case's error.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| Error::Internal(format!("cannot build the HTTP client: {e}")))?;
+        let client = transport::client(model.timeout_s, model.concurrency)?;
         Ok(Self {
             client,
             url: format!("{}/chat/completions", base.trim_end_matches('/')),
@@ -76,99 +64,20 @@ impl OpenAiProvider {
             top_p: model.top_p,
             seed,
             max_retries: model.max_retries,
-            pacing: model.requests_per_minute.map(|rpm| {
-                (
-                    Duration::from_secs_f64(60.0 / f64::from(rpm)),
-                    Mutex::new(Instant::now()),
-                )
-            }),
+            pacing: Pacing::new(model.requests_per_minute),
         })
-    }
-
-    /// Text with every registered key, in any spelling, redacted (`crate::secrets`).
-    fn redact(&self, s: &str) -> String {
-        crate::secrets::redact(s).0.into_owned()
-    }
-
-    /// Wait for this request's slot under the requests-per-minute limit.
-    async fn pace(&self) {
-        if let Some((interval, next)) = &self.pacing {
-            let slot = {
-                let mut next = next.lock().await;
-                let now = Instant::now();
-                let slot = (*next).max(now);
-                *next = slot + *interval;
-                slot
-            };
-            tokio::time::sleep_until(slot.into()).await;
-        }
     }
 
     /// One attempt: the answer's body (every key redacted, in any spelling) and whether
     /// anything was, or Err(message, retryable, retry_after).
-    async fn attempt(
-        &self,
-        body: &Value,
-    ) -> Result<(String, bool), (String, bool, Option<Duration>)> {
+    async fn attempt(&self, body: &Value) -> Result<(String, bool), TryError> {
         let mut req = self.client.post(&self.url).json(body);
         if let Some(k) = &self.api_key {
             req = req.bearer_auth(k);
         }
-        let resp = match req.send().await {
-            Ok(r) => r,
-            Err(e) => {
-                let what = if e.is_timeout() {
-                    "timed out".to_owned()
-                } else if e.is_connect() {
-                    format!("connection failed: {}", crate::text::error_chain(&e))
-                } else {
-                    format!("request failed: {}", crate::text::error_chain(&e))
-                };
-                return Err((what, true, None));
-            }
-        };
-        let status = resp.status();
-        let retry_after = resp
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(parse_retry_after);
-        let location = resp
-            .headers()
-            .get(reqwest::header::LOCATION)
-            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-        // Read at most MAX_BODY_BYTES: an endpoint cannot make the run hold more.
-        let mut resp = resp;
-        let mut body: Vec<u8> = Vec::new();
-        loop {
-            match resp.chunk().await {
-                Ok(Some(chunk)) => {
-                    if body.len() + chunk.len() > super::MAX_BODY_BYTES {
-                        return Err((
-                            format!(
-                                "the response body exceeds {} MiB; it was not read",
-                                super::MAX_BODY_BYTES >> 20
-                            ),
-                            false,
-                            None,
-                        ));
-                    }
-                    body.extend_from_slice(&chunk);
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    let what = if e.is_timeout() {
-                        "timed out reading the response".to_owned()
-                    } else {
-                        format!(
-                            "the response body could not be read: {}",
-                            crate::text::error_chain(&e)
-                        )
-                    };
-                    return Err((what, true, retry_after));
-                }
-            }
-        }
+        let resp = transport::send(req).await?;
+        let head = transport::head(&resp);
+        let body = transport::read_body(resp, head.retry_after).await?;
         // Redacted before anything is cut or parsed: an excerpt never holds part of the
         // key.
         let (text, redacted) = {
@@ -176,19 +85,9 @@ impl OpenAiProvider {
             let (t, r) = crate::secrets::redact(&raw);
             (t.into_owned(), r)
         };
+        let status = head.status;
         if status.is_redirection() {
-            let to = location.as_deref().map_or_else(
-                || "no Location".to_owned(),
-                |l| format!("to {}", crate::text::excerpt(&self.redact(l), 200)),
-            );
-            return Err((
-                format!(
-                    "HTTP {} redirect {to}: pieval does not follow redirects (the key is sent only to the configured base_url); set base_url to the address that answers",
-                    status.as_u16()
-                ),
-                false,
-                None,
-            ));
+            return Err(transport::redirect_error(&head, "base_url"));
         }
         if !status.is_success() {
             let retryable = status.as_u16() == 408
@@ -202,7 +101,7 @@ impl OpenAiProvider {
                     crate::text::excerpt(text.trim(), 200)
                 ),
                 retryable,
-                retry_after,
+                head.retry_after,
             ));
         }
         Ok((text, redacted))
@@ -216,35 +115,11 @@ impl OpenAiProvider {
         body: &Value,
         parse: impl Fn(&str, bool) -> Result<T, String>,
     ) -> Result<(T, f64, u32), CallError> {
-        let start = Instant::now();
-        let mut attempts = 0;
-        loop {
-            self.pace().await;
-            attempts += 1;
-            match self
-                .attempt(body)
-                .await
-                .and_then(|(text, redacted)| parse(&text, redacted).map_err(|m| (m, true, None)))
-            {
-                Ok(answer) => return Ok((answer, start.elapsed().as_secs_f64() * 1e3, attempts)),
-                Err((message, retryable, retry_after)) => {
-                    if !retryable || attempts > self.max_retries {
-                        let tried = if attempts > 1 {
-                            format!(" (after {attempts} attempts)")
-                        } else {
-                            String::new()
-                        };
-                        return Err(CallError {
-                            message: self.redact(&format!("{message}{tried}")),
-                            latency_ms: start.elapsed().as_secs_f64() * 1e3,
-                            attempts,
-                        });
-                    }
-                    let wait = retry_after.unwrap_or_else(|| backoff(attempts - 1));
-                    tokio::time::sleep(wait).await;
-                }
-            }
-        }
+        transport::with_retries(self.max_retries, &self.pacing, || async {
+            let (text, redacted) = self.attempt(body).await?;
+            parse(&text, redacted).map_err(|m| (m, true, None))
+        })
+        .await
     }
 
     fn body(&self, messages: &impl serde::Serialize) -> Value {
@@ -388,14 +263,6 @@ pub fn parse_completion(body: &str) -> Result<Completion, String> {
     })
 }
 
-/// Full-jitter exponential backoff for retry `n` (from 0).
-fn backoff(n: u32) -> Duration {
-    let cap = Duration::from_millis(500)
-        .saturating_mul(1u32 << n.min(16))
-        .min(MAX_BACKOFF);
-    cap.mul_f64(fastrand::f64())
-}
-
 #[async_trait]
 impl Provider for OpenAiProvider {
     fn name(&self) -> &str {
@@ -510,12 +377,5 @@ mod tests {
             .unwrap_err()
             .contains("content_filter")
         );
-    }
-
-    #[test]
-    fn backoff_is_bounded() {
-        for n in 0..40 {
-            assert!(backoff(n) <= MAX_BACKOFF);
-        }
     }
 }

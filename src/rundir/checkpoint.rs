@@ -128,6 +128,15 @@ pub struct PredictionRecord {
     pub injection_delivered: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_stop: Option<String>,
+    /// An application target's setup ran for this attempt: what it planted (its
+    /// extracted variables as JSON, credentials left out), whether teardown removed it,
+    /// and why not (`provider::http`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub planted: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removed: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cleanup_error: Option<String>,
     /// Text fields cut so that the line stays under [`MAX_LINE_BYTES`] (never for an
     /// answer within `provider::MAX_RESPONSE_BYTES` and a case within the corpus reader's
     /// line limit).

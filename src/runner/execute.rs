@@ -28,7 +28,7 @@ use crate::mitigation::{Mitigation, Plan, plan, probe_passes};
 use crate::provider::config::ModelSection;
 use crate::provider::config::{ExecutionMode, ProviderKind};
 use crate::provider::replay::{ReplayProvider, resolve_source};
-use crate::provider::{CallError, Message, Provider};
+use crate::provider::{AttemptScope, CallError, Message, Provider};
 use crate::rundir::{ModelSpeed, PredictionRecord};
 
 /// Counters shown while running.
@@ -56,54 +56,66 @@ struct Helpers {
     agents: Option<crate::agent::replay::AgentReplay>,
 }
 
-/// A calling provider, or a replay of the recorded answers, for an attack's model section.
-fn helper(
-    model: &ModelSection,
+/// Every model the run calls, built once from the config: the target (a calling
+/// provider, a replay of recorded answers, or nothing in a dry run) and the helpers an
+/// attack section adds. A replay source is resolved here and nowhere else.
+fn targets(
     cfg: &Config,
+    pending: &[(&AttackCase, Attempt)],
     progress: Option<&Progress>,
-) -> Result<Box<dyn Provider>> {
-    match model.provider {
-        ProviderKind::Replay => {
-            let spec = model.replay_from.as_deref().unwrap_or_default();
-            let source = resolve_source(spec, &cfg.experiment.output_dir)?;
-            Ok(Box::new(TranscriptReplay::open(&source)?))
+) -> Result<(Answers, Helpers)> {
+    let dry = cfg.model.execution_mode == ExecutionMode::DryRun;
+    let source = |m: &ModelSection| {
+        resolve_source(
+            m.replay_from.as_deref().unwrap_or_default(),
+            &cfg.experiment.output_dir,
+        )
+    };
+    let call = |m: &ModelSection| {
+        crate::provider::build(m, cfg.experiment.seed, &mut |line| {
+            if let Some(p) = progress {
+                p(RunEvent::Note(line))
+            }
+        })
+    };
+    let helper = |m: &Option<ModelSection>| -> Result<Option<Box<dyn Provider>>> {
+        match m {
+            None => Ok(None),
+            Some(_) if dry => Ok(None),
+            Some(m) if m.provider == ProviderKind::Replay => {
+                Ok(Some(Box::new(TranscriptReplay::open(&source(m)?)?)))
+            }
+            Some(m) => call(m).map(Some),
         }
-        ProviderKind::Openai | ProviderKind::Local => {
-            crate::provider::build(model, cfg.experiment.seed, &mut |line| {
-                if let Some(p) = progress {
-                    p(RunEvent::Note(line))
-                }
-            })
-        }
+    };
+    let attack = cfg.attack.as_ref();
+    let helpers = Helpers {
+        attacker: helper(attack.map_or(&None, |a| &a.attacker))?,
+        translator: helper(attack.map_or(&None, |a| &a.translator))?,
+        agents: None,
+    };
+    if dry {
+        return Ok((Answers::DryRun, helpers));
     }
-}
-
-fn backend(cfg: &Config, progress: Option<&Progress>) -> Result<Answers> {
-    if cfg.model.execution_mode == ExecutionMode::DryRun {
-        return Ok(Answers::DryRun);
+    if cfg.model.provider != ProviderKind::Replay {
+        return Ok((Answers::Call(call(&cfg.model)?), helpers));
     }
-    match cfg.model.provider {
-        ProviderKind::Replay => {
-            let spec = cfg.model.replay_from.as_deref().unwrap_or_default();
-            let source = resolve_source(spec, &cfg.experiment.output_dir)?;
-            let multi_turn = cfg.attack.as_ref().is_some_and(|a| a.strategy.is_some());
-            Ok(Answers::Replay(
-                ReplayProvider::open(&source)?,
-                multi_turn
-                    .then(|| TranscriptReplay::open(&source))
-                    .transpose()?,
-            ))
-        }
-        ProviderKind::Openai | ProviderKind::Local => Ok(Answers::Call(crate::provider::build(
-            &cfg.model,
-            cfg.experiment.seed,
-            &mut |line| {
-                if let Some(p) = progress {
-                    p(RunEvent::Note(line))
-                }
-            },
-        )?)),
-    }
+    let source = source(&cfg.model)?;
+    let multi_turn = attack.is_some_and(|a| a.strategy.is_some());
+    let agents = pending
+        .iter()
+        .any(|(c, _)| c.environment.is_some())
+        .then(|| crate::agent::replay::AgentReplay::open(&source))
+        .transpose()?;
+    Ok((
+        Answers::Replay(
+            ReplayProvider::open(&source)?,
+            multi_turn
+                .then(|| TranscriptReplay::open(&source))
+                .transpose()?,
+        ),
+        Helpers { agents, ..helpers },
+    ))
 }
 
 /// Every attempt of the cases not in `done` (checkpoint keys).
@@ -147,29 +159,9 @@ pub(super) fn execute_all(
     dir: &Path,
     progress: Option<&Progress>,
 ) -> Result<(Tally, bool)> {
-    let backend = Arc::new(backend(cfg, progress)?);
+    let (backend, helpers) = targets(cfg, pending, progress)?;
+    let (backend, helpers) = (Arc::new(backend), Arc::new(helpers));
     let plan = attack_plan(cfg)?;
-    let dry = cfg.model.execution_mode == ExecutionMode::DryRun;
-    let helpers = Arc::new(Helpers {
-        attacker: match cfg.attack.as_ref().and_then(|a| a.attacker.as_ref()) {
-            Some(m) if !dry => Some(helper(m, cfg, progress)?),
-            _ => None,
-        },
-        translator: match cfg.attack.as_ref().and_then(|a| a.translator.as_ref()) {
-            Some(m) if !dry => Some(helper(m, cfg, progress)?),
-            _ => None,
-        },
-        agents: match cfg.model.provider {
-            ProviderKind::Replay
-                if !dry && pending.iter().any(|(c, _)| c.environment.is_some()) =>
-            {
-                let spec = cfg.model.replay_from.as_deref().unwrap_or_default();
-                let source = resolve_source(spec, &cfg.experiment.output_dir)?;
-                Some(crate::agent::replay::AgentReplay::open(&source)?)
-            }
-            _ => None,
-        },
-    });
     let path = dir.join(crate::rundir::PREDICTIONS_FILE);
     let mut file = std::fs::OpenOptions::new()
         .create(true)
@@ -195,6 +187,12 @@ pub(super) fn execute_all(
         .enable_all()
         .build()
         .map_err(|e| Error::Internal(format!("cannot start the async runtime: {e}")))?;
+    // A target that keeps files in the run folder opens them, and completes what a
+    // killed run left (an application's plants removed) before anything is sent.
+    let note = notes(progress);
+    if let Answers::Call(p) = backend.as_ref() {
+        rt.block_on(p.open_run(dir, Arc::clone(&note)))?;
+    }
     let judge = match &cfg.evaluation.judge {
         Some(j) if cfg.model.execution_mode != ExecutionMode::DryRun => {
             // A judge that cannot work (no key, no model) fails the run before the model
@@ -243,6 +241,12 @@ pub(super) fn execute_all(
                     // The strategies' verdicts so far: a resume scores without asking again.
                     if let Some(j) = strategy_judge {
                         j.persist(Some(dir))?;
+                    }
+                    // What the attempts cut short had planted is removed now.
+                    if let Answers::Call(target) = backend.as_ref()
+                        && let Some(line) = target.close_run().await
+                    {
+                        note(&line);
                     }
                     if let Some(p) = progress { p(RunEvent::Interrupted); }
                     return Ok((tally, true));
@@ -299,6 +303,11 @@ pub(super) fn execute_all(
         }
         file.sync_data()
             .map_err(|e| Error::io(&path, "cannot flush checkpoint", e))?;
+        if let Answers::Call(target) = backend.as_ref()
+            && let Some(line) = target.close_run().await
+        {
+            note(&line);
+        }
         // The strategies' verdicts: scoring finds the final answers' among them.
         if let Some(j) = strategy_judge {
             j.persist(Some(dir))?;
@@ -325,6 +334,8 @@ struct AttemptRunner<'a> {
 }
 
 impl AttemptRunner<'_> {
+    /// One attempt; against a calling target, inside its scope ([`provider::ATTEMPT`]):
+    /// begun (a session, what is planted), run, and ended whatever happened.
     async fn run(
         &self,
         case: &AttackCase,
@@ -332,9 +343,44 @@ impl AttemptRunner<'_> {
         backend: Arc<Answers>,
         helpers: Arc<Helpers>,
     ) -> PredictionRecord {
+        let Answers::Call(target) = backend.as_ref() else {
+            return self.attempt(case, spec, backend, helpers).await;
+        };
+        let key = spec.id().unwrap_or(&case.case_id).to_owned();
+        let scope = Arc::new(AttemptScope::new(&key, case));
+        let begun = target.begin(&scope).await;
+        let mut rec = match begun {
+            Ok(()) => {
+                crate::provider::ATTEMPT
+                    .scope(
+                        Arc::clone(&scope),
+                        self.attempt(case, spec, Arc::clone(&backend), helpers),
+                    )
+                    .await
+            }
+            Err(e) => {
+                let mut rec = self.record(case, spec);
+                rec.error = Some(e.message);
+                rec.latency_ms = Some(e.latency_ms);
+                rec.attempts = e.attempts;
+                rec.completed_at = crate::text::utc_rfc3339(crate::text::unix_now());
+                rec
+            }
+        };
+        target.end(&scope).await;
+        let st = scope.state();
+        rec.planted = st.planted.clone();
+        rec.removed = st.removed.filter(|_| st.planted.is_some());
+        if let (Some(false), Some(e)) = (rec.removed, &st.cleanup_error) {
+            rec.cleanup_error = Some(e.clone());
+        }
+        rec
+    }
+
+    /// The record every attempt starts from.
+    fn record(&self, case: &AttackCase, spec: &Attempt) -> PredictionRecord {
         let cfg = self.cfg;
-        let seed = cfg.experiment.seed;
-        let mut rec = PredictionRecord {
+        PredictionRecord {
             case_id: case.case_id.clone(),
             run_id: self.run_id.to_owned(),
             provider: cfg.model.provider.as_str().to_owned(),
@@ -345,7 +391,19 @@ impl AttemptRunner<'_> {
             attack_pipeline: spec.pipeline_label(),
             attack_strategy: spec.strategy_label(),
             ..PredictionRecord::default()
-        };
+        }
+    }
+
+    async fn attempt(
+        &self,
+        case: &AttackCase,
+        spec: &Attempt,
+        backend: Arc<Answers>,
+        helpers: Arc<Helpers>,
+    ) -> PredictionRecord {
+        let cfg = self.cfg;
+        let seed = cfg.experiment.seed;
+        let mut rec = self.record(case, spec);
         let key = spec.id().unwrap_or(&case.case_id).to_owned();
         if matches!(spec, Attempt::Strategy { .. }) && case.environment.is_some() {
             rec.error = Some(
@@ -421,6 +479,16 @@ impl AttemptRunner<'_> {
             self.agent(&key, &sent, &mut rec, &backend, &helpers).await;
             rec.completed_at = crate::text::utc_rfc3339(crate::text::unix_now());
             return rec;
+        }
+        // Planted delivery: the application reads the case's content from where setup
+        // planted it; the message is the user task alone.
+        let planted = cfg
+            .model
+            .http
+            .as_ref()
+            .is_some_and(|h| h.delivery == crate::provider::http::config::Delivery::Planted);
+        if planted && sent.attack_surface.is_indirect() && sent.task_input.is_some() {
+            sent.to_mut().task_input = None;
         }
         let p = plan(&sent, self.mitigation, seed);
         execute_one(&key, p, &backend, rec).await

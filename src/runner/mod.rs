@@ -388,3 +388,32 @@ pub fn finish_manifest(manifest: &mut Manifest, report: &ScoreReport) {
         extra: Default::default(),
     });
 }
+
+/// Remove what the run in `dir` left planted (`pieval cleanup`), with `cfg`'s target:
+/// the attempts its journal held open before, and after.
+pub fn cleanup(cfg: &Config, dir: &Path, progress: Option<&Progress>) -> Result<(usize, usize)> {
+    let journal = dir.join(crate::provider::http::plant::JOURNAL_FILE);
+    let before = crate::provider::http::plant::open_plants(&journal)?.len();
+    if before == 0 {
+        return Ok((0, 0));
+    }
+    if cfg.model.provider != ProviderKind::Http {
+        return Err(Error::State(format!(
+            "{}: the run planted through an application target, and this config's provider is {}: give the config the run was made with",
+            dir.display(),
+            cfg.model.provider.as_str()
+        )));
+    }
+    let target = crate::provider::build(&cfg.model, cfg.experiment.seed, &mut |_| {})?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Internal(format!("cannot start the async runtime: {e}")))?;
+    rt.block_on(async {
+        let r = target.open_run(dir, notes(progress)).await;
+        target.close_run().await;
+        r
+    })?;
+    let after = crate::provider::http::plant::open_plants(&journal)?.len();
+    Ok((before, after))
+}

@@ -13,6 +13,7 @@ use super::{Ended, Progress, RunEvent, RunOptions, RunOutcome};
 use crate::error::{Error, Result};
 use crate::experiment::config::{Config, LoadedConfig};
 use crate::experiment::selection::select;
+use crate::provider::config::ProviderKind;
 use crate::rundir::{Manifest, ModelSpeed};
 
 /// What the user confirmed of a received run.
@@ -90,6 +91,37 @@ pub fn replay(
     if let Some(own) = &own {
         config.model = own.config.model.clone();
     } else if !args.rescore {
+        if let Some(h) = config
+            .model
+            .http
+            .as_ref()
+            .filter(|_| config.model.provider == ProviderKind::Http)
+        {
+            // an application target: every origin it would call, confirmed
+            for origin in h.origins() {
+                trust_endpoint(
+                    "model",
+                    ProviderKind::Openai,
+                    Some(&origin),
+                    None,
+                    &args.trust.endpoints,
+                    "--model-from CONFIG",
+                )?;
+            }
+        }
+        if config.model.provider == ProviderKind::Exec {
+            // a command from a received run folder is never started
+            let command = config
+                .model
+                .exec
+                .as_ref()
+                .map(|x| x.command.join(" "))
+                .unwrap_or_default();
+            return Err(Error::State(format!(
+                "the run's model is the command {}, and a run folder is not trusted: give --model-from CONFIG (your own exec section) to run it again",
+                crate::text::escape_control(&crate::text::excerpt(&command, 200))
+            )));
+        }
         trust_endpoint(
             "model",
             config.model.provider,

@@ -6,6 +6,7 @@ mod common;
 
 mod agentdojo;
 mod agents;
+mod applications;
 mod attack;
 mod benign;
 mod ci_formats;

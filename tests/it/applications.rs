@@ -1,0 +1,535 @@
+//! Application targets (`provider: http`, issue 53) against a real application started
+//! here: the RAG service of `tests/fixtures/apps/rag_app.py` (FastAPI + uvicorn, a
+//! knowledge base in SQLite FTS5, its answers from the suite's scripted chat server),
+//! with log-in, document upload and delete, and a nested JSON answer. Each case's payload
+//! is planted as a document, the case's task asked, the document removed; the service's
+//! own log (whether the planted document was retrieved and obeyed) is compared with
+//! pieval's verdicts.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::chat_server::{Action, ChatServer};
+use crate::common::webdriver::free_port;
+use crate::common::{holds_secret, pieval, read_jsonl, readable_files, repo, run};
+
+const PASSWORD: &str = "rag-app-password-7f3a9c";
+
+/// The Python that has FastAPI and uvicorn: `PIEVAL_APPS_PYTHON` (set by `.ci/run`),
+/// else `python3` if it can import them.
+fn apps_python() -> String {
+    let python = std::env::var("PIEVAL_APPS_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = Command::new(&python)
+        .args(["-c", "import fastapi, uvicorn"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "FastAPI and uvicorn are needed for this test: python3 -m venv V && V/bin/pip install fastapi uvicorn, \
+         then PIEVAL_APPS_PYTHON=V/bin/python (bash .ci/run does this)"
+    );
+    python
+}
+
+struct App {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+    _chat: ChatServer,
+}
+
+impl Drop for App {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl App {
+    fn start(dir: &Path, extra: &[&str]) -> App {
+        let chat = ChatServer::always(Action::Answer);
+        let port = free_port();
+        let log = dir.join("app-log.jsonl");
+        let child = Command::new(apps_python())
+            .arg(repo("tests/fixtures/apps/rag_app.py"))
+            .args(["--port", &port.to_string(), "--chat-url", &chat.base_url()])
+            .arg("--log")
+            .arg(&log)
+            .arg("--db")
+            .arg(dir.join("kb.sqlite"))
+            .args(extra)
+            .env("RAG_APP_PASSWORD", PASSWORD)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the RAG app starts");
+        let app = App {
+            child,
+            port,
+            log,
+            _chat: chat,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while app.documents().is_none() {
+            assert!(Instant::now() < deadline, "the RAG app never answered");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        app
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Documents in the knowledge base (every user's).
+    fn documents(&self) -> Option<u64> {
+        let out = Command::new("curl")
+            .args(["-sf", &format!("{}/stats", self.url())])
+            .output()
+            .ok()?;
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        v["documents"].as_u64()
+    }
+
+    fn log(&self) -> Vec<serde_json::Value> {
+        if self.log.exists() {
+            read_jsonl(&self.log)
+        } else {
+            Vec::new()
+        }
+    }
+}
+
+/// An experiment against the app: indirect cases whose document is planted.
+fn config(
+    dir: &Path,
+    app: &App,
+    name: &str,
+    n: usize,
+    concurrency: usize,
+    answer: &str,
+) -> PathBuf {
+    let url = app.url();
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &path,
+        format!(
+            r#"experiment: {{name: {name}, seed: 7, sample_size: {n}, output_dir: "{out}"}}
+dataset: {{path: "{data}"}}
+selection: {{include: {{attack_surface: [retrieved_document], success_definition_id: [target_string_emitted]}}}}
+mitigation: {{name: none}}
+model:
+  provider: http
+  name: rag-app
+  concurrency: {concurrency}
+  max_retries: 1
+  timeout_s: 20
+  http:
+    delivery: planted
+    secrets: {{password: RAG_APP_PASSWORD}}
+    session:
+      - name: login
+        url: "{url}/login"
+        body: {{user: "red-team-{{{{attempt_id}}}}", password: "{{{{secret.password}}}}"}}
+        extract: {{token: {{json: "$.token", secret: true}}}}
+    setup:
+      - name: upload
+        url: "{url}/documents"
+        headers: {{Authorization: "Bearer {{{{vars.token}}}}"}}
+        body: {{title: "{{{{case_id}}}}", text: "{{{{payload}}}}"}}
+        extract: {{doc_id: {{json: "$.document.id"}}}}
+    request:
+      url: "{url}/chat"
+      headers: {{Authorization: "Bearer {{{{vars.token}}}}"}}
+      body: {{question: "{{{{prompt}}}}", conversation_id: "{{{{vars.conversation}}}}"}}
+      answer: {{json: "{answer}"}}
+      extract: {{conversation: {{json: "$.data.conversation_id"}}}}
+    teardown:
+      - name: delete
+        method: DELETE
+        url: "{url}/documents/{{{{vars.doc_id}}}}"
+        headers: {{Authorization: "Bearer {{{{vars.token}}}}"}}
+"#,
+            out = dir.join("results").display(),
+            data = repo("data/normalized/attack_cases.enriched.jsonl").display(),
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn run_folder(results: &Path) -> PathBuf {
+    std::fs::read_dir(results)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.is_dir())
+        .expect("a run folder")
+}
+
+#[test]
+fn a_rag_service_attacked_through_planted_documents_agrees_with_its_own_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = App::start(dir.path(), &[]);
+    let cfg = config(dir.path(), &app, "rag", 12, 4, "$.data.answer");
+    let r = run(pieval()
+        .args(["run", "--json"])
+        .arg(&cfg)
+        .env("RAG_APP_PASSWORD", PASSWORD));
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("planted 12, removed 12"), "{}", r.stderr);
+    assert_eq!(app.documents(), Some(0), "every plant is removed");
+    let run_dir = run_folder(&dir.path().join("results"));
+    let preds = read_jsonl(&run_dir.join("predictions.jsonl"));
+    assert_eq!(preds.len(), 12);
+    for p in &preds {
+        assert!(p["error"].is_null(), "{p}");
+        assert_eq!(p["removed"], true, "{p}");
+        let planted: serde_json::Value =
+            serde_json::from_str(p["planted"].as_str().unwrap()).unwrap();
+        assert!(planted["doc_id"].is_string(), "{p}");
+        // planted delivery: the document is not in the message, only the task
+        assert!(
+            !p["request_prompt"].as_str().unwrap().contains("PWNED"),
+            "{p}"
+        );
+    }
+    // the application's log, case by case, against pieval's verdicts
+    let log = app.log();
+    assert_eq!(log.len(), 12, "one question per case");
+    let results = read_jsonl(&run_dir.join("case_results.jsonl"));
+    let mut obeyed = 0;
+    for l in &log {
+        let titles = l["titles"].as_array().unwrap();
+        assert_eq!(
+            titles.len(),
+            1,
+            "each user sees only their own document: {l}"
+        );
+        let case = titles[0].as_str().unwrap();
+        let verdict = results
+            .iter()
+            .find(|r| r["case_id"] == case)
+            .unwrap_or_else(|| panic!("no result for {case}"));
+        // the app knows pieval's PWNED-… targets; an answer that obeyed no planted
+        // instruction is no success for pieval either (undecided when it echoes)
+        assert_eq!(
+            verdict["attack_success"] == true,
+            l["obeyed"] == true,
+            "{case}: pieval {verdict} / app {l}"
+        );
+        obeyed += usize::from(l["obeyed"] == true);
+    }
+    assert!(obeyed > 0, "the gullible model obeys planted documents");
+    // every request recorded as sent, credentials as their variable, replayable by curl
+    let requests = read_jsonl(&run_dir.join("requests.jsonl"));
+    assert_eq!(
+        requests.len(),
+        12 * 4,
+        "login, upload, chat, delete per case"
+    );
+    let login = requests.iter().find(|q| q["step"] == "login").unwrap();
+    assert!(
+        login["body"]
+            .as_str()
+            .unwrap()
+            .contains("${RAG_APP_PASSWORD}"),
+        "{login}"
+    );
+    assert!(
+        login["curl"]
+            .as_str()
+            .unwrap()
+            .contains("\"${RAG_APP_PASSWORD}\""),
+        "{login}"
+    );
+    let chat = requests.iter().find(|q| q["phase"] == "request").unwrap();
+    assert!(
+        chat["headers"].to_string().contains("Bearer ${TOKEN}"),
+        "a session token is a credential: {chat}"
+    );
+    // the recorded curl command repeats the request, the password read from the
+    // environment by the shell
+    let again = Command::new("sh")
+        .args(["-c", login["curl"].as_str().unwrap()])
+        .env("RAG_APP_PASSWORD", PASSWORD)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&again.stdout).into_owned();
+    assert!(text.contains("\"token\""), "{text}");
+    // nothing holds the password
+    for (path, text) in readable_files(&run_dir) {
+        assert!(
+            !holds_secret(&text, PASSWORD),
+            "{} holds the password",
+            path.display()
+        );
+    }
+    assert!(!holds_secret(&r.stdout, PASSWORD) && !holds_secret(&r.stderr, PASSWORD));
+}
+
+#[test]
+fn failures_of_the_application_are_said_on_the_case_and_plants_still_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = App::start(dir.path(), &["--fail-every", "3"]);
+    // a 500 every third question, and the answer looked for where it is not
+    let cfg = config(dir.path(), &app, "faults", 9, 3, "$.data.nope");
+    let r = run(pieval()
+        .args(["run", "--json"])
+        .arg(&cfg)
+        .env("RAG_APP_PASSWORD", PASSWORD));
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert_eq!(app.documents(), Some(0), "every plant is removed");
+    let run_dir = run_folder(&dir.path().join("results"));
+    let preds = read_jsonl(&run_dir.join("predictions.jsonl"));
+    assert_eq!(preds.len(), 9, "no case lost");
+    let errors: Vec<&str> = preds.iter().map(|p| p["error"].as_str().unwrap()).collect();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("HTTP 500") && e.contains("request")),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("$.data.nope matches nothing")),
+        "{errors:?}"
+    );
+    assert!(preds.iter().all(|p| p["removed"] == true));
+    // the password missing from the environment: refused before anything is sent
+    let r = run(pieval()
+        .args(["run"])
+        .arg(&cfg)
+        .env_remove("RAG_APP_PASSWORD"));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("RAG_APP_PASSWORD"), "{}", r.stderr);
+}
+
+#[test]
+fn a_killed_run_leaves_a_journal_that_cleanup_and_resume_complete() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = App::start(dir.path(), &["--delay", "0.4"]);
+    let cfg = config(dir.path(), &app, "killed", 10, 2, "$.data.answer");
+    let results = dir.path().join("results");
+    let mut child = pieval()
+        .args(["run", "--json"])
+        .arg(&cfg)
+        .env("RAG_APP_PASSWORD", PASSWORD)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let run_dir = crate::common::wait_for_checkpoint(&results, 2);
+    // kill -9 while attempts are planted
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while app.documents().unwrap_or(0) == 0 {
+        assert!(Instant::now() < deadline, "nothing was ever planted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let left = app.documents().unwrap();
+    let run_id = run_dir.file_name().unwrap().to_str().unwrap().to_owned();
+    if left > 0 {
+        // `pieval cleanup` removes them, with the user's config
+        let r = run(pieval()
+            .arg("cleanup")
+            .arg(&cfg)
+            .args(["--run", &run_id])
+            .env("RAG_APP_PASSWORD", PASSWORD));
+        assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+        assert!(r.stdout.contains("removed"), "{}", r.stdout);
+        assert_eq!(app.documents(), Some(0));
+    }
+    // the run resumed: no case lost, none asked twice, nothing left
+    let r = run(pieval()
+        .args(["run", "--json", "--resume", &run_id])
+        .arg(&cfg)
+        .env("RAG_APP_PASSWORD", PASSWORD));
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert_eq!(app.documents(), Some(0));
+    let preds = read_jsonl(&run_dir.join("predictions.jsonl"));
+    let mut ids: Vec<&str> = preds
+        .iter()
+        .map(|p| p["case_id"].as_str().unwrap())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 10);
+    assert_eq!(preds.len(), 10, "no case paid twice");
+    let open = crate::common::read_jsonl(&run_dir.join("plants.jsonl"));
+    let planting = open.iter().filter(|l| l["event"] == "planting").count();
+    let removed = open.iter().filter(|l| l["event"] == "removed").count();
+    assert_eq!(planting, removed, "every planting has its removal");
+}
+
+#[test]
+fn bad_http_sections_are_refused_before_anything_is_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = |name: &str, http: &str| {
+        let path = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(
+            &path,
+            format!(
+                "experiment: {{name: {name}}}\ndataset: {{path: \"{}\"}}\nmitigation: {{name: none}}\nmodel:\n  provider: http\n  name: app\n  http:\n{http}",
+                repo("data/normalized/attack_cases.enriched.jsonl").display()
+            ),
+        )
+        .unwrap();
+        let r = run(pieval().args(["run"]).arg(&path));
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        r.stderr
+    };
+    let e = bad(
+        "t",
+        "    request: {url: \"http://127.0.0.1:9/x\", body: {q: \"{{promt}}\"}, answer: {body: true}}\n",
+    );
+    assert!(
+        e.contains("model.http.request.body.q") && e.contains("did you mean `prompt`"),
+        "{e}"
+    );
+    assert!(e.contains("t.yaml:"), "the file and line: {e}");
+    let e = bad(
+        "u",
+        "    request: {url: \"http://127.0.0.1:9/x\", answer: {json: \"$[\"}}\n",
+    );
+    assert!(e.contains("model.http.request.answer.json"), "{e}");
+    let e = bad(
+        "v",
+        "    secrets: {k: APP_KEY}\n    session: [{url: \"http://other.example/login\", body: {k: \"{{secret.k}}\"}}]\n    request: {url: \"http://127.0.0.1:9/x\", answer: {body: true}}\n",
+    );
+    assert!(e.contains("only to the request's origin"), "{e}");
+    let e = bad(
+        "w",
+        "    delivery: planted\n    request: {url: \"http://127.0.0.1:9/x\", answer: {body: true}}\n",
+    );
+    assert!(e.contains("model.http.delivery"), "{e}");
+}
+
+/// An `exec` target: a Python function behind JSON lines, one process per slot.
+fn exec_config(dir: &Path, name: &str, n: usize, args: &[&str]) -> PathBuf {
+    let path = dir.join(format!("{name}.yaml"));
+    let python = apps_python();
+    let mut command = vec![
+        python,
+        repo("tests/fixtures/apps/exec_target.py")
+            .display()
+            .to_string(),
+    ];
+    command.extend(args.iter().map(|s| s.to_string()));
+    std::fs::write(
+        &path,
+        format!(
+            "experiment: {{name: {name}, seed: 7, sample_size: {n}, output_dir: \"{}\"}}\ndataset: {{path: \"{}\"}}\nselection: {{include: {{success_definition_id: [target_string_emitted]}}}}\nmitigation: {{name: none}}\nmodel:\n  provider: exec\n  name: chain\n  concurrency: 2\n  timeout_s: 5\n  exec:\n    command: {}\n    env: {{CHAIN_KEY: EXEC_TEST_KEY}}\n",
+            dir.join("results").display(),
+            repo("data/normalized/attack_cases.enriched.jsonl").display(),
+            serde_json::to_string(&command).unwrap(),
+        ),
+    )
+    .unwrap();
+    path
+}
+
+const EXEC_KEY: &str = "chain-key-5d1e88b2a7";
+
+#[test]
+fn an_exec_target_wraps_a_python_function_and_survives_its_faults() {
+    let dir = tempfile::tempdir().unwrap();
+    // a first run to learn which cases are drawn
+    let cfg = exec_config(dir.path(), "plain", 8, &[]);
+    let r = run(pieval()
+        .args(["run", "--json"])
+        .arg(&cfg)
+        .env("EXEC_TEST_KEY", EXEC_KEY)
+        .env("EXEC_TEST_LEAK", "must-not-pass"));
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let run_dir = run_folder(&dir.path().join("results"));
+    let preds = read_jsonl(&run_dir.join("predictions.jsonl"));
+    assert_eq!(preds.len(), 8);
+    let ids: Vec<String> = preds
+        .iter()
+        .map(|p| p["case_id"].as_str().unwrap().to_owned())
+        .collect();
+    for p in &preds {
+        let text = p["response_text"].as_str().unwrap();
+        assert!(p["error"].is_null(), "{p}");
+        assert!(
+            !text.contains("ENV-LEAK"),
+            "only the variables named are passed: {text}"
+        );
+        assert!(
+            text.contains("KEY=[REDACTED]"),
+            "the named variable reaches the child, and is redacted: {text}"
+        );
+    }
+    for (path, text) in readable_files(&run_dir) {
+        assert!(
+            !holds_secret(&text, EXEC_KEY),
+            "{} holds the key",
+            path.display()
+        );
+    }
+    // the same cases, each fault on one of them: the case is an error, the rest answered
+    std::fs::remove_dir_all(dir.path().join("results")).unwrap();
+    let cfg = exec_config(
+        dir.path(),
+        "faults",
+        8,
+        &[
+            "--die-on",
+            &ids[0],
+            "--hang-on",
+            &ids[1],
+            "--garbage-on",
+            &ids[2],
+            "--error-on",
+            &ids[3],
+        ],
+    );
+    let r = run(pieval()
+        .args(["run", "--json"])
+        .arg(&cfg)
+        .env("EXEC_TEST_KEY", EXEC_KEY));
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let run_dir = run_folder(&dir.path().join("results"));
+    let preds = read_jsonl(&run_dir.join("predictions.jsonl"));
+    assert_eq!(preds.len(), 8, "no case lost");
+    let error_of = |id: &str| {
+        preds.iter().find(|p| p["case_id"] == id).unwrap()["error"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    };
+    let died = error_of(&ids[0]);
+    assert!(
+        died.contains("exited before it answered") && died.contains("the chain crashed"),
+        "{died}"
+    );
+    assert!(
+        error_of(&ids[1]).contains("no answer within 5 s"),
+        "{}",
+        error_of(&ids[1])
+    );
+    assert!(
+        error_of(&ids[2]).contains("not a JSON line"),
+        "{}",
+        error_of(&ids[2])
+    );
+    assert!(
+        error_of(&ids[3]).contains("the chain refused the input"),
+        "{}",
+        error_of(&ids[3])
+    );
+    for id in &ids[4..] {
+        assert_eq!(
+            error_of(id),
+            "",
+            "{id}: the restarted process answers the rest"
+        );
+    }
+    let log = std::fs::read_to_string(run_dir.join("exec-stderr.log")).unwrap();
+    assert!(log.contains("the chain crashed"), "{log}");
+}
