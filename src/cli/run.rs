@@ -116,7 +116,7 @@ pub fn cleanup(args: CleanupArgs) -> Result<ExitStatus> {
         "{}: {} attempt(s) were left planted, {} removed, {} still planted",
         dir.display(),
         before,
-        before - after,
+        before.saturating_sub(after),
         after
     ))?;
     Ok(if after == 0 {

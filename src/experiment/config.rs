@@ -222,6 +222,14 @@ impl Config {
                 if let Err((k, message)) = h.compile() {
                     return bad(&format!("model.http.{k}"), message);
                 }
+                if h.delivery == crate::provider::http::config::Delivery::Planted
+                    && self.attack.is_some()
+                {
+                    return bad(
+                        "model.http.delivery",
+                        "planted delivery with an attack section is not built yet: setup plants the case's own content, so converters and strategies would not reach the application".into(),
+                    );
+                }
             }
             (_, Some(_)) => {
                 return bad(

@@ -207,6 +207,18 @@ impl Judge {
                 files.push((file.clone(), Origin::Replay));
                 (Verdicts::Replay(file), identity)
             }
+            ProviderKind::Anthropic => (
+                Verdicts::Call(tokio::sync::OnceCell::new()),
+                format!(
+                    "anthropic:{}@{}",
+                    section.name,
+                    section
+                        .base_url
+                        .as_deref()
+                        .unwrap_or(crate::provider::anthropic::DEFAULT_BASE_URL)
+                        .trim_end_matches('/')
+                ),
+            ),
             ProviderKind::Openai => (
                 Verdicts::Call(tokio::sync::OnceCell::new()),
                 format!(

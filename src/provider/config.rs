@@ -13,6 +13,7 @@ pub enum ProviderKind {
     Replay,
     Http,
     Exec,
+    Anthropic,
 }
 
 impl ProviderKind {
@@ -23,6 +24,7 @@ impl ProviderKind {
             ProviderKind::Replay => "replay",
             ProviderKind::Http => "http",
             ProviderKind::Exec => "exec",
+            ProviderKind::Anthropic => "anthropic",
         }
     }
 }
@@ -170,6 +172,12 @@ impl Endpoint<'_> {
                         .into(),
                 ));
             }
+        }
+        if self.provider == ProviderKind::Anthropic
+            && let Some(url) = self.base_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return Err(("base_url", format!("{url:?} is not an http(s) URL")));
         }
         if self.provider == ProviderKind::Openai {
             let Some(url) = self.base_url else {

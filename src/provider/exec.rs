@@ -155,10 +155,25 @@ impl ExecProvider {
         tokio::spawn(async move {
             use tokio::io::AsyncReadExt;
             let mut buf = [0u8; 8192];
-            while let Ok(n) = stderr.read(&mut buf).await {
-                if n == 0 {
-                    break;
+            // redacted a line at a time (a key split across two reads is still found)
+            let mut pending: Vec<u8> = Vec::new();
+            let flush = |bytes: &[u8]| {
+                let mut l = log.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some((f, written)) = l.as_mut()
+                    && *written < STDERR_LOG_MAX
+                {
+                    use std::io::Write;
+                    let text = String::from_utf8_lossy(bytes);
+                    let text = crate::secrets::redact(&text).0.into_owned();
+                    let _ = f.write_all(text.as_bytes());
+                    *written += text.len() as u64;
                 }
+            };
+            loop {
+                let n = match stderr.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
                 let chunk = &buf[..n];
                 {
                     let mut t = tail2.lock().unwrap_or_else(|p| p.into_inner());
@@ -167,16 +182,17 @@ impl ExecProvider {
                         t.pop_front();
                     }
                 }
-                let mut l = log.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some((f, written)) = l.as_mut()
-                    && *written < STDERR_LOG_MAX
-                {
-                    use std::io::Write;
-                    let text = String::from_utf8_lossy(chunk);
-                    let text = crate::secrets::redact(&text).0.into_owned();
-                    let _ = f.write_all(text.as_bytes());
-                    *written += text.len() as u64;
+                pending.extend_from_slice(chunk);
+                if let Some(i) = memchr::memrchr(b'\n', &pending) {
+                    flush(&pending[..=i]);
+                    pending.drain(..=i);
+                } else if pending.len() > 64 << 10 {
+                    flush(&pending);
+                    pending.clear();
                 }
+            }
+            if !pending.is_empty() {
+                flush(&pending);
             }
         });
         Ok(Proc {
@@ -194,23 +210,25 @@ impl ExecProvider {
         line: &[u8],
         timeout: Duration,
     ) -> std::result::Result<Value, (String, bool)> {
-        let work = async {
-            proc.stdin.write_all(line).await.map_err(|e| {
-                (
-                    format!("exec: the process does not read its input ({e})"),
-                    true,
-                )
-            })?;
-            proc.stdin.flush().await.map_err(|e| {
-                (
-                    format!("exec: the process does not read its input ({e})"),
-                    true,
-                )
-            })?;
+        let Proc { stdin, stdout, .. } = proc;
+        // written and read at once: a child that answers (or logs to stdout) before it
+        // has read a large request does not block on a full pipe
+        let write = async {
+            stdin
+                .write_all(line)
+                .await
+                .and(stdin.flush().await)
+                .map_err(|e| {
+                    (
+                        format!("exec: the process does not read its input ({e})"),
+                        true,
+                    )
+                })
+        };
+        let read = async {
             let mut answer = Vec::new();
             loop {
-                let buf = proc
-                    .stdout
+                let buf = stdout
                     .fill_buf()
                     .await
                     .map_err(|e| (format!("exec: cannot read the answer ({e})"), true))?;
@@ -231,11 +249,23 @@ impl ExecProvider {
                     ));
                 }
                 answer.extend_from_slice(&buf[..take]);
-                proc.stdout.consume(take);
+                stdout.consume(take);
                 if done {
                     break;
                 }
             }
+            // more already written: the process is out of step (it would give the next
+            // case this one's answer)
+            if !stdout.buffer().is_empty() {
+                return Err((
+                    "exec: the process wrote more than one line for one request".into(),
+                    true,
+                ));
+            }
+            Ok(answer)
+        };
+        let work = async {
+            let ((), answer) = tokio::try_join!(write, read)?;
             let text = String::from_utf8_lossy(&answer);
             serde_json::from_str::<Value>(text.trim()).map_err(|e| {
                 (
@@ -381,20 +411,33 @@ impl Provider for ExecProvider {
                     .iter()
                     .copied()
                     .collect();
+                // whole lines only (a cut line could hold part of a key the redactor
+                // no longer recognises), the last ones up to 500 characters
+                let full = tail.len() >= STDERR_TAIL;
                 let tail = String::from_utf8_lossy(&tail);
-                let tail = crate::secrets::redact(tail.trim()).0.into_owned();
-                let tail = if tail.is_empty() {
+                let mut lines: Vec<&str> = tail.lines().collect();
+                if full && !lines.is_empty() {
+                    lines.remove(0);
+                }
+                let mut kept: Vec<String> = Vec::new();
+                let mut size = 0;
+                for l in lines.iter().rev() {
+                    let l = crate::secrets::redact(l).0.into_owned();
+                    if size + l.len() > 500 {
+                        break;
+                    }
+                    size += l.len() + 1;
+                    kept.push(l);
+                }
+                kept.reverse();
+                let t = kept.join("\n");
+                let tail = if t.trim().is_empty() {
                     String::new()
                 } else {
-                    let t: String = tail
-                        .chars()
-                        .rev()
-                        .take(500)
-                        .collect::<Vec<_>>()
-                        .into_iter()
-                        .rev()
-                        .collect();
-                    format!("; its stderr ends: {}", crate::text::escape_control(&t))
+                    format!(
+                        "; its stderr ends: {}",
+                        crate::text::escape_control(t.trim())
+                    )
                 };
                 Err(fail(format!("{message}{status}{tail}")))
             }

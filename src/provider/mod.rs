@@ -6,6 +6,7 @@
 //!   backoff and jitter that honour `Retry-After`, and a requests-per-minute limit.
 //! - [`replay::ReplayProvider`]: the responses of a predictions file or an earlier run.
 
+pub mod anthropic;
 pub mod config;
 pub mod exec;
 pub mod http;
@@ -187,6 +188,7 @@ pub fn build(
         }
         ProviderKind::Http => Ok(Box::new(http::HttpProvider::new(model, seed)?)),
         ProviderKind::Exec => Ok(Box::new(exec::ExecProvider::new(model, seed)?)),
+        ProviderKind::Anthropic => Ok(Box::new(anthropic::AnthropicProvider::new(model)?)),
         ProviderKind::Replay => Err(Error::Internal(
             "a replay provider answers from records, not calls".into(),
         )),
@@ -258,6 +260,10 @@ pub struct AttemptState {
     pub turn: u32,
     /// What setup planted (JSON of its variables), when it ran.
     pub planted: Option<String>,
+    /// Setup began and is in the journal, as `plant_id` (unique in the run folder: an
+    /// attempt run again after a resume plants anew).
+    pub journaled: bool,
+    pub plant_id: Option<String>,
     /// Whether teardown removed it.
     pub removed: Option<bool>,
     pub cleanup_error: Option<String>,

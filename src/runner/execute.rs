@@ -238,15 +238,16 @@ pub(super) fn execute_all(
             let next = tokio::select! {
                 r = stream.next() => r,
                 _ = &mut ctrl_c => {
-                    // The strategies' verdicts so far: a resume scores without asking again.
-                    if let Some(j) = strategy_judge {
-                        j.persist(Some(dir))?;
-                    }
-                    // What the attempts cut short had planted is removed now.
+                    // What the attempts cut short had planted is removed now (first:
+                    // nothing below may stop it).
                     if let Answers::Call(target) = backend.as_ref()
                         && let Some(line) = target.close_run().await
                     {
                         note(&line);
+                    }
+                    // The strategies' verdicts so far: a resume scores without asking again.
+                    if let Some(j) = strategy_judge {
+                        j.persist(Some(dir))?;
                     }
                     if let Some(p) = progress { p(RunEvent::Interrupted); }
                     return Ok((tally, true));

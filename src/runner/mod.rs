@@ -404,6 +404,9 @@ pub fn cleanup(cfg: &Config, dir: &Path, progress: Option<&Progress>) -> Result<
             cfg.model.provider.as_str()
         )));
     }
+    // not while a run or a resume holds the folder: its attempts in flight are open in
+    // the journal
+    let _lock = crate::rundir::RunLock::take(dir)?;
     let target = crate::provider::build(&cfg.model, cfg.experiment.seed, &mut |_| {})?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -98,12 +98,13 @@ pub fn replay(
             .filter(|_| config.model.provider == ProviderKind::Http)
         {
             // an application target: every origin it would call, confirmed
+            let vars = h.secrets.values().cloned().collect::<Vec<_>>().join(", $");
             for origin in h.origins() {
                 trust_endpoint(
                     "model",
                     ProviderKind::Openai,
                     Some(&origin),
-                    None,
+                    (!vars.is_empty()).then_some(vars.as_str()),
                     &args.trust.endpoints,
                     "--model-from CONFIG",
                 )?;
@@ -346,11 +347,11 @@ fn trust_endpoint(
     trusted: &[String],
     own: &str,
 ) -> Result<()> {
-    use crate::provider::config::ProviderKind;
-    if provider != ProviderKind::Openai {
-        return Ok(());
-    }
-    let url = base_url.unwrap_or_default();
+    let url = match provider {
+        ProviderKind::Openai => base_url.unwrap_or_default(),
+        ProviderKind::Anthropic => base_url.unwrap_or(crate::provider::anthropic::DEFAULT_BASE_URL),
+        _ => return Ok(()),
+    };
     if trusted.iter().any(|t| t == url) {
         return Ok(());
     }

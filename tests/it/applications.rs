@@ -16,19 +16,20 @@ use crate::common::{holds_secret, pieval, read_jsonl, readable_files, repo, run}
 
 const PASSWORD: &str = "rag-app-password-7f3a9c";
 
-/// The Python that has FastAPI and uvicorn: `PIEVAL_APPS_PYTHON` (set by `.ci/run`),
+/// The Python that has the applications' packages (FastAPI, uvicorn, websockets, anthropic): `PIEVAL_APPS_PYTHON` (set by `.ci/run`),
 /// else `python3` if it can import them.
 fn apps_python() -> String {
     let python = std::env::var("PIEVAL_APPS_PYTHON").unwrap_or_else(|_| "python3".into());
     let ok = Command::new(&python)
-        .args(["-c", "import fastapi, uvicorn"])
+        .args(["-c", "import fastapi, uvicorn, websockets, anthropic"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     assert!(
         ok,
-        "FastAPI and uvicorn are needed for this test: python3 -m venv V && V/bin/pip install fastapi uvicorn, \
+        "the applications' packages are needed for this test: python3 -m venv V && \
+         V/bin/pip install fastapi==0.165.0 uvicorn==0.55.0 websockets==17.4 anthropic==2.17.0, \
          then PIEVAL_APPS_PYTHON=V/bin/python (bash .ci/run does this)"
     );
     python
@@ -532,4 +533,181 @@ fn an_exec_target_wraps_a_python_function_and_survives_its_faults() {
     }
     let log = std::fs::read_to_string(run_dir.join("exec-stderr.log")).unwrap();
     assert!(log.contains("the chain crashed"), "{log}");
+}
+
+/// The scripted Messages server of `tests/fixtures/apps/messages_server.py`.
+struct Messages {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Drop for Messages {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const ANTHROPIC_KEY: &str = "sk-ant-test-0d5c3b9e7a";
+
+impl Messages {
+    fn start(dir: &Path, extra: &[&str]) -> Messages {
+        let port = free_port();
+        let log = dir.join("messages-log.jsonl");
+        let child = Command::new(apps_python())
+            .arg(repo("tests/fixtures/apps/messages_server.py"))
+            .args(["--port", &port.to_string(), "--key", ANTHROPIC_KEY])
+            .arg("--log")
+            .arg(&log)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the Messages server starts");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "the Messages server never listened"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Messages { child, port, log }
+    }
+
+    fn log(&self) -> Vec<serde_json::Value> {
+        read_jsonl(&self.log)
+    }
+}
+
+fn anthropic_config(dir: &Path, name: &str, dataset: &str, model: &str, extra: &str) -> PathBuf {
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &path,
+        format!(
+            "experiment: {{name: {name}, seed: 3, output_dir: \"{}\"{extra}}}\ndataset: {{path: \"{}\"}}\nmitigation: {{name: none}}\nmodel: {model}\n",
+            dir.join(format!("results-{name}")).display(),
+            repo(dataset).display(),
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn run_dir_of(out: &crate::common::Output) -> PathBuf {
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    PathBuf::from(v["dir"].as_str().unwrap())
+}
+
+#[test]
+fn claude_messages_requests_pass_the_official_sdks_types_and_agents_decide_as_over_chat_completions()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Messages::start(dir.path(), &["--rate-limit-first", "1"]);
+    let url = format!("http://127.0.0.1:{}", server.port);
+    // single-turn cases: the key in x-api-key, retry-after honoured, answers kept
+    let cfg = anthropic_config(
+        dir.path(),
+        "claude",
+        "data/normalized/attack_cases.enriched.jsonl",
+        &format!(
+            "{{provider: anthropic, name: claude-test, base_url: \"{url}\", api_key_env: ANTHROPIC_TEST_KEY, concurrency: 1, max_retries: 2, timeout_s: 10}}"
+        ),
+        ", sample_size: 6",
+    );
+    let r = run(pieval()
+        .args(["run", "--json"])
+        .arg(&cfg)
+        .env("ANTHROPIC_TEST_KEY", ANTHROPIC_KEY));
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let single = run_dir_of(&r);
+    let preds = read_jsonl(&single.join("predictions.jsonl"));
+    assert_eq!(preds.len(), 6);
+    assert!(
+        preds
+            .iter()
+            .all(|p| p["error"].is_null() && p["provider"] == "anthropic"),
+        "{preds:?}"
+    );
+    assert!(
+        preds.iter().any(|p| p["attempts"] == 2),
+        "the first request was told to wait (429, retry-after) and tried again"
+    );
+    for (path, text) in readable_files(&single) {
+        assert!(
+            !holds_secret(&text, ANTHROPIC_KEY),
+            "{} holds the key",
+            path.display()
+        );
+    }
+    // the agent fixture corpus: over the Messages API (tool_use / tool_result) and over
+    // chat completions, the same scripted agent: the same verdicts
+    let cfg = anthropic_config(
+        dir.path(),
+        "claude-agent",
+        "tests/fixtures/agents/cases.jsonl",
+        &format!(
+            "{{provider: anthropic, name: obedient-agent, base_url: \"{url}\", api_key_env: ANTHROPIC_TEST_KEY, concurrency: 2, timeout_s: 10}}"
+        ),
+        "",
+    );
+    let r = run(pieval()
+        .args(["run", "--json"])
+        .arg(&cfg)
+        .env("ANTHROPIC_TEST_KEY", ANTHROPIC_KEY));
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let claude = run_dir_of(&r);
+    let chat = ChatServer::always(Action::Answer);
+    let cfg = anthropic_config(
+        dir.path(),
+        "openai-agent",
+        "tests/fixtures/agents/cases.jsonl",
+        &format!(
+            "{{provider: openai, name: {}, base_url: \"{}\", api_key_env: ANTHROPIC_TEST_KEY, concurrency: 2, timeout_s: 10}}",
+            crate::common::chat_server::OBEDIENT,
+            chat.base_url()
+        ),
+        "",
+    );
+    let r = run(pieval()
+        .args(["run", "--json"])
+        .arg(&cfg)
+        .env("ANTHROPIC_TEST_KEY", ANTHROPIC_KEY));
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let openai = run_dir_of(&r);
+    let verdicts = |d: &Path| -> Vec<(String, String, String, String)> {
+        let mut v: Vec<_> = read_jsonl(&d.join("case_results.jsonl"))
+            .iter()
+            .map(|r| {
+                (
+                    r["case_id"].to_string(),
+                    r["attack_success"].to_string(),
+                    r["utility_success"].to_string(),
+                    r["agent_stop"].to_string(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let (a, b) = (verdicts(&claude), verdicts(&openai));
+    assert_eq!(a.len(), 9);
+    assert_eq!(a, b, "the same agent over two protocols decides the same");
+    assert!(
+        a.iter().any(|v| v.1 == "true"),
+        "some injection obeyed: {a:?}"
+    );
+    let calls = read_jsonl(&claude.join("predictions.jsonl"));
+    assert!(
+        calls.iter().any(|p| p["agent_actions"]
+            .as_str()
+            .is_some_and(|s| s.contains("send_money"))),
+        "tool_use blocks became the agent's actions"
+    );
+    // every request pieval sent was valid for the SDK's types
+    let log = server.log();
+    assert!(log.len() > 20, "{}", log.len());
+    let invalid: Vec<_> = log.iter().filter(|l| l["valid"] != true).collect();
+    assert!(invalid.is_empty(), "{invalid:?}");
 }

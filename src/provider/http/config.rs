@@ -293,12 +293,32 @@ impl HttpSection {
                 "statuses to retry are 4xx or 5xx".into(),
             ));
         }
-        // Every variable used is extracted by an earlier step (or a turn before).
+        // Every variable used is extracted by an earlier step (or a turn before); a
+        // teardown's only by the session and setup (it runs also after a kill, when the
+        // request's were never kept), and none of setup's is extracted again (what is
+        // removed is what was planted).
         let mut known: Vec<String> = Vec::new();
         let planted_vars: Vec<String> = setup
             .iter()
             .flat_map(|s| s.extract.iter().map(|(n, _, _)| n.clone()))
             .collect();
+        let session_vars: Vec<String> = session
+            .iter()
+            .flat_map(|s| s.extract.iter().map(|(n, _, _)| n.clone()))
+            .collect();
+        if let Some((n, _, _)) = request
+            .extract
+            .iter()
+            .chain(session.iter().flat_map(|s| s.extract.iter()))
+            .find(|(n, _, _)| planted_vars.contains(n))
+        {
+            return Err((
+                "setup".into(),
+                format!(
+                    "setup extracts {n}, and another step extracts it again: teardown would remove what that step found, not what setup planted; name them apart"
+                ),
+            ));
+        }
         let phases: [(&str, &[Step]); 4] = [
             ("session", &session),
             ("setup", &setup),
@@ -314,6 +334,19 @@ impl HttpSection {
                 };
                 for name in step.names() {
                     match name {
+                        Name::Var(v)
+                            if key == "teardown"
+                                && !planted_vars.contains(v)
+                                && !session_vars.contains(v) =>
+                        {
+                            return Err((
+                                here,
+                                format!(
+                                    "{}: teardown may use only what the session and setup extract (it runs also after a kill, from the journal)",
+                                    name.spelled()
+                                ),
+                            ));
+                        }
                         Name::Var(v)
                             if !known.contains(v)
                                 && !(key == "request"
@@ -444,16 +477,17 @@ fn split_origin(url: &Template, key: &str) -> Result<(String, Template), Bad> {
         ));
     };
     let rest = &prefix[scheme_end..];
-    let Some(end) = rest.find(['/', '?', '#']) else {
+    let (end, whole) = match rest.find(['/', '?', '#']) {
+        Some(end) => (end, false),
         // the whole URL is the origin, if nothing follows
-        if url.names().next().is_some() {
+        None if url.names().next().is_some() => {
             return Err((
                 format!("{key}.url"),
                 "the host and port are literal: placeholders may only follow the path's first /"
                     .into(),
             ));
         }
-        return Ok((prefix.to_owned(), Template::parse("/").expect("literal")));
+        None => (rest.len(), true),
     };
     let authority = &rest[..end];
     if authority.is_empty() || authority.contains('@') {
@@ -463,6 +497,19 @@ fn split_origin(url: &Template, key: &str) -> Result<(String, Template), Bad> {
         ));
     }
     let origin = prefix[..scheme_end + end].to_owned();
+    // the origin as a URL parser reads it: a bad host or port is said now, not per case
+    match reqwest::Url::parse(&origin) {
+        Ok(u) if u.host_str().is_some() && u.path() == "/" && u.query().is_none() => {}
+        Ok(_) | Err(_) => {
+            return Err((
+                format!("{key}.url"),
+                format!("{origin:?} is not a scheme, a host and a port"),
+            ));
+        }
+    }
+    if whole {
+        return Ok((origin, Template::parse("/").expect("literal")));
+    }
     let spelled: String = url_text(url);
     let path = Template::parse(&spelled[origin.len()..]).map_err(|m| (format!("{key}.url"), m))?;
     Ok((origin, path))
@@ -589,7 +636,15 @@ impl StepSpec {
             if name == reqwest::header::CONTENT_TYPE {
                 content_type = Some(v.to_ascii_lowercase());
             }
-            compiled_headers.push((name, Template::parse(v).map_err(|m| (hk, m))?));
+            let t = Template::parse(v).map_err(|m| (hk.clone(), m))?;
+            // its literal text must make a header value (placeholders are checked as
+            // they are filled)
+            if reqwest::header::HeaderValue::from_str(&url_text(&t).replace(['{', '}'], ""))
+                .is_err()
+            {
+                return Err((hk, "not a valid header value (control characters?)".into()));
+            }
+            compiled_headers.push((name, t));
         }
         let text_escape = |ct: Option<&str>| match ct {
             Some(c) if c.contains("json") => Escape::JsonString,
@@ -638,6 +693,16 @@ impl StepSpec {
             }
             (None, _) => None,
         };
+        if self.stream.is_some()
+            && extract
+                .iter()
+                .any(|(_, e, _)| !matches!(e, Extract::Header(_) | Extract::Cookie(_)))
+        {
+            return Err((
+                format!("{key}.extract"),
+                "a streamed answer's variables come from its headers or cookies (json, regex and body read the answer, which is assembled from events)".into(),
+            ));
+        }
         if self.stream.is_some() && phase != Phase::Request {
             return Err((
                 format!("{key}.stream"),

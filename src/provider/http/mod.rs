@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
-use self::config::{Body, Compiled, Extract, Step, StreamKind};
+use self::config::{Body, Compiled, Extract, Phase, Step, StreamKind};
 use self::template::{Escape, Name, Values};
 use super::transport::{self, Pacing, TryError};
 use super::{AttemptScope, CallError, Completion, Message, Provider};
@@ -68,6 +68,34 @@ impl HttpProvider {
                 }
             }
         }
+        // a credential written out in a header (a raw request's saved Authorization or
+        // Cookie) is a secret like the environment's: never recorded
+        for step in spec
+            .session
+            .iter()
+            .chain(&spec.setup)
+            .chain(std::iter::once(&spec.request))
+            .chain(&spec.teardown)
+        {
+            for (name, t) in &step.headers {
+                let sensitive = matches!(
+                    name.as_str(),
+                    "authorization" | "proxy-authorization" | "cookie" | "x-api-key" | "api-key"
+                );
+                if sensitive && t.names().next().is_none() {
+                    let literal = t.literal_prefix();
+                    crate::secrets::register(literal);
+                    if let Some(last) = literal.split_whitespace().last() {
+                        crate::secrets::register(last);
+                    }
+                    for pair in literal.split(';') {
+                        if let Some((_, v)) = pair.split_once('=') {
+                            crate::secrets::register(v.trim());
+                        }
+                    }
+                }
+            }
+        }
         Ok(Self {
             client: transport::client(model.timeout_s, model.concurrency)?,
             spec,
@@ -104,6 +132,7 @@ impl HttpProvider {
             provider: self,
             scope,
             turn,
+            phase: step.phase,
             record: false,
         };
         let shown = Fill {
@@ -116,14 +145,34 @@ impl HttpProvider {
             attempts: 0,
         })?;
         let recorded = render(step, &shown).ok();
+        // A setup step that creates something (POST, PATCH) is tried again only when
+        // the server cannot have acted on it (no connection; 429): a timeout or a 5xx
+        // after it was sent may have planted it once already, and the second id would
+        // be the only one removed.
+        let careful = step.phase == Phase::Setup
+            && !matches!(
+                step.method,
+                reqwest::Method::GET
+                    | reqwest::Method::HEAD
+                    | reqwest::Method::PUT
+                    | reqwest::Method::DELETE
+                    | reqwest::Method::OPTIONS
+            );
         let (result, latency_ms, attempts) =
-            match transport::with_retries(self.max_retries, &self.pacing, || {
+            match transport::with_retries(self.max_retries, &self.pacing, || async {
                 self.once(step, &sent, scope)
+                    .await
+                    .map_err(|(m, retry, after)| {
+                        let safe = !careful
+                            || m.starts_with("connection failed")
+                            || m.starts_with("HTTP 429");
+                        (m, retry && safe, after)
+                    })
             })
             .await
             {
                 Ok((answer, l, a)) => (Ok(answer), l, a),
-                Err(e) => (Err(e.message.clone()), e.latency_ms, e.attempts),
+                Err(e) => (Err(self.scrub(scope, &e.message)), e.latency_ms, e.attempts),
             };
         if let (Some(files), Some(r)) = (self.files(), recorded) {
             files.request(scope, step, &r, &result, latency_ms, attempts);
@@ -136,6 +185,26 @@ impl HttpProvider {
                 attempts,
             }),
         }
+    }
+
+    /// `text` with the attempt's credentials (the variables marked `secret`, the
+    /// cookies its jar holds) replaced: they are the attempt's own, not registered with
+    /// the run's redactor.
+    fn scrub(&self, scope: &AttemptScope, text: &str) -> String {
+        let st = scope.state();
+        let mut out = text.to_owned();
+        let values = self
+            .spec
+            .secret_vars
+            .iter()
+            .filter_map(|v| st.vars.get(v))
+            .chain(st.cookies.values());
+        for v in values {
+            if v.len() >= 8 && out.contains(v.as_str()) {
+                out = out.replace(v.as_str(), crate::secrets::REDACTED);
+            }
+        }
+        out
     }
 
     /// One try: send, check the status, extract the step's variables (and the answer).
@@ -199,7 +268,7 @@ impl HttpProvider {
 
     /// Tear down an attempt: its steps, the journal's line, the counts.
     async fn teardown(&self, scope: &AttemptScope) {
-        let planted = scope.state().planted.is_some();
+        let planted = scope.state().journaled;
         let result = self.steps(&self.spec.teardown, scope).await;
         let mut st = scope.state();
         match &result {
@@ -233,6 +302,7 @@ struct Fill<'a> {
     provider: &'a HttpProvider,
     scope: &'a AttemptScope,
     turn: Option<&'a Turn<'a>>,
+    phase: Phase,
     /// For the request log: credentials as the name of what holds them.
     record: bool,
 }
@@ -326,13 +396,14 @@ impl Fill<'_> {
                     }
                     Some(x) => json!(x),
                     // a variable the request itself sets (a conversation id): none yet
-                    None if self
-                        .provider
-                        .spec
-                        .request
-                        .extract
-                        .iter()
-                        .any(|(n, _, _)| n == v) =>
+                    None if self.phase == Phase::Request
+                        && self
+                            .provider
+                            .spec
+                            .request
+                            .extract
+                            .iter()
+                            .any(|(n, _, _)| n == v) =>
                     {
                         Value::Null
                     }
@@ -377,7 +448,10 @@ fn render(step: &Step, fill: &Fill) -> std::result::Result<Rendered, String> {
     let body = match &step.body {
         Body::None => None,
         Body::Json(j) => Some(j.render(fill)?.to_string()),
-        Body::Text(t, e) => Some(marks(t.render(fill, *e)?)),
+        // (a plain or JSON body holds the marks themselves: a value's spelling of them
+        // as percent-escapes stays text)
+        Body::Text(t, Escape::Form) => Some(marks(t.render(fill, Escape::Form)?)),
+        Body::Text(t, e) => Some(t.render(fill, *e)?),
     };
     Ok(Rendered { url, headers, body })
 }
@@ -407,11 +481,13 @@ fn extract(
                     crate::text::excerpt(text.trim(), 120)
                 )
             })?;
-            Ok(caps
-                .get(1)
-                .or_else(|| caps.get(0))
-                .map_or("", |m| m.as_str())
-                .to_owned())
+            // its first group (empty when the group took no part), or the whole match
+            Ok(if re.captures_len() > 1 {
+                caps.get(1).map_or("", |m| m.as_str())
+            } else {
+                caps.get(0).map_or("", |m| m.as_str())
+            }
+            .to_owned())
         }
         Extract::Json(path, spelled) => {
             let v: Value = serde_json::from_str(text).map_err(|e| {
@@ -441,20 +517,50 @@ fn json_at(
     }
 }
 
+/// The data of each server-sent event (WHATWG HTML, "server-sent events": the `data:`
+/// lines of an event joined by a line feed, one space after the colon dropped, an
+/// event dispatched at a blank line; comments and other fields ignored; OpenAI's
+/// `[DONE]` is no event).
+fn sse_events(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut data: Option<String> = None;
+    for line in text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l)) {
+        if line.is_empty() {
+            if let Some(d) = data.take().filter(|d| d != "[DONE]") {
+                out.push(d);
+            }
+            continue;
+        }
+        let (field, value) = match line.split_once(':') {
+            Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
+            None => (line, ""),
+        };
+        if field == "data" {
+            match &mut data {
+                Some(d) => {
+                    d.push('\n');
+                    d.push_str(value);
+                }
+                None => data = Some(value.to_owned()),
+            }
+        }
+    }
+    if let Some(d) = data.filter(|d| d != "[DONE]") {
+        out.push(d);
+    }
+    out
+}
+
 /// A streamed answer: each event's part, joined.
 fn assemble(how: &Extract, kind: StreamKind, text: &str) -> std::result::Result<String, String> {
-    let events: Vec<&str> = match kind {
+    let events: Vec<String> = match kind {
         StreamKind::Ndjson => text
             .lines()
             .map(str::trim)
             .filter(|l| !l.is_empty())
+            .map(str::to_owned)
             .collect(),
-        StreamKind::Sse => text
-            .lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .map(str::trim)
-            .filter(|d| !d.is_empty() && *d != "[DONE]")
-            .collect(),
+        StreamKind::Sse => sse_events(text),
     };
     if events.is_empty() {
         return Err(format!(
@@ -482,7 +588,12 @@ fn assemble(how: &Extract, kind: StreamKind, text: &str) -> std::result::Result<
             }
             Extract::Regex(re) => {
                 if let Some(c) = re.captures(e) {
-                    out.push_str(c.get(1).or_else(|| c.get(0)).map_or("", |m| m.as_str()));
+                    let g = if re.captures_len() > 1 {
+                        c.get(1)
+                    } else {
+                        c.get(0)
+                    };
+                    out.push_str(g.map_or("", |m| m.as_str()));
                 }
             }
             _ => out.push_str(e),
@@ -554,6 +665,7 @@ impl Provider for HttpProvider {
                 .journal_begin(scope)
                 .map_err(|e| fail(e.to_string()))?;
         }
+        scope.state().journaled = true;
         self.counts
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -576,15 +688,20 @@ impl Provider for HttpProvider {
     }
 
     async fn end(&self, scope: &Arc<AttemptScope>) {
-        let was_open = self
+        let open = self
             .open
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&scope.key)
-            .is_some();
-        if was_open || self.spec.setup.is_empty() {
+            .contains_key(&scope.key);
+        if open || self.spec.setup.is_empty() {
             self.teardown(scope).await;
         }
+        // forgotten only once torn down: an interruption during teardown tears it down
+        // again (a teardown's 404 is "already gone")
+        self.open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&scope.key);
     }
 
     async fn close_run(&self) -> Option<String> {
@@ -628,7 +745,7 @@ impl Provider for HttpProvider {
         let turn = Turn { messages, number };
         let (answer, latency_ms, attempts) =
             self.call(&self.spec.request, &scope, Some(&turn)).await?;
-        let mut text = answer.unwrap_or_default();
+        let mut text = self.scrub(&scope, &answer.unwrap_or_default());
         let redacted = text.contains(crate::secrets::REDACTED);
         let truncated = super::cap_response(&mut text);
         Ok(Completion {
@@ -662,6 +779,17 @@ mod tests {
             assemble(&nd, StreamKind::Ndjson, "{\"t\":\"a\"}\nnot json\n")
                 .unwrap_err()
                 .contains("event 2")
+        );
+        let plain = Extract::Body;
+        assert_eq!(
+            assemble(
+                &plain,
+                StreamKind::Sse,
+                "data: Hello\n\ndata:  world\n\n: comment\n\ndata: a\ndata: b\n\n"
+            )
+            .unwrap(),
+            "Hello worlda\nb",
+            "one space after the colon dropped, the rest kept; data lines of one event joined"
         );
         assert!(
             assemble(&nd, StreamKind::Sse, "")

