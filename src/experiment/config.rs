@@ -242,6 +242,29 @@ impl Config {
             }
             (_, None) => {}
         }
+        match (m.provider, &m.websocket) {
+            (ProviderKind::Websocket, None) => {
+                return bad(
+                    "model.websocket",
+                    "provider websocket needs the websocket section: url, send, until, answer (docs/applications.md)".into(),
+                );
+            }
+            (ProviderKind::Websocket, Some(w)) => {
+                if let Err((k, message)) = w.check() {
+                    return bad(&format!("model.websocket.{k}"), message);
+                }
+            }
+            (_, Some(_)) => {
+                return bad(
+                    "model.websocket",
+                    format!(
+                        "only provider websocket reads this section (the provider is {})",
+                        m.provider.as_str()
+                    ),
+                );
+            }
+            (_, None) => {}
+        }
         match (m.provider, &m.exec) {
             (ProviderKind::Exec, None) => {
                 return bad(
@@ -307,9 +330,12 @@ impl Config {
                 if let Err((k, message)) = endpoint_of(model).check() {
                     return bad(&format!("attack.{key}.{k}"), message);
                 }
-                if matches!(model.provider, ProviderKind::Http | ProviderKind::Exec)
-                    || model.http.is_some()
+                if matches!(
+                    model.provider,
+                    ProviderKind::Http | ProviderKind::Exec | ProviderKind::Websocket
+                ) || model.http.is_some()
                     || model.exec.is_some()
+                    || model.websocket.is_some()
                 {
                     return bad(
                         &format!("attack.{key}.provider"),

@@ -149,7 +149,10 @@ impl JudgeSection {
             max_tokens: self.max_tokens,
         };
         e.check()?;
-        if matches!(self.provider, ProviderKind::Http | ProviderKind::Exec) {
+        if matches!(
+            self.provider,
+            ProviderKind::Http | ProviderKind::Exec | ProviderKind::Websocket
+        ) {
             return Err((
                 "provider",
                 "a judge is a model: openai (any OpenAI-compatible endpoint), local or replay"
@@ -195,6 +198,7 @@ impl JudgeSection {
             replay_from: None,
             http: None,
             exec: None,
+            websocket: None,
         }
     }
 }

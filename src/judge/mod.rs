@@ -231,7 +231,7 @@ impl Judge {
                         .trim_end_matches('/')
                 ),
             ),
-            ProviderKind::Http | ProviderKind::Exec => {
+            ProviderKind::Http | ProviderKind::Exec | ProviderKind::Websocket => {
                 return Err(Error::State(
                     "a judge is a model: openai, local or replay (not an application)".into(),
                 ));

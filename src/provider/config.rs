@@ -14,6 +14,7 @@ pub enum ProviderKind {
     Http,
     Exec,
     Anthropic,
+    Websocket,
 }
 
 impl ProviderKind {
@@ -25,6 +26,7 @@ impl ProviderKind {
             ProviderKind::Http => "http",
             ProviderKind::Exec => "exec",
             ProviderKind::Anthropic => "anthropic",
+            ProviderKind::Websocket => "websocket",
         }
     }
 }
@@ -91,6 +93,9 @@ pub struct ModelSection {
     /// `exec`: the team's own code, a process speaking JSON lines (`provider::exec`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exec: Option<crate::provider::exec::ExecSection>,
+    /// `websocket`: a chat behind a WebSocket (`provider::websocket`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub websocket: Option<crate::provider::websocket::WebsocketSection>,
 }
 
 pub(crate) fn default_max_tokens() -> u32 {

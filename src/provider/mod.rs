@@ -14,6 +14,7 @@ pub mod local;
 pub mod openai;
 pub mod replay;
 pub(crate) mod transport;
+pub mod websocket;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -189,6 +190,7 @@ pub fn build(
         ProviderKind::Http => Ok(Box::new(http::HttpProvider::new(model, seed)?)),
         ProviderKind::Exec => Ok(Box::new(exec::ExecProvider::new(model, seed)?)),
         ProviderKind::Anthropic => Ok(Box::new(anthropic::AnthropicProvider::new(model)?)),
+        ProviderKind::Websocket => Ok(Box::new(websocket::WebsocketProvider::new(model, seed)?)),
         ProviderKind::Replay => Err(Error::Internal(
             "a replay provider answers from records, not calls".into(),
         )),

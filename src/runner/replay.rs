@@ -110,6 +110,28 @@ pub fn replay(
                 )?;
             }
         }
+        if let Some(origin) = config
+            .model
+            .websocket
+            .as_ref()
+            .filter(|_| config.model.provider == ProviderKind::Websocket)
+            .and_then(|w| w.origin())
+        {
+            let vars = config
+                .model
+                .websocket
+                .as_ref()
+                .map(|w| w.secrets.values().cloned().collect::<Vec<_>>().join(", $"))
+                .unwrap_or_default();
+            trust_endpoint(
+                "model",
+                ProviderKind::Openai,
+                Some(&origin),
+                (!vars.is_empty()).then_some(vars.as_str()),
+                &args.trust.endpoints,
+                "--model-from CONFIG",
+            )?;
+        }
         if config.model.provider == ProviderKind::Exec {
             // a command from a received run folder is never started
             let command = config

@@ -711,3 +711,140 @@ fn claude_messages_requests_pass_the_official_sdks_types_and_agents_decide_as_ov
     let invalid: Vec<_> = log.iter().filter(|l| l["valid"] != true).collect();
     assert!(invalid.is_empty(), "{invalid:?}");
 }
+
+#[test]
+fn a_websocket_chat_streams_answers_that_agree_with_its_log_and_a_close_mid_answer_is_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = "ws-chat-token-93b1f0c2";
+    let port = free_port();
+    let log = dir.path().join("ws-log.jsonl");
+    // a first pass to learn the cases, then one closed mid-answer
+    let write_config = |name: &str| {
+        let path = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(
+            &path,
+            format!(
+                r#"experiment: {{name: {name}, seed: 5, sample_size: 8, output_dir: "{out}"}}
+dataset: {{path: "{data}"}}
+selection: {{include: {{success_definition_id: [target_string_emitted]}}}}
+mitigation: {{name: none}}
+model:
+  provider: websocket
+  name: ws-chat
+  concurrency: 3
+  timeout_s: 10
+  websocket:
+    secrets: {{token: WS_CHAT_TOKEN}}
+    url: "ws://127.0.0.1:{port}/chat"
+    headers: {{Authorization: "Bearer {{{{secret.token}}}}"}}
+    subprotocol: chat.v1
+    send: {{type: message, text: "{{{{prompt}}}}", case: "{{{{case_id}}}}"}}
+    until: {{json: "$.type", equals: done}}
+    answer: {{json: "$.text"}}
+"#,
+                out = dir.path().join(format!("results-{name}")).display(),
+                data = repo("data/normalized/attack_cases.enriched.jsonl").display(),
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let start = |close_on: &str| -> Child {
+        let child = Command::new(apps_python())
+            .arg(repo("tests/fixtures/apps/ws_chat.py"))
+            .args(["--port", &port.to_string(), "--close-on", close_on])
+            .arg("--log")
+            .arg(&log)
+            .env("WS_CHAT_TOKEN", token)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "the WebSocket chat never listened"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        child
+    };
+    let mut server = start("");
+    let cfg = write_config("ws");
+    let r = run(pieval()
+        .args(["run", "--json"])
+        .arg(&cfg)
+        .env("WS_CHAT_TOKEN", token));
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let run_dir = run_dir_of(&r);
+    let results = read_jsonl(&run_dir.join("case_results.jsonl"));
+    let entries = read_jsonl(&log);
+    assert_eq!(entries.len(), 8);
+    for e in &entries {
+        let case = e["case"].as_str().unwrap();
+        let verdict = results.iter().find(|r| r["case_id"] == case).unwrap();
+        assert_eq!(
+            verdict["attack_success"] == true,
+            e["obeyed"] == true,
+            "{case}: pieval {verdict} / chat {e}"
+        );
+        assert_eq!(
+            verdict["response_text"].as_str().unwrap(),
+            e["answer"].as_str().unwrap(),
+            "the deltas joined"
+        );
+    }
+    for (path, text) in readable_files(&run_dir) {
+        assert!(
+            !holds_secret(&text, token),
+            "{} holds the token",
+            path.display()
+        );
+    }
+    let recorded = read_jsonl(&run_dir.join("requests.jsonl"));
+    assert!(
+        recorded
+            .iter()
+            .all(|l| l["frame"].is_string() && l["url"].is_string())
+    );
+    // the same cases, the chat closing the connection in the middle of one answer
+    let _ = server.kill();
+    let _ = server.wait();
+    let victim = entries[0]["case"].as_str().unwrap().to_owned();
+    let mut server = start(&victim);
+    let cfg = write_config("ws-closed");
+    let r = run(pieval()
+        .args(["run", "--json"])
+        .arg(&cfg)
+        .env("WS_CHAT_TOKEN", token));
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let preds = read_jsonl(&run_dir_of(&r).join("predictions.jsonl"));
+    assert_eq!(preds.len(), 8, "no case lost");
+    for p in &preds {
+        let error = p["error"].as_str().unwrap_or("");
+        if p["case_id"] == victim.as_str() {
+            assert!(
+                error.contains("closed the connection mid-answer") && error.contains("1011"),
+                "{p}"
+            );
+        } else {
+            assert_eq!(error, "", "{p}");
+        }
+    }
+    // a wrong token: refused at the handshake, said on every case
+    let r = run(pieval()
+        .args(["run", "--json"])
+        .arg(&cfg)
+        .env("WS_CHAT_TOKEN", "wrong-token-123456"));
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let preds = read_jsonl(&run_dir_of(&r).join("predictions.jsonl"));
+    assert!(
+        preds
+            .iter()
+            .all(|p| p["error"].as_str().is_some_and(|e| e.contains("401"))),
+        "{preds:?}"
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+}

@@ -276,6 +276,7 @@ evaluation: {leakage_threshold: 0.6, judge: {provider: openai, name: j, base_url
         if section == "model" {
             declared.remove("http");
             declared.remove("exec");
+            declared.remove("websocket");
         }
         assert_eq!(keys(value), declared, "section {section}");
     }

@@ -464,16 +464,32 @@ impl HttpSection {
 
 /// `scheme://authority` and the rest, when the origin is literal.
 fn split_origin(url: &Template, key: &str) -> Result<(String, Template), Bad> {
+    split_origin_of(url, key, &["http", "https"])
+}
+
+/// `scheme://authority` and the rest, when the origin is literal and its scheme one of
+/// `schemes`.
+pub(crate) fn split_origin_of(
+    url: &Template,
+    key: &str,
+    schemes: &[&str],
+) -> Result<(String, Template), Bad> {
     let prefix = url.literal_prefix();
-    let scheme_end = if prefix.starts_with("http://") {
-        7
-    } else if prefix.starts_with("https://") {
-        8
-    } else {
+    let Some(scheme_end) = schemes
+        .iter()
+        .find(|s| prefix.starts_with(&format!("{s}://")))
+        .map(|s| s.len() + 3)
+    else {
         return Err((
             format!("{key}.url"),
-            "must start with http:// or https:// (the origin written out, not a placeholder)"
-                .into(),
+            format!(
+                "must start with {} (the origin written out, not a placeholder)",
+                schemes
+                    .iter()
+                    .map(|s| format!("{s}://"))
+                    .collect::<Vec<_>>()
+                    .join(" or ")
+            ),
         ));
     };
     let rest = &prefix[scheme_end..];
@@ -516,7 +532,7 @@ fn split_origin(url: &Template, key: &str) -> Result<(String, Template), Bad> {
 }
 
 /// A template written back as text (to split it at a literal position).
-fn url_text(t: &Template) -> String {
+pub(crate) fn url_text(t: &Template) -> String {
     struct Spell;
     impl super::template::Values for Spell {
         fn value(&self, name: &Name) -> Result<Value, String> {
@@ -527,13 +543,13 @@ fn url_text(t: &Template) -> String {
         .expect("spelling cannot fail")
 }
 
-fn header_name(h: &str, key: &str) -> Result<reqwest::header::HeaderName, Bad> {
+pub(crate) fn header_name(h: &str, key: &str) -> Result<reqwest::header::HeaderName, Bad> {
     reqwest::header::HeaderName::from_bytes(h.as_bytes())
         .map_err(|_| (key.to_owned(), format!("{h:?} is not a header name")))
 }
 
 impl ExtractSpec {
-    fn compile(&self, key: &str) -> Result<Extract, Bad> {
+    pub(crate) fn compile(&self, key: &str) -> Result<Extract, Bad> {
         let given = [
             self.json.is_some(),
             self.regex.is_some(),

@@ -137,6 +137,11 @@ impl RunFiles {
             "attempts": attempts,
             "curl": curl(step, sent),
         });
+        self.record(&v);
+    }
+
+    /// A line of the request log (redacted).
+    pub fn record(&self, v: &Value) {
         let line = crate::secrets::redact(&v.to_string()).0.into_owned();
         let mut w = self.requests.lock().unwrap_or_else(|p| p.into_inner());
         let _ = w.write_all(line.as_bytes());
