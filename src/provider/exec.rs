@@ -331,6 +331,97 @@ impl Provider for ExecProvider {
         case_id: &str,
         messages: &[Message],
     ) -> std::result::Result<Completion, CallError> {
+        let as_json: Vec<Value> = messages
+            .iter()
+            .map(|m| json!({"role": m.role, "content": m.content}))
+            .collect();
+        let (answer, latency_ms) = self.ask(case_id, &as_json, &[]).await?;
+        let Some(text) = answer.get("text").and_then(Value::as_str) else {
+            return Err(CallError {
+                message: format!(
+                    "exec: the answer has no \"text\" (a string): {}",
+                    crate::text::excerpt(&crate::secrets::redact(&answer.to_string()).0, 200)
+                ),
+                latency_ms,
+                attempts: 1,
+            });
+        };
+        let (text, redacted) = crate::secrets::redact(text);
+        let mut text = text.into_owned();
+        let truncated = super::cap_response(&mut text);
+        Ok(Completion {
+            text,
+            latency_ms,
+            attempts: 1,
+            redacted,
+            truncated,
+            ..Completion::default()
+        })
+    }
+
+    /// An agent's turn: the request carries `tools` (OpenAI form) and the conversation
+    /// with its tool calls and results; the answer `{"text": …, "tool_calls": [{"id",
+    /// "name", "arguments"}]}` (either may be absent; the OpenAI form of a call is read
+    /// too).
+    async fn chat(
+        &self,
+        key: &str,
+        messages: &[Value],
+        tools: &[Value],
+    ) -> std::result::Result<super::AgentTurn, CallError> {
+        let (answer, latency_ms) = self.ask(key, messages, tools).await?;
+        let bad = |m: String| CallError {
+            message: format!("exec: {m}"),
+            latency_ms,
+            attempts: 1,
+        };
+        let mut tool_calls = match answer.get("tool_calls").filter(|v| !v.is_null()) {
+            Some(list) => super::tool_calls_of(list).map_err(bad)?,
+            None => Vec::new(),
+        };
+        let mut content = answer
+            .get("text")
+            .and_then(Value::as_str)
+            .map(|t| crate::secrets::redact(t).0.into_owned());
+        if content.is_none() && tool_calls.is_empty() {
+            return Err(bad(format!(
+                "the answer has neither \"text\" nor \"tool_calls\": {}",
+                crate::text::excerpt(&crate::secrets::redact(&answer.to_string()).0, 200)
+            )));
+        }
+        for c in &mut tool_calls {
+            c.arguments = crate::secrets::redact(&c.arguments).0.into_owned();
+        }
+        let mut truncated = false;
+        if let Some(t) = &mut content {
+            truncated = super::cap_response(t);
+        }
+        let redacted = content
+            .as_deref()
+            .is_some_and(|t| t.contains(crate::secrets::REDACTED));
+        Ok(super::AgentTurn {
+            content,
+            tool_calls,
+            completion: Completion {
+                latency_ms,
+                attempts: 1,
+                redacted,
+                truncated,
+                ..Completion::default()
+            },
+        })
+    }
+}
+
+impl ExecProvider {
+    /// One exchange for the attempt in scope: the answer object (its `error` already
+    /// the call's error).
+    async fn ask(
+        &self,
+        case_id: &str,
+        messages: &[Value],
+        tools: &[Value],
+    ) -> std::result::Result<(Value, f64), CallError> {
         let start = Instant::now();
         let scope = super::ATTEMPT
             .try_with(Arc::clone)
@@ -351,8 +442,9 @@ impl Provider for ExecProvider {
             "seed": self.seed,
             "turn": turn,
             "messages": messages,
-            "prompt": messages.iter().rev().find(|m| m.role == "user").map(|m| m.content.as_str()),
-            "context": messages.iter().find(|m| m.role == "system").map(|m| m.content.as_str()),
+            "tools": tools,
+            "prompt": messages.iter().rev().find(|m| m["role"] == "user").and_then(|m| m["content"].as_str()),
+            "context": messages.iter().find(|m| m["role"] == "system").and_then(|m| m["content"].as_str()),
             "payload": scope.payload,
             "task": scope.task,
         });
@@ -375,23 +467,7 @@ impl Provider for ExecProvider {
                     let e = e.as_str().map_or_else(|| e.to_string(), str::to_owned);
                     return Err(fail(format!("exec: {}", crate::secrets::redact(&e).0)));
                 }
-                let Some(text) = answer.get("text").and_then(Value::as_str) else {
-                    return Err(fail(format!(
-                        "exec: the answer has no \"text\" (a string): {}",
-                        crate::text::excerpt(&crate::secrets::redact(&answer.to_string()).0, 200)
-                    )));
-                };
-                let (text, redacted) = crate::secrets::redact(text);
-                let mut text = text.into_owned();
-                let truncated = super::cap_response(&mut text);
-                Ok(Completion {
-                    text,
-                    latency_ms: start.elapsed().as_secs_f64() * 1e3,
-                    attempts: 1,
-                    redacted,
-                    truncated,
-                    ..Completion::default()
-                })
+                Ok((answer, start.elapsed().as_secs_f64() * 1e3))
             }
             Err((message, _spoilt)) => {
                 // the process is not trusted again: killed, and a new one started for

@@ -147,6 +147,40 @@ pub struct AgentTurn {
     pub completion: Completion,
 }
 
+/// Tool calls given as a JSON list, in the OpenAI form (`{id, type: function, function:
+/// {name, arguments}}`) or flat (`{id, name, arguments}`, or `input` for the arguments as
+/// an object): an application's answer may carry either (docs/applications.md). An
+/// `arguments` that is not text keeps its JSON text; a call without an id gets
+/// `call_<n>`.
+pub fn tool_calls_of(v: &serde_json::Value) -> std::result::Result<Vec<ToolCall>, String> {
+    use serde_json::Value;
+    let calls = v.as_array().ok_or("tool_calls is not a list")?;
+    let mut out = Vec::with_capacity(calls.len());
+    for (i, c) in calls.iter().enumerate() {
+        let f = c.get("function").unwrap_or(c);
+        let name = f
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| format!("tool_calls[{i}] has no function.name (or name)"))?;
+        let arguments = match f.get("arguments").or_else(|| f.get("input")) {
+            Some(Value::String(s)) => s.clone(),
+            None | Some(Value::Null) => String::new(),
+            Some(other) => other.to_string(),
+        };
+        let id = c
+            .get("id")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map_or_else(|| format!("call_{}", i + 1), str::to_owned);
+        out.push(ToolCall {
+            id,
+            name: name.to_owned(),
+            arguments,
+        });
+    }
+    Ok(out)
+}
+
 /// One tool call as the model sent it: `arguments` is its JSON text, unparsed.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ToolCall {

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use super::Message;
 use super::config::ModelSection;
 use super::transport::{self, Pacing, TryError};
-use super::{AgentTurn, CallError, Completion, Provider, ToolCall};
+use super::{AgentTurn, CallError, Completion, Provider};
 use crate::error::{Error, Result};
 
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
@@ -168,35 +168,12 @@ pub fn parse_agent_turn(body: &str) -> Result<AgentTurn, String> {
         .get("content")
         .and_then(Value::as_str)
         .map(str::to_owned);
-    let mut tool_calls = Vec::new();
-    if let Some(calls) = message.get("tool_calls").filter(|c| !c.is_null()) {
-        let calls = calls
-            .as_array()
-            .ok_or("malformed response (tool_calls is not a list)")?;
-        for (i, c) in calls.iter().enumerate() {
-            let name = c
-                .pointer("/function/name")
-                .and_then(Value::as_str)
-                .ok_or_else(|| {
-                    format!("malformed response (tool_calls[{i}] has no function.name)")
-                })?;
-            let arguments = match c.pointer("/function/arguments") {
-                Some(Value::String(s)) => s.clone(),
-                None | Some(Value::Null) => String::new(),
-                Some(other) => other.to_string(),
-            };
-            let id = c
-                .get("id")
-                .and_then(Value::as_str)
-                .filter(|s| !s.is_empty())
-                .map_or_else(|| format!("call_{}", i + 1), str::to_owned);
-            tool_calls.push(ToolCall {
-                id,
-                name: name.to_owned(),
-                arguments,
-            });
+    let tool_calls = match message.get("tool_calls").filter(|c| !c.is_null()) {
+        Some(calls) => {
+            super::tool_calls_of(calls).map_err(|m| format!("malformed response ({m})"))?
         }
-    }
+        None => Vec::new(),
+    };
     if content.is_none() && tool_calls.is_empty() {
         let reason = v
             .pointer("/choices/0/finish_reason")

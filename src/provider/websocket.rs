@@ -275,6 +275,7 @@ impl Values for Fill<'_> {
             ))
             .unwrap_or(Value::Null),
             Name::Turn => json!(self.turn),
+            Name::Tools => json!([]),
             Name::Payload => json!(clean(self.scope.payload.as_deref().unwrap_or_default())),
             Name::Task => json!(clean(self.scope.task.as_deref().unwrap_or_default())),
             Name::CaseId => json!(clean(&self.scope.case_id)),

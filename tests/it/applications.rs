@@ -601,8 +601,7 @@ fn run_dir_of(out: &crate::common::Output) -> PathBuf {
 }
 
 #[test]
-fn claude_messages_requests_pass_the_official_sdks_types_and_agents_decide_as_over_chat_completions()
- {
+fn claude_messages_requests_pass_the_official_sdks_types_and_agents_decide_alike_on_every_target() {
     let dir = tempfile::tempdir().unwrap();
     let server = Messages::start(dir.path(), &["--rate-limit-first", "1"]);
     let url = format!("http://127.0.0.1:{}", server.port);
@@ -691,9 +690,53 @@ fn claude_messages_requests_pass_the_official_sdks_types_and_agents_decide_as_ov
         v.sort();
         v
     };
+    // the same agent behind an application's HTTP API (its tool calls read from the
+    // answer) and behind an exec process (the calls in its answer line)
+    let cfg = anthropic_config(
+        dir.path(),
+        "http-agent",
+        "tests/fixtures/agents/cases.jsonl",
+        &format!(
+            "{{provider: http, name: agent-app, concurrency: 2, timeout_s: 10, http: {{request: {{url: \"{}/chat/completions\", body: {{model: {}, messages: \"{{{{messages}}}}\", tools: \"{{{{tools}}}}\"}}, answer: {{json: \"$.choices[0].message.content\"}}, tool_calls: {{json: \"$.choices[0].message.tool_calls\"}}}}}}}}",
+            chat.base_url(),
+            crate::common::chat_server::OBEDIENT,
+        ),
+        "",
+    );
+    let r = run(pieval().args(["run", "--json"]).arg(&cfg));
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let http = run_dir_of(&r);
+    let command = serde_json::to_string(&[
+        apps_python(),
+        repo("tests/fixtures/apps/exec_target.py")
+            .display()
+            .to_string(),
+    ])
+    .unwrap();
+    let cfg = anthropic_config(
+        dir.path(),
+        "exec-agent",
+        "tests/fixtures/agents/cases.jsonl",
+        &format!(
+            "{{provider: exec, name: agent-chain, concurrency: 2, timeout_s: 10, exec: {{command: {command}, env: {{EXEC_AGENT_MODEL: EXEC_AGENT_MODEL}}}}}}"
+        ),
+        "",
+    );
+    let r = run(pieval()
+        .args(["run", "--json"])
+        .arg(&cfg)
+        .env("EXEC_AGENT_MODEL", crate::common::chat_server::OBEDIENT));
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let exec = run_dir_of(&r);
     let (a, b) = (verdicts(&claude), verdicts(&openai));
     assert_eq!(a.len(), 9);
     assert_eq!(a, b, "the same agent over two protocols decides the same");
+    assert_eq!(
+        verdicts(&http),
+        b,
+        "an application's tool calls, read from its answer"
+    );
+    assert_eq!(verdicts(&exec), b, "an exec process's tool calls");
     assert!(
         a.iter().any(|v| v.1 == "true"),
         "some injection obeyed: {a:?}"

@@ -90,6 +90,10 @@ pub struct StepSpec {
     /// `request` only: where the answer's text is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer: Option<ExtractSpec>,
+    /// `request` only: where an agent's tool calls are (`{json: PATH}` to a list, in the
+    /// OpenAI form or flat `{id, name, arguments}`): agentic cases run on the target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<ExtractSpec>,
     /// `request` only: the answer is streamed as server-sent events or JSON lines;
     /// `answer` is applied to each event and the parts joined.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -179,6 +183,8 @@ pub struct Step {
     pub body: Body,
     pub extract: Vec<(String, Extract, bool)>,
     pub answer: Option<Extract>,
+    /// Where the tool calls are (a JSONPath to a list).
+    pub tool_calls: Option<serde_json_path::JsonPath>,
     pub stream: Option<StreamKind>,
     pub ok_status: Vec<u16>,
 }
@@ -366,7 +372,11 @@ impl HttpSection {
                                 ),
                             ));
                         }
-                        Name::Prompt | Name::Context | Name::Messages | Name::Turn
+                        Name::Prompt
+                        | Name::Context
+                        | Name::Messages
+                        | Name::Tools
+                        | Name::Turn
                             if key != "request" =>
                         {
                             return Err((
@@ -719,6 +729,24 @@ impl StepSpec {
                 "a streamed answer's variables come from its headers or cookies (json, regex and body read the answer, which is assembled from events)".into(),
             ));
         }
+        let tool_calls = match (&self.tool_calls, phase) {
+            (None, _) => None,
+            (Some(spec), Phase::Request) => match spec.compile(&format!("{key}.tool_calls"))? {
+                Extract::Json(p, _) if self.stream.is_none() => Some(p),
+                _ => {
+                    return Err((
+                        format!("{key}.tool_calls"),
+                        "a JSONPath to the list of tool calls ({json: \"$.tool_calls\"}), on an answer that is not streamed".into(),
+                    ));
+                }
+            },
+            (Some(_), _) => {
+                return Err((
+                    format!("{key}.tool_calls"),
+                    "only the request has tool calls".into(),
+                ));
+            }
+        };
         if self.stream.is_some() && phase != Phase::Request {
             return Err((
                 format!("{key}.stream"),
@@ -750,6 +778,7 @@ impl StepSpec {
             body,
             extract,
             answer,
+            tool_calls,
             stream: self.stream,
             ok_status,
         })

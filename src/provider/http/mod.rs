@@ -127,7 +127,7 @@ impl HttpProvider {
         step: &Step,
         scope: &AttemptScope,
         turn: Option<&Turn<'_>>,
-    ) -> std::result::Result<(Option<String>, f64, u32), CallError> {
+    ) -> std::result::Result<(Answer, f64, u32), CallError> {
         let fill = Fill {
             provider: self,
             scope,
@@ -175,7 +175,11 @@ impl HttpProvider {
                 Err(e) => (Err(self.scrub(scope, &e.message)), e.latency_ms, e.attempts),
             };
         if let (Some(files), Some(r)) = (self.files(), recorded) {
-            files.request(scope, step, &r, &result, latency_ms, attempts);
+            let logged = result
+                .as_ref()
+                .map(|a| a.text.clone())
+                .map_err(Clone::clone);
+            files.request(scope, step, &r, &logged, latency_ms, attempts);
         }
         match result {
             Ok(answer) => Ok((answer, latency_ms, attempts)),
@@ -213,7 +217,7 @@ impl HttpProvider {
         step: &Step,
         sent: &Rendered,
         scope: &AttemptScope,
-    ) -> std::result::Result<Option<String>, TryError> {
+    ) -> std::result::Result<Answer, TryError> {
         let mut req = self.client.request(step.method.clone(), &sent.url);
         for (k, v) in &sent.headers {
             req = req.header(k, v);
@@ -252,18 +256,44 @@ impl HttpProvider {
                 .map_err(|m| (format!("extract {name}: {m}"), false, None))?;
             vars.push((name.clone(), v));
         }
+        // an agent's tool calls, where the answer carries them (an answer that only
+        // calls tools may have no text)
+        let tool_calls = match &step.tool_calls {
+            None => Vec::new(),
+            Some(path) => {
+                let v: Value = serde_json::from_str(&text).map_err(|e| {
+                    (
+                        format!(
+                            "tool_calls: the answer is not JSON ({e}): {}",
+                            crate::text::excerpt(text.trim(), 120)
+                        ),
+                        false,
+                        None,
+                    )
+                })?;
+                match path.query(&v).first() {
+                    None | Some(Value::Null) => Vec::new(),
+                    Some(list) => super::tool_calls_of(list)
+                        .map_err(|m| (format!("tool_calls: {m}"), false, None))?,
+                }
+            }
+        };
         let answer = match (&step.answer, step.stream) {
             (None, _) => None,
-            (Some(how), None) => Some(
-                extract(how, &head.headers, &text, scope, &step.origin)
-                    .map_err(|m| (format!("answer: {m}"), false, None))?,
-            ),
+            (Some(how), None) => match extract(how, &head.headers, &text, scope, &step.origin) {
+                Ok(a) => Some(a),
+                Err(_) if !tool_calls.is_empty() => None,
+                Err(m) => return Err((format!("answer: {m}"), false, None)),
+            },
             (Some(how), Some(kind)) => Some(
                 assemble(how, kind, &text).map_err(|m| (format!("answer: {m}"), false, None))?,
             ),
         };
         scope.set_vars(vars);
-        Ok(answer)
+        Ok(Answer {
+            text: answer,
+            tool_calls,
+        })
     }
 
     /// Tear down an attempt: its steps, the journal's line, the counts.
@@ -290,10 +320,26 @@ impl HttpProvider {
     }
 }
 
-/// A turn's values.
+/// What a call brought back: the answer's text and an agent's tool calls.
+struct Answer {
+    text: Option<String>,
+    tool_calls: Vec<super::ToolCall>,
+}
+
+/// A turn's values: the conversation and the tools offered, in the OpenAI form.
 struct Turn<'a> {
-    messages: &'a [Message],
+    messages: &'a [Value],
+    tools: &'a [Value],
     number: u32,
+}
+
+impl Turn<'_> {
+    /// The text of the last message of `role` (the first, for the system's).
+    fn text_of(&self, role: &str, last: bool) -> Value {
+        let mut it = self.messages.iter().filter(|m| m["role"] == role);
+        let m = if last { it.next_back() } else { it.next() };
+        json!(m.and_then(|m| m["content"].as_str()).unwrap_or(""))
+    }
 }
 
 /// The values of a step's templates.
@@ -347,24 +393,10 @@ impl Fill<'_> {
                 .ok_or_else(|| format!("{} is a turn's value", name.spelled()))
         };
         Ok(match name {
-            Name::Prompt => turn(&|t| {
-                json!(
-                    t.messages
-                        .iter()
-                        .rev()
-                        .find(|m| m.role == "user")
-                        .map_or("", |m| m.content.as_str())
-                )
-            })?,
-            Name::Context => turn(&|t| {
-                json!(
-                    t.messages
-                        .iter()
-                        .find(|m| m.role == "system")
-                        .map_or("", |m| m.content.as_str())
-                )
-            })?,
-            Name::Messages => turn(&|t| serde_json::to_value(t.messages).unwrap_or(Value::Null))?,
+            Name::Prompt => turn(&|t| t.text_of("user", true))?,
+            Name::Context => turn(&|t| t.text_of("system", false))?,
+            Name::Messages => turn(&|t| Value::Array(t.messages.to_vec()))?,
+            Name::Tools => turn(&|t| Value::Array(t.tools.to_vec()))?,
             Name::Turn => turn(&|t| json!(t.number))?,
             Name::Payload => json!(s.payload.as_deref().unwrap_or_default()),
             Name::Task => json!(s.task.as_deref().unwrap_or_default()),
@@ -734,18 +766,12 @@ impl Provider for HttpProvider {
         case_id: &str,
         messages: &[Message],
     ) -> std::result::Result<Completion, CallError> {
-        let scope = super::ATTEMPT
-            .try_with(Arc::clone)
-            .unwrap_or_else(|_| Arc::new(AttemptScope::bare(case_id)));
-        let number = {
-            let mut st = scope.state();
-            st.turn += 1;
-            st.turn
-        };
-        let turn = Turn { messages, number };
-        let (answer, latency_ms, attempts) =
-            self.call(&self.spec.request, &scope, Some(&turn)).await?;
-        let mut text = self.scrub(&scope, &answer.unwrap_or_default());
+        let as_json: Vec<Value> = messages
+            .iter()
+            .map(|m| json!({"role": m.role, "content": m.content}))
+            .collect();
+        let (answer, latency_ms, attempts) = self.turn(case_id, &as_json, &[]).await?;
+        let mut text = answer.text.unwrap_or_default();
         let redacted = text.contains(crate::secrets::REDACTED);
         let truncated = super::cap_response(&mut text);
         Ok(Completion {
@@ -756,6 +782,73 @@ impl Provider for HttpProvider {
             truncated,
             ..Completion::default()
         })
+    }
+
+    async fn chat(
+        &self,
+        key: &str,
+        messages: &[Value],
+        tools: &[Value],
+    ) -> std::result::Result<super::AgentTurn, CallError> {
+        if self.spec.request.tool_calls.is_none() {
+            return Err(CallError {
+                message: "an agentic case needs the application's tool calls: set model.http.request.tool_calls (docs/applications.md)".into(),
+                latency_ms: 0.0,
+                attempts: 0,
+            });
+        }
+        let (answer, latency_ms, attempts) = self.turn(key, messages, tools).await?;
+        let mut content = answer.text;
+        let mut truncated = false;
+        if let Some(t) = &mut content {
+            truncated = super::cap_response(t);
+        }
+        let redacted = content
+            .as_deref()
+            .is_some_and(|t| t.contains(crate::secrets::REDACTED));
+        Ok(super::AgentTurn {
+            content,
+            tool_calls: answer.tool_calls,
+            completion: Completion {
+                latency_ms,
+                attempts,
+                redacted,
+                truncated,
+                ..Completion::default()
+            },
+        })
+    }
+}
+
+impl HttpProvider {
+    /// One turn of the attempt in scope: the request, its answer and tool calls (the
+    /// attempt's credentials scrubbed from them).
+    async fn turn(
+        &self,
+        case_id: &str,
+        messages: &[Value],
+        tools: &[Value],
+    ) -> std::result::Result<(Answer, f64, u32), CallError> {
+        let scope = super::ATTEMPT
+            .try_with(Arc::clone)
+            .unwrap_or_else(|_| Arc::new(AttemptScope::bare(case_id)));
+        let number = {
+            let mut st = scope.state();
+            st.turn += 1;
+            st.turn
+        };
+        let turn = Turn {
+            messages,
+            tools,
+            number,
+        };
+        let (mut answer, latency_ms, attempts) =
+            self.call(&self.spec.request, &scope, Some(&turn)).await?;
+        answer.text = answer.text.map(|t| self.scrub(&scope, &t));
+        for c in &mut answer.tool_calls {
+            c.arguments = self.scrub(&scope, &c.arguments);
+        }
+        Ok((answer, latency_ms, attempts))
     }
 }
 

@@ -11,7 +11,8 @@
 //!
 //! Names: `prompt` (the last user message as sent), `context` (the system message as
 //! sent), `payload` (the case's injection, planted by setup steps), `task` (the case's
-//! user task), `messages` (the conversation as JSON, OpenAI form), `case_id`,
+//! user task), `messages` (the conversation as JSON, OpenAI form), `tools` (an agentic
+//! case's tools as JSON, OpenAI form; `[]` otherwise), `case_id`,
 //! `attempt_id`, `seed`, `turn`, `vars.<name>` (what a step extracted), `secret.<name>`
 //! (an environment variable the target's `secrets` names).
 
@@ -25,6 +26,7 @@ pub enum Name {
     Payload,
     Task,
     Messages,
+    Tools,
     CaseId,
     AttemptId,
     Seed,
@@ -34,7 +36,7 @@ pub enum Name {
 }
 
 /// Every name a template may use, for error messages.
-pub const NAMES: &str = "prompt, context, payload, task, messages, case_id, attempt_id, seed, turn, vars.<name>, secret.<name>";
+pub const NAMES: &str = "prompt, context, payload, task, messages, tools, case_id, attempt_id, seed, turn, vars.<name>, secret.<name>";
 
 impl Name {
     fn parse(s: &str) -> Result<Self, String> {
@@ -50,6 +52,7 @@ impl Name {
             "payload" => Name::Payload,
             "task" => Name::Task,
             "messages" => Name::Messages,
+            "tools" => Name::Tools,
             "case_id" => Name::CaseId,
             "attempt_id" => Name::AttemptId,
             "seed" => Name::Seed,
@@ -78,6 +81,7 @@ impl Name {
             Name::Payload => "payload",
             Name::Task => "task",
             Name::Messages => "messages",
+            Name::Tools => "tools",
             Name::CaseId => "case_id",
             Name::AttemptId => "attempt_id",
             Name::Seed => "seed",
