@@ -94,7 +94,7 @@ pub enum RunVerdicts {
 }
 
 /// A sink for progress lines (the CLI prints them to stderr).
-pub type Notes = Arc<dyn Fn(&str) + Send + Sync>;
+pub type Notes = crate::provider::Notes;
 
 /// The calibration file named by the judge config, with its digest.
 #[derive(Clone, Debug, Serialize)]

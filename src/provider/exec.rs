@@ -293,7 +293,7 @@ impl Provider for ExecProvider {
         "exec"
     }
 
-    async fn open_run(&self, dir: &Path, _note: crate::judge::Notes) -> Result<()> {
+    async fn open_run(&self, dir: &Path, _note: super::Notes) -> Result<()> {
         let path = dir.join("exec-stderr.log");
         if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
             return Err(Error::State(format!(

@@ -92,7 +92,7 @@ pub trait Provider: Send + Sync {
     /// Once per run, before any attempt, with the run folder: a target that keeps files
     /// there opens them, and completes what a killed run left (an application target
     /// removes what it had planted). `note` tells the user.
-    async fn open_run(&self, dir: &Path, note: crate::judge::Notes) -> Result<()> {
+    async fn open_run(&self, dir: &Path, note: Notes) -> Result<()> {
         let _ = (dir, note);
         Ok(())
     }
@@ -269,6 +269,10 @@ impl Message {
         }
     }
 }
+
+/// Lines for the user while a target sets up (a model pulled, plants left by a killed
+/// run removed).
+pub type Notes = Arc<dyn Fn(&str) + Send + Sync>;
 
 tokio::task_local! {
     /// The attempt the running calls belong to (set by the runner around each attempt).

@@ -647,7 +647,7 @@ impl Provider for WebsocketProvider {
         "websocket"
     }
 
-    async fn open_run(&self, dir: &Path, _note: crate::judge::Notes) -> Result<()> {
+    async fn open_run(&self, dir: &Path, _note: super::Notes) -> Result<()> {
         *self.run.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(RunFiles::open(dir)?));
         Ok(())
     }

@@ -891,3 +891,119 @@ model:
     let _ = server.kill();
     let _ = server.wait();
 }
+
+#[test]
+fn a_raw_request_a_stream_a_redirect_and_a_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = App::start(dir.path(), &[]);
+    let url = app.url();
+    // the chat request as a browser's devtools save it, the prompt marked in its body
+    let raw = dir.path().join("chat.txt");
+    std::fs::write(
+        &raw,
+        "POST /chat-stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAuthorization: Bearer {{vars.token}}\r\nContent-Length: 999\r\n\r\n{\"question\": \"{{prompt}}\"}\r\n",
+    )
+    .unwrap();
+    let write = |name: &str, request: &str, extra_model: &str| {
+        let path = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(
+            &path,
+            format!(
+                r#"experiment: {{name: {name}, seed: 11, sample_size: 6, output_dir: "{out}"}}
+dataset: {{path: "{data}"}}
+selection: {{include: {{success_definition_id: [target_string_emitted]}}}}
+mitigation: {{name: none}}
+model:
+  provider: http
+  name: rag-app
+  concurrency: 2
+  max_retries: 0
+  {extra_model}
+  http:
+    secrets: {{password: RAG_APP_PASSWORD}}
+    session:
+      - name: login
+        url: "{url}/login"
+        body: {{user: "raw-{{{{attempt_id}}}}", password: "{{{{secret.password}}}}"}}
+        extract: {{token: {{json: "$.token", secret: true}}}}
+    request: {request}
+"#,
+                out = dir.path().join(format!("results-{name}")).display(),
+                data = repo("data/normalized/attack_cases.enriched.jsonl").display(),
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let cfg = write(
+        "raw",
+        &format!(
+            "{{raw: \"{}\", url: \"{url}\", stream: sse, answer: {{json: \"$.delta\"}}}}",
+            raw.display()
+        ),
+        "",
+    );
+    let r = run(pieval()
+        .args(["run", "--json"])
+        .arg(&cfg)
+        .env("RAG_APP_PASSWORD", PASSWORD));
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let streamed = run_dir_of(&r);
+    let preds = read_jsonl(&streamed.join("predictions.jsonl"));
+    assert_eq!(preds.len(), 6);
+    let log = app.log();
+    for p in &preds {
+        assert!(p["error"].is_null(), "{p}");
+        // the answer assembled from its events is the one the app sent; the prompt went
+        // into the raw body JSON-escaped (quotes and line breaks intact)
+        let text = p["response_text"].as_str().unwrap();
+        assert!(log.iter().any(|l| l["answer"] == text), "{text}");
+    }
+    // every answer replayed from the records: byte for byte
+    let replay = dir.path().join("replay.yaml");
+    std::fs::write(
+        &replay,
+        format!(
+            "experiment: {{name: replay, seed: 11, sample_size: 6, output_dir: \"{}\"}}\ndataset: {{path: \"{}\"}}\nselection: {{include: {{success_definition_id: [target_string_emitted]}}}}\nmitigation: {{name: none}}\nmodel: {{provider: replay, name: rag-app, replay_from: \"{}\"}}\n",
+            dir.path().join("results-replay").display(),
+            repo("data/normalized/attack_cases.enriched.jsonl").display(),
+            streamed.display()
+        ),
+    )
+    .unwrap();
+    let r = run(pieval().args(["run", "--json"]).arg(&replay));
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let again = read_jsonl(&run_dir_of(&r).join("predictions.jsonl"));
+    let texts = |v: &[serde_json::Value]| {
+        let mut t: Vec<(String, String)> = v
+            .iter()
+            .map(|p| (p["case_id"].to_string(), p["response_text"].to_string()))
+            .collect();
+        t.sort();
+        t
+    };
+    assert_eq!(texts(&preds), texts(&again));
+    // an answer that redirects elsewhere: never followed, said on every case
+    let cfg = write(
+        "moved",
+        &format!(
+            "{{url: \"{url}/moved\", headers: {{Authorization: \"Bearer {{{{vars.token}}}}\"}}, body: {{q: \"{{{{prompt}}}}\"}}, answer: {{body: true}}}}"
+        ),
+        "",
+    );
+    let r = run(pieval()
+        .args(["run", "--json"])
+        .arg(&cfg)
+        .env("RAG_APP_PASSWORD", PASSWORD));
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let preds = read_jsonl(&run_dir_of(&r).join("predictions.jsonl"));
+    assert_eq!(preds.len(), 6);
+    for p in &preds {
+        let e = p["error"].as_str().unwrap_or("");
+        assert!(
+            e.contains("HTTP 307 redirect to http://attacker.invalid/collect")
+                && e.contains("does not follow"),
+            "{p}"
+        );
+    }
+}

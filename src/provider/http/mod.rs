@@ -640,7 +640,7 @@ impl Provider for HttpProvider {
         "http"
     }
 
-    async fn open_run(&self, dir: &Path, note: crate::judge::Notes) -> Result<()> {
+    async fn open_run(&self, dir: &Path, note: super::Notes) -> Result<()> {
         let files = Arc::new(plant::RunFiles::open(dir)?);
         *self.run.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&files));
         // what a killed run left planted: removed before anything new is planted
