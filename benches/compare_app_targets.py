@@ -7,15 +7,15 @@ promptfoo's `http` provider against the same application in the same run, with
 `beforeEach` / `afterEach` extension hooks making the same upload and delete around each
 test (three calls per case too), so the ratio compares like with like.
 
-The application is benches/app_server.rs (axum), started through
-`cargo bench --bench app_server` in its own process; it shares the machine's cores.
+The application is benches/app_server.js (Node's http module, no dependency), started in
+its own process; it shares the machine's cores with the tool under test.
 Reported: wall time, cases per second end to end (load, select, call, checkpoint, score,
 artifacts) and in the calling phase alone (pieval's `model_speed.cases_per_minute`), peak
 RSS; the application's own counts check that every case made its three calls and that no
 document was left.
 
 Usage:  python3 benches/compare_app_targets.py [--cases 20000] [--concurrency 64]
-Needs:  cargo; for the peer, promptfoo (`npm install promptfoo node@22`): set PROMPTFOO to
+Needs:  cargo, node; for the peer, promptfoo (`npm install promptfoo node@22`): set PROMPTFOO to
         its launcher (e.g. node_modules/.bin/promptfoo) with node 22 first on PATH; without
         it the peer is skipped and said so.
 """
@@ -77,7 +77,7 @@ def main():
     args = ap.parse_args()
     promptfoo = os.environ.get("PROMPTFOO") or shutil.which("promptfoo")
     pieval = build_pieval()
-    server = subprocess.Popen(["cargo", "bench", "--quiet", "--bench", "app_server"], cwd=ROOT,
+    server = subprocess.Popen(["node", os.path.join(ROOT, "benches", "app_server.js")], cwd=ROOT,
                               stdout=subprocess.PIPE, text=True, start_new_session=True)
     tmp = tempfile.mkdtemp(prefix="pieval-app-bench-")
     try:
