@@ -599,3 +599,19 @@ mod tests {
         assert!(decode("plain text").is_none());
     }
 }
+
+/// The secret held by environment variable `var`, registered for redaction (in every
+/// text of every client from then on); an error naming `key` (the config key that names
+/// the variable) when it is not set. Read by every target that is given credentials.
+pub fn from_env(key: &str, var: &str) -> crate::error::Result<String> {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => {
+            let v = v.trim().to_owned();
+            register(&v);
+            Ok(v)
+        }
+        _ => Err(crate::error::Error::State(format!(
+            "{key} names {var}, but that environment variable is not set: export {var}=… (it is never written to any artifact)"
+        ))),
+    }
+}

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use super::config::ModelSection;
 use super::transport::{self, Pacing, TryError};
 use super::{AgentTurn, CallError, Completion, Message, Provider, ToolCall};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// The Messages API's version pieval speaks.
 pub const API_VERSION: &str = "2023-06-01";
@@ -36,20 +36,11 @@ pub struct AnthropicProvider {
 
 impl AnthropicProvider {
     pub fn new(model: &ModelSection) -> Result<Self> {
-        let api_key = match &model.api_key_env {
-            None => None,
-            Some(var) => match std::env::var(var) {
-                Ok(k) if !k.trim().is_empty() => Some(k.trim().to_owned()),
-                _ => {
-                    return Err(Error::State(format!(
-                        "api_key_env names {var}, but that environment variable is not set: export {var}=<your key> (the key is never written to any artifact)"
-                    )));
-                }
-            },
-        };
-        if let Some(k) = &api_key {
-            crate::secrets::register(k);
-        }
+        let api_key = model
+            .api_key_env
+            .as_deref()
+            .map(|var| crate::secrets::from_env("api_key_env", var))
+            .transpose()?;
         let base = model.base_url.as_deref().unwrap_or(DEFAULT_BASE_URL);
         let base = base.trim_end_matches('/');
         let base = base.strip_suffix("/v1").unwrap_or(base);

@@ -18,7 +18,7 @@ use super::Message;
 use super::config::ModelSection;
 use super::transport::{self, Pacing, TryError};
 use super::{AgentTurn, CallError, Completion, Provider};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 
@@ -37,21 +37,11 @@ pub struct OpenAiProvider {
 
 impl OpenAiProvider {
     pub fn new(model: &ModelSection, seed: u64) -> Result<Self> {
-        let api_key = match &model.api_key_env {
-            None => None,
-            Some(var) => match std::env::var(var) {
-                Ok(k) if !k.trim().is_empty() => Some(k.trim().to_owned()),
-                _ => {
-                    return Err(Error::State(format!(
-                        "api_key_env names {var}, but that environment variable is not set: export {var}=<your key> (the key is never written to any artifact)"
-                    )));
-                }
-            },
-        };
-        // Redacted from every text of every client from now on, in any spelling.
-        if let Some(k) = &api_key {
-            crate::secrets::register(k);
-        }
+        let api_key = model
+            .api_key_env
+            .as_deref()
+            .map(|var| crate::secrets::from_env("api_key_env", var))
+            .transpose()?;
         let base = model.base_url.as_deref().unwrap_or_default();
         let client = transport::client(model.timeout_s, model.concurrency)?;
         Ok(Self {

@@ -308,17 +308,8 @@ impl WebsocketProvider {
             .map_err(|(k, m)| Error::State(format!("model.websocket.{k}: {m}")))?;
         let mut secrets = BTreeMap::new();
         for (name, var) in &section.secrets {
-            match std::env::var(var) {
-                Ok(v) if !v.is_empty() => {
-                    crate::secrets::register(&v);
-                    secrets.insert(name.clone(), (var.clone(), v));
-                }
-                _ => {
-                    return Err(Error::State(format!(
-                        "model.websocket.secrets.{name} names {var}, but that environment variable is not set"
-                    )));
-                }
-            }
+            let v = crate::secrets::from_env(&format!("model.websocket.secrets.{name}"), var)?;
+            secrets.insert(name.clone(), (var.clone(), v));
         }
         Ok(Self {
             spec,

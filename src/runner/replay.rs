@@ -91,38 +91,22 @@ pub fn replay(
     if let Some(own) = &own {
         config.model = own.config.model.clone();
     } else if !args.rescore {
-        if let Some(h) = config
-            .model
-            .http
-            .as_ref()
-            .filter(|_| config.model.provider == ProviderKind::Http)
+        // an application target: every origin it would call confirmed, with the
+        // variables whose values it would send there
+        let m = &config.model;
+        let (origins, vars): (Vec<String>, Vec<String>) = match (m.provider, &m.http, &m.websocket)
         {
-            // an application target: every origin it would call, confirmed
-            let vars = h.secrets.values().cloned().collect::<Vec<_>>().join(", $");
-            for origin in h.origins() {
-                trust_endpoint(
-                    "model",
-                    ProviderKind::Openai,
-                    Some(&origin),
-                    (!vars.is_empty()).then_some(vars.as_str()),
-                    &args.trust.endpoints,
-                    "--model-from CONFIG",
-                )?;
+            (ProviderKind::Http, Some(h), _) => {
+                (h.origins(), h.secrets.values().cloned().collect())
             }
-        }
-        if let Some(origin) = config
-            .model
-            .websocket
-            .as_ref()
-            .filter(|_| config.model.provider == ProviderKind::Websocket)
-            .and_then(|w| w.origin())
-        {
-            let vars = config
-                .model
-                .websocket
-                .as_ref()
-                .map(|w| w.secrets.values().cloned().collect::<Vec<_>>().join(", $"))
-                .unwrap_or_default();
+            (ProviderKind::Websocket, _, Some(w)) => (
+                w.origin().into_iter().collect(),
+                w.secrets.values().cloned().collect(),
+            ),
+            _ => (Vec::new(), Vec::new()),
+        };
+        let vars = vars.join(", $");
+        for origin in origins {
             trust_endpoint(
                 "model",
                 ProviderKind::Openai,

@@ -56,17 +56,8 @@ impl HttpProvider {
             .map_err(|(k, m)| Error::State(format!("model.http.{k}: {m}")))?;
         let mut secrets = BTreeMap::new();
         for (name, var) in &spec.secrets {
-            match std::env::var(var) {
-                Ok(v) if !v.is_empty() => {
-                    crate::secrets::register(&v);
-                    secrets.insert(name.clone(), (var.clone(), v));
-                }
-                _ => {
-                    return Err(Error::State(format!(
-                        "model.http.secrets.{name} names {var}, but that environment variable is not set: export {var}=… (it is never written to any artifact)"
-                    )));
-                }
-            }
+            let v = crate::secrets::from_env(&format!("model.http.secrets.{name}"), var)?;
+            secrets.insert(name.clone(), (var.clone(), v));
         }
         // a credential written out in a header (a raw request's saved Authorization or
         // Cookie) is a secret like the environment's: never recorded
