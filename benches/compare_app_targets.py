@@ -55,6 +55,13 @@ module.exports = extensionHook;
 '''
 
 
+def cpu_of(pid):
+    """CPU seconds a process has used (user + system), from /proc (the application's)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def stats(url):
     with urllib.request.urlopen(url + "/stats") as r:
         return json.load(r)
@@ -119,17 +126,17 @@ model:
             f.write(f"""experiment: {{name: exec-bench, seed: 1, output_dir: "{tmp}/results-exec"}}
 dataset: {{path: "{corpus}"}}
 mitigation: {{name: none}}
-model: {{provider: exec, name: echo, concurrency: 2, timeout_s: 30, exec: {{command: [{json.dumps(sys.executable)}, {json.dumps(echo)}]}}}}
+model: {{provider: exec, name: echo, concurrency: {args.concurrency}, timeout_s: 30, exec: {{processes: 2, command: [{json.dumps(sys.executable)}, {json.dumps(echo)}]}}}}
 """)
-        before = stats(url)["requests"]
-        wall, _, rss, out = run_child([pieval, "run", http_cfg, "--json"])
-        after = stats(url)
+        before, app0 = stats(url)["requests"], cpu_of(server.pid)
+        wall, cpu, rss, out = run_child([pieval, "run", http_cfg, "--json"])
+        after, app = stats(url), cpu_of(server.pid) - app0
         calls = after["requests"] - before
         if calls != 3 * args.cases or after["documents"] != 0:
             sys.exit(f"pieval http: {calls} calls for {args.cases} cases, {after['documents']} documents left")
-        rows = [("pieval http (3 calls/case)", wall, rss, call_phase(out))]
-        wall, _, rss, out = run_child([pieval, "run", exec_cfg, "--json"])
-        rows.append(("pieval exec (2 processes)", wall, rss, call_phase(out)))
+        rows = [("pieval http (3 calls/case)", wall, rss, call_phase(out), cpu, app)]
+        wall, cpu, rss, out = run_child([pieval, "run", exec_cfg, "--json"])
+        rows.append(("pieval exec (2 processes)", wall, rss, call_phase(out), cpu, None))
         if promptfoo:
             tests = os.path.join(tmp, "tests.jsonl")
             with open(tests, "w") as f:
@@ -161,23 +168,26 @@ tests: file://{tests}
                        PROMPTFOO_CACHE_ENABLED="false", PROMPTFOO_DISABLE_SHARING="1",
                        PROMPTFOO_CONFIG_DIR=os.path.join(tmp, "pfhome"), APP_URL=url)
             os.environ.update(env)
-            before = stats(url)["requests"]
-            wall, _, rss, _ = run_child([promptfoo, "eval", "-c", pf_cfg, "-j", str(args.concurrency),
+            before, app0 = stats(url)["requests"], cpu_of(server.pid)
+            wall, cpu, rss, _ = run_child([promptfoo, "eval", "-c", pf_cfg, "-j", str(args.concurrency),
                                          "--no-cache", "--no-progress-bar", "--no-table",
                                          "-o", os.path.join(tmp, "pf.json")], ok=(0, 100))
-            after = stats(url)
+            after, app = stats(url), cpu_of(server.pid) - app0
             result = json.load(open(os.path.join(tmp, "pf.json")))["results"]["stats"]
             if result.get("errors", 0):
                 sys.exit(f"promptfoo reported {result['errors']} errors: not a fair comparison")
             calls = after["requests"] - before
             if calls != 3 * args.cases or after["documents"] != 0:
                 sys.exit(f"promptfoo: {calls} calls for {args.cases} cases, {after['documents']} documents left")
-            rows.append(("promptfoo http (3 calls/case)", wall, rss, None))
+            rows.append(("promptfoo http (3 calls/case)", wall, rss, None, cpu, app))
         else:
             print("promptfoo: not found (set PROMPTFOO): the peer was not run", flush=True)
-        for name, wall, rss, phase in rows:
+        # CPU: the tool's own process (an exec target's children not included), and the
+        # application's during the same run (the two share the machine's cores)
+        for name, wall, rss, phase, cpu, app in rows:
             p = f"{phase:8.0f} cases/s calling" if phase else " " * 22
-            print(f"{name:30s} {args.cases} cases  {wall:7.2f} s  {args.cases / wall:8.0f} cases/s end to end  {p}  peak RSS {rss:7.1f} MiB", flush=True)
+            a = f"  application CPU {app:6.2f} s" if app is not None else ""
+            print(f"{name:30s} {args.cases} cases  {wall:7.2f} s  {args.cases / wall:8.0f} cases/s end to end  {p}  peak RSS {rss:7.1f} MiB  CPU {cpu:6.2f} s{a}", flush=True)
         if promptfoo:
             print(f"ratio: pieval http is {rows[2][1] / rows[0][1]:.1f}x faster than promptfoo's http provider end to end")
     finally:

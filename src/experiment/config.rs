@@ -273,7 +273,7 @@ impl Config {
                 );
             }
             (ProviderKind::Exec, Some(x)) => {
-                if let Err((k, message)) = x.check() {
+                if let Err((k, message)) = x.check(m.concurrency) {
                     return bad(&format!("model.exec.{k}"), message);
                 }
             }

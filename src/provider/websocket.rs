@@ -611,8 +611,8 @@ impl WebsocketProvider {
                 "case_id": scope.case_id,
                 "phase": "request",
                 "step": "websocket",
-                "url": self.render_url(&shown_fill).map(|u| shown(&u)).ok(),
-                "frame": self.render_frame(&shown_fill).map(|f| shown(&f)).ok(),
+                "url": self.render_url(&shown_fill).map(|u| shown(&u).into_owned()).ok(),
+                "frame": self.render_frame(&shown_fill).map(|f| shown(&f).into_owned()).ok(),
                 "turn": turn,
             }));
         }

@@ -265,6 +265,13 @@ fn a_rag_service_attacked_through_planted_documents_agrees_with_its_own_log() {
         chat["headers"].to_string().contains("Bearer ${TOKEN}"),
         "a session token is a credential: {chat}"
     );
+    assert!(
+        chat["curl"]
+            .as_str()
+            .unwrap()
+            .contains("cookie: session='\"${COOKIE_SESSION}\""),
+        "the jar's cookie is recorded as a variable: {chat}"
+    );
     // the recorded curl command repeats the request, the password read from the
     // environment by the shell
     let again = Command::new("sh")
@@ -437,7 +444,14 @@ fn bad_http_sections_are_refused_before_anything_is_sent() {
 }
 
 /// An `exec` target: a Python function behind JSON lines, one process per slot.
-fn exec_config(dir: &Path, name: &str, n: usize, args: &[&str]) -> PathBuf {
+/// `layout`: the model's concurrency and `exec.processes` (None: one per slot).
+fn exec_config(
+    dir: &Path,
+    name: &str,
+    n: usize,
+    args: &[&str],
+    layout: (usize, Option<usize>),
+) -> PathBuf {
     let path = dir.join(format!("{name}.yaml"));
     let python = apps_python();
     let mut command = vec![
@@ -450,10 +464,14 @@ fn exec_config(dir: &Path, name: &str, n: usize, args: &[&str]) -> PathBuf {
     std::fs::write(
         &path,
         format!(
-            "experiment: {{name: {name}, seed: 7, sample_size: {n}, output_dir: \"{}\"}}\ndataset: {{path: \"{}\"}}\nselection: {{include: {{success_definition_id: [target_string_emitted]}}}}\nmitigation: {{name: none}}\nmodel:\n  provider: exec\n  name: chain\n  concurrency: 2\n  timeout_s: 5\n  exec:\n    command: {}\n    env: {{CHAIN_KEY: EXEC_TEST_KEY}}\n",
+            "experiment: {{name: {name}, seed: 7, sample_size: {n}, output_dir: \"{}\"}}\ndataset: {{path: \"{}\"}}\nselection: {{include: {{success_definition_id: [target_string_emitted]}}}}\nmitigation: {{name: none}}\nmodel:\n  provider: exec\n  name: chain\n  concurrency: {}\n  timeout_s: 5\n  exec:\n    command: {}\n    env: {{CHAIN_KEY: EXEC_TEST_KEY}}\n{}",
             dir.join("results").display(),
             repo("data/normalized/attack_cases.enriched.jsonl").display(),
+            layout.0,
             serde_json::to_string(&command).unwrap(),
+            layout
+                .1
+                .map_or(String::new(), |p| format!("    processes: {p}\n")),
         ),
     )
     .unwrap();
@@ -466,7 +484,7 @@ const EXEC_KEY: &str = "chain-key-5d1e88b2a7";
 fn an_exec_target_wraps_a_python_function_and_survives_its_faults() {
     let dir = tempfile::tempdir().unwrap();
     // a first run to learn which cases are drawn
-    let cfg = exec_config(dir.path(), "plain", 8, &[]);
+    let cfg = exec_config(dir.path(), "plain", 8, &[], (2, None));
     let r = run(pieval()
         .args(["run", "--json"])
         .arg(&cfg)
@@ -500,65 +518,80 @@ fn an_exec_target_wraps_a_python_function_and_survives_its_faults() {
         );
     }
     // the same cases, each fault on one of them: the case is an error, the rest answered
-    std::fs::remove_dir_all(dir.path().join("results")).unwrap();
-    let cfg = exec_config(
-        dir.path(),
-        "faults",
-        8,
-        &[
-            "--die-on",
-            &ids[0],
-            "--hang-on",
-            &ids[1],
-            "--garbage-on",
-            &ids[2],
-            "--error-on",
-            &ids[3],
-        ],
-    );
-    let r = run(pieval()
-        .args(["run", "--json"])
-        .arg(&cfg)
-        .env("EXEC_TEST_KEY", EXEC_KEY));
-    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
-    let run_dir = run_folder(&dir.path().join("results"));
-    let preds = read_jsonl(&run_dir.join("predictions.jsonl"));
-    assert_eq!(preds.len(), 8, "no case lost");
-    let error_of = |id: &str| {
-        preds.iter().find(|p| p["case_id"] == id).unwrap()["error"]
-            .as_str()
-            .unwrap_or("")
-            .to_owned()
-    };
-    let died = error_of(&ids[0]);
-    assert!(
-        died.contains("exited before it answered") && died.contains("the chain crashed"),
-        "{died}"
-    );
-    assert!(
-        error_of(&ids[1]).contains("no answer within 5 s"),
-        "{}",
-        error_of(&ids[1])
-    );
-    assert!(
-        error_of(&ids[2]).contains("not a JSON line"),
-        "{}",
-        error_of(&ids[2])
-    );
-    assert!(
-        error_of(&ids[3]).contains("the chain refused the input"),
-        "{}",
-        error_of(&ids[3])
-    );
-    for id in &ids[4..] {
-        assert_eq!(
-            error_of(id),
-            "",
-            "{id}: the restarted process answers the rest"
+    // (their own answers); with a process per slot, and with one process given four
+    // requests at once (pipelined: the requests queued behind a fault go to a new one)
+    for (layout, label) in [((2, None), "per-slot"), ((4, Some(1)), "pipelined")] {
+        std::fs::remove_dir_all(dir.path().join("results")).unwrap();
+        let cfg = exec_config(
+            dir.path(),
+            &format!("faults-{label}"),
+            8,
+            &[
+                "--die-on",
+                &ids[0],
+                "--hang-on",
+                &ids[1],
+                "--garbage-on",
+                &ids[2],
+                "--error-on",
+                &ids[3],
+                "--two-lines-on",
+                &ids[4],
+            ],
+            layout,
         );
+        let r = run(pieval()
+            .args(["run", "--json"])
+            .arg(&cfg)
+            .env("EXEC_TEST_KEY", EXEC_KEY));
+        assert_eq!(r.code, 0, "{label}: {}\n{}", r.stdout, r.stderr);
+        let run_dir = run_folder(&dir.path().join("results"));
+        let preds = read_jsonl(&run_dir.join("predictions.jsonl"));
+        assert_eq!(preds.len(), 8, "{label}: no case lost");
+        let pred = |id: &str| preds.iter().find(|p| p["case_id"] == id).unwrap().clone();
+        let error_of = |id: &str| pred(id)["error"].as_str().unwrap_or("").to_owned();
+        let died = error_of(&ids[0]);
+        assert!(
+            died.contains("exited before it answered") && died.contains("the chain crashed"),
+            "{label}: {died}"
+        );
+        assert!(
+            error_of(&ids[1]).contains("no answer within 5 s"),
+            "{label}: {}",
+            error_of(&ids[1])
+        );
+        assert!(
+            error_of(&ids[2]).contains("not a JSON line"),
+            "{label}: {}",
+            error_of(&ids[2])
+        );
+        assert!(
+            error_of(&ids[3]).contains("the chain refused the input"),
+            "{label}: {}",
+            error_of(&ids[3])
+        );
+        // two lines for one request: the process is out of step and replaced; that case
+        // is answered with its own first line or is the error, never another's answer
+        let two = error_of(&ids[4]);
+        assert!(
+            two.is_empty() || two.contains("more than one line"),
+            "{label}: {two}"
+        );
+        for id in &ids[4..] {
+            let p = pred(id);
+            if p["error"].is_null() {
+                let text = p["response_text"].as_str().unwrap();
+                assert!(
+                    text.ends_with(&format!("CASE={id}")),
+                    "{label}: {id} was given another request's answer: {text}"
+                );
+            } else {
+                assert_eq!(id, &ids[4], "{label}: {id}: the restarted process answers the rest: {p}");
+            }
+        }
+        let log = std::fs::read_to_string(run_dir.join("exec-stderr.log")).unwrap();
+        assert!(log.contains("the chain crashed"), "{label}: {log}");
     }
-    let log = std::fs::read_to_string(run_dir.join("exec-stderr.log")).unwrap();
-    assert!(log.contains("the chain crashed"), "{log}");
 }
 
 /// The scripted Messages server of `tests/fixtures/apps/messages_server.py`.

@@ -15,6 +15,7 @@ pub mod config;
 pub mod plant;
 pub mod template;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -135,7 +136,23 @@ impl HttpProvider {
             latency_ms: 0.0,
             attempts: 0,
         })?;
-        let recorded = render(step, &shown).ok();
+        // The request as recorded: credentials as the names of what holds them. A step
+        // with no credential whose request holds no mark is recorded as it was sent.
+        let credentialed = step.names().into_iter().any(|n| {
+            matches!(n, Name::Secret(_)) || matches!(n, Name::Var(v) if self.spec.secret_vars.contains(v))
+        });
+        let recorded = if credentialed || sent.has_marks() {
+            render(step, &shown).ok().map(Cow::Owned)
+        } else {
+            Some(Cow::Borrowed(&sent))
+        }
+        .map(|mut r| {
+            // the jar's cookies, each as the variable a person replaying it sets
+            if let Some(c) = recorded_cookies(scope, &step.origin) {
+                r.to_mut().headers.push(("cookie".into(), c));
+            }
+            r
+        });
         // A setup step that creates something (POST, PATCH) is tried again only when
         // the server cannot have acted on it (no connection; 429): a timeout or a 5xx
         // after it was sent may have planted it once already, and the second id would
@@ -442,12 +459,48 @@ impl Fill<'_> {
     }
 }
 
+/// The `Cookie` header of a request to `origin` as recorded: each value replaced by
+/// `${COOKIE_<NAME>}` (they are session credentials).
+fn recorded_cookies(scope: &AttemptScope, origin: &str) -> Option<String> {
+    let st = scope.state();
+    let pairs: Vec<String> = st
+        .cookies
+        .keys()
+        .filter(|(o, _)| o == origin)
+        .map(|(_, n)| {
+            let var: String = n
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() {
+                        c.to_ascii_uppercase()
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            let name = n.replace([plant::OPEN, plant::CLOSE], "\u{FFFD}");
+            format!("{name}={}COOKIE_{var}{}", plant::OPEN, plant::CLOSE)
+        })
+        .collect();
+    (!pairs.is_empty()).then(|| pairs.join("; "))
+}
+
 /// A request as sent (or as recorded).
 #[derive(Clone, Debug)]
 pub struct Rendered {
     pub url: String,
     pub headers: Vec<(String, String)>,
     pub body: Option<String>,
+}
+
+impl Rendered {
+    /// Whether a credential's mark (or its percent-encoded spelling) is in it.
+    fn has_marks(&self) -> bool {
+        let marked = |t: &str| t.contains([plant::OPEN, plant::CLOSE]) || t.contains("%EE%80%8");
+        marked(&self.url)
+            || self.headers.iter().any(|(_, v)| marked(v))
+            || self.body.as_deref().is_some_and(marked)
+    }
 }
 
 fn render(step: &Step, fill: &Fill) -> std::result::Result<Rendered, String> {

@@ -10,6 +10,7 @@
 //!   of the environment variable that holds them) with its status and a curl command
 //!   that repeats it.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -123,26 +124,51 @@ impl RunFiles {
         latency_ms: f64,
         attempts: u32,
     ) {
-        let v = json!({
-            "attempt_id": scope.key,
-            "case_id": scope.case_id,
-            "phase": step.phase.as_str(),
-            "step": step.name,
-            "method": step.method.as_str(),
-            "url": shown(&sent.url),
-            "headers": sent.headers.iter().map(|(k, v)| json!([k, shown(v)])).collect::<Vec<_>>(),
-            "body": sent.body.as_deref().map(shown),
-            "error": result.as_ref().err(),
-            "latency_ms": latency_ms,
-            "attempts": attempts,
-            "curl": curl(step, sent),
-        });
-        self.record(&v);
+        /// A line of `requests.jsonl` (serialized as it stands: no value tree built).
+        #[derive(serde::Serialize)]
+        struct Line<'a> {
+            attempt_id: &'a str,
+            case_id: &'a str,
+            phase: &'a str,
+            step: &'a str,
+            method: &'a str,
+            url: Cow<'a, str>,
+            headers: Vec<(&'a str, Cow<'a, str>)>,
+            body: Option<Cow<'a, str>>,
+            error: Option<&'a str>,
+            latency_ms: f64,
+            attempts: u32,
+            curl: String,
+        }
+        let line = Line {
+            attempt_id: &scope.key,
+            case_id: &scope.case_id,
+            phase: step.phase.as_str(),
+            step: &step.name,
+            method: step.method.as_str(),
+            url: shown(&sent.url),
+            headers: sent
+                .headers
+                .iter()
+                .map(|(k, v)| (k.as_str(), shown(v)))
+                .collect(),
+            body: sent.body.as_deref().map(shown),
+            error: result.as_ref().err().map(String::as_str),
+            latency_ms,
+            attempts,
+            curl: curl(step, sent),
+        };
+        let text = serde_json::to_string(&line).expect("strings and numbers");
+        self.write_request(&text);
     }
 
     /// A line of the request log (redacted).
     pub fn record(&self, v: &Value) {
-        let line = crate::secrets::redact(&v.to_string()).0.into_owned();
+        self.write_request(&v.to_string());
+    }
+
+    fn write_request(&self, line: &str) {
+        let line = crate::secrets::redact(line).0;
         let mut w = self.requests.lock().unwrap_or_else(|p| p.into_inner());
         let _ = w.write_all(line.as_bytes());
         let _ = w.write_all(b"\n");
@@ -218,24 +244,43 @@ pub const OPEN: char = '\u{E000}';
 pub const CLOSE: char = '\u{E001}';
 
 /// A recorded text with each credential's place shown as `${NAME}`.
-pub fn shown(s: &str) -> String {
-    s.replace(OPEN, "${").replace(CLOSE, "}")
+pub fn shown(s: &str) -> Cow<'_, str> {
+    if s.contains([OPEN, CLOSE]) {
+        Cow::Owned(s.replace(OPEN, "${").replace(CLOSE, "}"))
+    } else {
+        Cow::Borrowed(s)
+    }
 }
 
 /// The text for a POSIX shell: single-quoted (nothing in it is expanded or run —
 /// attack text is data), each credential's place a `"${NAME}"` the shell fills in.
 pub fn shell_word(s: &str) -> String {
-    let mut out = String::new();
+    let mut out = String::with_capacity(s.len() + 2);
+    shell_word_into(&mut out, s);
+    out
+}
+
+/// [`shell_word`], appended to `out`.
+pub fn shell_word_into(out: &mut String, s: &str) {
+    let quoted = |out: &mut String, text: &str| {
+        out.push('\'');
+        for (i, part) in text.split('\'').enumerate() {
+            if i > 0 {
+                out.push_str("'\\''");
+            }
+            out.push_str(part);
+        }
+        out.push('\'');
+    };
+    let mut wrote = false;
     let mut rest = s;
     loop {
         let (lit, after) = match rest.find(OPEN) {
             Some(i) => (&rest[..i], Some(&rest[i + OPEN.len_utf8()..])),
             None => (rest, None),
         };
-        if !lit.is_empty() || out.is_empty() && after.is_none() {
-            out.push('\'');
-            out.push_str(&lit.replace('\'', "'\\''"));
-            out.push('\'');
+        if !lit.is_empty() || !wrote && after.is_none() {
+            quoted(out, lit);
         }
         let Some(after) = after else { break };
         let (name, next) = match after.find(CLOSE) {
@@ -246,34 +291,38 @@ pub fn shell_word(s: &str) -> String {
             && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
             && !name.as_bytes()[0].is_ascii_digit();
         if is_name {
-            out.push_str(&format!("\"${{{name}}}\""));
+            out.push_str("\"${");
+            out.push_str(name);
+            out.push_str("}\"");
         } else {
             // never a shell expansion: whatever it is stays quoted text
-            out.push('\'');
-            out.push_str(&name.replace('\'', "'\\''"));
-            out.push('\'');
+            quoted(out, name);
         }
+        wrote = true;
         rest = next;
         if rest.is_empty() {
             break;
         }
     }
-    out
 }
 
 /// A shell command that sends the same request (credentials read from the
 /// environment).
 fn curl(step: &Step, sent: &Rendered) -> String {
-    let mut cmd = format!(
-        "curl -sS -X {} {}",
-        step.method.as_str(),
-        shell_word(&sent.url)
+    let mut cmd = String::with_capacity(
+        64 + sent.url.len() + sent.body.as_ref().map_or(0, String::len) * 5 / 4,
     );
+    cmd.push_str("curl -sS -X ");
+    cmd.push_str(step.method.as_str());
+    cmd.push(' ');
+    shell_word_into(&mut cmd, &sent.url);
     for (k, v) in &sent.headers {
-        cmd.push_str(&format!(" -H {}", shell_word(&format!("{k}: {v}"))));
+        cmd.push_str(" -H ");
+        shell_word_into(&mut cmd, &format!("{k}: {v}"));
     }
     if let Some(b) = &sent.body {
-        cmd.push_str(&format!(" --data-binary {}", shell_word(b)));
+        cmd.push_str(" --data-binary ");
+        shell_word_into(&mut cmd, b);
     }
     cmd
 }
