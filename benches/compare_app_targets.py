@@ -14,7 +14,7 @@ artifacts) and in the calling phase alone (pieval's `model_speed.cases_per_minut
 RSS; the application's own counts check that every case made its three calls and that no
 document was left.
 
-Usage:  python3 benches/compare_app_targets.py [--cases 20000] [--concurrency 64]
+Usage:  python3 benches/compare_app_targets.py [--cases 20000] [--concurrency 64] [--pieval BIN]
 Needs:  cargo, node; for the peer, promptfoo (`npm install promptfoo node@22`): set PROMPTFOO to
         its launcher (e.g. node_modules/.bin/promptfoo) with node 22 first on PATH; without
         it the peer is skipped and said so.
@@ -81,9 +81,10 @@ def main():
     ap.add_argument("--cases", type=int, default=20000)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--pieval", help="a pieval binary to use (default: cargo build --release)")
     args = ap.parse_args()
     promptfoo = os.environ.get("PROMPTFOO") or shutil.which("promptfoo")
-    pieval = build_pieval()
+    pieval = args.pieval or build_pieval()
     server = subprocess.Popen(["node", os.path.join(ROOT, "benches", "app_server.js")], cwd=ROOT,
                               stdout=subprocess.PIPE, text=True, start_new_session=True)
     tmp = tempfile.mkdtemp(prefix="pieval-app-bench-")

@@ -274,29 +274,6 @@ pub fn to_tools(tools: &[Value]) -> Vec<Value> {
 }
 
 /// Every text of a turn redacted again (a key its parts only make when joined).
-fn redact_turn(turn: &mut AgentTurn) {
-    let again = |s: &mut String| {
-        let (t, r) = crate::secrets::redact(s);
-        if r {
-            *s = t.into_owned();
-        }
-    };
-    if let Some(text) = &mut turn.content {
-        again(text);
-    }
-    for call in &mut turn.tool_calls {
-        again(&mut call.arguments);
-        again(&mut call.name);
-        again(&mut call.id);
-    }
-    let marked = |s: &str| s.contains(crate::secrets::REDACTED);
-    turn.completion.redacted = turn.content.as_deref().is_some_and(marked)
-        || turn
-            .tool_calls
-            .iter()
-            .any(|t| marked(&t.arguments) || marked(&t.name));
-}
-
 #[async_trait]
 impl Provider for AnthropicProvider {
     fn name(&self) -> &str {
@@ -314,21 +291,12 @@ impl Provider for AnthropicProvider {
             .collect();
         let (system, msgs) = to_messages(&as_json);
         let (v, latency_ms, attempts) = self.send(&self.body(system, msgs)).await?;
-        let mut turn = parse_message(&v).map_err(|message| CallError {
+        let turn = parse_message(&v).map_err(|message| CallError {
             message,
             latency_ms,
             attempts,
         })?;
-        redact_turn(&mut turn);
-        let mut text = turn.content.unwrap_or_default();
-        let truncated = super::cap_response(&mut text);
-        Ok(Completion {
-            text,
-            latency_ms,
-            attempts,
-            truncated,
-            ..turn.completion
-        })
+        Ok(turn.finished(latency_ms, attempts).into_completion())
     }
 
     async fn chat(
@@ -343,19 +311,12 @@ impl Provider for AnthropicProvider {
             body["tools"] = Value::Array(to_tools(tools));
         }
         let (v, latency_ms, attempts) = self.send(&body).await?;
-        let mut turn = parse_message(&v).map_err(|message| CallError {
+        let turn = parse_message(&v).map_err(|message| CallError {
             message,
             latency_ms,
             attempts,
         })?;
-        redact_turn(&mut turn);
-        let c = &mut turn.completion;
-        if let Some(text) = &mut turn.content {
-            c.truncated = super::cap_response(text);
-        }
-        c.latency_ms = latency_ms;
-        c.attempts = attempts;
-        Ok(turn)
+        Ok(turn.finished(latency_ms, attempts))
     }
 }
 

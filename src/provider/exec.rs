@@ -187,7 +187,10 @@ impl ExecProvider {
             }
         }
         let concurrency = model.concurrency.max(1);
-        let processes = section.processes.unwrap_or(concurrency).clamp(1, concurrency);
+        let processes = section
+            .processes
+            .unwrap_or(concurrency)
+            .clamp(1, concurrency);
         Ok(Self {
             section,
             env,
@@ -337,10 +340,7 @@ impl ExecProvider {
         match tokio::time::timeout(bound, rx).await {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(_)) => Outcome::Requeue,
-            Err(_) => Outcome::Failed(format!(
-                "exec: no answer within {} s",
-                bound.as_secs_f64()
-            )),
+            Err(_) => Outcome::Failed(format!("exec: no answer within {} s", bound.as_secs_f64())),
         }
     }
 }
@@ -575,17 +575,7 @@ impl Provider for ExecProvider {
                 attempts: 1,
             });
         };
-        let (text, redacted) = crate::secrets::redact(text);
-        let mut text = text.into_owned();
-        let truncated = super::cap_response(&mut text);
-        Ok(Completion {
-            text,
-            latency_ms,
-            attempts: 1,
-            redacted,
-            truncated,
-            ..Completion::default()
-        })
+        Ok(super::AgentTurn::answer(text.to_owned(), latency_ms, 1))
     }
 
     /// An agent's turn: the request carries `tools` (OpenAI form) and the conversation
@@ -604,41 +594,26 @@ impl Provider for ExecProvider {
             latency_ms,
             attempts: 1,
         };
-        let mut tool_calls = match answer.get("tool_calls").filter(|v| !v.is_null()) {
+        let tool_calls = match answer.get("tool_calls").filter(|v| !v.is_null()) {
             Some(list) => super::tool_calls_of(list).map_err(bad)?,
             None => Vec::new(),
         };
-        let mut content = answer
+        let content = answer
             .get("text")
             .and_then(Value::as_str)
-            .map(|t| crate::secrets::redact(t).0.into_owned());
+            .map(str::to_owned);
         if content.is_none() && tool_calls.is_empty() {
             return Err(bad(format!(
                 "the answer has neither \"text\" nor \"tool_calls\": {}",
                 crate::text::excerpt(&crate::secrets::redact(&answer.to_string()).0, 200)
             )));
         }
-        for c in &mut tool_calls {
-            c.arguments = crate::secrets::redact(&c.arguments).0.into_owned();
-        }
-        let mut truncated = false;
-        if let Some(t) = &mut content {
-            truncated = super::cap_response(t);
-        }
-        let redacted = content
-            .as_deref()
-            .is_some_and(|t| t.contains(crate::secrets::REDACTED));
         Ok(super::AgentTurn {
             content,
             tool_calls,
-            completion: Completion {
-                latency_ms,
-                attempts: 1,
-                redacted,
-                truncated,
-                ..Completion::default()
-            },
-        })
+            completion: Completion::default(),
+        }
+        .finished(latency_ms, 1))
     }
 }
 

@@ -147,6 +147,62 @@ pub struct AgentTurn {
     pub completion: Completion,
 }
 
+impl AgentTurn {
+    /// Every target's last step on an answer: the text and the calls redacted once more
+    /// (a key their parts only make when joined), the text capped at
+    /// [`MAX_RESPONSE_BYTES`], the flags and the call's measures set; what else the
+    /// completion holds (tokens, times) is kept.
+    pub fn finished(mut self, latency_ms: f64, attempts: u32) -> AgentTurn {
+        let mut redacted = self.completion.redacted;
+        let mut again = |s: &mut String| {
+            let (t, r) = crate::secrets::redact(s);
+            if r {
+                *s = t.into_owned();
+                redacted = true;
+            }
+        };
+        if let Some(text) = &mut self.content {
+            again(text);
+        }
+        for call in &mut self.tool_calls {
+            again(&mut call.arguments);
+            again(&mut call.name);
+            again(&mut call.id);
+        }
+        let marked = |s: &str| s.contains(crate::secrets::REDACTED);
+        let c = &mut self.completion;
+        c.redacted = redacted
+            || self.content.as_deref().is_some_and(marked)
+            || self
+                .tool_calls
+                .iter()
+                .any(|t| marked(&t.arguments) || marked(&t.name));
+        c.truncated = self.content.as_mut().is_some_and(cap_response);
+        c.latency_ms = latency_ms;
+        c.attempts = attempts;
+        self
+    }
+
+    /// A plain answer's [`AgentTurn::finished`]: the text alone.
+    pub fn answer(text: String, latency_ms: f64, attempts: u32) -> Completion {
+        AgentTurn {
+            content: Some(text),
+            tool_calls: Vec::new(),
+            completion: Completion::default(),
+        }
+        .finished(latency_ms, attempts)
+        .into_completion()
+    }
+
+    /// The turn as a plain completion (its text; the calls dropped).
+    pub fn into_completion(self) -> Completion {
+        Completion {
+            text: self.content.unwrap_or_default(),
+            ..self.completion
+        }
+    }
+}
+
 /// Tool calls given as a JSON list, in the OpenAI form (`{id, type: function, function:
 /// {name, arguments}}`) or flat (`{id, name, arguments}`, or `input` for the arguments as
 /// an object): an application's answer may carry either (docs/applications.md). An

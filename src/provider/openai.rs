@@ -272,35 +272,14 @@ impl Provider for OpenAiProvider {
         if !tools.is_empty() {
             body["tools"] = Value::Array(tools.to_vec());
         }
-        let ((mut turn, mut redacted), latency_ms, attempts) = self
+        let ((mut turn, redacted), latency_ms, attempts) = self
             .send(&body, |text, redacted| {
                 parse_agent_turn(text).map(|t| (t, redacted))
             })
             .await?;
-        // What was parsed, redacted again (a key its parts only make when joined).
-        let mut again = |s: &mut String| {
-            let (t, r) = crate::secrets::redact(s);
-            if r {
-                *s = t.into_owned();
-                redacted = true;
-            }
-        };
-        if let Some(text) = &mut turn.content {
-            again(text);
-        }
-        for call in &mut turn.tool_calls {
-            again(&mut call.arguments);
-            again(&mut call.name);
-            again(&mut call.id);
-        }
-        let c = &mut turn.completion;
-        c.redacted = redacted;
-        if let Some(text) = &mut turn.content {
-            c.truncated = super::cap_response(text);
-        }
-        c.latency_ms = latency_ms;
-        c.attempts = attempts;
-        Ok(turn)
+        // what was parsed, redacted again (a key its parts only make when joined)
+        turn.completion.redacted = redacted;
+        Ok(turn.finished(latency_ms, attempts))
     }
 }
 

@@ -694,16 +694,10 @@ impl Provider for WebsocketProvider {
             drop(conn);
         }
         let (text, attempts) = result?;
-        let redacted = text.contains(crate::secrets::REDACTED);
-        let mut text = text;
-        let truncated = super::cap_response(&mut text);
-        Ok(Completion {
+        Ok(super::AgentTurn::answer(
             text,
-            latency_ms: start.elapsed().as_secs_f64() * 1e3,
+            start.elapsed().as_secs_f64() * 1e3,
             attempts,
-            redacted,
-            truncated,
-            ..Completion::default()
-        })
+        ))
     }
 }

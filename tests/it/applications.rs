@@ -483,6 +483,15 @@ const EXEC_KEY: &str = "chain-key-5d1e88b2a7";
 #[test]
 fn an_exec_target_wraps_a_python_function_and_survives_its_faults() {
     let dir = tempfile::tempdir().unwrap();
+    // more processes than requests in flight: refused before anything starts
+    let cfg = exec_config(dir.path(), "too-many", 8, &[], (2, Some(3)));
+    let r = run(pieval().args(["run"]).arg(&cfg));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("model.exec.processes") && r.stderr.contains("too-many.yaml:"),
+        "{}",
+        r.stderr
+    );
     // a first run to learn which cases are drawn
     let cfg = exec_config(dir.path(), "plain", 8, &[], (2, None));
     let r = run(pieval()
@@ -586,7 +595,10 @@ fn an_exec_target_wraps_a_python_function_and_survives_its_faults() {
                     "{label}: {id} was given another request's answer: {text}"
                 );
             } else {
-                assert_eq!(id, &ids[4], "{label}: {id}: the restarted process answers the rest: {p}");
+                assert_eq!(
+                    id, &ids[4],
+                    "{label}: {id}: the restarted process answers the rest: {p}"
+                );
             }
         }
         let log = std::fs::read_to_string(run_dir.join("exec-stderr.log")).unwrap();

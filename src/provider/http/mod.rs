@@ -139,7 +139,8 @@ impl HttpProvider {
         // The request as recorded: credentials as the names of what holds them. A step
         // with no credential whose request holds no mark is recorded as it was sent.
         let credentialed = step.names().into_iter().any(|n| {
-            matches!(n, Name::Secret(_)) || matches!(n, Name::Var(v) if self.spec.secret_vars.contains(v))
+            matches!(n, Name::Secret(_))
+                || matches!(n, Name::Var(v) if self.spec.secret_vars.contains(v))
         });
         let recorded = if credentialed || sent.has_marks() {
             render(step, &shown).ok().map(Cow::Owned)
@@ -815,17 +816,11 @@ impl Provider for HttpProvider {
             .map(|m| json!({"role": m.role, "content": m.content}))
             .collect();
         let (answer, latency_ms, attempts) = self.turn(case_id, &as_json, &[]).await?;
-        let mut text = answer.text.unwrap_or_default();
-        let redacted = text.contains(crate::secrets::REDACTED);
-        let truncated = super::cap_response(&mut text);
-        Ok(Completion {
-            text,
+        Ok(super::AgentTurn::answer(
+            answer.text.unwrap_or_default(),
             latency_ms,
             attempts,
-            redacted,
-            truncated,
-            ..Completion::default()
-        })
+        ))
     }
 
     async fn chat(
@@ -842,25 +837,12 @@ impl Provider for HttpProvider {
             });
         }
         let (answer, latency_ms, attempts) = self.turn(key, messages, tools).await?;
-        let mut content = answer.text;
-        let mut truncated = false;
-        if let Some(t) = &mut content {
-            truncated = super::cap_response(t);
-        }
-        let redacted = content
-            .as_deref()
-            .is_some_and(|t| t.contains(crate::secrets::REDACTED));
         Ok(super::AgentTurn {
-            content,
+            content: answer.text,
             tool_calls: answer.tool_calls,
-            completion: Completion {
-                latency_ms,
-                attempts,
-                redacted,
-                truncated,
-                ..Completion::default()
-            },
-        })
+            completion: Completion::default(),
+        }
+        .finished(latency_ms, attempts))
     }
 }
 
