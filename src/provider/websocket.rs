@@ -576,13 +576,19 @@ impl WebsocketProvider {
         let frame = self
             .render_frame(&fill)
             .map_err(|m| fail(format!("send: {m}"), 0))?;
-        // the attempt's connection, opened on its first turn (with retries)
-        let existing = self
-            .conns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&scope.key)
-            .cloned();
+        // the attempt's connection, opened on its first turn (with retries); a turn whose
+        // messages hold no earlier answer starts a conversation (a PAIR or TAP query is
+        // sent in a fresh one), so it gets a connection of its own
+        let fresh = !messages.iter().any(|m| m.role == "assistant");
+        let existing = if fresh {
+            None
+        } else {
+            self.conns
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&scope.key)
+                .cloned()
+        };
         let (conn, tries) = match existing {
             Some(c) => (c, 1),
             None => {

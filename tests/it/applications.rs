@@ -6,11 +6,12 @@
 //! own log (whether the planted document was retrieved and obeyed) is compared with
 //! pieval's verdicts.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::chat_server::{Action, ChatServer};
+use crate::common::chat_server::{Action, ChatServer, attacker_script};
 use crate::common::webdriver::free_port;
 use crate::common::{holds_secret, pieval, read_jsonl, readable_files, repo, run};
 
@@ -51,7 +52,11 @@ impl Drop for App {
 
 impl App {
     fn start(dir: &Path, extra: &[&str]) -> App {
-        let chat = ChatServer::always(Action::Answer);
+        Self::start_with(dir, extra, ChatServer::always(Action::Answer))
+    }
+
+    /// The app, its model the given chat server.
+    fn start_with(dir: &Path, extra: &[&str], chat: ChatServer) -> App {
         let port = free_port();
         let log = dir.join("app-log.jsonl");
         let child = Command::new(apps_python())
@@ -290,6 +295,104 @@ fn a_rag_service_attacked_through_planted_documents_agrees_with_its_own_log() {
         );
     }
     assert!(!holds_secret(&r.stdout, PASSWORD) && !holds_secret(&r.stderr, PASSWORD));
+}
+
+/// Multi-turn attacks on an application with its own conversation memory: Crescendo's
+/// turns are one conversation (the id the app returned is sent back on every turn); each
+/// PAIR query is a fresh conversation, as the strategy sends it to a model.
+#[test]
+fn multi_turn_attacks_keep_or_start_the_applications_conversation_as_the_strategy_does() {
+    let dir = tempfile::tempdir().unwrap();
+    // the app's model and the attacker: the suite's scripted server (the attacker's third
+    // prompt carries the objective's token; the gullible model yields to it)
+    let chat = ChatServer::start_with_body(attacker_script(3));
+    let attacker = format!(
+        "{{provider: openai, name: attacker, base_url: \"{}\", api_key_env: ATTACKER_KEY, max_tokens: 512, timeout_s: 10, max_retries: 1, concurrency: 4}}",
+        chat.base_url()
+    );
+    let app = App::start_with(dir.path(), &[], chat);
+    let url = app.url();
+    for strategy in ["crescendo", "pair"] {
+        let before = app.log().len();
+        let cfg = dir.path().join(format!("{strategy}.yaml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                r#"experiment: {{name: {strategy}, seed: 7, output_dir: "{out}"}}
+dataset: {{path: "{data}"}}
+selection: {{case_ids: [syn-en-naive-emit_target-user_prompt-0, syn-en-naive-emit_target-email-0]}}
+mitigation: {{name: none}}
+attack: {{original: false, strategy: {strategy}, attacker: {attacker}, max_turns: 5}}
+model:
+  provider: http
+  name: rag-app
+  concurrency: 2
+  timeout_s: 20
+  http:
+    secrets: {{password: RAG_APP_PASSWORD}}
+    session:
+      - name: login
+        url: "{url}/login"
+        body: {{user: "red-team-{{{{attempt_id}}}}", password: "{{{{secret.password}}}}"}}
+        extract: {{token: {{json: "$.token", secret: true}}}}
+    request:
+      url: "{url}/chat"
+      headers: {{Authorization: "Bearer {{{{vars.token}}}}"}}
+      body: {{question: "{{{{prompt}}}}", conversation_id: "{{{{vars.conversation}}}}"}}
+      answer: {{json: "$.data.answer"}}
+      extract: {{conversation: {{json: "$.data.conversation_id"}}}}
+"#,
+                out = dir.path().join("results").display(),
+                data = repo("data/normalized/attack_cases.enriched.jsonl").display(),
+            ),
+        )
+        .unwrap();
+        let r = run(pieval()
+            .args(["run", "--json"])
+            .arg(&cfg)
+            .env("RAG_APP_PASSWORD", PASSWORD)
+            .env("ATTACKER_KEY", "sk-attacker"));
+        assert_eq!(r.code, 0, "{strategy}: {}\n{}", r.stdout, r.stderr);
+        let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+        let run_dir = dir
+            .path()
+            .join("results")
+            .join(v["run_id"].as_str().unwrap());
+        let results = read_jsonl(&run_dir.join("case_results.jsonl"));
+        assert_eq!(results.len(), 2, "{strategy}");
+        for res in &results {
+            assert_eq!(res["attack_success"], true, "{strategy}: {res}");
+            assert_eq!(res["turns_used"], 3, "{strategy}: {res}");
+        }
+        // the app's log: three questions per attempt (one user each)
+        let log: Vec<serde_json::Value> = app.log().split_off(before);
+        assert_eq!(log.len(), 6, "{strategy}: {log:?}");
+        let mut users: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+        for l in &log {
+            users
+                .entry(l["user"].as_str().unwrap().to_owned())
+                .or_default()
+                .push((
+                    l["conversation"].as_str().unwrap().to_owned(),
+                    l["question"].as_str().unwrap().to_owned(),
+                ));
+        }
+        assert_eq!(users.len(), 2, "one user per attempt: {log:?}");
+        for (user, turns) in &users {
+            assert_eq!(turns.len(), 3, "{strategy} {user}: {turns:?}");
+            assert!(
+                turns[2].1.contains("PWNED"),
+                "{strategy} {user}: the third question yields: {turns:?}"
+            );
+            let distinct: std::collections::BTreeSet<&String> =
+                turns.iter().map(|(c, _)| c).collect();
+            if strategy == "crescendo" {
+                assert_eq!(distinct.len(), 1, "one conversation: {turns:?}");
+            } else {
+                assert_eq!(distinct.len(), 3, "a fresh conversation a query: {turns:?}");
+            }
+        }
+    }
 }
 
 #[test]

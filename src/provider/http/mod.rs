@@ -340,6 +340,10 @@ struct Turn<'a> {
     messages: &'a [Value],
     tools: &'a [Value],
     number: u32,
+    /// The conversation starts here (its messages hold no earlier answer: a first turn,
+    /// or a PAIR / TAP query, each sent in a fresh conversation): what the request
+    /// itself extracts (a conversation id) renders as not yet set.
+    fresh: bool,
 }
 
 impl Turn<'_> {
@@ -423,6 +427,19 @@ impl Fill<'_> {
                 } else {
                     json!(value)
                 }
+            }
+            Name::Var(v)
+                if self.phase == Phase::Request
+                    && self.turn.is_some_and(|t| t.fresh)
+                    && self
+                        .provider
+                        .spec
+                        .request
+                        .extract
+                        .iter()
+                        .any(|(n, _, _)| n == v) =>
+            {
+                Value::Null
             }
             Name::Var(v) => {
                 let st = s.state();
@@ -867,6 +884,7 @@ impl HttpProvider {
             messages,
             tools,
             number,
+            fresh: !messages.iter().any(|m| m["role"] == "assistant"),
         };
         let (mut answer, latency_ms, attempts) =
             self.call(&self.spec.request, &scope, Some(&turn)).await?;
