@@ -1062,6 +1062,60 @@ model:
             .all(|p| p["error"].as_str().is_some_and(|e| e.contains("401"))),
         "{preds:?}"
     );
+    // multi-turn attacks: Crescendo's turns on one connection (one conversation), each
+    // PAIR query on a connection of its own (a fresh conversation)
+    let _ = server.kill();
+    let _ = server.wait();
+    let mut server = start("");
+    let chat = ChatServer::start_with_body(attacker_script(3));
+    for strategy in ["crescendo", "pair"] {
+        let before = read_jsonl(&log).len();
+        let path = dir.path().join(format!("ws-{strategy}.yaml"));
+        std::fs::write(
+            &path,
+            format!(
+                r#"experiment: {{name: ws-{strategy}, seed: 5, output_dir: "{out}"}}
+dataset: {{path: "{data}"}}
+selection: {{case_ids: [syn-en-naive-emit_target-user_prompt-0]}}
+mitigation: {{name: none}}
+attack: {{original: false, strategy: {strategy}, max_turns: 5, attacker: {{provider: openai, name: attacker, base_url: "{attacker}", api_key_env: WS_CHAT_TOKEN, max_tokens: 512, timeout_s: 10}}}}
+model:
+  provider: websocket
+  name: ws-chat
+  timeout_s: 10
+  websocket:
+    secrets: {{token: WS_CHAT_TOKEN}}
+    url: "ws://127.0.0.1:{port}/chat"
+    headers: {{Authorization: "Bearer {{{{secret.token}}}}"}}
+    subprotocol: chat.v1
+    send: {{type: message, text: "{{{{prompt}}}}", case: "{{{{case_id}}}}"}}
+    until: {{json: "$.type", equals: done}}
+    answer: {{json: "$.text"}}
+"#,
+                out = dir.path().join(format!("results-ws-{strategy}")).display(),
+                data = repo("data/normalized/attack_cases.enriched.jsonl").display(),
+                attacker = chat.base_url(),
+            ),
+        )
+        .unwrap();
+        let r = run(pieval()
+            .args(["run", "--json"])
+            .arg(&path)
+            .env("WS_CHAT_TOKEN", token));
+        assert_eq!(r.code, 0, "{strategy}: {}\n{}", r.stdout, r.stderr);
+        let results = read_jsonl(&run_dir_of(&r).join("case_results.jsonl"));
+        assert_eq!(results[0]["turns_used"], 3, "{strategy}: {results:?}");
+        let counts: Vec<u64> = read_jsonl(&log)[before..]
+            .iter()
+            .map(|e| e["messages_on_connection"].as_u64().unwrap())
+            .collect();
+        let expected = if strategy == "crescendo" {
+            vec![1, 2, 3]
+        } else {
+            vec![1, 1, 1]
+        };
+        assert_eq!(counts, expected, "{strategy}");
+    }
     let _ = server.kill();
     let _ = server.wait();
 }
