@@ -541,15 +541,29 @@ impl Provider for ExecProvider {
     }
 
     async fn close_run(&self) -> Option<String> {
-        // the children end when their input closes; those that do not are killed
+        // the children end when their input closes; one that does not end within
+        // seconds (it keeps running, or a helper it started holds its output open) is
+        // killed: its reader is dropped, and the child with it (killed on drop). The
+        // input's lock is waited for a bounded time (an attempt cut short mid-write may
+        // hold it).
         let procs = std::mem::take(&mut *self.pool.lock().unwrap_or_else(|p| p.into_inner()));
         for p in &procs {
-            *p.stdin.lock().await = None;
+            if let Ok(mut stdin) =
+                tokio::time::timeout(Duration::from_secs(2), p.stdin.lock()).await
+            {
+                *stdin = None;
+            }
         }
         for p in procs {
             let reader = p.reader.lock().unwrap_or_else(|p| p.into_inner()).take();
-            if let Some(r) = reader {
-                let _ = r.await;
+            if let Some(reader) = reader {
+                let abort = reader.abort_handle();
+                if tokio::time::timeout(Duration::from_secs(4), reader)
+                    .await
+                    .is_err()
+                {
+                    abort.abort();
+                }
             }
         }
         None

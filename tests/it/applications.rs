@@ -629,6 +629,20 @@ fn an_exec_target_wraps_a_python_function_and_survives_its_faults() {
             path.display()
         );
     }
+    // a program that keeps running after its input ends does not hold the run
+    std::fs::remove_dir_all(dir.path().join("results")).unwrap();
+    let cfg = exec_config(dir.path(), "linger", 4, &["--linger"], (2, None));
+    let started = Instant::now();
+    let r = run(pieval()
+        .args(["run", "--json"])
+        .arg(&cfg)
+        .env("EXEC_TEST_KEY", EXEC_KEY));
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "the run waited for its lingering processes: {:?}",
+        started.elapsed()
+    );
     // the same cases, each fault on one of them: the case is an error, the rest answered
     // (their own answers); with a process per slot, and with one process given four
     // requests at once (pipelined: the requests queued behind a fault go to a new one)
