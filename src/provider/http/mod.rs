@@ -394,6 +394,18 @@ impl Values for Fill<'_> {
 }
 
 impl Fill<'_> {
+    /// A variable the request itself extracts (a conversation id), while rendering it.
+    fn request_sets(&self, v: &str) -> bool {
+        self.phase == Phase::Request
+            && self
+                .provider
+                .spec
+                .request
+                .extract
+                .iter()
+                .any(|(n, _, _)| n == v)
+    }
+
     fn is_secret_var(&self, name: &Name) -> bool {
         matches!(name, Name::Var(v) if self.provider.spec.secret_vars.contains(v))
     }
@@ -428,17 +440,7 @@ impl Fill<'_> {
                     json!(value)
                 }
             }
-            Name::Var(v)
-                if self.phase == Phase::Request
-                    && self.turn.is_some_and(|t| t.fresh)
-                    && self
-                        .provider
-                        .spec
-                        .request
-                        .extract
-                        .iter()
-                        .any(|(n, _, _)| n == v) =>
-            {
+            Name::Var(v) if self.turn.is_some_and(|t| t.fresh) && self.request_sets(v) => {
                 Value::Null
             }
             Name::Var(v) => {
@@ -454,17 +456,7 @@ impl Fill<'_> {
                     }
                     Some(x) => json!(x),
                     // a variable the request itself sets (a conversation id): none yet
-                    None if self.phase == Phase::Request
-                        && self
-                            .provider
-                            .spec
-                            .request
-                            .extract
-                            .iter()
-                            .any(|(n, _, _)| n == v) =>
-                    {
-                        Value::Null
-                    }
+                    None if self.request_sets(v) => Value::Null,
                     None => {
                         return Err(format!(
                             "{} is unknown (the step that extracts it did not run)",
