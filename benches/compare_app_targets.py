@@ -29,7 +29,8 @@ for line in sys.stdin:
     req = json.loads(line)
     q = req.get("prompt") or ""
     m = re.search(r"PWNED-[A-Za-z0-9-]+", q)
-    sys.stdout.write(json.dumps({"text": m.group(0) if m else "Sure. " + q[:200]}) + "\n")
+    # pipelined (2 processes, many requests in flight): each answer names its request
+    sys.stdout.write(json.dumps({"request_id": req["request_id"], "text": m.group(0) if m else "Sure. " + q[:200]}) + "\n")
     sys.stdout.flush()
 '''
 

@@ -3,27 +3,30 @@
 //! lines wrap a Python function, a LangChain chain or a service client
 //! (docs/applications.md).
 //!
-//! Request: `{"case_id", "attempt_id", "seed", "turn", "messages": [{role, content}…],
-//! "prompt", "context", "payload", "task"}`. Answer: `{"text": "…"}` or
-//! `{"error": "…"}` (the case's error). The command is an argument list (no shell); the
-//! child's environment is `PATH`, `HOME`, `LANG`, `TMPDIR` and the variables `env`
-//! names — nothing else is inherited (no key leaks to it unasked).
+//! Request: `{"request_id", "case_id", "attempt_id", "seed", "turn", "messages":
+//! [{role, content}…], "prompt", "context", "payload", "task"}`. Answer: `{"text": "…"}`
+//! or `{"error": "…"}` (the case's error), with the request's `request_id` if it names
+//! it. The command is an argument list (no shell); the child's environment is `PATH`,
+//! `HOME`, `LANG`, `TMPDIR` and the variables `env` names — nothing else is inherited
+//! (no key leaks to it unasked).
 //!
 //! By default there is one process per concurrency slot, one request in flight on each.
 //! With `processes` below `concurrency`, requests are pipelined: each process is given
-//! several at once and answers them in the order they came (what a `for line in stdin`
-//! loop does), so a process never waits for pieval between two requests. A reader task
-//! per process matches each answer line to the oldest request waiting, and keeps the
-//! time: `timeout_s` runs from when the process came to a request (it answered the one
-//! before, or was idle), so requests queued behind a slow one are not timed out for it.
-//! A process that exits, answers with a line that is not an answer, or does not answer
-//! in time is killed; the request it was on is recorded as an error (with the end of its
-//! stderr), and the requests queued behind it go to a new process. Its stderr is kept,
-//! bounded, in the run folder (`exec-stderr.log`).
+//! several at once, so it never waits for pieval between two requests, and each answer
+//! must carry its request's `request_id` (an answer that does not cannot be told from
+//! another's). A task per process owns it: it writes the requests, gives each answer
+//! line to the request it names, and keeps the time — `timeout_s` runs from when the
+//! process came to the oldest request waiting (it answered the one before, or was
+//! idle), so requests queued behind a slow one are not timed out for it. A process that
+//! exits, answers with a line that is not an answer, or does not answer in time is
+//! killed; the request it was on is recorded as an error (with the end of its stderr),
+//! and the requests queued behind it go to a new process (each fault fails one request,
+//! so this ends). Its stderr is kept, bounded, in the run folder (`exec-stderr.log`).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -32,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::{AttemptScope, CallError, Completion, Message, Provider};
 use crate::error::{Error, Result};
@@ -50,8 +53,8 @@ pub struct ExecSection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<PathBuf>,
     /// How many processes to start (default: one per concurrency slot). Fewer than
-    /// `concurrency` pipelines the requests: each process is given several and answers
-    /// them in order.
+    /// `concurrency` pipelines the requests: each process is given several, and each
+    /// answer must carry its request's `request_id`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub processes: Option<usize>,
 }
@@ -104,42 +107,51 @@ enum Outcome {
     Answer(Value),
     /// The process failed on this request: the case's error.
     Failed(String),
-    /// The process failed on another request queued before this one: send it again.
-    Requeue,
+    /// The process failed on another request, or ended, before answering this one: send
+    /// it again. The cause is this request's error should it never be answered; `counts`
+    /// when no request was failed for the fault (only those are bounded: a fault that
+    /// fails one request can happen only as many times as there are requests).
+    Requeue {
+        cause: String,
+        counts: bool,
+    },
+}
+
+/// A request given to a process.
+struct Job {
+    line: Arc<[u8]>,
+    request_id: String,
+    tx: oneshot::Sender<Outcome>,
 }
 
 /// A request written to a process, waiting for its answer line.
 struct Waiting {
     tx: oneshot::Sender<Outcome>,
-    /// The request's `attempt_id` and `turn`: an answer that names them is checked.
-    attempt_id: String,
-    turn: u32,
+    request_id: String,
 }
 
-#[derive(Default)]
-struct ProcState {
-    /// Requests written and not yet answered, oldest first (the answers come in order).
-    waiting: VecDeque<Waiting>,
-    /// Since when the process has been on the oldest request (the timeout runs from
-    /// there).
-    front_since: Option<Instant>,
-    /// Killed or exited: nothing more is given to it.
-    dead: bool,
-}
-
-/// One running child: its input (written by the callers, one whole line each, under
-/// the lock, in the order they are queued) and the state its reader task shares.
+/// One running child. Its task owns the child: it writes the requests given to it (a
+/// writer task of its own, so a full pipe never stops the reading), reads the answers,
+/// keeps the time and ends the child; the callers only send it requests and wait.
 struct Proc {
-    stdin: tokio::sync::Mutex<Option<ChildStdin>>,
-    state: Mutex<ProcState>,
-    /// Woken when a request is queued (the reader starts its clock).
-    queued: Notify,
-    reader: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    jobs: mpsc::UnboundedSender<Job>,
+    /// Requests given to it and not yet resolved (counted when picked, so a burst of
+    /// requests is spread before any of them reaches the process).
+    load: AtomicUsize,
+    /// Ended: nothing more is given to it.
+    dead: Arc<AtomicBool>,
+    /// The end of the run: finish (at once when requests are still on it).
+    close: Arc<Notify>,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
-impl Proc {
-    fn lock(&self) -> std::sync::MutexGuard<'_, ProcState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+/// A request counted on its process until it is resolved, or dropped (an interrupted
+/// run).
+struct Load<'a>(&'a AtomicUsize);
+
+impl Drop for Load<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -153,13 +165,11 @@ pub struct ExecProvider {
     /// The most requests in flight on one process.
     depth: usize,
     pool: Mutex<Vec<Arc<Proc>>>,
+    /// `close_run` has run: no process is started any more.
+    closed: AtomicBool,
     slots: tokio::sync::Semaphore,
     log: Arc<Mutex<Option<(std::fs::File, u64)>>>,
 }
-
-/// How often a request is sent again after other requests' faults killed the process
-/// it was queued on.
-const MAX_REQUEUES: usize = 3;
 
 impl ExecProvider {
     pub fn new(model: &super::config::ModelSection, seed: u64) -> Result<Self> {
@@ -199,29 +209,47 @@ impl ExecProvider {
             processes,
             depth: concurrency.div_ceil(processes),
             pool: Mutex::new(Vec::new()),
+            closed: AtomicBool::new(false),
             slots: tokio::sync::Semaphore::new(concurrency),
             log: Arc::new(Mutex::new(None)),
         })
     }
 
-    /// The process to give a request to: a new one while fewer than `processes` run,
-    /// else the live one with the fewest requests waiting.
+    /// Pipelined: several requests on one process, each answer naming its request.
+    fn pipelined(&self) -> bool {
+        self.depth > 1
+    }
+
+    /// How often a request is sent again after a fault that failed no request (a process
+    /// that answers a request not waiting, or ends while requests are on it). Resends
+    /// after a fault that failed the request the process was on are not counted: there
+    /// can be only as many of those as there are requests.
+    fn max_requeues(&self) -> usize {
+        8 + self.depth
+    }
+
+    /// The process to give a request to (counted on it): a new one while fewer than
+    /// `processes` run, else the live one with the fewest requests.
     fn pick(&self) -> std::result::Result<Arc<Proc>, String> {
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-        pool.retain(|p| !p.lock().dead);
+        if self.closed.load(Ordering::Acquire) {
+            return Err("exec: the run has ended".into());
+        }
+        pool.retain(|p| !p.dead.load(Ordering::Acquire));
         let least = pool
             .iter()
-            .map(|p| (p.lock().waiting.len(), p))
-            .min_by_key(|(n, _)| *n)
-            .map(|(n, p)| (n, Arc::clone(p)));
-        match least {
-            Some((n, p)) if n == 0 || pool.len() >= self.processes => Ok(p),
+            .min_by_key(|p| p.load.load(Ordering::Relaxed))
+            .map(Arc::clone);
+        let p = match least {
+            Some(p) if p.load.load(Ordering::Relaxed) == 0 || pool.len() >= self.processes => p,
             _ => {
                 let p = self.spawn()?;
                 pool.push(Arc::clone(&p));
-                Ok(p)
+                p
             }
-        }
+        };
+        p.load.fetch_add(1, Ordering::Relaxed);
+        Ok(p)
     }
 
     fn spawn(&self) -> std::result::Result<Arc<Proc>, String> {
@@ -232,6 +260,9 @@ impl ExecProvider {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            // a group of its own: a launcher (`uv run`, `npm start`, a script) and what
+            // it starts are ended together
+            .process_group(0)
             .kill_on_drop(true);
         if let Some(d) = &self.section.cwd {
             cmd.current_dir(d);
@@ -244,242 +275,392 @@ impl ExecProvider {
         })?;
         let stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
-        let mut stderr = child.stderr.take().expect("piped");
+        let stderr = child.stderr.take().expect("piped");
         let tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)));
-        let (tail2, log) = (Arc::clone(&tail), Arc::clone(&self.log));
-        tokio::spawn(async move {
-            let mut buf = [0u8; 8192];
-            // redacted a line at a time (a key split across two reads is still found)
-            let mut pending: Vec<u8> = Vec::new();
-            let flush = |bytes: &[u8]| {
-                let mut l = log.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some((f, written)) = l.as_mut()
-                    && *written < STDERR_LOG_MAX
-                {
-                    use std::io::Write;
-                    let text = String::from_utf8_lossy(bytes);
-                    let text = crate::secrets::redact(&text).0.into_owned();
-                    let _ = f.write_all(text.as_bytes());
-                    *written += text.len() as u64;
-                }
-            };
-            loop {
-                let n = match stderr.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => n,
-                };
-                let chunk = &buf[..n];
-                {
-                    let mut t = tail2.lock().unwrap_or_else(|p| p.into_inner());
-                    t.extend(chunk);
-                    while t.len() > STDERR_TAIL {
-                        t.pop_front();
-                    }
-                }
-                pending.extend_from_slice(chunk);
-                if let Some(i) = memchr::memrchr(b'\n', &pending) {
-                    flush(&pending[..=i]);
-                    pending.drain(..=i);
-                } else if pending.len() > 64 << 10 {
-                    flush(&pending);
-                    pending.clear();
-                }
-            }
-            if !pending.is_empty() {
-                flush(&pending);
-            }
-        });
-        let proc = Arc::new(Proc {
-            stdin: tokio::sync::Mutex::new(Some(stdin)),
-            state: Mutex::new(ProcState::default()),
-            queued: Notify::new(),
-            reader: Mutex::new(None),
-        });
-        let handle = tokio::spawn(read_answers(
-            Arc::clone(&proc),
+        tokio::spawn(keep_stderr(
+            stderr,
+            Arc::clone(&tail),
+            Arc::clone(&self.log),
+        ));
+        let (jobs, rx) = mpsc::unbounded_channel();
+        let (dead, close) = (Arc::new(AtomicBool::new(false)), Arc::new(Notify::new()));
+        let group = Group(child.id().map_or(0, |id| id as i32));
+        let serve = Serve {
+            group,
             child,
             stdout,
-            tail,
-            self.timeout,
-        ));
-        *proc.reader.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
-        Ok(proc)
+            stderr: tail,
+            jobs: rx,
+            dead: Arc::clone(&dead),
+            close: Arc::clone(&close),
+            timeout: self.timeout,
+            named: self.pipelined(),
+        };
+        let task = tokio::spawn(serve.run(stdin));
+        Ok(Arc::new(Proc {
+            jobs,
+            load: AtomicUsize::new(0),
+            dead,
+            close,
+            task: Mutex::new(Some(task)),
+        }))
     }
+}
 
-    /// Queues `line` on `proc` and waits for its answer.
-    async fn exchange(&self, proc: &Proc, line: &[u8], attempt_id: &str, turn: u32) -> Outcome {
-        let (tx, rx) = oneshot::channel();
+/// Copies a child's stderr to the run's `exec-stderr.log` (redacted a line at a time, so
+/// a key split across two reads is still found; bounded) and keeps its end for errors.
+async fn keep_stderr(
+    mut stderr: tokio::process::ChildStderr,
+    tail: Arc<Mutex<VecDeque<u8>>>,
+    log: Arc<Mutex<Option<(std::fs::File, u64)>>>,
+) {
+    let mut buf = [0u8; 8192];
+    let mut pending: Vec<u8> = Vec::new();
+    let flush = |bytes: &[u8]| {
+        let mut l = log.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((f, written)) = l.as_mut()
+            && *written < STDERR_LOG_MAX
         {
-            let mut stdin = proc.stdin.lock().await;
-            {
-                let mut st = proc.lock();
-                if st.dead || stdin.is_none() {
-                    return Outcome::Requeue;
-                }
-                if st.waiting.is_empty() {
-                    st.front_since = Some(Instant::now());
-                }
-                st.waiting.push_back(Waiting {
-                    tx,
-                    attempt_id: attempt_id.to_owned(),
-                    turn,
-                });
-            }
-            proc.queued.notify_one();
-            // a write that fails or blocks is the reader's to judge (the process exited,
-            // or stopped reading: its clock runs out)
-            if let Some(w) = stdin.as_mut()
-                && w.write_all(line).await.is_err()
-            {
-                *stdin = None;
+            use std::io::Write;
+            let text = String::from_utf8_lossy(bytes);
+            let text = crate::secrets::redact(&text).0.into_owned();
+            let _ = f.write_all(text.as_bytes());
+            *written += text.len() as u64;
+        }
+    };
+    loop {
+        let n = match stderr.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let chunk = &buf[..n];
+        {
+            let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
+            t.extend(chunk);
+            while t.len() > STDERR_TAIL {
+                t.pop_front();
             }
         }
-        // the reader answers every request it was given; this bound only guards
-        // against a reader that is gone
-        let bound = self.timeout * (self.depth as u32 + 2) + Duration::from_secs(10);
-        match tokio::time::timeout(bound, rx).await {
-            Ok(Ok(outcome)) => outcome,
-            Ok(Err(_)) => Outcome::Requeue,
-            Err(_) => Outcome::Failed(format!("exec: no answer within {} s", bound.as_secs_f64())),
+        pending.extend_from_slice(chunk);
+        if let Some(i) = memchr::memrchr(b'\n', &pending) {
+            flush(&pending[..=i]);
+            pending.drain(..=i);
+        } else if pending.len() > 64 << 10 {
+            flush(&pending);
+            pending.clear();
+        }
+    }
+    if !pending.is_empty() {
+        flush(&pending);
+    }
+}
+
+/// How a process's service ended.
+enum End {
+    /// It exited with nothing waiting.
+    Exited,
+    /// It exited with requests waiting: a crash (the request it was on to blame), or,
+    /// with a clean exit status, a program that ends after some requests by itself.
+    ExitedBusy,
+    /// The run ended (its input closed) and it did not exit within seconds.
+    Lingered,
+    /// A fault: the message, and whether the request the process was on (the oldest
+    /// waiting) caused it — else every request waiting is sent again.
+    Fault(String, bool),
+}
+
+/// A child's process group, killed whole when its task ends (a fault, a child that
+/// lingers, the task dropped): what the child started does not outlive it.
+struct Group(i32);
+
+impl Group {
+    fn kill(&self) {
+        if self.0 > 0 {
+            // SAFETY: a plain system call; the group is the child's own (`process_group(0)`)
+            unsafe { libc::kill(-self.0, libc::SIGKILL) };
         }
     }
 }
 
-/// The reader of one process's answers: each line goes to the oldest request waiting;
-/// the clock of that request runs from when the process came to it. On a fault the
-/// process is killed, the request it was on gets the error (with its exit status and
-/// the end of its stderr) and the requests behind it are sent again elsewhere.
-async fn read_answers(
-    proc: Arc<Proc>,
-    mut child: Child,
-    mut stdout: ChildStdout,
+impl Drop for Group {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The task that owns one child (see [`Proc`]).
+struct Serve {
+    group: Group,
+    child: Child,
+    stdout: ChildStdout,
     stderr: Arc<Mutex<VecDeque<u8>>>,
+    jobs: mpsc::UnboundedReceiver<Job>,
+    dead: Arc<AtomicBool>,
+    close: Arc<Notify>,
     timeout: Duration,
-) {
-    let mut buf: Vec<u8> = Vec::with_capacity(16 << 10);
-    let mut scanned = 0;
-    // a fault: its message, and whether the request the process was on caused it (a
-    // line out of step blames none: the requests waiting are sent again)
-    let fault: Option<(String, bool)> = 'read: loop {
-        // every whole line in the buffer
-        while let Some(i) = memchr::memchr(b'\n', &buf[scanned..]).map(|i| scanned + i) {
-            let line = &buf[..i];
-            let parsed = std::str::from_utf8(line)
-                .map_err(|e| e.to_string())
-                .and_then(|t| serde_json::from_str::<Value>(t.trim()).map_err(|e| e.to_string()));
-            let rest_empty = i + 1 == buf.len();
-            let mut st = proc.lock();
-            let Some(front) = st.waiting.front() else {
-                break 'read Some((
-                    "exec: the process wrote a line no request was waiting for".into(),
-                    false,
-                ));
-            };
-            let answer = match parsed {
-                Ok(v) => v,
-                Err(e) => {
-                    let text = String::from_utf8_lossy(line);
-                    break 'read Some((
-                        format!(
-                            "exec: the answer is not a JSON line ({e}): {}",
-                            crate::text::excerpt(&crate::secrets::redact(text.trim()).0, 200)
-                        ),
-                        true,
-                    ));
+    /// Several requests at once: each answer must carry its request's `request_id`.
+    named: bool,
+}
+
+/// The most request bytes gathered into one write.
+const WRITE_BATCH: usize = 256 << 10;
+
+impl Serve {
+    /// Writes the requests, matches each answer line to its request, times the request
+    /// the process is on from when it came to it, and ends the child: on a fault it is
+    /// killed, the request it was on gets the error (with its exit status and the end of
+    /// its stderr) and the others are sent again elsewhere.
+    async fn run(mut self, stdin: ChildStdin) {
+        let (lines, mut to_write) = mpsc::unbounded_channel::<Arc<[u8]>>();
+        // the writer: requests in the order given, those already queued in one write;
+        // dropped (the child's input closed) when the run ends or the process fails,
+        // even in the middle of a write to a process that no longer reads
+        let writer = tokio::spawn(async move {
+            let mut stdin = stdin;
+            let mut batch: Vec<u8> = Vec::new();
+            while let Some(line) = to_write.recv().await {
+                batch.clear();
+                batch.extend_from_slice(&line);
+                while batch.len() < WRITE_BATCH
+                    && let Ok(more) = to_write.try_recv()
+                {
+                    batch.extend_from_slice(&more);
                 }
+                if stdin.write_all(&batch).await.is_err() {
+                    // the process closed its input (it exited): its reader judges
+                    return;
+                }
+            }
+        });
+        let mut lines = Some(lines);
+        let mut waiting: VecDeque<Waiting> = VecDeque::new();
+        // since when the process has been on the oldest request waiting
+        let mut front_since: Option<tokio::time::Instant> = None;
+        let mut closing: Option<tokio::time::Instant> = None;
+        let mut buf: Vec<u8> = Vec::with_capacity(16 << 10);
+        let mut scanned = 0;
+        let end = 'serve: loop {
+            // every whole line in the buffer, one answer each
+            let mut start = 0;
+            while let Some(i) = memchr::memchr(b'\n', &buf[scanned..]).map(|i| scanned + i) {
+                let more = i + 1 < buf.len();
+                if let Err(fault) =
+                    self.answer(&buf[start..i], more, &mut waiting, &mut front_since)
+                {
+                    break 'serve fault;
+                }
+                start = i + 1;
+                scanned = start;
+            }
+            buf.drain(..start);
+            scanned = buf.len();
+            if buf.len() > super::MAX_BODY_BYTES {
+                break End::Fault(
+                    format!(
+                        "exec: the answer line exceeds {} MiB",
+                        super::MAX_BODY_BYTES >> 20
+                    ),
+                    !waiting.is_empty(),
+                );
+            }
+            let deadline = match closing {
+                Some(at) => Some(at + Duration::from_secs(2)),
+                None => front_since.map(|t| t + self.timeout),
             };
-            // an answer that names its request must name the one waiting
-            let named = answer.get("attempt_id").and_then(Value::as_str);
-            let named_turn = answer.get("turn").and_then(Value::as_u64);
-            if named.is_some_and(|a| a != front.attempt_id)
-                || named_turn.is_some_and(|t| t != u64::from(front.turn))
-            {
-                break 'read Some((
-                    "exec: the process answered another request than the one waiting (out of step)"
-                        .into(),
-                    false,
+            // what the process wrote is judged before a new request is given to it (a
+            // line printed twice, or its exit, is not taken for the next request's)
+            tokio::select! {
+                biased;
+                () = self.close.notified(), if closing.is_none() => {
+                    if !waiting.is_empty() {
+                        // an interrupted run: what is still on it is not wanted
+                        break End::Fault("exec: the run was stopped".into(), false);
+                    }
+                    // its input closes once the writer is done; it has seconds to exit
+                    lines = None;
+                    closing = Some(tokio::time::Instant::now());
+                }
+                n = self.stdout.read_buf(&mut buf) => match n {
+                    Ok(0) | Err(_) if waiting.is_empty() => break End::Exited,
+                    Ok(0) | Err(_) => break End::ExitedBusy,
+                    Ok(_) => {}
+                },
+                job = self.jobs.recv(), if closing.is_none() => {
+                    let Some(job) = job else {
+                        // nothing can send to it any more: the same as the end of the run
+                        if !waiting.is_empty() {
+                            break End::Fault("exec: the run was stopped".into(), false);
+                        }
+                        lines = None;
+                        closing = Some(tokio::time::Instant::now());
+                        continue;
+                    };
+                    if waiting.is_empty() {
+                        front_since = Some(tokio::time::Instant::now());
+                    }
+                    if let Some(l) = &lines {
+                        let _ = l.send(job.line);
+                    }
+                    waiting.push_back(Waiting { tx: job.tx, request_id: job.request_id });
+                }
+                () = async {
+                    match deadline {
+                        Some(d) => tokio::time::sleep_until(d).await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    if closing.is_some() {
+                        break End::Lingered;
+                    }
+                    break End::Fault(
+                        format!("exec: no answer within {} s", self.timeout.as_secs_f64()),
+                        true,
+                    );
+                }
+            }
+        };
+        self.dead.store(true, Ordering::Release);
+        self.jobs.close();
+        writer.abort();
+        let end = match end {
+            End::ExitedBusy => {
+                match tokio::time::timeout(Duration::from_secs(2), self.child.wait()).await {
+                    // it ended by itself (it serves some requests and exits): the next one
+                    // it was given was never its to blame
+                    Ok(Ok(s)) if s.success() => End::Fault(
+                        format!("exec: the process exited ({s}) before it answered"),
+                        false,
+                    ),
+                    _ => End::Fault("exec: the process exited before it answered".into(), true),
+                }
+            }
+            end => end,
+        };
+        if !matches!(end, End::Exited) {
+            let _ = self.child.start_kill();
+            self.group.kill();
+        }
+        // the requests not to blame go elsewhere at once (the process can no longer
+        // run them): those waiting behind the one it failed on, and those given to it
+        // as it ended (a send under way is waited for)
+        let (blamed, cause, counts) = match &end {
+            End::Fault(message, blame) => {
+                let blamed = if *blame { waiting.pop_front() } else { None };
+                (blamed, message.clone(), !*blame)
+            }
+            End::Exited | End::Lingered | End::ExitedBusy => {
+                (None, "exec: the process ended".into(), true)
+            }
+        };
+        let requeue = || Outcome::Requeue {
+            cause: cause.clone(),
+            counts,
+        };
+        for w in waiting.drain(..) {
+            let _ = w.tx.send(requeue());
+        }
+        while let Some(job) = self.jobs.recv().await {
+            let _ = job.tx.send(requeue());
+        }
+        let status = match tokio::time::timeout(Duration::from_secs(2), self.child.wait()).await {
+            Ok(Ok(s)) => format!(" ({s})"),
+            _ => String::new(),
+        };
+        // what it started ends with it (and only once: the number is free again after)
+        self.group.kill();
+        self.group.0 = 0;
+        if let Some(w) = blamed {
+            // what it wrote to stderr last (give its reader a moment to catch up)
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let _ = w.tx.send(Outcome::Failed(format!(
+                "{cause}{status}{}",
+                stderr_end(&self.stderr)
+            )));
+        }
+    }
+
+    /// One answer line: given to the request it names, else (one request at a time) to
+    /// the request waiting. `more`: the process wrote more after it.
+    fn answer(
+        &self,
+        line: &[u8],
+        more: bool,
+        waiting: &mut VecDeque<Waiting>,
+        front_since: &mut Option<tokio::time::Instant>,
+    ) -> std::result::Result<(), End> {
+        if waiting.is_empty() {
+            return Err(End::Fault(
+                "exec: the process wrote a line no request was waiting for".into(),
+                false,
+            ));
+        }
+        let answer = std::str::from_utf8(line)
+            .map_err(|e| e.to_string())
+            .and_then(|t| serde_json::from_str::<Value>(t.trim()).map_err(|e| e.to_string()))
+            .map_err(|e| {
+                let text = String::from_utf8_lossy(line);
+                End::Fault(
+                    format!(
+                        "exec: the answer is not a JSON line ({e}): {}",
+                        crate::text::excerpt(&crate::secrets::redact(text.trim()).0, 200)
+                    ),
+                    true,
+                )
+            })?;
+        let at = match answer.get("request_id") {
+            Some(Value::String(id)) => waiting
+                .iter()
+                .position(|w| w.request_id == *id)
+                .ok_or_else(|| {
+                    End::Fault(
+                        format!(
+                            "exec: the process answered request {}, which is not waiting (answered already, or never sent)",
+                            crate::text::excerpt(&crate::text::escape_control(id), 80)
+                        ),
+                        false,
+                    )
+                })?,
+            Some(_) => {
+                return Err(End::Fault(
+                    "exec: the answer's \"request_id\" is not a string".into(),
+                    true,
+                ));
+            }
+            None if self.named => {
+                return Err(End::Fault(
+                    "exec: the answer does not carry its request's \"request_id\": with processes below concurrency, requests are pipelined and each answer must name its request (docs/applications.md)".into(),
+                    true,
                 ));
             }
             // more written while no other request waits: the process is out of step (it
             // would give the next case this one's answer)
-            if st.waiting.len() == 1 && !rest_empty {
-                break 'read Some((
+            None if more && waiting.len() == 1 => {
+                return Err(End::Fault(
                     "exec: the process wrote more than one line for one request".into(),
                     true,
                 ));
             }
-            let w = st.waiting.pop_front().expect("checked");
-            st.front_since = (!st.waiting.is_empty()).then(Instant::now);
-            drop(st);
-            let _ = w.tx.send(Outcome::Answer(answer));
-            buf.drain(..=i);
-            scanned = 0;
+            None => 0,
+        };
+        let w = waiting.remove(at).expect("a position in the queue");
+        if at == 0 {
+            *front_since = (!waiting.is_empty()).then(tokio::time::Instant::now);
         }
-        scanned = buf.len();
-        if buf.len() > super::MAX_BODY_BYTES {
-            break Some((
-                format!(
-                    "exec: the answer line exceeds {} MiB",
-                    super::MAX_BODY_BYTES >> 20
-                ),
-                true,
-            ));
-        }
-        let since = proc.lock().front_since;
-        let deadline = since.map(|t| tokio::time::Instant::from_std(t + timeout));
-        tokio::select! {
-            n = stdout.read_buf(&mut buf) => match n {
-                Ok(0) | Err(_) => {
-                    if proc.lock().waiting.is_empty() {
-                        break None;
-                    }
-                    break Some(("exec: the process exited before it answered".into(), true));
-                }
-                Ok(_) => {}
-            },
-            () = async {
-                match deadline {
-                    Some(d) => tokio::time::sleep_until(d).await,
-                    None => std::future::pending().await,
-                }
-            } => {
-                break Some((format!("exec: no answer within {} s", timeout.as_secs_f64()), true));
-            }
-            () = proc.queued.notified() => {}
-        }
-    };
-    proc.lock().dead = true;
-    // killed before its input is closed: a caller blocked writing to a process that
-    // stopped reading holds the input's lock until the write fails
-    if fault.is_some() {
-        let _ = child.start_kill();
+        let _ = w.tx.send(Outcome::Answer(answer));
+        Ok(())
     }
-    *proc.stdin.lock().await = None;
-    let status = match tokio::time::timeout(Duration::from_secs(2), child.wait()).await {
-        Ok(Ok(s)) => format!(" ({s})"),
-        _ => {
-            // the input closed at the end of the run and it did not end by itself
-            let _ = child.kill().await;
-            String::new()
-        }
-    };
-    let Some((message, blame)) = fault else {
-        // a request queued as the process ended goes elsewhere
-        for w in std::mem::take(&mut proc.lock().waiting) {
-            let _ = w.tx.send(Outcome::Requeue);
-        }
-        return;
-    };
-    // what it wrote to stderr last (give its reader a moment to catch up)
-    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+/// The end of a process's stderr for an error: whole lines only (a cut line could hold
+/// part of a key the redactor no longer recognises), the last ones up to 500 characters,
+/// redacted and escaped.
+fn stderr_end(stderr: &Mutex<VecDeque<u8>>) -> String {
     let tail: Vec<u8> = stderr
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .iter()
         .copied()
         .collect();
-    // whole lines only (a cut line could hold part of a key the redactor no longer
-    // recognises), the last ones up to 500 characters
     let full = tail.len() >= STDERR_TAIL;
     let tail = String::from_utf8_lossy(&tail);
     let mut lines: Vec<&str> = tail.lines().collect();
@@ -498,21 +679,13 @@ async fn read_answers(
     }
     kept.reverse();
     let t = kept.join("\n");
-    let tail = if t.trim().is_empty() {
+    if t.trim().is_empty() {
         String::new()
     } else {
         format!(
             "; its stderr ends: {}",
             crate::text::escape_control(t.trim())
         )
-    };
-    let waiting = std::mem::take(&mut proc.lock().waiting);
-    for (i, w) in waiting.into_iter().enumerate() {
-        let _ = w.tx.send(if i == 0 && blame {
-            Outcome::Failed(format!("{message}{status}{tail}"))
-        } else {
-            Outcome::Requeue
-        });
     }
 }
 
@@ -541,31 +714,32 @@ impl Provider for ExecProvider {
     }
 
     async fn close_run(&self) -> Option<String> {
-        // the children end when their input closes; one that does not end within
-        // seconds (it keeps running, or a helper it started holds its output open) is
-        // killed: its reader is dropped, and the child with it (killed on drop). The
-        // input's lock is waited for a bounded time (an attempt cut short mid-write may
-        // hold it).
-        let procs = std::mem::take(&mut *self.pool.lock().unwrap_or_else(|p| p.into_inner()));
+        // each process's input is closed and it has seconds to exit, else it is killed
+        // (it keeps running, or a helper it started holds its output open); one with
+        // requests still on it (an interrupted run) is killed at once
+        let procs = {
+            let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+            self.closed.store(true, Ordering::Release);
+            std::mem::take(&mut *pool)
+        };
         for p in &procs {
-            if let Ok(mut stdin) =
-                tokio::time::timeout(Duration::from_secs(2), p.stdin.lock()).await
-            {
-                *stdin = None;
-            }
+            p.close.notify_one();
         }
-        for p in procs {
-            let reader = p.reader.lock().unwrap_or_else(|p| p.into_inner()).take();
-            if let Some(reader) = reader {
-                let abort = reader.abort_handle();
-                if tokio::time::timeout(Duration::from_secs(4), reader)
+        let tasks = procs.iter().filter_map(|p| {
+            let task = p.task.lock().unwrap_or_else(|p| p.into_inner()).take()?;
+            let abort = task.abort_handle();
+            // its task ends the child within seconds; if it does not, the task is
+            // aborted and the child's group killed with it
+            Some(async move {
+                if tokio::time::timeout(Duration::from_secs(6), task)
                     .await
                     .is_err()
                 {
                     abort.abort();
                 }
-            }
-        }
+            })
+        });
+        futures::future::join_all(tasks).await;
         None
     }
 
@@ -654,7 +828,10 @@ impl ExecProvider {
             latency_ms: start.elapsed().as_secs_f64() * 1e3,
             attempts: 1,
         };
+        // unique among the requests in flight: an attempt's turns come one after another
+        let request_id = format!("{}#{turn}", scope.key);
         let request = json!({
+            "request_id": request_id,
             "case_id": scope.case_id,
             "attempt_id": scope.key,
             "seed": self.seed,
@@ -668,14 +845,34 @@ impl ExecProvider {
         });
         let mut line = serde_json::to_vec(&request).expect("a JSON value");
         line.push(b'\n');
+        let line: Arc<[u8]> = line.into();
         let _slot = self
             .slots
             .acquire()
             .await
             .map_err(|_| fail("exec: closed".into()))?;
-        for _ in 0..=MAX_REQUEUES {
+        let mut last = String::new();
+        let mut counted = 0;
+        while counted <= self.max_requeues() {
             let proc = self.pick().map_err(fail)?;
-            match self.exchange(&proc, &line, &scope.key, turn).await {
+            let _load = Load(&proc.load);
+            let (tx, rx) = oneshot::channel();
+            let job = Job {
+                line: Arc::clone(&line),
+                request_id: request_id.clone(),
+                tx,
+            };
+            let outcome = match proc.jobs.send(job) {
+                Ok(()) => rx.await.unwrap_or_else(|_| Outcome::Requeue {
+                    cause: "exec: the process's task ended".into(),
+                    counts: true,
+                }),
+                Err(_) => Outcome::Requeue {
+                    cause: "exec: the process had ended".into(),
+                    counts: true,
+                },
+            };
+            match outcome {
                 Outcome::Answer(answer) => {
                     if let Some(e) = answer.get("error").filter(|e| !e.is_null()) {
                         let e = e.as_str().map_or_else(|| e.to_string(), str::to_owned);
@@ -684,12 +881,15 @@ impl ExecProvider {
                     return Ok((answer, start.elapsed().as_secs_f64() * 1e3));
                 }
                 Outcome::Failed(message) => return Err(fail(message)),
-                Outcome::Requeue => {}
+                Outcome::Requeue { cause, counts } => {
+                    counted += usize::from(counts);
+                    last = cause;
+                }
             }
         }
         Err(fail(format!(
-            "exec: the processes this request was queued on failed {} times on other requests",
-            MAX_REQUEUES + 1
+            "exec: sent again {} times, each time the process ended before answering it without another request to blame; the last: {last}",
+            self.max_requeues() + 1
         )))
     }
 }

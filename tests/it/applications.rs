@@ -443,7 +443,7 @@ fn a_killed_run_leaves_a_journal_that_cleanup_and_resume_complete() {
         dir.path(),
         &app,
         "killed",
-        10,
+        20,
         2,
         "$.data.answer",
         "by-title/{{case_id}}",
@@ -495,8 +495,8 @@ fn a_killed_run_leaves_a_journal_that_cleanup_and_resume_complete() {
         .collect();
     ids.sort();
     ids.dedup();
-    assert_eq!(ids.len(), 10);
-    assert_eq!(preds.len(), 10, "no case paid twice");
+    assert_eq!(ids.len(), 20);
+    assert_eq!(preds.len(), 20, "no case paid twice");
     let open = crate::common::read_jsonl(&run_dir.join("plants.jsonl"));
     let planting = open.iter().filter(|l| l["event"] == "planting").count();
     let removed = open.iter().filter(|l| l["event"] == "removed").count();
@@ -563,6 +563,16 @@ fn exec_config(
             .display()
             .to_string(),
     ];
+    // `LAUNCHER` first: started by a shell that stays its parent (as `uv run` or a
+    // script without `exec` does)
+    let (launcher, args) = match args.split_first() {
+        Some((&LAUNCHER, rest)) => (true, rest),
+        _ => (false, args),
+    };
+    if launcher {
+        let sh = ["sh", "-c", "\"$0\" \"$@\"; exit $?"];
+        command.splice(0..0, sh.iter().map(|s| s.to_string()));
+    }
     command.extend(args.iter().map(|s| s.to_string()));
     std::fs::write(
         &path,
@@ -582,6 +592,16 @@ fn exec_config(
 }
 
 const EXEC_KEY: &str = "chain-key-5d1e88b2a7";
+/// An `exec_config` argument: the target started behind a shell that stays its parent.
+const LAUNCHER: &str = "--behind-a-launcher";
+
+/// Whether a process still runs (a zombie waiting for its parent does not).
+fn running(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+    })
+}
 
 #[test]
 fn an_exec_target_wraps_a_python_function_and_survives_its_faults() {
@@ -629,9 +649,13 @@ fn an_exec_target_wraps_a_python_function_and_survives_its_faults() {
             path.display()
         );
     }
-    // a program that keeps running after its input ends does not hold the run
+    // one process per slot, no more
+    let started = exec_pids(&run_dir);
+    assert!((1..=2).contains(&started.len()), "two slots, {started:?}");
+    // a program that keeps running after its input ends does not hold the run, nor
+    // outlives it behind its launcher
     std::fs::remove_dir_all(dir.path().join("results")).unwrap();
-    let cfg = exec_config(dir.path(), "linger", 4, &["--linger"], (2, None));
+    let cfg = exec_config(dir.path(), "linger", 4, &[LAUNCHER, "--linger"], (2, None));
     let started = Instant::now();
     let r = run(pieval()
         .args(["run", "--json"])
@@ -643,29 +667,49 @@ fn an_exec_target_wraps_a_python_function_and_survives_its_faults() {
         "the run waited for its lingering processes: {:?}",
         started.elapsed()
     );
+    let lingering = exec_pids(&run_folder(&dir.path().join("results")));
+    assert!(!lingering.is_empty());
+    for pid in &lingering {
+        assert!(!running(pid), "{pid} outlived the run behind its launcher");
+    }
     // the same cases, each fault on one of them: the case is an error, the rest answered
     // (their own answers); with a process per slot, and with one process given four
     // requests at once (pipelined: the requests queued behind a fault go to a new one)
-    for (layout, label) in [((2, None), "per-slot"), ((4, Some(1)), "pipelined")] {
+    // (pipelined: the requests queued behind a fault go to a new one; the answers name
+    // their requests, as pipelining requires). One process per slot, the answers need
+    // not name their requests; then a line printed twice is caught when both come in
+    // one write, and in two writes only when the answers carry request_id.
+    for (layout, label) in [
+        ((2, None), "per-slot"),
+        ((2, None), "per-slot-named"),
+        ((4, Some(1)), "pipelined"),
+    ] {
         std::fs::remove_dir_all(dir.path().join("results")).unwrap();
-        let cfg = exec_config(
-            dir.path(),
-            &format!("faults-{label}"),
-            8,
-            &[
-                "--die-on",
-                &ids[0],
-                "--hang-on",
-                &ids[1],
-                "--garbage-on",
-                &ids[2],
-                "--error-on",
-                &ids[3],
-                "--two-lines-on",
-                &ids[4],
-            ],
-            layout,
-        );
+        let named = label != "per-slot";
+        let mut args = vec![
+            "--die-on",
+            &ids[0],
+            "--hang-on",
+            &ids[1],
+            "--garbage-on",
+            &ids[2],
+            "--error-on",
+            &ids[3],
+            if named {
+                "--two-lines-on"
+            } else {
+                "--two-lines-together-on"
+            },
+            &ids[4],
+        ];
+        if named {
+            args.push("--name");
+        }
+        if label == "pipelined" {
+            // behind a launcher: the hung program is killed with it
+            args.insert(0, LAUNCHER);
+        }
+        let cfg = exec_config(dir.path(), &format!("faults-{label}"), 8, &args, layout);
         let r = run(pieval()
             .args(["run", "--json"])
             .arg(&cfg)
@@ -720,7 +764,73 @@ fn an_exec_target_wraps_a_python_function_and_survives_its_faults() {
         }
         let log = std::fs::read_to_string(run_dir.join("exec-stderr.log")).unwrap();
         assert!(log.contains("the chain crashed"), "{label}: {log}");
+        for pid in exec_pids(&run_dir) {
+            assert!(!running(&pid), "{label}: {pid} outlived the run");
+        }
     }
+    // pipelined, the answers not naming their requests: none is believed
+    std::fs::remove_dir_all(dir.path().join("results")).unwrap();
+    let cfg = exec_config(dir.path(), "unnamed", 4, &[], (4, Some(1)));
+    let r = run(pieval()
+        .args(["run", "--json"])
+        .arg(&cfg)
+        .env("EXEC_TEST_KEY", EXEC_KEY));
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let preds = read_jsonl(&run_folder(&dir.path().join("results")).join("predictions.jsonl"));
+    assert_eq!(preds.len(), 4);
+    for p in &preds {
+        assert!(
+            p["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("request_id")),
+            "an unnamed pipelined answer is not believed: {p}"
+        );
+    }
+    // pipelined on one process, each request taking 2 s of the 5 s timeout: the fourth
+    // waits 6 s from when it was given, but the clock runs from when the process came to
+    // it, so all are answered, by that one process
+    std::fs::remove_dir_all(dir.path().join("results")).unwrap();
+    let cfg = exec_config(
+        dir.path(),
+        "slow",
+        4,
+        &["--slow-on", "all", "--slow-s", "2", "--name"],
+        (4, Some(1)),
+    );
+    let r = run(pieval()
+        .args(["run", "--json"])
+        .arg(&cfg)
+        .env("EXEC_TEST_KEY", EXEC_KEY));
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let run_dir = run_folder(&dir.path().join("results"));
+    let preds = read_jsonl(&run_dir.join("predictions.jsonl"));
+    assert_eq!(preds.len(), 4);
+    for p in &preds {
+        let id = p["case_id"].as_str().unwrap();
+        assert!(
+            p["error"].is_null(),
+            "timed from when the process came to it: {p}"
+        );
+        assert!(
+            p["response_text"]
+                .as_str()
+                .unwrap()
+                .ends_with(&format!("CASE={id}")),
+            "{p}"
+        );
+    }
+    assert_eq!(exec_pids(&run_dir).len(), 1, "processes: 1");
+}
+
+/// The processes that handled a run's requests (the pids the test target writes to
+/// stderr, kept in the run's `exec-stderr.log`).
+fn exec_pids(run_dir: &Path) -> std::collections::BTreeSet<String> {
+    std::fs::read_to_string(run_dir.join("exec-stderr.log"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.strip_prefix("handling ")?.split(" pid=").nth(1))
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The scripted Messages server of `tests/fixtures/apps/messages_server.py`.
