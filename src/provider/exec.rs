@@ -411,16 +411,13 @@ impl Serve {
     /// killed, the request it was on gets the error (with its exit status and the end of
     /// its stderr) and the others are sent again elsewhere.
     async fn run(mut self, stdin: ChildStdin) {
-        let (lines, mut to_write) = mpsc::unbounded_channel::<Arc<[u8]>>();
+        let (lines, mut to_write) = mpsc::unbounded_channel::<Vec<u8>>();
         // the writer: requests in the order given, those already queued in one write;
         // dropped (the child's input closed) when the run ends or the process fails,
         // even in the middle of a write to a process that no longer reads
         let writer = tokio::spawn(async move {
             let mut stdin = stdin;
-            let mut batch: Vec<u8> = Vec::new();
-            while let Some(line) = to_write.recv().await {
-                batch.clear();
-                batch.extend_from_slice(&line);
+            while let Some(mut batch) = to_write.recv().await {
                 while batch.len() < WRITE_BATCH
                     && let Ok(more) = to_write.try_recv()
                 {
@@ -437,6 +434,9 @@ impl Serve {
         // since when the process has been on the oldest request waiting
         let mut front_since: Option<tokio::time::Instant> = None;
         let mut closing: Option<tokio::time::Instant> = None;
+        let timer = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(timer);
+        let mut armed: Option<tokio::time::Instant> = None;
         let mut buf: Vec<u8> = Vec::with_capacity(16 << 10);
         let mut scanned = 0;
         let end = 'serve: loop {
@@ -463,10 +463,19 @@ impl Serve {
                     !waiting.is_empty(),
                 );
             }
-            let deadline = match closing {
+            // one timer, re-armed lazily: the deadline only moves later while requests
+            // wait (each answer restarts the clock), so it is set when it is first due
+            // and, on firing early, set again to the deadline of the moment
+            let due = match closing {
                 Some(at) => Some(at + Duration::from_secs(2)),
                 None => front_since.map(|t| t + self.timeout),
             };
+            if let Some(d) = due
+                && armed.is_none_or(|a| d < a)
+            {
+                timer.as_mut().reset(d);
+                armed = Some(d);
+            }
             // what the process wrote is judged before a new request is given to it (a
             // line printed twice, or its exit, is not taken for the next request's)
             tokio::select! {
@@ -495,27 +504,38 @@ impl Serve {
                         closing = Some(tokio::time::Instant::now());
                         continue;
                     };
-                    if waiting.is_empty() {
-                        front_since = Some(tokio::time::Instant::now());
+                    // those queued behind it too, in one write
+                    let mut batch = Vec::with_capacity(job.line.len());
+                    let mut next = Some(job);
+                    while let Some(job) = next {
+                        if waiting.is_empty() {
+                            front_since = Some(tokio::time::Instant::now());
+                        }
+                        batch.extend_from_slice(&job.line);
+                        waiting.push_back(Waiting { tx: job.tx, request_id: job.request_id });
+                        next = if batch.len() < WRITE_BATCH {
+                            self.jobs.try_recv().ok()
+                        } else {
+                            None
+                        };
                     }
                     if let Some(l) = &lines {
-                        let _ = l.send(job.line);
+                        let _ = l.send(batch);
                     }
-                    waiting.push_back(Waiting { tx: job.tx, request_id: job.request_id });
                 }
-                () = async {
-                    match deadline {
-                        Some(d) => tokio::time::sleep_until(d).await,
-                        None => std::future::pending().await,
-                    }
-                } => {
-                    if closing.is_some() {
+                () = &mut timer, if armed.is_some() => {
+                    armed = None;
+                    let now = tokio::time::Instant::now();
+                    if closing.is_some_and(|at| now >= at + Duration::from_secs(2)) {
                         break End::Lingered;
                     }
-                    break End::Fault(
-                        format!("exec: no answer within {} s", self.timeout.as_secs_f64()),
-                        true,
-                    );
+                    if closing.is_none() && front_since.is_some_and(|t| now >= t + self.timeout) {
+                        break End::Fault(
+                            format!("exec: no answer within {} s", self.timeout.as_secs_f64()),
+                            true,
+                        );
+                    }
+                    // fired early: armed again at the top of the loop
                 }
             }
         };
