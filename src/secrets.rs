@@ -395,6 +395,24 @@ pub fn registered() -> Vec<String> {
     REGISTRY.read().map(|r| r.keys.clone()).unwrap_or_default()
 }
 
+/// A random hex string of `bytes` bytes (a token for a local server).
+pub fn random_hex(bytes: usize) -> crate::error::Result<String> {
+    let mut b = vec![0u8; bytes];
+    getrandom::fill(&mut b)
+        .map_err(|e| crate::error::Error::Internal(format!("no randomness: {e}")))?;
+    Ok(hex::encode(b))
+}
+
+/// Equal tokens, compared in time independent of where they differ.
+pub fn same_token(given: Option<&str>, want: &str) -> bool {
+    let Some(g) = given else { return false };
+    g.len() == want.len()
+        && g.bytes()
+            .zip(want.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

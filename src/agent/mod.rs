@@ -5,9 +5,11 @@
 //! - [`world`]: the environment made live; one tool call executed as its data says;
 //! - [`schema`]: a call's arguments checked against the tool's JSON Schema;
 //! - [`run`]: the loop (model → tool calls → results → model …), mitigations for tool
-//!   results, and the trace it records.
+//!   results, and the trace it records;
+//! - [`serve`]: the same world served to an agent pieval does not drive (MCP, HTTP).
 
 pub mod replay;
 pub mod run;
 pub mod schema;
+pub mod serve;
 pub mod world;

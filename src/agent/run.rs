@@ -86,7 +86,31 @@ fn holds(output: &str, payload: &str) -> bool {
 
 /// What a mitigation does to one tool output: Ok or the detector's block, the output as
 /// sent, the note for the system message, a reminder to send after the results.
-type Guarded = (Result<(), String>, String, Option<String>, Option<String>);
+pub(super) type Guarded = (Result<(), String>, String, Option<String>, Option<String>);
+
+/// The mitigation applied to one tool output of `case`'s attempt (`task`: the user's).
+pub(super) fn guarded(
+    case: &AttackCase,
+    mitigation: &Mitigation,
+    seed: u64,
+    task: &str,
+    text: &str,
+) -> Guarded {
+    let mut r = Request {
+        case,
+        seed,
+        indirect: true,
+        label: "Tool output",
+        task,
+        raw_untrusted: text,
+        untrusted: text.to_owned(),
+        note: None,
+        reminder: None,
+        probe: None,
+    };
+    let verdict = mitigation.defence().apply(&mut r);
+    (verdict, r.untrusted, r.note, r.reminder)
+}
 
 /// A tool's result as the model receives it, after the mitigation: fills `rec`'s output,
 /// error, executed and injected flags. `Ok(reminder)`; `Err(blocked_by)` when the
@@ -117,7 +141,7 @@ fn receive(
 }
 
 /// Whether some string of `v` holds `needle`.
-fn carries(v: &Value, needle: &str) -> bool {
+pub(super) fn carries(v: &Value, needle: &str) -> bool {
     match v {
         Value::String(s) => s.contains(needle),
         Value::Array(a) => a.iter().any(|x| carries(x, needle)),
@@ -203,22 +227,7 @@ pub async fn run(
     // from its first call on; it is delivered once a call succeeds.
     let mut seen = payload.is_some_and(|p| tools.iter().any(|t| carries(t, p)));
     // The mitigation's note, from its effect on an empty tool output.
-    let guard = |text: &str| -> Guarded {
-        let mut r = Request {
-            case,
-            seed,
-            indirect: true,
-            label: "Tool output",
-            task: &task,
-            raw_untrusted: text,
-            untrusted: text.to_owned(),
-            note: None,
-            reminder: None,
-            probe: None,
-        };
-        let verdict = mitigation.defence().apply(&mut r);
-        (verdict, r.untrusted, r.note, r.reminder)
-    };
+    let guard = |text: &str| guarded(case, mitigation, seed, &task, text);
     let (_, _, note, _) = guard("");
     if let Some(n) = note {
         out.system = Some(match out.system.take() {
@@ -428,31 +437,32 @@ fn assistant_message(content: Option<&str>, calls: &[ToolCall]) -> Value {
 }
 
 /// What a batch of calls came to.
-struct Done {
+pub(super) struct Done {
     /// A payload was in an output the model will read.
-    seen: bool,
-    reminder: Option<String>,
+    pub seen: bool,
+    pub reminder: Option<String>,
     /// The prompt-injection detector ended the attempt.
-    blocked: Option<String>,
+    pub blocked: Option<String>,
 }
 
-/// Executes batches of calls (the prefill's, each answer's) against the world.
-struct Batch<'w, 'e, 'g> {
-    world: &'w mut World<'e>,
-    offered: &'w [String],
-    payload: Option<&'w str>,
-    guard: &'g dyn Fn(&str) -> Guarded,
-    stop_on_block: bool,
+/// Executes batches of calls (the prefill's, each answer's, or one an agent sent to its
+/// served world) against the world.
+pub(super) struct Batch<'w, 'e, 'g> {
+    pub world: &'w mut World<'e>,
+    pub offered: &'w [String],
+    pub payload: Option<&'w str>,
+    pub guard: &'g dyn Fn(&str) -> Guarded,
+    pub stop_on_block: bool,
     /// The model's actions so far (calls of offered tools), as `{name, arguments}`.
-    actions: Vec<Value>,
+    pub actions: Vec<Value>,
     /// Bytes of text the attempt holds.
-    text_bytes: usize,
+    pub text_bytes: usize,
 }
 
 impl Batch<'_, '_, '_> {
     /// Execute `calls` (the model's when `model`), recording each in `turn` and its
     /// result as a `tool` message.
-    fn run(
+    pub(super) fn run(
         &mut self,
         calls: &[ToolCall],
         model: bool,

@@ -106,7 +106,9 @@ fn cap(mut s: String) -> String {
 }
 
 pub struct World<'e> {
-    env: &'e Environment,
+    /// Borrowed from the case (pieval's own loop) or owned (a world served to an agent
+    /// for as long as its attempt runs).
+    env: std::borrow::Cow<'e, Environment>,
     /// Each vector's text: the payload or the default.
     vectors: BTreeMap<String, String>,
     /// The tools' schemas, vectors filled (a vector in a description is tool poisoning).
@@ -122,6 +124,18 @@ impl<'e> World<'e> {
     /// The environment made live; `payload` fills the injected vectors (`None`: every
     /// vector keeps its default, the attack-free run of the same task).
     pub fn new(env: &'e Environment, payload: Option<&str>) -> Result<World<'e>, String> {
+        Self::of(std::borrow::Cow::Borrowed(env), payload)
+    }
+
+    /// The same, owning its environment (a world that outlives the call that made it).
+    pub fn owned(env: Environment, payload: Option<&str>) -> Result<World<'static>, String> {
+        World::of(std::borrow::Cow::Owned(env), payload)
+    }
+
+    fn of(
+        env: std::borrow::Cow<'e, Environment>,
+        payload: Option<&str>,
+    ) -> Result<World<'e>, String> {
         let vectors: BTreeMap<String, String> = env
             .vectors
             .iter()

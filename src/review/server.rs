@@ -31,6 +31,7 @@ use serde::Deserialize;
 
 use super::{Item, Review};
 use crate::error::{Error, Result};
+use crate::secrets::{random_hex, same_token};
 
 const TEMPLATE: &str = include_str!("../../templates/review.html");
 
@@ -48,13 +49,6 @@ struct AppState {
     token: String,
     nonce: String,
     host: String,
-}
-
-/// A random hex string of `bytes` bytes.
-fn random_hex(bytes: usize) -> Result<String> {
-    let mut b = vec![0u8; bytes];
-    getrandom::fill(&mut b).map_err(|e| Error::Internal(format!("no randomness: {e}")))?;
-    Ok(hex::encode(b))
 }
 
 /// A bound review server: its address and URL (with the token), ready to [`Served::run`].
@@ -121,16 +115,6 @@ struct Decision {
     verdict: Option<String>,
     note: Option<String>,
     reviewer: Option<String>,
-}
-
-/// Equal tokens, compared in time independent of where they differ.
-fn same_token(given: Option<&str>, want: &str) -> bool {
-    let Some(g) = given else { return false };
-    g.len() == want.len()
-        && g.bytes()
-            .zip(want.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
 }
 
 fn page(state: &AppState, status: StatusCode, body: String) -> Response {
