@@ -240,13 +240,14 @@ pub async fn run(
         messages.push(json!({"role": "system", "content": s}));
     }
     messages.push(json!({"role": "user", "content": task}));
+    let mut actions: Vec<Value> = Vec::new();
     let mut batch = Batch {
         world: &mut world,
         offered: &offered,
         payload,
         guard: &guard,
         stop_on_block,
-        actions: Vec::new(),
+        actions: &mut actions,
         text_bytes: 0,
     };
     let mut said = task.clone();
@@ -391,7 +392,7 @@ pub async fn run(
     if out.stop == Stop::Error && out.injection_delivered == Some(false) {
         out.injection_delivered = None;
     }
-    let actions = std::mem::take(&mut batch.actions);
+    drop(batch);
     out.prompt_tokens = prompt_tokens;
     out.completion_tokens = completion_tokens;
     out.actions = bounded(
@@ -454,7 +455,7 @@ pub(super) struct Batch<'w, 'e, 'g> {
     pub guard: &'g dyn Fn(&str) -> Guarded,
     pub stop_on_block: bool,
     /// The model's actions so far (calls of offered tools), as `{name, arguments}`.
-    pub actions: Vec<Value>,
+    pub actions: &'w mut Vec<Value>,
     /// Bytes of text the attempt holds.
     pub text_bytes: usize,
 }

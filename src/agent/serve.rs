@@ -7,8 +7,8 @@
 //! - **Isolation.** Each attempt's world has a URL of its own, `/w/<id>/mcp` and
 //!   `/w/<id>/tools`, where `<id>` is 128 random bits: concurrent attempts never share
 //!   state, and an attempt's world is gone when it ends.
-//! - **Safety.** The server binds 127.0.0.1 (by default); every request must carry the
-//!   run's token (`Authorization: Bearer …`, 256 random bits, new each run); a `Host`
+//! - **Safety.** The server binds 127.0.0.1 (by default); every request must carry its
+//!   world's token (`Authorization: Bearer …`, 256 random bits, new each world); a `Host`
 //!   other than the loopback address, or an `Origin` of another site, is refused (the MCP
 //!   transport's DNS-rebinding guidance); a request body is at most 1 MiB, a call's
 //!   arguments at most 16 KiB, its output at most 64 KiB, and an attempt's calls at most
@@ -53,7 +53,8 @@ pub struct Address {
     /// The plain HTTP tools: `GET` lists them, `POST <http_url>/<name>` calls one with
     /// its arguments as the JSON body.
     pub http_url: String,
-    /// The run's token (`Authorization: Bearer <token>`).
+    /// This world's token (`Authorization: Bearer <token>`): another attempt's world
+    /// does not answer to it.
     pub token: String,
 }
 
@@ -82,7 +83,19 @@ pub struct Live {
     pub blocked: Option<String>,
     /// The attempt's error (its calls past their budget or its text past its bound).
     pub error: Option<String>,
+    /// The mitigation's note for the agent's system message (what pieval's own loop
+    /// adds to it: how marked or encoded tool outputs are to be read).
+    pub note: Option<String>,
+    /// The scenario's start, turn 0: calls made on the agent's behalf before it begins
+    /// (InjecAgent's user tool), as `(name, arguments, output as the agent receives it)`
+    /// — to be given to the agent with its task; not its actions.
+    pub prefill: Vec<(String, String, String)>,
+    /// A prefill output held the payload.
+    pub prefill_injected: bool,
 }
+
+/// The longest tool name taken; a longer one is refused (and recorded cut).
+const MAX_NAME: usize = 256;
 
 impl Live {
     /// `case`'s world for one attempt, `payload` in its injected vectors (`None`: the
@@ -124,8 +137,10 @@ impl Live {
             .map(str::to_owned)
             .collect();
         let task = case.prompt.clone();
+        let prefill_calls: Vec<ToolCall> = env_prefill(&case);
         let guard = Box::new(move |text: &str| guarded(&case, &mitigation, seed, &task, text));
-        Ok(Live {
+        let (_, _, note, _) = guard("");
+        let mut live = Live {
             world,
             tools,
             offered,
@@ -140,7 +155,47 @@ impl Live {
             delivered: false,
             blocked: None,
             error: None,
-        })
+            note,
+            prefill: Vec::new(),
+            prefill_injected: false,
+        };
+        if !prefill_calls.is_empty() {
+            // as pieval's own loop runs it: turn 0, its outputs through the mitigation
+            let mut turn = TurnRecord {
+                turn: 0,
+                depth: 0,
+                node_id: "0".into(),
+                ..TurnRecord::default()
+            };
+            let mut batch = live.batch();
+            let done = batch.run(&prefill_calls, false, &mut turn, &mut Vec::new());
+            live.text_bytes = batch.text_bytes;
+            live.prefill_injected = done.seen;
+            if let Some(b) = done.blocked {
+                live.blocked = Some(b);
+            }
+            live.prefill = turn
+                .tool_calls
+                .iter()
+                .map(|c| (c.name.clone(), c.arguments.clone(), c.output.clone()))
+                .collect();
+            live.turns.push(turn);
+        }
+        Ok(live)
+    }
+
+    /// The simulator with this attempt's mitigation and records (one mechanism with
+    /// pieval's own loop).
+    fn batch(&mut self) -> Batch<'_, 'static, '_> {
+        Batch {
+            world: &mut self.world,
+            offered: &self.offered,
+            payload: self.payload.as_deref(),
+            guard: &*self.guard,
+            stop_on_block: self.stop_on_block,
+            actions: &mut self.actions,
+            text_bytes: self.text_bytes,
+        }
     }
 
     /// The tools the agent is offered (OpenAI function form). Listing them delivers a
@@ -158,7 +213,28 @@ impl Live {
     /// its output as the agent receives it (after the mitigation), with whether it is a
     /// tool error.
     pub fn call(&mut self, name: &str, arguments: &str) -> (String, bool) {
-        let n = self.turns.len() + 1;
+        if name.len() > MAX_NAME {
+            return self.refuse(
+                name,
+                format!("a tool name of {} bytes (at most {MAX_NAME})", name.len()),
+            );
+        }
+        if let Some(b) = &self.blocked {
+            let why = format!("the attempt was stopped ({b})");
+            return self.refuse(name, why);
+        }
+        if let Some(e) = &self.error {
+            let why = e.clone();
+            return self.refuse(name, why);
+        }
+        if self.calls() >= self.max_calls {
+            self.error = Some(format!(
+                "the agent made more than {} tool calls (32 per turn of the case's budget): ended",
+                self.max_calls
+            ));
+            return self.refuse(name, format!("more than {} calls", self.max_calls));
+        }
+        let n = self.calls() + 1;
         let mut turn = TurnRecord {
             turn: n as u32,
             depth: 0,
@@ -171,49 +247,13 @@ impl Live {
             name: name.to_owned(),
             arguments: arguments.to_owned(),
         };
-        if n > self.max_calls || self.blocked.is_some() || self.error.is_some() {
-            let why = if let Some(b) = &self.blocked {
-                format!("not executed: the attempt was stopped ({b})")
-            } else if let Some(e) = &self.error {
-                format!("not executed: {e}")
-            } else {
-                self.error = Some(format!(
-                    "the agent made more than {} tool calls (32 per turn of the case's budget): ended",
-                    self.max_calls
-                ));
-                format!("not executed: more than {} calls", self.max_calls)
-            };
-            // recorded, bounded: the turn keeps the call's name, not what it carried
-            turn.tool_calls
-                .push(crate::rundir::checkpoint::ToolCallRecord {
-                    id: call.id,
-                    name: crate::text::excerpt(name, 64),
-                    arguments: String::new(),
-                    output: why.clone(),
-                    error: true,
-                    ..Default::default()
-                });
-            if self.turns.len() <= self.max_calls {
-                self.turns.push(turn);
-            }
-            return (why, true);
-        }
-        let mut batch = Batch {
-            world: &mut self.world,
-            offered: &self.offered,
-            payload: self.payload.as_deref(),
-            guard: &*self.guard,
-            stop_on_block: self.stop_on_block,
-            actions: std::mem::take(&mut self.actions),
-            text_bytes: self.text_bytes,
-        };
+        let mut batch = self.batch();
         let done = batch.run(
             std::slice::from_ref(&call),
             true,
             &mut turn,
             &mut Vec::new(),
         );
-        self.actions = batch.actions;
         self.text_bytes = batch.text_bytes;
         self.delivered |= done.seen;
         if let Some(b) = done.blocked {
@@ -231,25 +271,69 @@ impl Live {
         answer
     }
 
+    /// The agent's calls so far (turn 0, the prefill, is not one of them).
+    fn calls(&self) -> usize {
+        self.turns.iter().filter(|t| t.turn > 0).count()
+    }
+
+    /// A call not executed (`why`): the tool's error, recorded — once past the budget
+    /// only the first is (a flood stays bounded), by a name cut to 64 characters.
+    pub fn refuse(&mut self, name: &str, why: String) -> (String, bool) {
+        let why = format!("not executed: {why}");
+        if self.calls() <= self.max_calls {
+            let n = self.calls() + 1;
+            self.turns.push(TurnRecord {
+                turn: n as u32,
+                depth: 0,
+                node_id: n.to_string(),
+                latency_ms: Some(self.started.elapsed().as_secs_f64() * 1e3),
+                tool_calls: vec![crate::rundir::checkpoint::ToolCallRecord {
+                    id: format!("call_{n}"),
+                    name: crate::text::excerpt(name, 64),
+                    output: why.clone(),
+                    error: true,
+                    ..Default::default()
+                }],
+                ..TurnRecord::default()
+            });
+        }
+        (why, true)
+    }
+
     /// The store as it is now, as JSON (what `state` criteria read).
     pub fn state(&self) -> Value {
         self.world.state()
     }
 }
 
+/// The calls the case makes on the agent's behalf before it begins.
+fn env_prefill(case: &AttackCase) -> Vec<ToolCall> {
+    case.environment.as_ref().map_or_else(Vec::new, |env| {
+        env.prefill
+            .iter()
+            .enumerate()
+            .map(|(i, p)| ToolCall {
+                id: format!("prefill_{}", i + 1),
+                name: p.tool.clone(),
+                arguments: p.arguments.to_string(),
+            })
+            .collect()
+    })
+}
+
 /// The worlds being served, by id.
 struct Worlds {
-    token: String,
     /// `127.0.0.1:<port>`: the only `Host` answered.
     host: String,
-    worlds: Mutex<HashMap<String, Slot>>,
+    /// Each world's token and the world.
+    worlds: Mutex<HashMap<String, (String, Slot)>>,
 }
 
 /// A served world; `None` once its attempt has taken it back.
 type Slot = Arc<Mutex<Option<Live>>>;
 
 impl Worlds {
-    fn get(&self, id: &str) -> Option<Slot> {
+    fn get(&self, id: &str) -> Option<(String, Slot)> {
         self.worlds
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -257,12 +341,25 @@ impl Worlds {
             .cloned()
     }
 
-    /// `f` on world `id`, if it is still served.
+    /// `f` on world `id`, if it is still served. A world whose lock a panic poisoned is
+    /// ended with an error (its records may be incomplete: never judged as they are).
     fn with<T>(&self, id: &str, f: impl FnOnce(&mut Live) -> T) -> Option<T> {
-        let slot = self.get(id)?;
-        let mut live = slot.lock().unwrap_or_else(|p| p.into_inner());
+        let (_, slot) = self.get(id)?;
+        let mut live = lock_slot(&slot);
         live.as_mut().map(f)
     }
+}
+
+fn lock_slot(slot: &Mutex<Option<Live>>) -> std::sync::MutexGuard<'_, Option<Live>> {
+    slot.lock().unwrap_or_else(|p| {
+        let mut g = p.into_inner();
+        if let Some(live) = g.as_mut()
+            && live.error.is_none()
+        {
+            live.error = Some("the served world failed while executing a call".into());
+        }
+        g
+    })
 }
 
 /// The world server of a run.
@@ -287,11 +384,9 @@ impl Hub {
             .local_addr()
             .map_err(|e| Error::State(format!("world server: {e}")))?;
         let worlds = Arc::new(Worlds {
-            token: crate::secrets::random_hex(32)?,
             host: addr.to_string(),
             worlds: Mutex::new(HashMap::new()),
         });
-        crate::secrets::register(&worlds.token);
         let config = StreamableHttpServerConfig::default()
             // one handler per request: no session to lose, each call finds its world
             .with_legacy_session_mode(false)
@@ -339,30 +434,34 @@ impl Hub {
     /// Serves `live` until [`Hub::take`]: its address.
     pub fn open(&self, live: Live) -> Result<(String, Address)> {
         let id = crate::secrets::random_hex(16)?;
+        let token = crate::secrets::random_hex(32)?;
+        crate::secrets::register(&token);
         self.worlds
             .worlds
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(id.clone(), Arc::new(Mutex::new(Some(live))));
+            .insert(
+                id.clone(),
+                (token.clone(), Arc::new(Mutex::new(Some(live)))),
+            );
         let base = format!("http://{}/w/{id}", self.addr);
         let address = Address {
             mcp_url: format!("{base}/mcp"),
             http_url: format!("{base}/tools"),
-            token: self.worlds.token.clone(),
+            token,
         };
         Ok((id, address))
     }
 
     /// Ends serving world `id` (a call under way finishes first): what it recorded.
     pub fn take(&self, id: &str) -> Option<Live> {
-        let slot = self
+        let (_, slot) = self
             .worlds
             .worlds
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(id)?;
-        let mut live = slot.lock().unwrap_or_else(|p| p.into_inner());
-        live.take()
+        lock_slot(&slot).take()
     }
 
     /// Stops the server.
@@ -370,7 +469,13 @@ impl Hub {
         self.stop.cancel();
         let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(t) = task {
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), t).await;
+            let abort = t.abort_handle();
+            if tokio::time::timeout(std::time::Duration::from_secs(5), t)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
         }
     }
 }
@@ -401,14 +506,8 @@ async fn gate(State(worlds): State<Arc<Worlds>>, mut req: Request, next: Next) -
     let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|h| h.to_str().ok())
-        .and_then(|h| h.strip_prefix("Bearer "));
-    if !crate::secrets::same_token(bearer, &worlds.token) {
-        return (
-            StatusCode::UNAUTHORIZED,
-            "the run's token is required: Authorization: Bearer <token>\n",
-        )
-            .into_response();
-    }
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .map(str::to_owned);
     let id = req
         .uri()
         .path()
@@ -416,8 +515,15 @@ async fn gate(State(worlds): State<Arc<Worlds>>, mut req: Request, next: Next) -
         .and_then(|p| p.split('/').next())
         .unwrap_or("")
         .to_owned();
-    if worlds.get(&id).is_none() {
+    let Some((token, _)) = worlds.get(&id) else {
         return ended();
+    };
+    if !crate::secrets::same_token(bearer.as_deref(), &token) {
+        return (
+            StatusCode::UNAUTHORIZED,
+            "the world's token is required: Authorization: Bearer <token>\n",
+        )
+            .into_response();
     }
     req.extensions_mut().insert(WorldId(id));
     next.run(req).await
@@ -437,14 +543,14 @@ async fn http_call(
     UrlPath((id, name)): UrlPath<(String, String)>,
     body: Bytes,
 ) -> Response {
-    // the world judges the arguments as sent (not JSON, or not UTF-8, is the tool's error)
-    let arguments = String::from_utf8_lossy(&body);
-    let arguments = if arguments.trim().is_empty() {
-        "{}"
-    } else {
-        &arguments
-    };
-    match worlds.with(&id, |live| live.call(&name, arguments)) {
+    // the world judges the arguments as sent (not JSON is the tool's error, and so is
+    // text that is not UTF-8: never repaired into other arguments)
+    let result = worlds.with(&id, |live| match std::str::from_utf8(&body) {
+        Ok(a) if a.trim().is_empty() => live.call(&name, "{}"),
+        Ok(a) => live.call(&name, a),
+        Err(e) => live.refuse(&name, format!("the arguments are not UTF-8 text ({e})")),
+    });
+    match result {
         Some((output, error)) => {
             json_response(StatusCode::OK, &json!({ "output": output, "error": error }))
         }
@@ -497,10 +603,14 @@ fn mcp_tool(t: &Value) -> Tool {
     let f = &t["function"];
     let name = f["name"].as_str().unwrap_or_default().to_owned();
     let description = f["description"].as_str().unwrap_or_default().to_owned();
-    let schema: JsonObject = match f.get("parameters") {
+    let mut schema: JsonObject = match f.get("parameters") {
         Some(Value::Object(m)) => m.clone(),
-        _ => rmcp::model::object(json!({"type": "object", "properties": {}})),
+        _ => rmcp::model::object(json!({"properties": {}})),
     };
+    // MCP's input schemas are objects' (an OpenAI schema may leave it implied)
+    schema
+        .entry("type")
+        .or_insert_with(|| Value::String("object".into()));
     Tool::new(name, description, Arc::new(schema))
 }
 
@@ -599,7 +709,8 @@ mod tests {
             .open(Live::new(Arc::clone(&steal), None, Arc::clone(&none), 7).unwrap())
             .unwrap();
         assert_ne!(at.mcp_url, bt.mcp_url);
-        let http = reqwest::Client::new();
+        assert_ne!(at.token, bt.token);
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
         let (status, init) = rpc(
             &http,
             &at.mcp_url,
@@ -728,7 +839,7 @@ mod tests {
         let (_, at) = hub
             .open(Live::new(steal, None, mitigation("name: none"), 7).unwrap())
             .unwrap();
-        let http = reqwest::Client::new();
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
         let get = |url: &str| http.get(url.to_owned());
         assert_eq!(get(&at.http_url).send().await.unwrap().status(), 401);
         let wrong = "0".repeat(at.token.len());
@@ -761,6 +872,30 @@ mod tests {
                 .status(),
             403
         );
+        // another world's token does not open this one, over HTTP or MCP, and a call
+        // without it is not executed
+        let (other_id, other) = hub
+            .open(Live::new(case("agent-steal"), None, mitigation("name: none"), 7).unwrap())
+            .unwrap();
+        assert_eq!(
+            get(&at.http_url)
+                .bearer_auth(&other.token)
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            401
+        );
+        let (status, _) = rpc(
+            &http,
+            &other.mcp_url,
+            &at.token,
+            "tools/call",
+            json!({"name": "send_money", "arguments": {"recipient": "x", "amount": 1}}),
+        )
+        .await;
+        assert_eq!(status, 401);
+        assert!(hub.take(&other_id).unwrap().turns.is_empty());
         let other = at.http_url.replace("/w/", "/w/0");
         assert_eq!(
             get(&other)
@@ -796,12 +931,26 @@ mod tests {
         let hub = Hub::start("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let poison = case("agent-mcp-poison");
         let payload = poison.task_input.clone().unwrap();
-        let (id, at) = hub
+        let (id, _) = hub
             .open(Live::new(poison, Some(&payload), mitigation("name: none"), 7).unwrap())
             .unwrap();
-        let http = reqwest::Client::new();
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let live = hub.take(&id).unwrap();
+        assert!(!live.delivered, "not listed yet");
+        let (id, at) = hub
+            .open(
+                Live::new(
+                    case("agent-mcp-poison"),
+                    Some(&payload),
+                    mitigation("name: none"),
+                    7,
+                )
+                .unwrap(),
+            )
+            .unwrap();
         let (_, list) = rpc(&http, &at.mcp_url, &at.token, "tools/list", json!({})).await;
-        assert!(list.to_string().contains(&payload[..20]), "{list}");
+        let head: String = payload.chars().take(20).collect();
+        assert!(list.to_string().contains(&head), "{list}");
         assert!(hub.take(&id).unwrap().delivered);
         // spotlighting marks what a tool returns
         let steal = case("agent-steal");
@@ -827,13 +976,78 @@ mod tests {
         .await;
         let text = inbox["result"]["content"][0]["text"].as_str().unwrap();
         assert!(!text.contains("EVIL-IBAN-666"), "encoded: {text}");
+        use base64::Engine as _;
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default();
+        assert!(
+            decoded.contains("EVIL-IBAN-666"),
+            "the output, encoded: {text}"
+        );
         let live = hub.take(&id).unwrap();
         assert!(live.turns[0].tool_calls[0].injected);
+        assert!(
+            live.note.as_deref().is_some_and(|n| n.contains("Base64")),
+            "the note for the agent's system message: {:?}",
+            live.note
+        );
         // a mitigation that only pieval's own loop can apply is refused
         let err = Live::new(case("agent-steal"), None, mitigation("name: sandwich"), 7)
             .err()
             .unwrap();
         assert!(err.contains("sandwich"), "{err}");
         hub.stop().await;
+    }
+
+    #[test]
+    fn the_prefill_runs_as_turn_0_calls_are_bounded_and_an_unread_payload_is_not_delivered() {
+        let mut v: Value = serde_json::from_str(
+            include_str!("../../tests/fixtures/agents/cases.jsonl")
+                .lines()
+                .next()
+                .unwrap(),
+        )
+        .unwrap();
+        v["environment"]["prefill"] = json!([{"tool": "read_inbox", "arguments": {}}]);
+        v["environment"]["max_turns"] = json!(1);
+        let prefilled: Arc<AttackCase> = Arc::new(serde_json::from_value(v).unwrap());
+        let payload = prefilled.task_input.clone().unwrap();
+        let mut live = Live::new(prefilled, Some(&payload), mitigation("name: none"), 7).unwrap();
+        assert_eq!(live.turns.len(), 1);
+        assert_eq!(live.turns[0].turn, 0);
+        assert!(live.prefill_injected && live.prefill[0].2.contains("EVIL-IBAN-666"));
+        assert!(
+            live.actions.is_empty(),
+            "the prefill is not the agent's action"
+        );
+        assert!(
+            !live.delivered,
+            "delivered when the agent is given it, not before"
+        );
+        // a call that does not read the payload does not deliver it
+        let (out, error) = live.call("get_balance", "{}");
+        assert_eq!((out.as_str(), error), ("1200.00 EUR", false));
+        assert!(!live.delivered);
+        // 32 calls per turn of the budget (1 here), then refused, and a flood is recorded once
+        for _ in 1..32 {
+            live.call("get_balance", "{}");
+        }
+        let (out, error) = live.call("get_balance", "{}");
+        assert!(error && out.contains("more than 32 calls"), "{out}");
+        for _ in 0..1000 {
+            live.call("get_balance", "{}");
+        }
+        assert_eq!(live.turns.len(), 1 + 32 + 1, "bounded");
+        assert!(
+            live.error
+                .as_deref()
+                .is_some_and(|e| e.contains("more than 32"))
+        );
+        // a name past 256 bytes is refused, recorded cut
+        let mut live = Live::new(case("agent-steal"), None, mitigation("name: none"), 7).unwrap();
+        let (_, error) = live.call(&"x".repeat(10_000), "{}");
+        assert!(error);
+        assert!(live.turns[0].tool_calls[0].name.len() < 300);
     }
 }
