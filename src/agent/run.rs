@@ -261,16 +261,7 @@ pub async fn run(
             attack_prompt: std::mem::take(&mut said),
             ..TurnRecord::default()
         };
-        let calls: Vec<ToolCall> = env
-            .prefill
-            .iter()
-            .enumerate()
-            .map(|(i, p)| ToolCall {
-                id: format!("prefill_{}", i + 1),
-                name: p.tool.clone(),
-                arguments: p.arguments.to_string(),
-            })
-            .collect();
+        let calls = prefill_calls(env);
         messages.push(assistant_message(None, &calls));
         let done = batch.run(&calls, false, &mut turn, &mut messages);
         seen |= done.seen;
@@ -429,6 +420,20 @@ pub const MAX_AGENT_BYTES: usize = 64 << 20;
 /// The most bytes of an attempt's recorded actions or final state (each a field of its
 /// prediction line, which stays under the checkpoint's line limit).
 pub const MAX_RECORDED_BYTES: usize = 4 << 20;
+
+/// The calls an environment makes on the agent's behalf before it begins (its
+/// `prefill`, turn 0).
+pub(super) fn prefill_calls(env: &crate::contract::environment::Environment) -> Vec<ToolCall> {
+    env.prefill
+        .iter()
+        .enumerate()
+        .map(|(i, p)| ToolCall {
+            id: format!("prefill_{}", i + 1),
+            name: p.tool.clone(),
+            arguments: p.arguments.to_string(),
+        })
+        .collect()
+}
 
 /// The assistant message that asks for `calls` (OpenAI's chat form).
 fn assistant_message(content: Option<&str>, calls: &[ToolCall]) -> Value {

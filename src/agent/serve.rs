@@ -34,7 +34,9 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 
-use super::run::{Batch, Guarded, MAX_AGENT_BYTES, MAX_PARALLEL_CALLS, carries, guarded};
+use super::run::{
+    Batch, Guarded, MAX_AGENT_BYTES, MAX_PARALLEL_CALLS, carries, guarded, prefill_calls,
+};
 use super::world::World;
 use crate::contract::case::AttackCase;
 use crate::error::{Error, Result};
@@ -129,6 +131,7 @@ impl Live {
             _ => (false, None),
         };
         let max_calls = env.max_turns() as usize * MAX_PARALLEL_CALLS;
+        let prefill = prefill_calls(&env);
         let world = World::owned(env, payload).map_err(|e| format!("environment: {e}"))?;
         let tools = world.tools(only.as_deref());
         let offered = tools
@@ -137,7 +140,6 @@ impl Live {
             .map(str::to_owned)
             .collect();
         let task = case.prompt.clone();
-        let prefill_calls: Vec<ToolCall> = env_prefill(&case);
         let guard = Box::new(move |text: &str| guarded(&case, &mitigation, seed, &task, text));
         let (_, _, note, _) = guard("");
         let mut live = Live {
@@ -159,7 +161,7 @@ impl Live {
             prefill: Vec::new(),
             prefill_injected: false,
         };
-        if !prefill_calls.is_empty() {
+        if !prefill.is_empty() {
             // as pieval's own loop runs it: turn 0, its outputs through the mitigation
             let mut turn = TurnRecord {
                 turn: 0,
@@ -168,7 +170,7 @@ impl Live {
                 ..TurnRecord::default()
             };
             let mut batch = live.batch();
-            let done = batch.run(&prefill_calls, false, &mut turn, &mut Vec::new());
+            let done = batch.run(&prefill, false, &mut turn, &mut Vec::new());
             live.text_bytes = batch.text_bytes;
             live.prefill_injected = done.seen;
             if let Some(b) = done.blocked {
@@ -304,21 +306,6 @@ impl Live {
     pub fn state(&self) -> Value {
         self.world.state()
     }
-}
-
-/// The calls the case makes on the agent's behalf before it begins.
-fn env_prefill(case: &AttackCase) -> Vec<ToolCall> {
-    case.environment.as_ref().map_or_else(Vec::new, |env| {
-        env.prefill
-            .iter()
-            .enumerate()
-            .map(|(i, p)| ToolCall {
-                id: format!("prefill_{}", i + 1),
-                name: p.tool.clone(),
-                arguments: p.arguments.to_string(),
-            })
-            .collect()
-    })
 }
 
 /// The worlds being served, by id.
