@@ -8,6 +8,7 @@
 //!   results, and the trace it records;
 //! - [`serve`]: the same world served to an agent pieval does not drive (MCP, HTTP).
 
+pub mod drive;
 pub mod replay;
 pub mod run;
 pub mod schema;

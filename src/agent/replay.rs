@@ -13,7 +13,8 @@ use crate::rundir::PredictionRecord;
 use crate::rundir::checkpoint::scan_checkpoint;
 
 pub struct AgentReplay {
-    turns: HashMap<String, Result<AgentTurn, String>>,
+    /// By `<attempt>#<turn>`: the recorded answer, or the error and its latency.
+    turns: HashMap<String, Result<AgentTurn, (String, f64)>>,
 }
 
 impl AgentReplay {
@@ -39,7 +40,7 @@ impl AgentReplay {
                     &t.error,
                     t.target_response.is_some() || !t.tool_calls.is_empty(),
                 ) {
-                    (Some(e), false) => Err(e.clone()),
+                    (Some(e), false) => Err((e.clone(), t.latency_ms.unwrap_or(0.0))),
                     _ => Ok(AgentTurn {
                         content: t.target_response.clone(),
                         tool_calls: t
@@ -91,9 +92,9 @@ impl Provider for AgentReplay {
     ) -> Result<AgentTurn, CallError> {
         match self.turns.get(key) {
             Some(Ok(t)) => Ok(t.clone()),
-            Some(Err(e)) => Err(CallError {
+            Some(Err((e, latency_ms))) => Err(CallError {
                 message: e.clone(),
-                latency_ms: 0.0,
+                latency_ms: *latency_ms,
                 attempts: 1,
             }),
             None => Err(CallError {

@@ -402,7 +402,7 @@ pub async fn run(
 }
 
 /// A recorded text within [`MAX_RECORDED_BYTES`], or `empty` and an error of the attempt.
-fn bounded(text: String, empty: &str, what: &str, out: &mut Outcome) -> String {
+pub(super) fn bounded(text: String, empty: &str, what: &str, out: &mut Outcome) -> String {
     if text.len() <= MAX_RECORDED_BYTES {
         return text;
     }
@@ -436,7 +436,7 @@ pub(super) fn prefill_calls(env: &crate::contract::environment::Environment) -> 
 }
 
 /// The assistant message that asks for `calls` (OpenAI's chat form).
-fn assistant_message(content: Option<&str>, calls: &[ToolCall]) -> Value {
+pub(super) fn assistant_message(content: Option<&str>, calls: &[ToolCall]) -> Value {
     json!({"role": "assistant", "content": content, "tool_calls": calls.iter().map(|t| json!({
         "id": t.id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}
     })).collect::<Vec<_>>()})

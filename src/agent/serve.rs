@@ -35,7 +35,8 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 
 use super::run::{
-    Batch, Guarded, MAX_AGENT_BYTES, MAX_PARALLEL_CALLS, carries, guarded, prefill_calls,
+    Batch, Guarded, MAX_AGENT_BYTES, MAX_PARALLEL_CALLS, assistant_message, carries, guarded,
+    prefill_calls,
 };
 use super::world::World;
 use crate::contract::case::AttackCase;
@@ -47,18 +48,7 @@ use crate::rundir::checkpoint::TurnRecord;
 /// The most bytes of one request to the server.
 const MAX_BODY: usize = 1 << 20;
 
-/// Where an attempt's world is, for the agent (its request template, or its input).
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct Address {
-    /// The MCP endpoint (streamable HTTP).
-    pub mcp_url: String,
-    /// The plain HTTP tools: `GET` lists them, `POST <http_url>/<name>` calls one with
-    /// its arguments as the JSON body.
-    pub http_url: String,
-    /// This world's token (`Authorization: Bearer <token>`): another attempt's world
-    /// does not answer to it.
-    pub token: String,
-}
+pub use crate::provider::WorldAddress as Address;
 
 /// One attempt's world as it is served: the simulator, the mitigation on what comes
 /// back, and the calls recorded in the order they came.
@@ -89,9 +79,10 @@ pub struct Live {
     /// adds to it: how marked or encoded tool outputs are to be read).
     pub note: Option<String>,
     /// The scenario's start, turn 0: calls made on the agent's behalf before it begins
-    /// (InjecAgent's user tool), as `(name, arguments, output as the agent receives it)`
-    /// — to be given to the agent with its task; not its actions.
-    pub prefill: Vec<(String, String, String)>,
+    /// (InjecAgent's user tool), as the messages that give them to the agent after its
+    /// task (OpenAI chat form: the assistant's calls, then each tool's output as the
+    /// agent receives it) — not its actions.
+    pub prefill: Vec<Value>,
     /// A prefill output held the payload.
     pub prefill_injected: bool,
 }
@@ -170,20 +161,23 @@ impl Live {
                 ..TurnRecord::default()
             };
             let mut batch = live.batch();
-            let done = batch.run(&prefill, false, &mut turn, &mut Vec::new());
+            let mut messages = vec![assistant_message(None, &prefill)];
+            let done = batch.run(&prefill, false, &mut turn, &mut messages);
             live.text_bytes = batch.text_bytes;
             live.prefill_injected = done.seen;
             if let Some(b) = done.blocked {
                 live.blocked = Some(b);
             }
-            live.prefill = turn
-                .tool_calls
-                .iter()
-                .map(|c| (c.name.clone(), c.arguments.clone(), c.output.clone()))
-                .collect();
+            live.prefill = messages;
             live.turns.push(turn);
         }
         Ok(live)
+    }
+
+    /// The calls are a recorded run's, replayed (arguments cut for the record keep
+    /// their size as sent).
+    pub fn replaying(&mut self) {
+        self.world.replaying = true;
     }
 
     /// The simulator with this attempt's mitigation and records (one mechanism with
@@ -1003,7 +997,13 @@ mod tests {
         let mut live = Live::new(prefilled, Some(&payload), mitigation("name: none"), 7).unwrap();
         assert_eq!(live.turns.len(), 1);
         assert_eq!(live.turns[0].turn, 0);
-        assert!(live.prefill_injected && live.prefill[0].2.contains("EVIL-IBAN-666"));
+        assert!(
+            live.prefill_injected
+                && live.prefill[1]["content"]
+                    .as_str()
+                    .unwrap()
+                    .contains("EVIL-IBAN-666")
+        );
         assert!(
             live.actions.is_empty(),
             "the prefill is not the agent's action"

@@ -288,6 +288,24 @@ impl Config {
             }
             (_, None) => {}
         }
+        if let Some(w) = &m.world {
+            if let Err(message) = w.addr() {
+                return bad("model.world.listen", message);
+            }
+            if m.provider == ProviderKind::Local {
+                return bad(
+                    "model.world",
+                    "a served world is for an agent with its own loop (provider http, exec, websocket, openai, anthropic, or replay of such a run); the local model runs in pieval's own loop".into(),
+                );
+            }
+        } else if m.http.as_ref().is_some_and(|h| h.uses_world())
+            || m.websocket.as_ref().is_some_and(|w| w.uses_world())
+        {
+            return bad(
+                "model.world",
+                "a template names {{world.*}}: set model.world ({listen: \"127.0.0.1:0\"}) to serve each agentic case's world".into(),
+            );
+        }
         if m.provider == ProviderKind::Replay && m.replay_from.is_none() {
             return bad(
                 "model.replay_from",

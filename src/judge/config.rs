@@ -199,6 +199,7 @@ impl JudgeSection {
             http: None,
             exec: None,
             websocket: None,
+            world: None,
         }
     }
 }

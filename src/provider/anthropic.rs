@@ -58,11 +58,12 @@ impl AnthropicProvider {
     }
 
     async fn attempt(&self, body: &Value) -> std::result::Result<Value, TryError> {
-        let mut req = self
-            .client
-            .post(&self.url)
-            .header("anthropic-version", API_VERSION)
-            .json(body);
+        let mut req = transport::with_world(
+            self.client
+                .post(&self.url)
+                .header("anthropic-version", API_VERSION)
+                .json(body),
+        );
         if let Some(k) = &self.api_key {
             req = req.header("x-api-key", k);
         }

@@ -96,6 +96,43 @@ pub struct ModelSection {
     /// `websocket`: a chat behind a WebSocket (`provider::websocket`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub websocket: Option<crate::provider::websocket::WebsocketSection>,
+    /// Each agentic case's world served to the target, an agent with its own loop
+    /// (`crate::agent::serve`, docs/agents.md): set, the target is sent the user's task
+    /// once and the world's address, and the agent's calls to the world are its actions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world: Option<WorldSection>,
+}
+
+/// `model.world`: where the worlds are served.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WorldSection {
+    /// The address the world server binds: a loopback address (`127.0.0.1:0`, the
+    /// default: any free port).
+    #[serde(default = "default_world_listen")]
+    pub listen: String,
+}
+
+fn default_world_listen() -> String {
+    "127.0.0.1:0".into()
+}
+
+impl WorldSection {
+    /// The address to bind, or why not (a loopback address only: the server answers
+    /// only to a loopback `Host`).
+    pub fn addr(&self) -> std::result::Result<std::net::SocketAddr, String> {
+        let a: std::net::SocketAddr = self
+            .listen
+            .parse()
+            .map_err(|_| format!("{:?} is not an address and port (127.0.0.1:0)", self.listen))?;
+        if !a.ip().is_loopback() {
+            return Err(format!(
+                "{} is not a loopback address: the world is served on this machine only (127.0.0.1 or ::1)",
+                a.ip()
+            ));
+        }
+        Ok(a)
+    }
 }
 
 pub(crate) fn default_max_tokens() -> u32 {

@@ -862,6 +862,7 @@ impl ExecProvider {
             "context": messages.iter().find(|m| m["role"] == "system").and_then(|m| m["content"].as_str()),
             "payload": scope.payload,
             "task": scope.task,
+            "world": scope.state().world,
         });
         let mut line = serde_json::to_vec(&request).expect("a JSON value");
         line.push(b'\n');

@@ -363,6 +363,73 @@ pub struct AttemptState {
     /// Whether teardown removed it.
     pub removed: Option<bool>,
     pub cleanup_error: Option<String>,
+    /// Where the attempt's world is served (`model.world`), once it is open.
+    pub world: Option<WorldAddress>,
+}
+
+/// Where an attempt's world is served, for the agent (`{{world.*}}` in a request
+/// template, `world` in an `exec` request, `X-Pieval-World-*` headers of an `openai` or
+/// `anthropic` request): docs/agents.md.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct WorldAddress {
+    /// The MCP endpoint (streamable HTTP).
+    pub mcp_url: String,
+    /// The plain HTTP tools: `GET` lists them, `POST <http_url>/<name>` calls one with
+    /// its arguments as the JSON body.
+    pub http_url: String,
+    /// This world's token (`Authorization: Bearer <token>`): another attempt's world
+    /// does not answer to it.
+    pub token: String,
+}
+
+/// A part of the attempt's world address (`{{world.<field>}}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WorldField {
+    McpUrl,
+    HttpUrl,
+    Token,
+}
+
+impl WorldField {
+    pub const ALL: [WorldField; 3] = [WorldField::McpUrl, WorldField::HttpUrl, WorldField::Token];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorldField::McpUrl => "mcp_url",
+            WorldField::HttpUrl => "http_url",
+            WorldField::Token => "token",
+        }
+    }
+
+    /// Its header in an `openai` or `anthropic` request.
+    pub fn header(self) -> &'static str {
+        match self {
+            WorldField::McpUrl => "x-pieval-world-mcp-url",
+            WorldField::HttpUrl => "x-pieval-world-http-url",
+            WorldField::Token => "x-pieval-world-token",
+        }
+    }
+
+    /// Its value for the attempt in `scope`: the token, in a recorded request, as the
+    /// place of a credential (`OPEN NAME CLOSE`, shown as `${PIEVAL_WORLD_TOKEN}`).
+    pub fn value(self, scope: &AttemptScope, record: bool) -> Result<String, String> {
+        let st = scope.state();
+        let w = st.world.as_ref().ok_or_else(|| {
+            format!(
+                "{{{{world.{}}}}}: no world is served to this attempt (model.world serves one to each agentic case)",
+                self.as_str()
+            )
+        })?;
+        Ok(match self {
+            WorldField::McpUrl => w.mcp_url.clone(),
+            WorldField::HttpUrl => w.http_url.clone(),
+            WorldField::Token if record => {
+                use http::plant::{CLOSE, OPEN};
+                format!("{OPEN}PIEVAL_WORLD_TOKEN{CLOSE}")
+            }
+            WorldField::Token => w.token.clone(),
+        })
+    }
 }
 
 impl AttemptScope {

@@ -215,3 +215,19 @@ mod tests {
         }
     }
 }
+
+/// `req` with the attempt's world address, when one is served to it (`model.world`):
+/// the `X-Pieval-World-*` headers an agent behind a chat endpoint reads.
+pub fn with_world(mut req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    let world = super::ATTEMPT
+        .try_with(|s| s.state().world.clone())
+        .ok()
+        .flatten();
+    if let Some(w) = world {
+        req = req
+            .header(super::WorldField::McpUrl.header(), w.mcp_url)
+            .header(super::WorldField::HttpUrl.header(), w.http_url)
+            .header(super::WorldField::Token.header(), w.token);
+    }
+    req
+}

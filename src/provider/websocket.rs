@@ -212,6 +212,19 @@ impl WebsocketSection {
         })
     }
 
+    /// Whether a template names the attempt's world (`{{world.*}}`, `model.world`).
+    pub fn uses_world(&self) -> bool {
+        self.compile().is_ok_and(|c| {
+            let mut names: Vec<&Name> = c.path.names().collect();
+            names.extend(c.headers.iter().flat_map(|(_, t)| t.names()));
+            match &c.send {
+                Send::Json(j) => names.extend(j.names()),
+                Send::Text(t) => names.extend(t.names()),
+            }
+            names.iter().any(|n| matches!(n, Name::World(_)))
+        })
+    }
+
     /// Rules serde cannot express: (key under `websocket.`, message).
     pub fn check(&self) -> std::result::Result<(), Bad> {
         self.compile().map(|_| ())
@@ -281,6 +294,7 @@ impl Values for Fill<'_> {
             Name::CaseId => json!(clean(&self.scope.case_id)),
             Name::AttemptId => json!(clean(&self.scope.key)),
             Name::Seed => json!(self.p.seed),
+            Name::World(w) => json!(w.value(self.scope, self.record)?),
             Name::Secret(k) => {
                 let (var, value) = self
                     .p

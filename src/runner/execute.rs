@@ -211,8 +211,19 @@ pub(super) fn execute_all(
     let mitigation = Mitigation::from_section(&cfg.mitigation)
         .map_err(|m| Error::State(format!("mitigation.params: {m}")))?;
     let concurrency = cfg.model.concurrency.max(1);
+    // Each agentic attempt's world served to the agent (`model.world`), on one server
+    // for the run.
+    let hub = match (&cfg.model.world, backend.as_ref()) {
+        (Some(w), Answers::Call(_)) => {
+            let addr = w
+                .addr()
+                .map_err(|m| Error::State(format!("model.world.listen: {m}")))?;
+            Some(rt.block_on(crate::agent::serve::Hub::start(addr))?)
+        }
+        _ => None,
+    };
     let call_start = std::time::Instant::now();
-    rt.block_on(async {
+    let result = rt.block_on(async {
         let mut tally = Tally::default();
         if let Answers::Call(provider) = backend.as_ref() {
             tally.speed.backend = provider.backend();
@@ -224,6 +235,7 @@ pub(super) fn execute_all(
             plan: plan.as_ref(),
             mitigation: &mitigation,
             judge: strategy_judge,
+            hub: hub.as_ref(),
         };
         let mut stream = futures::stream::iter(pending.iter().map(|(case, spec)| {
             let backend = Arc::clone(&backend);
@@ -322,7 +334,11 @@ pub(super) fn execute_all(
         sp.generation_tokens_per_s = rate(sp.completion_tokens, sp.generation_secs);
         sp.cases_per_minute = rate(tally.done * 60, call_start.elapsed().as_secs_f64());
         Ok((tally, false))
-    })
+    });
+    if let Some(h) = &hub {
+        rt.block_on(h.stop());
+    }
+    result
 }
 
 /// What every attempt shares.
@@ -332,6 +348,8 @@ struct AttemptRunner<'a> {
     plan: Option<&'a AttackPlan>,
     mitigation: &'a Mitigation,
     judge: Option<&'a crate::judge::Judge>,
+    /// The world server (`model.world`), for an agent with its own loop.
+    hub: Option<&'a crate::agent::serve::Hub>,
 }
 
 impl AttemptRunner<'_> {
@@ -511,29 +529,45 @@ impl AttemptRunner<'_> {
         } else {
             case.task_input.as_deref()
         };
-        let model: &dyn Provider = match (backend, &helpers.agents) {
+        let seed = self.cfg.experiment.seed;
+        let served = self.cfg.model.world.is_some();
+        let out = match (backend, &helpers.agents) {
             (Answers::DryRun, _) => {
                 rec.request_context = case.context.clone();
                 rec.request_prompt = Some(case.prompt.clone());
                 rec.request_task_input = payload.map(str::to_owned);
                 return;
             }
-            (Answers::Call(p), _) => p.as_ref(),
-            (Answers::Replay(..), Some(r)) => r,
+            (Answers::Call(p), _) if served => {
+                let Some(hub) = self.hub else {
+                    rec.error = Some("world server: not started".into());
+                    return;
+                };
+                crate::agent::drive::drive(
+                    hub,
+                    case,
+                    payload,
+                    self.mitigation,
+                    seed,
+                    key,
+                    p.as_ref(),
+                )
+                .await
+            }
+            (Answers::Replay(..), Some(r)) if served => {
+                crate::agent::drive::replay(case, payload, self.mitigation, seed, key, r).await
+            }
+            (Answers::Call(p), _) => {
+                crate::agent::run::run(case, payload, self.mitigation, seed, key, p.as_ref()).await
+            }
+            (Answers::Replay(..), Some(r)) => {
+                crate::agent::run::run(case, payload, self.mitigation, seed, key, r).await
+            }
             (Answers::Replay(..), None) => {
                 rec.error = Some("replay: the recorded run holds no agent turns".into());
                 return;
             }
         };
-        let out = crate::agent::run::run(
-            case,
-            payload,
-            self.mitigation,
-            self.cfg.experiment.seed,
-            key,
-            model,
-        )
-        .await;
         rec.request_context = out.system;
         rec.request_prompt = Some(out.task);
         rec.request_task_input = payload.map(str::to_owned);

@@ -34,4 +34,5 @@ mod review;
 mod rundir;
 mod runner;
 mod score;
+mod served;
 mod sql;

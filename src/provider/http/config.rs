@@ -224,6 +224,16 @@ pub struct Compiled {
 type Bad = (String, String);
 
 impl HttpSection {
+    /// Whether a template names the attempt's world (`{{world.*}}`, `model.world`).
+    pub fn uses_world(&self) -> bool {
+        self.compile().is_ok_and(|c| {
+            c.request
+                .names()
+                .iter()
+                .any(|n| matches!(n, Name::World(_)))
+        })
+    }
+
     /// Compile and check it; an error is (key under `http.`, message).
     pub fn compile(&self) -> Result<Compiled, Bad> {
         let mut secret_vars = Vec::new();
@@ -383,6 +393,15 @@ impl HttpSection {
                                 here,
                                 format!(
                                     "{} is a turn's; {key} steps have the case (payload, task, case_id, attempt_id, seed), vars and secrets",
+                                    name.spelled()
+                                ),
+                            ));
+                        }
+                        Name::World(_) if key != "request" => {
+                            return Err((
+                                here,
+                                format!(
+                                    "{}: the attempt's world is served to its request (it opens after {key})",
                                     name.spelled()
                                 ),
                             ));

@@ -369,7 +369,7 @@ struct Fill<'a> {
 impl Values for Fill<'_> {
     fn value(&self, name: &Name) -> std::result::Result<Value, String> {
         let v = self.raw_value(name)?;
-        if !self.record || matches!(name, Name::Secret(_)) {
+        if !self.record || matches!(name, Name::Secret(_) | Name::World(_)) {
             return Ok(v);
         }
         // only a credential's place holds the marks (a value cannot forge one)
@@ -428,6 +428,7 @@ impl Fill<'_> {
             Name::CaseId => json!(s.case_id),
             Name::AttemptId => json!(s.key),
             Name::Seed => json!(self.provider.seed),
+            Name::World(w) => json!(w.value(s, self.record)?),
             Name::Secret(k) => {
                 let (var, value) = self
                     .provider

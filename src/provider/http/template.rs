@@ -14,7 +14,8 @@
 //! user task), `messages` (the conversation as JSON, OpenAI form), `tools` (an agentic
 //! case's tools as JSON, OpenAI form; `[]` otherwise), `case_id`,
 //! `attempt_id`, `seed`, `turn`, `vars.<name>` (what a step extracted), `secret.<name>`
-//! (an environment variable the target's `secrets` names).
+//! (an environment variable the target's `secrets` names), `world.mcp_url`,
+//! `world.http_url`, `world.token` (where the attempt's world is served, `model.world`).
 
 use serde_json::Value;
 
@@ -33,10 +34,13 @@ pub enum Name {
     Turn,
     Var(String),
     Secret(String),
+    /// Where the attempt's world is served (`world.mcp_url`, `world.http_url`,
+    /// `world.token`; `model.world`).
+    World(crate::provider::WorldField),
 }
 
 /// Every name a template may use, for error messages.
-pub const NAMES: &str = "prompt, context, payload, task, messages, tools, case_id, attempt_id, seed, turn, vars.<name>, secret.<name>";
+pub const NAMES: &str = "prompt, context, payload, task, messages, tools, case_id, attempt_id, seed, turn, vars.<name>, secret.<name>, world.mcp_url, world.http_url, world.token";
 
 impl Name {
     fn parse(s: &str) -> Result<Self, String> {
@@ -60,6 +64,13 @@ impl Name {
             _ => match s.split_once('.') {
                 Some(("vars", v)) if ident(v) => Name::Var(v.to_owned()),
                 Some(("secret", v)) if ident(v) => Name::Secret(v.to_owned()),
+                Some(("world", f))
+                    if let Some(w) = crate::provider::WorldField::ALL
+                        .into_iter()
+                        .find(|w| w.as_str() == f) =>
+                {
+                    Name::World(w)
+                }
                 _ => {
                     let known: Vec<&str> = NAMES.split(", ").collect();
                     let hint = crate::text::did_you_mean(s, &known)
@@ -88,6 +99,7 @@ impl Name {
             Name::Turn => "turn",
             Name::Var(v) => return format!("{{{{vars.{v}}}}}"),
             Name::Secret(v) => return format!("{{{{secret.{v}}}}}"),
+            Name::World(w) => return format!("{{{{world.{}}}}}", w.as_str()),
         };
         format!("{{{{{s}}}}}")
     }
