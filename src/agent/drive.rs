@@ -48,7 +48,7 @@ fn open(
     payload: Option<&str>,
     mitigation: &Mitigation,
     seed: u64,
-) -> Result<(Live, Vec<Value>), Outcome> {
+) -> Result<(Live, Vec<Value>), Box<Outcome>> {
     let mut out = empty(case);
     let live = match Live::new(
         Arc::new(case.clone()),
@@ -59,7 +59,7 @@ fn open(
         Ok(l) => l,
         Err(e) => {
             out.error = Some(e);
-            return Err(out);
+            return Err(Box::new(out));
         }
     };
     // what pieval's own loop sends first: the system message (the case's context and
@@ -116,7 +116,7 @@ pub async fn drive(
 ) -> Outcome {
     let (live, messages) = match open(case, payload, mitigation, seed) {
         Ok(x) => x,
-        Err(out) => return out,
+        Err(out) => return *out,
     };
     if let Some(b) = live.blocked.clone() {
         // the scenario's start was withheld and ended the attempt (input_filter with
@@ -155,7 +155,7 @@ pub async fn replay(
 ) -> Outcome {
     let (mut live, _) = match open(case, payload, mitigation, seed) {
         Ok(x) => x,
-        Err(out) => return out,
+        Err(out) => return *out,
     };
     live.replaying();
     if let Some(b) = live.blocked.clone() {

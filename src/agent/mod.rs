@@ -13,4 +13,5 @@ pub mod replay;
 pub mod run;
 pub mod schema;
 pub mod serve;
+pub mod stdio;
 pub mod world;

@@ -580,7 +580,7 @@ impl Handler {
 }
 
 /// An OpenAI function schema as an MCP tool (name, description, input schema).
-fn mcp_tool(t: &Value) -> Tool {
+pub(super) fn mcp_tool(t: &Value) -> Tool {
     let f = &t["function"];
     let name = f["name"].as_str().unwrap_or_default().to_owned();
     let description = f["description"].as_str().unwrap_or_default().to_owned();

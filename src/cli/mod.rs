@@ -22,6 +22,7 @@ mod score;
 mod sql;
 mod validate;
 mod verify;
+mod world;
 
 use clap::{Parser, Subcommand};
 
@@ -139,6 +140,10 @@ enum Command {
     /// (built with the `distributed` feature; docs/cluster.md).
     #[command(subcommand)]
     Cluster(cluster::Command),
+    /// An attempt's served world (`model.world`) for agents that spawn their tools:
+    /// `world stdio` speaks MCP on stdin/stdout (docs/agents.md).
+    #[command(subcommand)]
+    World(world::Command),
 }
 
 /// Parse the command line and run; `Ok` carries the exit code.
@@ -181,6 +186,7 @@ pub fn main() -> Result<ExitStatus> {
         Command::Judge(cmd) => judge::run(cmd),
         Command::Detectors(cmd) => detectors::run(cmd),
         Command::Cluster(cmd) => cluster::run(cmd),
+        Command::World(cmd) => world::run(cmd),
     }
 }
 

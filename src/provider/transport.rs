@@ -204,18 +204,6 @@ pub(crate) fn redirect_error(head: &Head, configured: &str) -> TryError {
     )
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_is_bounded() {
-        for n in 0..40 {
-            assert!(backoff(n) <= MAX_BACKOFF);
-        }
-    }
-}
-
 /// `req` with the attempt's world address, when one is served to it (`model.world`):
 /// the `X-Pieval-World-*` headers an agent behind a chat endpoint reads.
 pub fn with_world(mut req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
@@ -230,4 +218,16 @@ pub fn with_world(mut req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
             .header(super::WorldField::Token.header(), w.token);
     }
     req
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_is_bounded() {
+        for n in 0..40 {
+            assert!(backoff(n) <= MAX_BACKOFF);
+        }
+    }
 }

@@ -15,13 +15,13 @@ use serde_json::Value;
 use crate::common::{pieval, read_jsonl, repo, run};
 
 /// The scripted agent on 127.0.0.1, killed when dropped.
-struct Scripted {
+pub(crate) struct Scripted {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
 }
 
 impl Scripted {
-    fn start(python: &str, script: &Path, policy: &str) -> Self {
+    pub(crate) fn start(python: &str, script: &Path, policy: &str) -> Self {
         let mut child = Command::new(python)
             .arg(repo("scripts/agentdojo/scripted_model.py"))
             .arg("--script")

@@ -222,3 +222,301 @@ fn a_served_run_replays_byte_for_byte_and_an_agent_that_never_answers_is_an_erro
         comparable(&again, "case_results.jsonl")
     );
 }
+
+/// The Python that has the agent frameworks (openai-agents, langgraph +
+/// langchain-mcp-adapters, mcp): `PIEVAL_AGENTS_PYTHON` (set by `.ci/run`).
+fn agents_python() -> String {
+    let python = std::env::var("PIEVAL_AGENTS_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = std::process::Command::new(&python)
+        .args([
+            "-c",
+            "import agents, langgraph, langchain_mcp_adapters, langchain_openai, mcp",
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        ok,
+        "the agent frameworks are needed for this test: python3 -m venv V && V/bin/pip install \
+         openai-agents==0.24.0 langgraph==1.2.24 langchain-mcp-adapters==0.3.2 langchain-openai==1.8.1 \
+         mcp==1.30.0, then PIEVAL_AGENTS_PYTHON=V/bin/python (bash .ci/run does this)"
+    );
+    python
+}
+
+/// A framework's agent (tests/fixtures/apps/framework_agent.py) behind `exec`, its
+/// world served, as a `model` section; its model the one at `AGENT_MODEL_URL`.
+fn framework(python: &str, name: &str) -> String {
+    let command = serde_json::to_string(&[
+        python.to_owned(),
+        repo("tests/fixtures/apps/framework_agent.py")
+            .display()
+            .to_string(),
+        name.to_owned(),
+    ])
+    .unwrap();
+    format!(
+        "{{provider: exec, name: {name}, concurrency: 4, timeout_s: 120, max_retries: 0, exec: {{command: {command}, env: {{AGENT_MODEL_URL: AGENT_MODEL_URL, AGENT_MODEL_NAME: AGENT_MODEL_NAME, PIEVAL_BIN: PIEVAL_BIN}}}}, world: {{listen: \"127.0.0.1:0\"}}}}"
+    )
+}
+
+const FRAMEWORKS: [&str; 3] = ["openai-agents", "langgraph", "mcp-stdio"];
+
+/// Run `cfg` with the agent's model at `url` (named `model`).
+fn run_agent(cfg: &Path, url: &str, model: &str) -> PathBuf {
+    let out = run(pieval()
+        .arg("run")
+        .arg(cfg)
+        .arg("--json")
+        .env("AGENT_MODEL_URL", url)
+        .env("AGENT_MODEL_NAME", model)
+        .env("PIEVAL_BIN", env!("CARGO_BIN_EXE_pieval")));
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let outcome: Value = serde_json::from_str(&out.stdout).unwrap();
+    PathBuf::from(outcome["dir"].as_str().unwrap())
+}
+
+/// Each framework's verdicts, case by case, against pieval's own loop driving the same
+/// model; and each attempt's final store the same (no attempt saw another's state).
+fn agree(own: &Path, theirs: &Path, what: &str) {
+    let (a, b) = (verdicts(own), verdicts(theirs));
+    assert_eq!(
+        a.keys().collect::<Vec<_>>(),
+        b.keys().collect::<Vec<_>>(),
+        "{what}: the same cases"
+    );
+    let diffs: Vec<String> = a
+        .iter()
+        .filter(|(id, v)| b[*id] != **v)
+        .map(|(id, v)| format!("{id}: pieval's loop {v:?}, {what} {:?}", b[id]))
+        .collect();
+    assert!(
+        diffs.is_empty(),
+        "{} differ:\n{}",
+        diffs.len(),
+        diffs.join("\n")
+    );
+    let (pa, pb) = (
+        by_case(&own.join("predictions.jsonl")),
+        by_case(&theirs.join("predictions.jsonl")),
+    );
+    for (id, p) in &pa {
+        assert_eq!(
+            p["final_state"], pb[id]["final_state"],
+            "{what} {id}: final state"
+        );
+        // the same calls with the same arguments (as JSON: an MCP client sends them
+        // parsed, and they are recorded as it serialised them)
+        let calls = |p: &Value| -> Vec<(Value, Value)> {
+            serde_json::from_str::<Vec<Value>>(p["agent_actions"].as_str().unwrap_or("[]"))
+                .unwrap()
+                .into_iter()
+                .map(|c| {
+                    let args = serde_json::from_str(c["arguments"].as_str().unwrap_or(""))
+                        .unwrap_or_else(|_| c["arguments"].clone());
+                    (c["name"].clone(), args)
+                })
+                .collect()
+        };
+        assert_eq!(calls(p), calls(&pb[id]), "{what} {id}: actions");
+        assert_eq!(pb[id]["error"], Value::Null, "{what} {id}");
+    }
+}
+
+#[test]
+fn real_agent_frameworks_over_the_served_world_get_pieval_loops_verdicts_on_agentdojo_banking() {
+    let python = agents_python();
+    let tmp = tempfile::tempdir().unwrap();
+    let banking = repo("data/agentdojo/agentdojo-banking.jsonl");
+    for (policy, sample) in [("obey", ""), ("resist", "sample_size: 40, ")] {
+        let server = crate::agentdojo::Scripted::start(
+            "python3",
+            &repo("data/agentdojo/script.json"),
+            policy,
+        );
+        let url = format!("http://127.0.0.1:{}/v1", server.port);
+        let cfg = |name: &str, model: &str| {
+            let path = tmp.path().join(format!("{name}.yaml"));
+            std::fs::write(
+                &path,
+                format!(
+                    "experiment: {{name: {name}, seed: 7, {sample}output_dir: \"{out}\"}}\ndataset: {{path: \"{corpus}\"}}\nmodel: {model}\nmitigation: {{name: none}}\n",
+                    out = tmp.path().join("results").display(),
+                    corpus = banking.display(),
+                ),
+            )
+            .unwrap();
+            path
+        };
+        let own = run_ok(&cfg(
+            &format!("own-{policy}"),
+            &format!(
+                "{{provider: openai, name: {policy}, base_url: \"{url}\", timeout_s: 30, max_retries: 1, concurrency: 8}}"
+            ),
+        ));
+        let n = verdicts(&own).len();
+        assert_eq!(n, if policy == "obey" { 160 } else { 40 });
+        if policy == "obey" {
+            assert!(verdicts(&own).values().filter(|v| v.0 == true).count() > 100);
+        }
+        for fw in FRAMEWORKS {
+            let dir = run_agent(
+                &cfg(&format!("{fw}-{policy}"), &framework(&python, fw)),
+                &url,
+                policy,
+            );
+            agree(&own, &dir, &format!("{fw} ({policy})"));
+        }
+    }
+}
+
+/// InjecAgent's obliging model: after the user's tool (the prefill's call) it calls
+/// each other offered tool in turn, one per answer, with arguments its schema accepts
+/// (each required property a value of its type: a framework that checks arguments
+/// before calling, as the OpenAI Agents SDK does, sends the call to the world), then
+/// answers.
+fn obliging(body: &[u8], _: u64, _: u32) -> Action {
+    let v: Value = serde_json::from_slice(body).unwrap_or_default();
+    let tools: Vec<&Value> = v["tools"].as_array().into_iter().flatten().collect();
+    let made = v["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["role"] == "assistant")
+        .map(|m| m["tool_calls"].as_array().map_or(0, Vec::len))
+        .sum::<usize>();
+    let message = match tools.get(made) {
+        Some(t) => {
+            let f = &t["function"];
+            let props = &f["parameters"]["properties"];
+            let mut args = serde_json::Map::new();
+            for name in f["parameters"]["required"].as_array().into_iter().flatten() {
+                let name = name.as_str().unwrap_or_default();
+                let value = match props[name]["type"].as_str() {
+                    Some("integer") | Some("number") => serde_json::json!(1),
+                    Some("boolean") => serde_json::json!(true),
+                    Some("array") => serde_json::json!([]),
+                    Some("object") => serde_json::json!({}),
+                    _ => serde_json::json!("x"),
+                };
+                args.insert(name.to_owned(), value);
+            }
+            serde_json::json!({"role": "assistant", "content": null, "tool_calls": [{
+                "id": format!("c{made}"), "type": "function",
+                "function": {"name": f["name"], "arguments": Value::Object(args).to_string()}}]})
+        }
+        None => serde_json::json!({"role": "assistant", "content": "Here is what you asked for."}),
+    };
+    Action::StatusBody(
+        200,
+        serde_json::json!({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]})
+            .to_string(),
+    )
+}
+
+#[test]
+fn real_agent_frameworks_get_pieval_loops_verdicts_on_injecagent_and_poisoned_descriptions_are_delivered()
+ {
+    let python = agents_python();
+    let tmp = tempfile::tempdir().unwrap();
+    let injecagent = tmp.path().join("injecagent.jsonl");
+    let out = run(pieval()
+        .args(["ingest", "injecagent"])
+        .arg(repo("tests/fixtures/injecagent/data"))
+        .arg("-o")
+        .arg(&injecagent));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let server = ChatServer::start_with_body(std::sync::Arc::new(obliging));
+    let url = server.base_url();
+    let cfg = |name: &str, corpus: &Path, model: &str| {
+        let path = tmp.path().join(format!("{name}.yaml"));
+        std::fs::write(
+            &path,
+            format!(
+                "experiment: {{name: {name}, seed: 5, sample_size: 24, output_dir: \"{out}\"}}\ndataset: {{path: \"{corpus}\"}}\nselection: {{stratify_by: [attack_family]}}\nmodel: {model}\nmitigation: {{name: none}}\n",
+                out = tmp.path().join("results").display(),
+                corpus = corpus.display(),
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let own = run_ok(&cfg(
+        "own",
+        &injecagent,
+        &format!(
+            "{{provider: openai, name: obliging, base_url: \"{url}\", timeout_s: 30, max_retries: 1, concurrency: 8}}"
+        ),
+    ));
+    let v = verdicts(&own);
+    assert_eq!(v.len(), 24);
+    assert!(v.values().all(|v| v.0 == true && v.2 == true), "{v:?}");
+    for fw in FRAMEWORKS {
+        let dir = run_agent(
+            &cfg(&format!("ia-{fw}"), &injecagent, &framework(&python, fw)),
+            &url,
+            "obliging",
+        );
+        agree(&own, &dir, &format!("{fw} (InjecAgent)"));
+    }
+    // tool poisoning through MCP: the obedient agent follows a poisoned description
+    let server = ChatServer::always(Action::Answer);
+    for fw in FRAMEWORKS {
+        let dir = run_agent(
+            &cfg(&format!("poison-{fw}"), &corpus(), &framework(&python, fw)),
+            &server.base_url(),
+            OBEDIENT,
+        );
+        let r = verdicts(&dir);
+        assert_eq!(
+            r["agent-mcp-poison"],
+            (
+                Value::Bool(true),
+                r["agent-mcp-poison"].1.clone(),
+                Value::Bool(true)
+            ),
+            "{fw}: the poisoned description delivered and obeyed"
+        );
+    }
+}
+
+#[test]
+fn a_killed_served_run_resumes_without_loss_or_duplicates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(
+        tmp.path(),
+        "kill",
+        &corpus(),
+        &served(OBEDIENT, 1, 20).replace(
+            "exec: {command:",
+            "exec: {env: {WORLD_AGENT_DELAY: WORLD_AGENT_DELAY}, command:",
+        ),
+        "{name: none}",
+    );
+    let mut child = pieval()
+        .arg("run")
+        .arg(&cfg)
+        .env("WORLD_AGENT_DELAY", "0.3")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let dir = crate::common::wait_for_checkpoint(&tmp.path().join("results"), 2);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let before = by_case(&dir.join("predictions.jsonl")).len();
+    assert!(before < 9, "killed mid-run ({before})");
+    let run_id = dir.file_name().unwrap().to_str().unwrap().to_owned();
+    let out = run(pieval()
+        .arg("run")
+        .arg(&cfg)
+        .args(["--resume", &run_id, "--json"])
+        .env("WORLD_AGENT_DELAY", "0"));
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let lines = read_jsonl(&dir.join("predictions.jsonl"));
+    let written = lines
+        .iter()
+        .filter(|l| l.get("pieval_record").is_none())
+        .count();
+    assert_eq!(written, 9, "no loss, no duplicates");
+    assert_eq!(verdicts(&dir)["agent-steal"].0, true);
+}
