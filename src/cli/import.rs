@@ -45,6 +45,10 @@ pub struct Args {
     /// (data/agentdojo), whose criteria over the agent's calls pieval decides itself.
     #[arg(long, value_name = "PATH")]
     cases: Vec<PathBuf>,
+    /// Traces (`otel`): the pieval run (its id) whose attempts sent the W3C traceparent
+    /// the spans carry; spans are joined to its attempts by trace id.
+    #[arg(long, value_name = "RUN_ID")]
+    trace_run: Option<String>,
     /// The taxonomy the imported cases are enriched with (default: data/taxonomy when it
     /// exists here, else the one compiled into pieval).
     #[arg(long, value_name = "DIR")]
@@ -79,6 +83,7 @@ pub fn run(args: Args) -> Result<ExitStatus> {
             .taxonomy
             .or_else(|| Some(PathBuf::from(paths::TAXONOMY)).filter(|p| p.exists())),
         cases: args.cases,
+        trace_run: args.trace_run,
     };
     let report = import(&opts)?;
     if args.json {

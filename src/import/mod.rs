@@ -22,6 +22,7 @@ pub mod agentdojo;
 pub mod cyberseceval;
 pub mod garak;
 pub mod inspect;
+pub mod otel;
 pub mod promptfoo;
 pub mod pyrit;
 pub mod spikee;
@@ -63,6 +64,7 @@ pub const IMPORTERS: &[&Importer] = &[
     &agentdojo::IMPORTER,
     &spikee::IMPORTER,
     &cyberseceval::IMPORTER,
+    &otel::IMPORTER,
 ];
 
 /// The importers' table of docs/import.md, written from [`IMPORTERS`].
@@ -115,6 +117,9 @@ pub struct ImportOptions {
     /// Corpora whose cases the results answer, by case id (AgentDojo: pieval's
     /// translation of its suites): a result whose case is there is scored against it.
     pub cases: Vec<PathBuf>,
+    /// Traces (`otel`): the pieval run whose attempts sent the W3C `traceparent` the
+    /// spans carry (their trace ids are found from it: `otel::trace_id`).
+    pub trace_run: Option<String>,
 }
 
 /// One source file, as the manifest records it.
@@ -621,6 +626,23 @@ impl Sink {
     /// A setting of the source run, kept in the manifest's import block.
     pub fn setup(&mut self, key: &str, value: Value) {
         self.setup.insert(key.to_owned(), value);
+    }
+
+    /// The run whose attempts' trace ids the spans carry (`--trace-run`).
+    pub fn trace_run(&self) -> Option<String> {
+        self.options.trace_run.clone()
+    }
+
+    /// Every case id of the `--cases` corpora.
+    pub fn known_case_ids(&mut self) -> Vec<String> {
+        self.known_case("");
+        let mut ids: Vec<String> = self
+            .known
+            .as_ref()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default();
+        ids.sort();
+        ids
     }
 
     /// The case `id` of the `--cases` corpora, when they hold it.
@@ -1236,6 +1258,7 @@ pub fn read_records(tool: &str, path: &Path, dir: &Path) -> Result<u64> {
         max_line_bytes: crate::corpus::lines::DEFAULT_MAX_LINE_BYTES * 64,
         taxonomy: None,
         cases: Vec::new(),
+        trace_run: None,
     };
     let mut sink = Sink::create(
         imp.name,

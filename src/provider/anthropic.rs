@@ -58,7 +58,7 @@ impl AnthropicProvider {
     }
 
     async fn attempt(&self, body: &Value) -> std::result::Result<Value, TryError> {
-        let mut req = transport::with_world(
+        let mut req = transport::with_attempt(
             self.client
                 .post(&self.url)
                 .header("anthropic-version", API_VERSION)

@@ -863,6 +863,7 @@ impl ExecProvider {
             "payload": scope.payload,
             "task": scope.task,
             "world": scope.state().world,
+            "traceparent": scope.traceparent,
         });
         let mut line = serde_json::to_vec(&request).expect("a JSON value");
         line.push(b'\n');

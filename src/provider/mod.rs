@@ -343,6 +343,9 @@ pub struct AttemptScope {
     /// The case's injection (what setup plants) and its user task.
     pub payload: Option<String>,
     pub task: Option<String>,
+    /// The W3C `traceparent` sent with the attempt's requests (`crate::import::otel`):
+    /// an agent's spans carry its trace id, which joins them to the attempt.
+    pub traceparent: Option<String>,
     state: std::sync::Mutex<AttemptState>,
 }
 
@@ -446,6 +449,7 @@ impl AttemptScope {
                 case.prompt.clone()
             }),
             task: Some(case.prompt.clone()),
+            traceparent: None,
             state: Default::default(),
         }
     }
@@ -461,6 +465,7 @@ impl AttemptScope {
             case_id: case_id.to_owned(),
             payload: None,
             task: None,
+            traceparent: None,
             state: Default::default(),
         }
     }

@@ -61,7 +61,7 @@ impl OpenAiProvider {
     /// One attempt: the answer's body (every key redacted, in any spelling) and whether
     /// anything was, or Err(message, retryable, retry_after).
     async fn attempt(&self, body: &Value) -> Result<(String, bool), TryError> {
-        let mut req = transport::with_world(self.client.post(&self.url).json(body));
+        let mut req = transport::with_attempt(self.client.post(&self.url).json(body));
         if let Some(k) = &self.api_key {
             req = req.bearer_auth(k);
         }

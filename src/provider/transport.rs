@@ -204,13 +204,16 @@ pub(crate) fn redirect_error(head: &Head, configured: &str) -> TryError {
     )
 }
 
-/// `req` with the attempt's world address, when one is served to it (`model.world`):
-/// the `X-Pieval-World-*` headers an agent behind a chat endpoint reads.
-pub fn with_world(mut req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-    let world = super::ATTEMPT
-        .try_with(|s| s.state().world.clone())
-        .ok()
-        .flatten();
+/// `req` with what the attempt in scope tells its target: the W3C `traceparent` its
+/// spans are to carry, and its world's address when one is served to it (`model.world`:
+/// the `X-Pieval-World-*` headers an agent behind a chat endpoint reads).
+pub fn with_attempt(mut req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    let (traceparent, world) = super::ATTEMPT
+        .try_with(|s| (s.traceparent.clone(), s.state().world.clone()))
+        .unwrap_or_default();
+    if let Some(t) = traceparent {
+        req = req.header("traceparent", t);
+    }
     if let Some(w) = world {
         req = req
             .header(super::WorldField::McpUrl.header(), w.mcp_url)

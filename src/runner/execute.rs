@@ -366,7 +366,9 @@ impl AttemptRunner<'_> {
             return self.attempt(case, spec, backend, helpers).await;
         };
         let key = spec.id().unwrap_or(&case.case_id).to_owned();
-        let scope = Arc::new(AttemptScope::new(&key, case));
+        let mut scope = AttemptScope::new(&key, case);
+        scope.traceparent = Some(crate::import::otel::traceparent(self.run_id, &key));
+        let scope = Arc::new(scope);
         let begun = target.begin(&scope).await;
         let mut rec = match begun {
             Ok(()) => {

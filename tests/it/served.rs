@@ -520,3 +520,121 @@ fn a_killed_served_run_resumes_without_loss_or_duplicates() {
     assert_eq!(written, 9, "no loss, no duplicates");
     assert_eq!(verdicts(&dir)["agent-steal"].0, true);
 }
+
+#[test]
+fn an_agents_opentelemetry_traces_give_the_verdicts_of_the_calls_its_world_recorded() {
+    let python = agents_python();
+    let tmp = tempfile::tempdir().unwrap();
+    for (format, join) in [("proto", "attribute"), ("json", "traceparent")] {
+        let spans = tmp.path().join(format!("spans-{format}"));
+        std::fs::create_dir_all(&spans).unwrap();
+        let command = serde_json::to_string(&[
+            python.clone(),
+            repo("tests/fixtures/apps/world_agent.py")
+                .display()
+                .to_string(),
+            OBEDIENT.to_owned(),
+        ])
+        .unwrap();
+        let model = format!(
+            "{{provider: exec, name: traced, concurrency: 2, timeout_s: 20, max_retries: 0, exec: {{command: {command}, env: {{OTEL_FILE: OTEL_FILE, OTEL_FILE_FORMAT: OTEL_FILE_FORMAT, OTEL_JOIN: OTEL_JOIN}}}}, world: {{}}}}"
+        );
+        let cfg = config(
+            tmp.path(),
+            &format!("traced-{format}"),
+            &corpus(),
+            &model,
+            "{name: none}",
+        );
+        let out = run(pieval()
+            .arg("run")
+            .arg(&cfg)
+            .arg("--json")
+            .env("OTEL_FILE", &spans)
+            .env("OTEL_FILE_FORMAT", format)
+            .env("OTEL_JOIN", join));
+        assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+        let outcome: Value = serde_json::from_str(&out.stdout).unwrap();
+        let served = PathBuf::from(outcome["dir"].as_str().unwrap());
+        let run_id = outcome["run_id"].as_str().unwrap().to_owned();
+        let imported = tmp.path().join(format!("imported-{format}"));
+        let mut import = pieval();
+        import
+            .args(["import", "otel"])
+            .arg(&spans)
+            .arg("--cases")
+            .arg(corpus())
+            .arg("--output")
+            .arg(&imported)
+            .arg("--json");
+        if join == "traceparent" {
+            import.args(["--trace-run", &run_id]);
+        }
+        let out = run(&mut import);
+        assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+        let (a, b) = (verdicts(&served), verdicts(&imported));
+        for (id, v) in &a {
+            if id == "agent-state" {
+                // a criterion over the store: not in the spans
+                assert_eq!(b[id].0, Value::Null, "{format}: {id} left undecided");
+                continue;
+            }
+            assert_eq!(
+                v.0, b[id].0,
+                "{format} {id}: attack_success from the traces"
+            );
+            assert_eq!(v.2, b[id].2, "{format} {id}: injection_delivered");
+        }
+        assert_eq!(b["agent-steal"].0, true);
+        // the calls, in order, as the world recorded them
+        let calls = |d: &Path| -> BTreeMap<String, Vec<String>> {
+            by_case(&d.join("predictions.jsonl"))
+                .into_iter()
+                .map(|(id, p)| {
+                    let names = serde_json::from_str::<Vec<Value>>(
+                        p["agent_actions"].as_str().unwrap_or("[]"),
+                    )
+                    .unwrap()
+                    .iter()
+                    .map(|c| c["name"].as_str().unwrap_or_default().to_owned())
+                    .collect();
+                    (id, names)
+                })
+                .collect()
+        };
+        let (ca, cb) = (calls(&served), calls(&imported));
+        for (id, names) in &cb {
+            // the world counts calls of tools it does not offer as no action; a span of
+            // one is a call the agent made
+            let offered: Vec<&String> =
+                names.iter().filter(|n| *n != "delete_everything").collect();
+            let recorded: Vec<&String> = ca[id].iter().collect();
+            assert_eq!(offered, recorded, "{format} {id}: the calls");
+        }
+    }
+    // a file cut short is an error naming it, and no run folder
+    let spans = tmp.path().join("spans-proto");
+    let file = std::fs::read_dir(&spans)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let bytes = std::fs::read(&file).unwrap();
+    let cut = tmp.path().join("cut.bin");
+    std::fs::write(&cut, &bytes[..bytes.len() - 3]).unwrap();
+    let out = run(pieval()
+        .args(["import", "otel"])
+        .arg(&cut)
+        .arg("--cases")
+        .arg(corpus())
+        .arg("--output")
+        .arg(tmp.path().join("never")));
+    assert_ne!(out.code, 0);
+    assert!(
+        out.stderr.contains("cut.bin") && out.stderr.contains("truncated"),
+        "{}",
+        out.stderr
+    );
+    assert!(!tmp.path().join("never").exists());
+}

@@ -231,6 +231,16 @@ impl HttpProvider {
         for (k, v) in &sent.headers {
             req = req.header(k, v);
         }
+        // the attempt's W3C trace context (its spans are joined to it), unless the
+        // request sets its own
+        if let Some(t) = &scope.traceparent
+            && !sent
+                .headers
+                .iter()
+                .any(|(k, _)| k.as_str().eq_ignore_ascii_case("traceparent"))
+        {
+            req = req.header("traceparent", t);
+        }
         let cookies = scope.cookie_header(&step.origin);
         if let Some(c) = &cookies {
             req = req.header(reqwest::header::COOKIE, c);
