@@ -276,3 +276,125 @@ fn finish(
     out.turns = turns;
     out
 }
+
+/// One attempt of `case` whose agent's tools are real (`model.traces`): the task sent
+/// once with the attempt's `traceparent`, the agent's calls read from the spans its trace
+/// brought to `receiver` (mapped as `pieval import otel` maps them), waiting up to `wait`
+/// after its answer for its root span. Nothing is simulated: no store, and a payload is
+/// delivered when a result its spans recorded held it.
+#[allow(clippy::too_many_arguments)]
+pub async fn traced(
+    receiver: &super::traces::Receiver,
+    wait: std::time::Duration,
+    case: &AttackCase,
+    payload: Option<&str>,
+    mitigation: &Mitigation,
+    key: &str,
+    target: &dyn Provider,
+    traceparent: &str,
+) -> Outcome {
+    let mut out = empty(case);
+    if !matches!(mitigation, Mitigation::None(_)) {
+        out.error = Some(
+            "an agent whose tools are real is measured as it is: its mitigations are its own (mitigation none); pieval's act on the outputs of its world (model.world)".into(),
+        );
+        return out;
+    }
+    let mut messages = Vec::new();
+    if let Some(s) = &out.system {
+        messages.push(json!({"role": "system", "content": s}));
+    }
+    messages.push(json!({"role": "user", "content": case.prompt}));
+    receiver.expect(traceparent);
+    let reply = target.chat(&format!("{key}#1"), &messages, &[]).await;
+    let (spans, ended) = receiver.take(traceparent, wait).await;
+    let refs: Vec<&crate::import::otel::Span> = spans.iter().collect();
+    let calls = crate::import::otel::calls_of(&refs);
+    let payload = payload.filter(|p| !p.is_empty());
+    let mut turns = Vec::new();
+    let mut actions = Vec::new();
+    let mut delivered = false;
+    for (i, c) in calls.into_iter().enumerate() {
+        let n = i as u32 + 1;
+        let arguments = match &c.arguments {
+            Value::String(s) => s.clone(),
+            v => v.to_string(),
+        };
+        let injected =
+            payload.is_some_and(|p| c.output.as_deref().is_some_and(|o| super::run::holds(o, p)));
+        delivered |= injected;
+        actions.push(json!({"name": c.name, "arguments": arguments}));
+        turns.push(TurnRecord {
+            turn: n,
+            depth: 0,
+            node_id: n.to_string(),
+            tool_calls: vec![crate::rundir::checkpoint::ToolCallRecord {
+                id: if c.id.is_empty() {
+                    format!("call_{n}")
+                } else {
+                    c.id
+                },
+                name: c.name,
+                arguments,
+                executed: c.output.is_some(),
+                output: c.output.unwrap_or_default(),
+                error: c.error,
+                action: true,
+                injected,
+                ..Default::default()
+            }],
+            ..TurnRecord::default()
+        });
+    }
+    let n = turns.len() as u32 + 1;
+    let mut last = TurnRecord {
+        turn: n,
+        depth: 0,
+        node_id: n.to_string(),
+        ..TurnRecord::default()
+    };
+    out.injection_delivered = payload.map(|_| delivered);
+    out.stop = Stop::Answer;
+    match reply {
+        Ok(r) => {
+            let c = &r.completion;
+            out.latency_ms = c.latency_ms;
+            out.attempts = c.attempts;
+            out.redacted = c.redacted;
+            out.truncated = c.truncated;
+            last.latency_ms = Some(c.latency_ms);
+            last.target_response = r.content.clone();
+            out.response = r.content;
+        }
+        Err(e) => {
+            out.latency_ms = e.latency_ms;
+            out.attempts = e.attempts;
+            last.latency_ms = Some(e.latency_ms);
+            last.error = Some(e.message.clone());
+            out.error = Some(e.message);
+            out.stop = Stop::Error;
+        }
+    }
+    turns.push(last);
+    if out.error.is_none() && !ended {
+        out.error = Some(format!(
+            "the agent's trace did not end within {} s: its root span (the child of the traceparent pieval sent) never came, {} span(s) did — export with the traceparent's context and flush before answering",
+            wait.as_secs_f64(),
+            spans.len()
+        ));
+        out.stop = Stop::Error;
+    }
+    if let Some(first) = turns.first_mut() {
+        first.attack_prompt = case.prompt.clone();
+    }
+    out.turns = turns;
+    out.actions = bounded(
+        Value::Array(actions).to_string(),
+        "[]",
+        "the attempt's actions",
+        &mut out,
+    );
+    // the tools are real: their store is not pieval's to know
+    out.final_state = "null".into();
+    out
+}

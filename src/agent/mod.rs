@@ -14,4 +14,5 @@ pub mod run;
 pub mod schema;
 pub mod serve;
 pub mod stdio;
+pub mod traces;
 pub mod world;

@@ -77,7 +77,7 @@ pub struct Outcome {
 
 /// Whether a tool output holds the payload: as is, or inside a JSON text (a store's
 /// records are sent as JSON, the payload's quotes and newlines escaped).
-fn holds(output: &str, payload: &str) -> bool {
+pub(crate) fn holds(output: &str, payload: &str) -> bool {
     output.contains(payload) || {
         let quoted = serde_json::to_string(payload).expect("a string serialises");
         output.contains(&quoted[1..quoted.len() - 1])

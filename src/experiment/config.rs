@@ -288,6 +288,29 @@ impl Config {
             }
             (_, None) => {}
         }
+        if let Some(t) = &m.traces {
+            if let Err(message) = t.addr() {
+                return bad("model.traces.listen", message);
+            }
+            if !(t.wait_s.is_finite() && t.wait_s >= 0.0 && t.wait_s <= 600.0) {
+                return bad(
+                    "model.traces.wait_s",
+                    format!("{} is not between 0 and 600 seconds", t.wait_s),
+                );
+            }
+            if m.world.is_some() {
+                return bad(
+                    "model.traces",
+                    "an agent served its world is judged by the calls the world recorded; traces are for an agent whose tools are real (set one of world, traces)".into(),
+                );
+            }
+            if matches!(m.provider, ProviderKind::Local | ProviderKind::Replay) {
+                return bad(
+                    "model.traces",
+                    "traces are read from an agent with its own loop (provider http, exec, websocket, openai, anthropic); a traced run's predictions are rescored with `pieval replay --rescore`".into(),
+                );
+            }
+        }
         if let Some(w) = &m.world {
             if let Err(message) = w.addr() {
                 return bad("model.world.listen", message);

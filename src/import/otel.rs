@@ -820,14 +820,6 @@ pub fn by_attempt<'s>(
 // ---------------------------------------------------------------------------------------
 // The importer.
 
-/// Whether `output` holds `payload`, as is or JSON-escaped (a result recorded as JSON).
-fn carries_text(output: &str, payload: &str) -> bool {
-    output.contains(payload) || {
-        let quoted = serde_json::to_string(payload).expect("a string serialises");
-        output.contains(&quoted[1..quoted.len() - 1])
-    }
-}
-
 fn import(path: &Path, sink: &mut Sink) -> Result<()> {
     let files: Vec<_> = super::files_under(path)?;
     if files.is_empty() {
@@ -881,9 +873,11 @@ fn import(path: &Path, sink: &mut Sink) -> Result<()> {
         // opt-in in the conventions: without any, undecided)
         let any_output = calls.iter().any(|c| c.output.is_some());
         let delivered = payload.as_deref().filter(|_| any_output).map(|p| {
-            calls
-                .iter()
-                .any(|c| c.output.as_deref().is_some_and(|o| carries_text(o, p)))
+            calls.iter().any(|c| {
+                c.output
+                    .as_deref()
+                    .is_some_and(|o| crate::agent::run::holds(o, p))
+            })
         });
         let cid = sink.case(&at0, case)?;
         let mut p = PredictionRecord {

@@ -200,6 +200,7 @@ impl JudgeSection {
             exec: None,
             websocket: None,
             world: None,
+            traces: None,
         }
     }
 }

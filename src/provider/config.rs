@@ -101,6 +101,38 @@ pub struct ModelSection {
     /// once and the world's address, and the agent's calls to the world are its actions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub world: Option<WorldSection>,
+    /// An OTLP/HTTP trace receiver for an agent whose tools are real
+    /// (`crate::agent::traces`, docs/agents.md): each agentic attempt's calls are read
+    /// from the spans of the trace pieval started for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traces: Option<TracesSection>,
+}
+
+/// `model.traces`: where the receiver listens, how long an attempt's trace may take.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TracesSection {
+    /// A loopback address (`127.0.0.1:4318`, the default: OTLP/HTTP's port, where an
+    /// exporter sends by default).
+    #[serde(default = "default_traces_listen")]
+    pub listen: String,
+    /// Seconds to wait, after the agent's answer, for its trace to end (its root span).
+    #[serde(default = "default_traces_wait_s")]
+    pub wait_s: f64,
+}
+
+fn default_traces_listen() -> String {
+    "127.0.0.1:4318".into()
+}
+
+fn default_traces_wait_s() -> f64 {
+    10.0
+}
+
+impl TracesSection {
+    pub fn addr(&self) -> std::result::Result<std::net::SocketAddr, String> {
+        loopback(&self.listen)
+    }
 }
 
 /// `model.world`: where the worlds are served.
@@ -121,18 +153,22 @@ impl WorldSection {
     /// The address to bind, or why not (a loopback address only: the server answers
     /// only to a loopback `Host`).
     pub fn addr(&self) -> std::result::Result<std::net::SocketAddr, String> {
-        let a: std::net::SocketAddr = self
-            .listen
-            .parse()
-            .map_err(|_| format!("{:?} is not an address and port (127.0.0.1:0)", self.listen))?;
-        if !a.ip().is_loopback() {
-            return Err(format!(
-                "{} is not a loopback address: the world is served on this machine only (127.0.0.1 or ::1)",
-                a.ip()
-            ));
-        }
-        Ok(a)
+        loopback(&self.listen)
     }
+}
+
+/// A loopback address and port, or why not.
+fn loopback(listen: &str) -> std::result::Result<std::net::SocketAddr, String> {
+    let a: std::net::SocketAddr = listen
+        .parse()
+        .map_err(|_| format!("{listen:?} is not an address and port (127.0.0.1:0)"))?;
+    if !a.ip().is_loopback() {
+        return Err(format!(
+            "{} is not a loopback address: pieval serves on this machine only (127.0.0.1 or ::1)",
+            a.ip()
+        ));
+    }
+    Ok(a)
 }
 
 pub(crate) fn default_max_tokens() -> u32 {

@@ -864,6 +864,7 @@ impl ExecProvider {
             "task": scope.task,
             "world": scope.state().world,
             "traceparent": scope.traceparent,
+            "otlp_traces_url": scope.otlp_traces_url,
         });
         let mut line = serde_json::to_vec(&request).expect("a JSON value");
         line.push(b'\n');

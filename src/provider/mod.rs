@@ -346,6 +346,8 @@ pub struct AttemptScope {
     /// The W3C `traceparent` sent with the attempt's requests (`crate::import::otel`):
     /// an agent's spans carry its trace id, which joins them to the attempt.
     pub traceparent: Option<String>,
+    /// Where the run's trace receiver takes the agent's spans (`model.traces`).
+    pub otlp_traces_url: Option<String>,
     state: std::sync::Mutex<AttemptState>,
 }
 
@@ -450,6 +452,7 @@ impl AttemptScope {
             }),
             task: Some(case.prompt.clone()),
             traceparent: None,
+            otlp_traces_url: None,
             state: Default::default(),
         }
     }
@@ -466,6 +469,7 @@ impl AttemptScope {
             payload: None,
             task: None,
             traceparent: None,
+            otlp_traces_url: None,
             state: Default::default(),
         }
     }

@@ -222,6 +222,16 @@ pub(super) fn execute_all(
         }
         _ => None,
     };
+    // The trace receiver (`model.traces`): the spans of an agent whose tools are real.
+    let receiver = match (&cfg.model.traces, backend.as_ref()) {
+        (Some(t), Answers::Call(_)) => {
+            let addr = t
+                .addr()
+                .map_err(|m| Error::State(format!("model.traces.listen: {m}")))?;
+            Some(rt.block_on(crate::agent::traces::Receiver::start(addr, dir))?)
+        }
+        _ => None,
+    };
     let call_start = std::time::Instant::now();
     let result = rt.block_on(async {
         let mut tally = Tally::default();
@@ -236,6 +246,7 @@ pub(super) fn execute_all(
             mitigation: &mitigation,
             judge: strategy_judge,
             hub: hub.as_ref(),
+            receiver: receiver.as_ref(),
         };
         let mut stream = futures::stream::iter(pending.iter().map(|(case, spec)| {
             let backend = Arc::clone(&backend);
@@ -338,6 +349,15 @@ pub(super) fn execute_all(
     if let Some(h) = &hub {
         rt.block_on(h.stop());
     }
+    if let Some(r) = &receiver {
+        rt.block_on(r.stop());
+        let dropped = r.dropped();
+        if dropped > 0 {
+            note(&format!(
+                "trace receiver: {dropped} span(s) of traces no attempt started were dropped"
+            ));
+        }
+    }
     result
 }
 
@@ -350,6 +370,8 @@ struct AttemptRunner<'a> {
     judge: Option<&'a crate::judge::Judge>,
     /// The world server (`model.world`), for an agent with its own loop.
     hub: Option<&'a crate::agent::serve::Hub>,
+    /// The trace receiver (`model.traces`), for an agent whose tools are real.
+    receiver: Option<&'a crate::agent::traces::Receiver>,
 }
 
 impl AttemptRunner<'_> {
@@ -368,6 +390,7 @@ impl AttemptRunner<'_> {
         let key = spec.id().unwrap_or(&case.case_id).to_owned();
         let mut scope = AttemptScope::new(&key, case);
         scope.traceparent = Some(crate::import::otel::traceparent(self.run_id, &key));
+        scope.otlp_traces_url = self.receiver.map(|r| r.url());
         let scope = Arc::new(scope);
         let begun = target.begin(&scope).await;
         let mut rec = match begun {
@@ -556,6 +579,22 @@ impl AttemptRunner<'_> {
                 )
                 .await
             }
+            (Answers::Call(p), _) if self.receiver.is_some() => {
+                let receiver = self.receiver.expect("matched");
+                let wait = self.cfg.model.traces.as_ref().map_or(10.0, |t| t.wait_s);
+                let traceparent = crate::import::otel::traceparent(self.run_id, key);
+                crate::agent::drive::traced(
+                    receiver,
+                    std::time::Duration::from_secs_f64(wait),
+                    case,
+                    payload,
+                    self.mitigation,
+                    key,
+                    p.as_ref(),
+                    &traceparent,
+                )
+                .await
+            }
             (Answers::Replay(..), Some(r)) if served => {
                 crate::agent::drive::replay(case, payload, self.mitigation, seed, key, r).await
             }
@@ -586,7 +625,8 @@ impl AttemptRunner<'_> {
         rec.turns_used = Some(out.turns.iter().filter(|t| t.turn > 0).count() as u32);
         rec.turns = out.turns;
         rec.agent_actions = Some(out.actions);
-        rec.final_state = Some(out.final_state);
+        // "null": no store known (an agent whose tools are real)
+        rec.final_state = (out.final_state != "null").then_some(out.final_state);
         rec.injection_delivered = out.injection_delivered;
         rec.agent_stop = Some(out.stop.as_str().to_owned());
     }

@@ -638,3 +638,99 @@ fn an_agents_opentelemetry_traces_give_the_verdicts_of_the_calls_its_world_recor
     );
     assert!(!tmp.path().join("never").exists());
 }
+
+#[test]
+fn an_agent_with_real_tools_is_judged_from_the_spans_it_sends_the_runs_receiver() {
+    let python = agents_python();
+    let tmp = tempfile::tempdir().unwrap();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let traced = |policy: &str| {
+        let command = serde_json::to_string(&[
+            python.clone(),
+            repo("tests/fixtures/apps/world_agent.py")
+                .display()
+                .to_string(),
+            policy.to_owned(),
+        ])
+        .unwrap();
+        format!(
+            "{{provider: exec, name: {policy}, concurrency: 2, timeout_s: 30, max_retries: 0, exec: {{command: {command}}}, traces: {{listen: \"127.0.0.1:{port}\", wait_s: 10}}}}"
+        )
+    };
+    let obeys = run_ok(&config(
+        tmp.path(),
+        "real-obeys",
+        &corpus(),
+        &traced(OBEDIENT),
+        "{name: none}",
+    ));
+    let v = verdicts(&obeys);
+    assert_eq!(v.len(), 9);
+    assert_eq!(
+        v["agent-steal"],
+        (
+            Value::Bool(true),
+            v["agent-steal"].1.clone(),
+            Value::Bool(true)
+        ),
+        "{v:?}"
+    );
+    let p = by_case(&obeys.join("predictions.jsonl"));
+    assert_eq!(
+        p["agent-steal"]["error"],
+        Value::Null,
+        "{}",
+        p["agent-steal"]
+    );
+    assert!(
+        p["agent-steal"]["agent_actions"]
+            .as_str()
+            .unwrap()
+            .contains("EVIL-IBAN-666")
+    );
+    // every message received is kept in the run folder, and imports to the same verdicts
+    let kept = obeys.join("traces.otlp");
+    assert!(std::fs::metadata(&kept).unwrap().len() > 0);
+    let run_id = obeys.file_name().unwrap().to_str().unwrap().to_owned();
+    let out = run(pieval()
+        .args(["import", "otel"])
+        .arg(&kept)
+        .arg("--cases")
+        .arg(corpus())
+        .args(["--trace-run", &run_id])
+        .arg("--output")
+        .arg(tmp.path().join("again")));
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let again = verdicts(&tmp.path().join("again"));
+    for (id, x) in &v {
+        assert_eq!(x.0, again[id].0, "{id}: the same from the kept traces");
+    }
+    let careful = verdicts(&run_ok(&config(
+        tmp.path(),
+        "real-careful",
+        &corpus(),
+        &traced("careful"),
+        "{name: none}",
+    )));
+    assert!(careful.values().all(|x| x.0 != true), "{careful:?}");
+    // a mitigation acts on pieval's world's outputs: with real tools it is refused
+    let p = by_case(
+        &run_ok(&config(
+            tmp.path(),
+            "real-mitigated",
+            &corpus(),
+            &traced(OBEDIENT),
+            "{name: spotlight_datamark}",
+        ))
+        .join("predictions.jsonl"),
+    );
+    assert!(
+        p["agent-steal"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("mitigation none")
+    );
+}
