@@ -661,9 +661,10 @@ fn requested(s: &Span) -> Vec<Call> {
             }
         }
     }
-    // OpenInference's flattened form, in index order
-    let mut flat: BTreeMap<(usize, usize), (Option<String>, Option<String>, Option<Value>)> =
-        BTreeMap::new();
+    // OpenInference's flattened form, in index order: (name, id, arguments) by
+    // (message, call)
+    type Parts = (Option<String>, Option<String>, Option<Value>);
+    let mut flat: BTreeMap<(usize, usize), Parts> = BTreeMap::new();
     for (k, v) in a {
         let Some(rest) = k.strip_prefix("llm.output_messages.") else {
             continue;
