@@ -30,24 +30,13 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema};
 mod args;
 #[path = "support/child.rs"]
 mod child;
+#[path = "support/corpus.rs"]
+mod corpus;
 use args::arg;
 
 fn agent_loop(root: &Path, tmp: &Path, n: usize, concurrency: usize) {
-    let fixture = std::fs::read_to_string(root.join("tests/fixtures/agents/cases.jsonl")).unwrap();
-    let case: serde_json::Value = fixture
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .find(|c| c["case_id"] == "agent-steal")
-        .unwrap();
     let corpus = tmp.join("agents.jsonl");
-    let mut text = String::new();
-    for i in 0..n {
-        let mut c = case.clone();
-        c["case_id"] = format!("agent-steal-{i}").into();
-        text.push_str(&c.to_string());
-        text.push('\n');
-    }
-    std::fs::write(&corpus, text).unwrap();
+    corpus::agent_cases(root, &corpus, "agent-steal", n);
     let server = chat_server::ChatServer::always(chat_server::Action::Answer);
     let cfg = tmp.join("agents.yaml");
     std::fs::write(

@@ -814,6 +814,60 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn malformed_json_rpc_huge_arguments_and_non_utf8_bodies_are_clear_errors() {
+        let hub = Hub::start("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let (id, at) = hub
+            .open(Live::new(case("agent-steal"), None, mitigation("name: none"), 7).unwrap())
+            .unwrap();
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        // not JSON at the MCP endpoint: the SDK's JSON-RPC refusal, no call recorded
+        let r = http
+            .post(&at.mcp_url)
+            .bearer_auth(&at.token)
+            .header("accept", "application/json, text/event-stream")
+            .header("content-type", "application/json")
+            .body("{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": ")
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_client_error(), "{}", r.status());
+        // JSON-RPC with an unknown method
+        let (_, v) = rpc(&http, &at.mcp_url, &at.token, "tools/destroy", json!({})).await;
+        assert!(v.get("error").is_some(), "{v}");
+        // arguments over 16 KiB: the call's error, named
+        let big = "x".repeat(20 << 10);
+        let (_, v) = rpc(
+            &http,
+            &at.mcp_url,
+            &at.token,
+            "tools/call",
+            json!({"name": "send_money", "arguments": {"recipient": big, "amount": 1}}),
+        )
+        .await;
+        assert_eq!(v["result"]["isError"], true, "{v}");
+        assert!(v.to_string().contains("bytes"), "{v}");
+        // a body that is not UTF-8 over HTTP: refused as the call's error, never repaired
+        let r = http
+            .post(format!("{}/send_money", at.http_url))
+            .bearer_auth(&at.token)
+            .body(vec![0xff, 0xfe, b'{', b'}'])
+            .send()
+            .await
+            .unwrap();
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"], true, "{v}");
+        assert!(v["output"].as_str().unwrap().contains("UTF-8"), "{v}");
+        let live = hub.take(&id).unwrap();
+        let errors: Vec<bool> = live.turns.iter().map(|t| t.tool_calls[0].error).collect();
+        assert_eq!(errors, [true, true], "the two calls that came, both errors");
+        assert!(
+            live.actions.len() <= 1,
+            "a refused call of an offered tool at most"
+        );
+        hub.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn requests_without_the_token_from_another_host_or_too_large_are_refused() {
         let hub = Hub::start("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let steal = case("agent-steal");
