@@ -125,7 +125,29 @@ pub trait Provider: Send + Sync {
         messages: &[serde_json::Value],
         tools: &[serde_json::Value],
     ) -> Result<AgentTurn, CallError> {
-        let _ = (key, messages, tools);
+        if tools.is_empty() {
+            // no tools offered (an agent served its world, `model.world`): the
+            // conversation as text messages, the answer its text
+            let text: Vec<Message> = messages
+                .iter()
+                .filter_map(|m| {
+                    let role = match m["role"].as_str()? {
+                        "system" => "system",
+                        "user" => "user",
+                        "tool" => "tool",
+                        _ => "assistant",
+                    };
+                    let content = m["content"].as_str()?.to_owned();
+                    Some(Message { role, content })
+                })
+                .collect();
+            let c = self.complete(key, &text).await?;
+            return Ok(AgentTurn {
+                content: Some(c.text.clone()),
+                tool_calls: Vec::new(),
+                completion: c,
+            });
+        }
         Err(CallError {
             message: format!(
                 "provider {} cannot run an agent (tool calls): use an OpenAI-compatible endpoint (provider: openai) or replay a recorded agent run",

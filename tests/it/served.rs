@@ -734,3 +734,97 @@ fn an_agent_with_real_tools_is_judged_from_the_spans_it_sends_the_runs_receiver(
             .contains("mitigation none")
     );
 }
+
+/// tests/fixtures/apps/world_http_agent.py on 127.0.0.1, killed when dropped.
+struct HttpAgent {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl HttpAgent {
+    fn start(policy: &str) -> Self {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new("python3")
+            .arg(repo("tests/fixtures/apps/world_http_agent.py"))
+            .arg(policy)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 runs");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .trim()
+            .strip_prefix("listening on ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("the agent did not start: {line:?}"));
+        HttpAgent { child, port }
+    }
+}
+
+impl Drop for HttpAgent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn an_agent_behind_http_or_a_chat_endpoint_finds_its_world_in_the_template_or_the_headers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let agent = HttpAgent::start(OBEDIENT);
+    let http = format!(
+        "{{provider: http, name: http-agent, concurrency: 2, timeout_s: 20, max_retries: 0, world: {{}}, http: {{request: {{url: \"http://127.0.0.1:{}/chat\", body: {{task: \"{{{{task}}}}\", world: {{http_url: \"{{{{world.http_url}}}}\", token: \"{{{{world.token}}}}\"}}}}, answer: {{json: \"$.reply\"}}}}}}}}",
+        agent.port
+    );
+    let openai = format!(
+        "{{provider: openai, name: chat-agent, base_url: \"http://127.0.0.1:{}/v1\", concurrency: 2, timeout_s: 20, max_retries: 0, world: {{}}}}",
+        agent.port
+    );
+    let exec = run_ok(&config(
+        tmp.path(),
+        "exec",
+        &corpus(),
+        &served(OBEDIENT, 2, 20),
+        "{name: none}",
+    ));
+    for (name, model) in [("http", http), ("openai", openai)] {
+        let dir = run_ok(&config(tmp.path(), name, &corpus(), &model, "{name: none}"));
+        let (a, b) = (verdicts(&exec), verdicts(&dir));
+        let p = by_case(&dir.join("predictions.jsonl"));
+        assert_eq!(
+            p["agent-steal"]["error"],
+            Value::Null,
+            "{name}: {}",
+            p["agent-steal"]
+        );
+        assert_eq!(a, b, "{name}: the same agent, reached another way");
+        assert_eq!(b["agent-steal"].0, true, "{name}");
+        // the recorded request shows the token's place, never the token
+        let text = std::fs::read_to_string(dir.join("predictions.jsonl")).unwrap();
+        assert!(!text.contains("Bearer "), "{name}");
+        if name == "http" {
+            let log = std::fs::read_to_string(dir.join("requests.jsonl")).unwrap_or_default();
+            assert!(
+                log.contains("PIEVAL_WORLD_TOKEN") || log.contains("[REDACTED]"),
+                "the token never written: {}",
+                crate::common::excerpt(&log, 400)
+            );
+        }
+    }
+    // a template that names the world without model.world is refused when loaded
+    let bad = config(
+        tmp.path(),
+        "no-world",
+        &corpus(),
+        &format!(
+            "{{provider: http, name: x, http: {{request: {{url: \"http://127.0.0.1:{}/chat\", body: {{w: \"{{{{world.mcp_url}}}}\"}}, answer: {{json: \"$.reply\"}}}}}}}}",
+            agent.port
+        ),
+        "{name: none}",
+    );
+    let out = run(pieval().arg("run").arg(&bad));
+    assert_ne!(out.code, 0);
+    assert!(out.stderr.contains("model.world"), "{}", out.stderr);
+}

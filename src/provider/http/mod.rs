@@ -849,7 +849,8 @@ impl Provider for HttpProvider {
         messages: &[Value],
         tools: &[Value],
     ) -> std::result::Result<super::AgentTurn, CallError> {
-        if self.spec.request.tool_calls.is_none() {
+        // no tools offered: an agent served its world (`model.world`) answers with text
+        if self.spec.request.tool_calls.is_none() && !tools.is_empty() {
             return Err(CallError {
                 message: "an agentic case needs the application's tool calls: set model.http.request.tool_calls (docs/applications.md)".into(),
                 latency_ms: 0.0,
