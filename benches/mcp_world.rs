@@ -10,7 +10,7 @@
 //! tests/fixtures/agents/cases.jsonl `agent-steal`), keep-alive connections. Client and
 //! servers share the machine's cores.
 //!
-//! Usage: cargo bench --bench mcp_world [-- --concurrency 64 --seconds 5 --calls 200]
+//! Usage: cargo bench --bench mcp_world [-- --concurrency 64 --seconds 5 --calls 100]
 //! FastMCP: PIEVAL_AGENTS_PYTHON (set by .ci/run) or python3 with fastmcp installed.
 
 use std::sync::Arc;
@@ -169,7 +169,7 @@ fn free_port() -> u16 {
 fn main() {
     let concurrency = arg("--concurrency", 64);
     let seconds = arg("--seconds", 5) as f64;
-    let calls = arg("--calls", 200);
+    let calls = arg("--calls", 100);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -155,10 +155,10 @@ fn json_of(data: &TracesData) -> String {
 fn main() {
     let attempts = arg("--attempts", 20_000);
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tmp = tempfile::tempdir().unwrap();
     // the corpus: the fixture's agent-steal case, once per attempt
     let corpus = tmp.path().join("cases.jsonl");
     corpus::agent_cases(root, &corpus, "agent-steal", attempts);
-    std::fs::write(&corpus, text).unwrap();
     let proto = tmp.path().join("spans.bin");
     let json = tmp.path().join("spans.jsonl");
     let mut pf = std::io::BufWriter::new(std::fs::File::create(&proto).unwrap());

@@ -86,6 +86,22 @@ pub fn register(key: &str) {
         return;
     }
     r.keys.push(key.to_owned());
+    rebuild(&mut r);
+}
+
+/// Forget `key` (a credential that opens nothing any more: a served world's token once
+/// its world has ended), so the registry stays as large as the credentials alive.
+pub fn unregister(key: &str) {
+    let mut r = REGISTRY.write().unwrap_or_else(|p| p.into_inner());
+    let before = r.keys.len();
+    r.keys.retain(|k| k != key);
+    if r.keys.len() == before {
+        return;
+    }
+    rebuild(&mut r);
+}
+
+fn rebuild(r: &mut Registry) {
     let mut patterns: Vec<String> = Vec::new();
     let mut widen = Vec::new();
     for k in &r.keys {
@@ -94,7 +110,9 @@ pub fn register(key: &str) {
             widen.push(w);
         }
     }
-    r.forms = AhoCorasick::new(&patterns).ok();
+    r.forms = (!patterns.is_empty())
+        .then(|| AhoCorasick::new(&patterns).ok())
+        .flatten();
     r.widen = widen;
 }
 
@@ -128,9 +146,50 @@ fn spellings(key: &str) -> Vec<(String, bool)> {
     out
 }
 
-/// `text` with every registered secret, in any spelling, replaced by [`REDACTED`]; and
-/// whether anything was.
+/// Short-lived credentials pieval made itself (a served world's token, alive while its
+/// world is): random hex, spelled the same in JSON, URLs and HTML, redacted as they are
+/// — they come and go with every attempt, and the automaton of [`register`] is not
+/// rebuilt for each.
+static EPHEMERAL: RwLock<Vec<String>> = RwLock::new(Vec::new());
+
+/// Register a short-lived credential of pieval's own (see [`EPHEMERAL`]).
+pub fn register_ephemeral(token: &str) {
+    if is_secret(token) {
+        EPHEMERAL
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(token.to_owned());
+    }
+}
+
+/// Forget a short-lived credential: it opens nothing any more.
+pub fn unregister_ephemeral(token: &str) {
+    EPHEMERAL
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|t| t != token);
+}
+
+/// `text` with every registered secret, in any spelling, and every short-lived
+/// credential alive replaced by [`REDACTED`]; and whether anything was.
 pub fn redact(text: &str) -> (Cow<'_, str>, bool) {
+    let alive = EPHEMERAL.read().unwrap_or_else(|p| p.into_inner());
+    if !alive.iter().any(|t| text.contains(t.as_str())) {
+        drop(alive);
+        return redact_registered(text);
+    }
+    let mut owned = text.to_owned();
+    for t in alive.iter() {
+        if owned.contains(t.as_str()) {
+            owned = owned.replace(t.as_str(), REDACTED);
+        }
+    }
+    drop(alive);
+    let out = redact_registered(&owned).0.into_owned();
+    (Cow::Owned(out), true)
+}
+
+fn redact_registered(text: &str) -> (Cow<'_, str>, bool) {
     // A lock poisoned by a panic elsewhere still holds the keys: redaction never stops.
     let r = REGISTRY.read().unwrap_or_else(|p| p.into_inner());
     let Some(forms) = &r.forms else {
@@ -547,6 +606,29 @@ mod tests {
             }
         }
         false
+    }
+
+    #[test]
+    fn a_short_lived_token_is_redacted_while_alive() {
+        let t = "0123456789abcdef0123456789abcdef";
+        register_ephemeral(t);
+        let (r, hit) = redact(&format!("{{\"token\":\"{t}\"}}"));
+        assert!(hit && !r.contains(t), "{r}");
+        unregister_ephemeral(t);
+        assert!(!redact(t).1);
+    }
+
+    #[test]
+    fn an_unregistered_key_is_no_longer_redacted_and_the_registry_stays_small() {
+        let key = "world-token-4f1c9e2b7a6d";
+        register(key);
+        assert!(redact(&format!("x {key} y")).1);
+        let n = registered().len();
+        unregister(key);
+        assert_eq!(registered().len(), n - 1);
+        assert!(!registered().iter().any(|k| k == key));
+        unregister(key); // twice: nothing
+        assert_eq!(registered().len(), n - 1);
     }
 
     #[test]

@@ -416,7 +416,7 @@ impl Hub {
     pub fn open(&self, live: Live) -> Result<(String, Address)> {
         let id = crate::secrets::random_hex(16)?;
         let token = crate::secrets::random_hex(32)?;
-        crate::secrets::register(&token);
+        crate::secrets::register_ephemeral(&token);
         self.worlds
             .worlds
             .lock()
@@ -434,15 +434,19 @@ impl Hub {
         Ok((id, address))
     }
 
-    /// Ends serving world `id` (a call under way finishes first): what it recorded.
+    /// Ends serving world `id` (a call under way finishes first): what it recorded. Its
+    /// token, which opens nothing now, is no longer redacted (the short-lived credentials
+    /// redacted stay as many as the worlds alive).
     pub fn take(&self, id: &str) -> Option<Live> {
-        let (_, slot) = self
+        let (token, slot) = self
             .worlds
             .worlds
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(id)?;
-        lock_slot(&slot).take()
+        let live = lock_slot(&slot).take();
+        crate::secrets::unregister_ephemeral(&token);
+        live
     }
 
     /// Stops the server.
