@@ -612,7 +612,8 @@ mod tests {
     fn a_short_lived_token_is_redacted_while_alive() {
         let t = "0123456789abcdef0123456789abcdef";
         register_ephemeral(t);
-        let (r, hit) = redact(&format!("{{\"token\":\"{t}\"}}"));
+        let text = format!("{{\"token\":\"{t}\"}}");
+        let (r, hit) = redact(&text);
         assert!(hit && !r.contains(t), "{r}");
         unregister_ephemeral(t);
         assert!(!redact(t).1);
