@@ -212,7 +212,10 @@ fn main() {
             .map(|g| pieval::import::otel::calls_of(g).len())
             .sum();
         let wall = start.elapsed().as_secs_f64();
-        assert_eq!((read.len(), groups.len(), unmatched, calls), (spans, attempts, 0, 3 * attempts));
+        assert_eq!(
+            (read.len(), groups.len(), unmatched, calls),
+            (spans, attempts, 0, 3 * attempts)
+        );
         let rate = spans as f64 / wall;
         if what == "protobuf" {
             stage = rate;

@@ -277,8 +277,29 @@ evaluation: {leakage_threshold: 0.6, judge: {provider: openai, name: j, base_url
             declared.remove("http");
             declared.remove("exec");
             declared.remove("websocket");
+            // one of the two, checked below
+            declared.remove("world");
+            declared.remove("traces");
         }
         assert_eq!(keys(value), declared, "section {section}");
+    }
+    // a served world, or a trace receiver: each key the schema declares is parsed
+    for (extra, section) in [
+        ("world: {listen: '127.0.0.1:0'}", "world"),
+        ("traces: {listen: '127.0.0.1:4318', wait_s: 5}", "traces"),
+    ] {
+        let text = format!(
+            "experiment: {{name: x}}\ndataset: {{path: a.jsonl}}\nmodel: {{provider: openai, name: m, base_url: 'http://h/v1', {extra}}}\nmitigation: {{name: none}}\n"
+        );
+        let snap = Config::parse(&text, std::path::Path::new("x.yaml"))
+            .unwrap()
+            .snapshot();
+        assert!(validator.iter_errors(&snap).next().is_none(), "{extra}");
+        assert_eq!(
+            keys(&snap["model"][section]),
+            keys(&schema_v["properties"]["model"]["properties"][section]["properties"]),
+            "{section}"
+        );
     }
     // The attack section: no one valid config sets every key (a strategy excludes
     // converters, max_backtracks is Crescendo's, branching TAP's), so two together do.
