@@ -4,7 +4,7 @@
 //! as the OpenTelemetry collector's file exporter writes them — protobuf (length-prefixed)
 //! and OTLP/JSON lines, in batches of 512 spans — against a corpus of A cases. Two
 //! figures per format: the reading stage in this process (decode, group by attempt, map
-//! to calls: `pieval::import::otel`), and the whole `pieval import otel` process (also
+//! to calls: `pieval::agent::otel`), and the whole `pieval import otel` process (also
 //! writing the run folder and scoring it), with its peak RSS. Goal: ≥ 500,000 spans/s.
 //!
 //! Beside it, in the same run, a peer on the same protobuf file: the OpenTelemetry Python
@@ -17,7 +17,7 @@
 
 use std::io::Write;
 
-use pieval::import::otel::{
+use pieval::agent::otel::{
     AnyValue, KeyValue, PbSpan, Resource, ResourceSpans, ScopeSpans, Status, TracesData, any_value,
 };
 use prost::Message;
@@ -204,12 +204,12 @@ fn main() {
     let mut stage = 0.0;
     for (what, file) in [("protobuf", &proto), ("OTLP/JSON", &json)] {
         let start = std::time::Instant::now();
-        let read = pieval::import::otel::read_file(file).unwrap();
+        let read = pieval::agent::otel::read_file(file).unwrap();
         let (groups, unmatched) =
-            pieval::import::otel::by_attempt(&read, &std::collections::HashMap::new());
+            pieval::agent::otel::by_attempt(&read, &std::collections::HashMap::new());
         let calls: usize = groups
             .values()
-            .map(|g| pieval::import::otel::calls_of(g).len())
+            .map(|g| pieval::agent::otel::calls_of(g).len())
             .sum();
         let wall = start.elapsed().as_secs_f64();
         assert_eq!(

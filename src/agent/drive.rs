@@ -308,8 +308,8 @@ pub async fn traced(
     receiver.expect(traceparent);
     let reply = target.chat(&format!("{key}#1"), &messages, &[]).await;
     let (spans, ended) = receiver.take(traceparent, wait).await;
-    let refs: Vec<&crate::import::otel::Span> = spans.iter().collect();
-    let calls = crate::import::otel::calls_of(&refs);
+    let refs: Vec<&crate::agent::otel::Span> = spans.iter().collect();
+    let calls = crate::agent::otel::calls_of(&refs);
     let payload = payload.filter(|p| !p.is_empty());
     let mut turns = Vec::new();
     let mut actions = Vec::new();

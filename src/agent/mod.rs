@@ -9,6 +9,7 @@
 //! - [`serve`]: the same world served to an agent pieval does not drive (MCP, HTTP).
 
 pub mod drive;
+pub mod otel;
 pub mod replay;
 pub mod run;
 pub mod schema;

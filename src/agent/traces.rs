@@ -1,11 +1,11 @@
 //! An OTLP/HTTP trace receiver for a run (`model.traces`, docs/agents.md): an agent whose
 //! tools are real exports its spans here while pieval drives it, and each attempt's
 //! calls are read from the spans of the trace pieval started for it (its W3C
-//! `traceparent`, `crate::import::otel`) — mapped and judged as `pieval import otel`
+//! `traceparent`, [`super::otel`]) — mapped and judged as `pieval import otel`
 //! does. Every message received is also kept in the run folder (`traces.otlp`, as the
 //! collector's `file` exporter writes protobuf), for audit and for importing again.
 //!
-//! OTLP/HTTP (opentelemetry-proto's `docs/specification.md`): `POST /v1/traces`, a body of
+//! OTLP/HTTP (the OTLP specification, in opentelemetry-proto): `POST /v1/traces`, a body of
 //! `application/x-protobuf` or `application/json`, `Content-Encoding` gzip or deflate
 //! (zlib), at most 64 MiB decompressed (413 past it); 200 with an empty
 //! `ExportTraceServiceResponse`, 400 for a body that does not decode, 415 for another
@@ -25,8 +25,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
+use crate::agent::otel::{MAX_MESSAGE_BYTES, Span, decode_json, decode_proto};
 use crate::error::{Error, Result};
-use crate::import::otel::{MAX_MESSAGE_BYTES, Span, decode_json, decode_proto};
 
 /// The spans received, by trace, for the traces attempts started.
 struct Store {
@@ -361,7 +361,7 @@ mod tests {
             .await
             .unwrap();
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
-        let tp = crate::import::otel::traceparent("run", "case");
+        let tp = crate::agent::otel::traceparent("run", "case");
         let (trace, parent) = ids(&tp).unwrap();
         r.expect(&tp);
         let post = |body: Vec<u8>, ct: &str, extra: Vec<(&'static str, String)>| {
@@ -436,13 +436,13 @@ mod tests {
             413
         );
         // an attempt whose agent never ends its trace: the wait is bounded
-        let tp2 = crate::import::otel::traceparent("run", "other");
+        let tp2 = crate::agent::otel::traceparent("run", "other");
         r.expect(&tp2);
         let (spans, ended) = r.take(&tp2, Duration::from_millis(200)).await;
         assert!(!ended && spans.is_empty());
         r.stop().await;
         // kept: what was received, readable by the importer
-        let kept = crate::import::otel::read_file(&dir.path().join(TRACES_FILE)).unwrap();
+        let kept = crate::agent::otel::read_file(&dir.path().join(TRACES_FILE)).unwrap();
         assert_eq!(kept.len(), 3);
     }
 }

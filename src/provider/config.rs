@@ -97,12 +97,12 @@ pub struct ModelSection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub websocket: Option<crate::provider::websocket::WebsocketSection>,
     /// Each agentic case's world served to the target, an agent with its own loop
-    /// (`crate::agent::serve`, docs/agents.md): set, the target is sent the user's task
+    /// (docs/agents.md, "Your own agent"): set, the target is sent the user's task
     /// once and the world's address, and the agent's calls to the world are its actions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub world: Option<WorldSection>,
     /// An OTLP/HTTP trace receiver for an agent whose tools are real
-    /// (`crate::agent::traces`, docs/agents.md): each agentic attempt's calls are read
+    /// (docs/agents.md, "traces"): each agentic attempt's calls are read
     /// from the spans of the trace pieval started for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traces: Option<TracesSection>,

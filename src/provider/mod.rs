@@ -365,7 +365,7 @@ pub struct AttemptScope {
     /// The case's injection (what setup plants) and its user task.
     pub payload: Option<String>,
     pub task: Option<String>,
-    /// The W3C `traceparent` sent with the attempt's requests (`crate::import::otel`):
+    /// The W3C `traceparent` sent with the attempt's requests (docs/agents.md):
     /// an agent's spans carry its trace id, which joins them to the attempt.
     pub traceparent: Option<String>,
     /// Where the run's trace receiver takes the agent's spans (`model.traces`).

@@ -389,7 +389,7 @@ impl AttemptRunner<'_> {
         };
         let key = spec.id().unwrap_or(&case.case_id).to_owned();
         let mut scope = AttemptScope::new(&key, case);
-        scope.traceparent = Some(crate::import::otel::traceparent(self.run_id, &key));
+        scope.traceparent = Some(crate::agent::otel::traceparent(self.run_id, &key));
         scope.otlp_traces_url = self.receiver.map(|r| r.url());
         let scope = Arc::new(scope);
         let begun = target.begin(&scope).await;
@@ -582,7 +582,7 @@ impl AttemptRunner<'_> {
             (Answers::Call(p), _) if self.receiver.is_some() => {
                 let receiver = self.receiver.expect("matched");
                 let wait = self.cfg.model.traces.as_ref().map_or(10.0, |t| t.wait_s);
-                let traceparent = crate::import::otel::traceparent(self.run_id, key);
+                let traceparent = crate::agent::otel::traceparent(self.run_id, key);
                 crate::agent::drive::traced(
                     receiver,
                     std::time::Duration::from_secs_f64(wait),
