@@ -49,7 +49,7 @@ fn open(
     mitigation: &Mitigation,
     seed: u64,
 ) -> Result<(Live, Vec<Value>), Box<Outcome>> {
-    let mut out = empty(case);
+    let mut out = Outcome::empty(case);
     let live = match Live::new(
         Arc::new(case.clone()),
         payload,
@@ -82,27 +82,6 @@ fn system(case: &AttackCase, live: &Live) -> Option<String> {
     }
 }
 
-fn empty(case: &AttackCase) -> Outcome {
-    Outcome {
-        system: case.context.clone().filter(|s| !s.is_empty()),
-        task: case.prompt.clone(),
-        turns: Vec::new(),
-        response: None,
-        error: None,
-        blocked_by: None,
-        stop: Stop::Error,
-        actions: "[]".into(),
-        final_state: "{}".into(),
-        injection_delivered: None,
-        latency_ms: 0.0,
-        attempts: 0,
-        prompt_tokens: None,
-        completion_tokens: None,
-        redacted: false,
-        truncated: false,
-    }
-}
-
 /// One attempt of `case` with its world served on `hub` and `target` driving the agent.
 /// `key` names the attempt (its checkpoint key).
 pub async fn drive(
@@ -126,7 +105,7 @@ pub async fn drive(
     let (id, address) = match hub.open(live) {
         Ok(x) => x,
         Err(e) => {
-            let mut out = empty(case);
+            let mut out = Outcome::empty(case);
             out.error = Some(format!("world server: {e}"));
             return out;
         }
@@ -136,7 +115,7 @@ pub async fn drive(
     let reply = target.chat(&format!("{key}#1"), &messages, &[]).await;
     let _ = crate::provider::ATTEMPT.try_with(|s| s.state().world = None);
     let Some(live) = served.take() else {
-        let mut out = empty(case);
+        let mut out = Outcome::empty(case);
         out.error = Some("world server: the attempt's world was gone".into());
         return out;
     };
@@ -189,7 +168,7 @@ fn finish(
     reply: Result<AgentTurn, Option<CallError>>,
     blocked: Option<String>,
 ) -> Outcome {
-    let mut out = empty(case);
+    let mut out = Outcome::empty(case);
     out.system = system(case, &live);
     let final_state = live.state().to_string();
     let Live {
@@ -293,7 +272,7 @@ pub async fn traced(
     target: &dyn Provider,
     traceparent: &str,
 ) -> Outcome {
-    let mut out = empty(case);
+    let mut out = Outcome::empty(case);
     if !matches!(mitigation, Mitigation::None(_)) {
         out.error = Some(
             "an agent whose tools are real is measured as it is: its mitigations are its own (mitigation none); pieval's act on the outputs of its world (model.world)".into(),

@@ -75,6 +75,31 @@ pub struct Outcome {
     pub truncated: bool,
 }
 
+impl Outcome {
+    /// An attempt of `case` that has not begun: no turns, no answer, stopped by an error
+    /// until it says otherwise.
+    pub fn empty(case: &AttackCase) -> Outcome {
+        Outcome {
+            system: case.context.clone().filter(|s| !s.is_empty()),
+            task: case.prompt.clone(),
+            turns: Vec::new(),
+            response: None,
+            error: None,
+            blocked_by: None,
+            stop: Stop::Error,
+            actions: "[]".into(),
+            final_state: "{}".into(),
+            injection_delivered: None,
+            latency_ms: 0.0,
+            attempts: 0,
+            prompt_tokens: None,
+            completion_tokens: None,
+            redacted: false,
+            truncated: false,
+        }
+    }
+}
+
 /// Whether a tool output holds the payload: as is, or inside a JSON text (a store's
 /// records are sent as JSON, the payload's quotes and newlines escaped).
 pub(crate) fn holds(output: &str, payload: &str) -> bool {
@@ -167,24 +192,7 @@ pub async fn run(
         .as_ref()
         .expect("an agent attempt runs a case with an environment");
     let task = case.prompt.clone();
-    let mut out = Outcome {
-        system: case.context.clone().filter(|s| !s.is_empty()),
-        task: task.clone(),
-        turns: Vec::new(),
-        response: None,
-        error: None,
-        blocked_by: None,
-        stop: Stop::Error,
-        actions: "[]".into(),
-        final_state: "{}".into(),
-        injection_delivered: None,
-        latency_ms: 0.0,
-        attempts: 0,
-        prompt_tokens: None,
-        completion_tokens: None,
-        redacted: false,
-        truncated: false,
-    };
+    let mut out = Outcome::empty(case);
     let mut world = match World::new(env, payload) {
         Ok(w) => w,
         Err(e) => {

@@ -599,11 +599,16 @@ pub(super) fn mcp_tool(t: &Value) -> Tool {
     Tool::new(name, description, Arc::new(schema))
 }
 
+/// What a world's MCP server says it is (over HTTP and over stdio alike).
+pub(super) fn server_info() -> ServerConfig {
+    ServerConfig::new(ServerCapabilities::builder().enable_tools().build()).with_server_info(
+        Implementation::new("pieval-world", env!("CARGO_PKG_VERSION")),
+    )
+}
+
 impl ServerHandler for Handler {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build()).with_server_info(
-            Implementation::new("pieval-world", env!("CARGO_PKG_VERSION")),
-        )
+        server_info()
     }
 
     async fn list_tools(
