@@ -12,7 +12,9 @@
 //! tool spans per case, a loop of the kind a team writes today
 //! (benches/support/otel_python_read.py); the ratio printed.
 //!
-//! Usage: cargo bench --bench trace_import [-- --attempts 20000]
+//! Usage: cargo bench --bench trace_import [-- --attempts 20000] [--keep DIR]
+//! (`--keep DIR` writes the corpus, span files and run folders into DIR and leaves them,
+//! to profile `pieval import otel` on them afterwards.)
 //! The peer: PIEVAL_AGENTS_PYTHON (set by .ci/run) or python3 with opentelemetry-proto.
 
 use std::io::Write;
@@ -28,7 +30,7 @@ mod args;
 mod child;
 #[path = "support/corpus.rs"]
 mod corpus;
-use args::arg;
+use args::{arg, text_arg};
 
 fn s(key: &str, v: &str) -> KeyValue {
     KeyValue {
@@ -157,11 +159,16 @@ fn main() {
     let attempts = arg("--attempts", 20_000);
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let tmp = tempfile::tempdir().unwrap();
+    let kept = text_arg("--keep").map(std::path::PathBuf::from);
+    if let Some(k) = &kept {
+        std::fs::create_dir_all(k).unwrap();
+    }
+    let dir = kept.as_deref().unwrap_or(tmp.path());
     // the corpus: the fixture's agent-steal case, once per attempt
-    let corpus = tmp.path().join("cases.jsonl");
+    let corpus = dir.join("cases.jsonl");
     corpus::agent_cases(root, &corpus, "agent-steal", attempts);
-    let proto = tmp.path().join("spans.bin");
-    let json = tmp.path().join("spans.jsonl");
+    let proto = dir.join("spans.bin");
+    let json = dir.join("spans.jsonl");
     let mut pf = std::io::BufWriter::new(std::fs::File::create(&proto).unwrap());
     let mut jf = std::io::BufWriter::new(std::fs::File::create(&json).unwrap());
     let mut spans = 0;
@@ -226,7 +233,7 @@ fn main() {
     }
     let mut ours = 0.0;
     for (what, file) in [("protobuf", &proto), ("OTLP/JSON", &json)] {
-        let out = tmp.path().join(format!("run-{}", what.replace('/', "-")));
+        let out = dir.join(format!("run-{}", what.replace('/', "-")));
         let (wall, rss) = child::pieval(
             root,
             &[

@@ -25,14 +25,14 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::agent::otel::{MAX_MESSAGE_BYTES, Span, decode_json, decode_proto};
+use crate::agent::otel::{MAX_MESSAGE_BYTES, Span, decode_json_bytes, decode_proto};
 use crate::error::{Error, Result};
 
 /// The spans received, by trace, for the traces attempts started.
 struct Store {
     /// Trace id → the span id pieval gave as the parent (the agent's root span's parent)
     /// and the spans received so far.
-    traces: HashMap<String, (String, Vec<Span>)>,
+    traces: HashMap<[u8; 16], ([u8; 8], Vec<Span>)>,
     /// Spans of traces no attempt started.
     dropped: u64,
 }
@@ -129,11 +129,7 @@ impl Receiver {
             lock(&self.shared.store)
                 .traces
                 .get(&trace)
-                .is_some_and(|(_, spans)| {
-                    spans
-                        .iter()
-                        .any(|s| s.parent_id.as_deref() == Some(parent.as_str()))
-                })
+                .is_some_and(|(_, spans)| spans.iter().any(|s| s.parent_id == Some(parent)))
         };
         let deadline = tokio::time::Instant::now() + wait;
         let came = loop {
@@ -182,10 +178,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// (trace id, parent span id) of a `traceparent`.
-fn ids(traceparent: &str) -> Option<(String, String)> {
+fn ids(traceparent: &str) -> Option<([u8; 16], [u8; 8])> {
     let mut p = traceparent.split('-');
     let (_, t, s) = (p.next()?, p.next()?, p.next()?);
-    (t.len() == 32 && s.len() == 16).then(|| (t.to_owned(), s.to_owned()))
+    let (mut trace, mut span) = ([0; 16], [0; 8]);
+    hex::decode_to_slice(t, &mut trace).ok()?;
+    hex::decode_to_slice(s, &mut span).ok()?;
+    Some((trace, span))
 }
 
 /// A failure as OTLP/HTTP answers it: a `google.rpc.Status` in the request's encoding.
@@ -295,9 +294,7 @@ async fn receive(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
         Err((status, m)) => return failure(status, json, m),
     };
     let spans = if json {
-        serde_json::from_slice(&bytes)
-            .map_err(|e| format!("not OTLP/JSON: {e}"))
-            .and_then(|v| decode_json(&v))
+        decode_json_bytes(&bytes)
     } else {
         decode_proto(&bytes)
     };
@@ -363,6 +360,7 @@ mod tests {
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
         let tp = crate::agent::otel::traceparent("run", "case");
         let (trace, parent) = ids(&tp).unwrap();
+        let (trace, parent) = (hex::encode(trace), hex::encode(parent));
         r.expect(&tp);
         let post = |body: Vec<u8>, ct: &str, extra: Vec<(&'static str, String)>| {
             let mut req = http

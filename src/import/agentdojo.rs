@@ -191,7 +191,7 @@ fn result(mut r: Map<String, Value>, at: &At, sink: &mut Sink) -> Result<bool> {
     let known = translation.as_deref().and_then(|id| sink.known_case(id));
     let case = match known {
         Some(c) => c,
-        None => {
+        None => std::sync::Arc::new({
             let mut case = sink.new_case(
                 translation.unwrap_or_else(|| case_id("agentdojo", &parts)),
                 &[
@@ -229,9 +229,9 @@ fn result(mut r: Map<String, Value>, at: &At, sink: &mut Sink) -> Result<bool> {
                 json!({"injection_task": injection, "attack": attack}),
             );
             case
-        }
+        }),
     };
-    let cid = sink.case(at, case)?;
+    let cid = sink.case(at, &case)?;
 
     let mut answers: Vec<Answer> = Vec::new();
     let mut delivered = false;

@@ -257,7 +257,7 @@ fn record_row(
     );
     t.fill(&mut case);
     super::add_provenance(&mut case, t.provenance());
-    let cid = sink.case(at, case)?;
+    let cid = sink.case(at, &case)?;
     let text = |k: &str| record.get(k).and_then(Value::as_str).map(str::to_owned);
     let model = text("model");
     if let Some(m) = &model {

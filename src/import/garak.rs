@@ -295,7 +295,7 @@ fn attempt(mut entry: Map<String, Value>, run: &Run, at: &At, sink: &mut Sink) -
             "seq": entry.get("seq"),
         }),
     );
-    let cid = sink.case(at, case)?;
+    let cid = sink.case(at, &case)?;
 
     let outputs: Vec<Value> = match entry.remove("outputs") {
         Some(Value::Array(o)) => o,

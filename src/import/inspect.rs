@@ -1474,7 +1474,7 @@ fn take_sample(mut s: Sample, header: &Header, at: &At, sink: &mut Sink) -> Resu
     }
     add_provenance(&mut case, json!({"sample_id": s.id, "metadata": meta}));
     let context = case.context.clone();
-    let cid = sink.case(at, case)?;
+    let cid = sink.case(at, &case)?;
 
     let mut p = PredictionRecord {
         attempt_id: (header.epochs > 1 || s.epoch > 1).then(|| format!("{cid}:epoch{}", s.epoch)),

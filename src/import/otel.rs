@@ -37,8 +37,8 @@ fn import(path: &Path, sink: &mut Sink) -> Result<()> {
     }
     // a span exported twice (a retried export) is one span
     let mut seen = HashSet::new();
-    spans.retain(|s| seen.insert((s.trace_id.clone(), s.span_id.clone())));
-    let traces: HashMap<String, String> = match sink.trace_run() {
+    spans.retain(|s| seen.insert((s.trace_id, s.span_id)));
+    let traces: HashMap<[u8; 16], String> = match sink.trace_run() {
         Some(run) => sink
             .known_case_ids()
             .into_iter()
@@ -69,7 +69,7 @@ fn import(path: &Path, sink: &mut Sink) -> Result<()> {
         let calls = calls_of(&group);
         let first = group.iter().map(|s| s.start_ns).min().unwrap_or(0);
         let last = group.iter().map(|s| s.end_ns).max().unwrap_or(first);
-        let trace = group[0].trace_id.clone();
+        let trace = group[0].trace_hex();
         let prompt = case.prompt.clone();
         let payload = case.task_input.clone().filter(|_| !case.is_benign());
         // delivered when a result the agent received held the payload (results are
@@ -82,7 +82,7 @@ fn import(path: &Path, sink: &mut Sink) -> Result<()> {
                     .is_some_and(|o| crate::agent::run::holds(o, p))
             })
         });
-        let cid = sink.case(&at0, case)?;
+        let cid = sink.case(&at0, &case)?;
         let mut p = PredictionRecord {
             case_id: cid,
             provider: "otel".into(),

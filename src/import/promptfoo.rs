@@ -409,7 +409,7 @@ fn result(eval_id: &str, mut r: Map<String, Value>, at: &At, sink: &mut Sink) ->
             "assert": asserts,
         }),
     );
-    let cid = sink.case(at, case)?;
+    let cid = sink.case(at, &case)?;
 
     let provider = r.remove("provider").unwrap_or(Value::Null);
     let provider_name = match &provider {

@@ -521,7 +521,7 @@ fn conversation(
         }),
     );
     let context = case.context.clone();
-    let cid = sink.case(&at, case)?;
+    let cid = sink.case(&at, &case)?;
 
     if let Some(m) = model_name(&identifier) {
         sink.model(&m);

@@ -120,7 +120,7 @@ fn entry_row(mut e: Map<String, Value>, at: &At, sink: &mut Sink) -> Result<()> 
         }),
     );
     let context = case.context.clone();
-    let cid = sink.case(at, case)?;
+    let cid = sink.case(at, &case)?;
     let attack = text(&e, "attack_name").filter(|a| a != "None" && !a.is_empty());
     let error = text(&e, "error").filter(|s| !s.trim().is_empty());
     let verdict = if error.is_some() { None } else { success };

@@ -488,9 +488,22 @@ impl Environment {
                 format!("expected a whole number in 1..={MAX_TURNS}"),
             ));
         }
-        // Every vector marker names a declared vector, written exactly.
+        // Every vector marker names a declared vector, written exactly (the strings are
+        // walked again with their paths only when one does not).
+        let wrong = |piece: &Result<&str, Slot>| match piece {
+            Err(Slot::Vector(name)) => !vectors.contains(name),
+            Err(Slot::Arg(a)) => a.starts_with("vector:"),
+            _ => false,
+        };
+        let mut any_wrong = false;
+        each_string(v, &mut |s| {
+            any_wrong |= s.contains("{{") && template_pieces(s).iter().any(wrong);
+        });
         let mut markers = Vec::new();
         strings(v, "", &mut |s, at| {
+            if !any_wrong {
+                return;
+            }
             for piece in template_pieces(s) {
                 match piece {
                     Err(Slot::Vector(name)) if !vectors.contains(&name) => markers.push(err(
@@ -508,7 +521,7 @@ impl Environment {
         if let Some(e) = markers.into_iter().next() {
             return Err(e);
         }
-        serde_json::from_value(v.clone()).map_err(|e| err("", e.to_string()))
+        Environment::deserialize(v).map_err(|e| err("", e.to_string()))
     }
 
     /// The turn budget.
@@ -526,6 +539,16 @@ impl Environment {
     /// The canonical JSON text.
     pub fn to_canonical_json(&self) -> String {
         serde_json::to_string(self).expect("an environment serialises")
+    }
+}
+
+/// Every string of `v` (keys excluded).
+fn each_string(v: &Value, f: &mut dyn FnMut(&str)) {
+    match v {
+        Value::String(s) => f(s),
+        Value::Array(a) => a.iter().for_each(|x| each_string(x, f)),
+        Value::Object(m) => m.values().for_each(|x| each_string(x, f)),
+        _ => {}
     }
 }
 
