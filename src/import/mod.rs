@@ -523,7 +523,9 @@ pub struct Sink {
     /// The source's own settings worth keeping (garak's run setup, Inspect's eval spec).
     setup: Map<String, Value>,
     /// The cases of `--cases`, by id (loaded at the first lookup).
-    known: Option<HashMap<String, std::sync::Arc<AttackCase>>>,
+    /// The cases of the `--cases` corpora, by id (loaded and checked before anything is
+    /// read).
+    known: HashMap<String, std::sync::Arc<AttackCase>>,
     /// Where SQLite sources are copied to be read (beside the run being written; made
     /// at the first database, removed with the sink).
     scratch: Option<crate::atomic::TempDir>,
@@ -546,6 +548,7 @@ impl Sink {
         dir: &Path,
         options: ImportOptions,
         taxonomy: crate::taxonomy::Taxonomy,
+        known: HashMap<String, std::sync::Arc<AttackCase>>,
     ) -> Result<Self> {
         let open = |name: &str| -> Result<BufWriter<std::fs::File>> {
             let path = dir.join(name);
@@ -579,7 +582,7 @@ impl Sink {
             options,
             counts: Counts::default(),
             setup: Map::new(),
-            known: None,
+            known,
             scratch: None,
             databases: BTreeMap::new(),
         })
@@ -634,33 +637,15 @@ impl Sink {
     }
 
     /// Every case id of the `--cases` corpora.
-    pub fn known_case_ids(&mut self) -> Vec<String> {
-        self.known_case("");
-        let mut ids: Vec<String> = self
-            .known
-            .as_ref()
-            .map(|m| m.keys().cloned().collect())
-            .unwrap_or_default();
+    pub fn known_case_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.known.keys().cloned().collect();
         ids.sort();
         ids
     }
 
     /// The case `id` of the `--cases` corpora, when they hold it.
-    pub fn known_case(&mut self, id: &str) -> Option<std::sync::Arc<AttackCase>> {
-        if self.known.is_none() {
-            let mut map = HashMap::new();
-            for path in &self.options.cases {
-                // Checked when the options are read (import): a corpus that does not
-                // load has stopped the import before any result was read.
-                if let Ok(corpus) = crate::runner::setup::load_cases(path) {
-                    for c in corpus.cases {
-                        map.insert(c.case_id.clone(), std::sync::Arc::new(c));
-                    }
-                }
-            }
-            self.known = Some(map);
-        }
-        self.known.as_ref().and_then(|m| m.get(id)).cloned()
+    pub fn known_case(&self, id: &str) -> Option<std::sync::Arc<AttackCase>> {
+        self.known.get(id).cloned()
     }
 
     /// A new case: `source_name` the tool, `source_type` red_team, the reference the
@@ -707,8 +692,7 @@ impl Sink {
         // checked against the contract when its corpus loaded
         let corpus_own = self
             .known
-            .as_ref()
-            .and_then(|m| m.get(&case.case_id))
+            .get(&case.case_id)
             .is_some_and(|k| std::ptr::eq(k.as_ref(), case));
         let mut case = self.taxonomy.enrich(case);
         if !corpus_own
@@ -993,12 +977,15 @@ pub fn import(opts: &ImportOptions) -> Result<ImportReport> {
     let stamps = files.iter().map(|f| stamp(f)).collect::<Result<Vec<_>>>()?;
     // The corpora of --cases load (and validate) before anything is read.
     let mut corpora = Vec::new();
+    let mut known = HashMap::new();
     for c in &opts.cases {
         for f in files_under(c)?.into_iter().filter(|f| {
             f.extension()
                 .is_some_and(|e| e == "jsonl" || e == "parquet")
         }) {
-            crate::runner::setup::load_cases(&f)?;
+            for case in crate::runner::setup::load_cases(&f)?.cases {
+                known.insert(case.case_id.clone(), std::sync::Arc::new(case));
+            }
             corpora.push(f);
         }
     }
@@ -1006,7 +993,7 @@ pub fn import(opts: &ImportOptions) -> Result<ImportReport> {
     opts.cases = corpora;
     let opts = &opts;
     let tmp = crate::atomic::TempDir::create(&opts.output)?;
-    let mut sink = Sink::create(imp.name, &run_id, tmp.path(), opts.clone(), taxonomy)?;
+    let mut sink = Sink::create(imp.name, &run_id, tmp.path(), opts.clone(), taxonomy, known)?;
     let (read, sources) = std::thread::scope(|scope| {
         let hashing = scope.spawn(|| {
             files
@@ -1275,6 +1262,7 @@ pub fn read_records(tool: &str, path: &Path, dir: &Path) -> Result<u64> {
         dir,
         opts,
         crate::taxonomy::Taxonomy::shipped()?,
+        HashMap::new(),
     )?;
     (imp.import)(path, &mut sink)?;
     Ok(sink.finish()?.counts.predictions)

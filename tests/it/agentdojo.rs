@@ -6,48 +6,21 @@
 //! .ci/run` installs it), live: its benchmark runner against the same server.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use serde_json::Value;
 
-use crate::common::{pieval, read_jsonl, repo, run};
+use crate::common::{PythonServer, pieval, read_jsonl, repo, run};
 
-/// The scripted agent on 127.0.0.1, killed when dropped.
-pub(crate) struct Scripted {
-    child: Child,
-    pub(crate) port: u16,
-}
-
-impl Scripted {
-    pub(crate) fn start(python: &str, script: &Path, policy: &str) -> Self {
-        let mut child = Command::new(python)
-            .arg(repo("scripts/agentdojo/scripted_model.py"))
-            .arg("--script")
-            .arg(script)
-            .args(["--policy", policy])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("python3 runs (the scripted agent needs it)");
-        let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line
-            .trim()
-            .strip_prefix("listening on ")
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("the scripted agent did not start: {line:?}"));
-        Scripted { child, port }
-    }
-}
-
-impl Drop for Scripted {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The scripted agent (scripts/agentdojo/scripted_model.py) on 127.0.0.1.
+pub(crate) fn scripted(python: &str, script: &Path, policy: &str) -> PythonServer {
+    let script = script.to_str().expect("a UTF-8 path");
+    PythonServer::start(
+        python,
+        &repo("scripts/agentdojo/scripted_model.py"),
+        &["--script", script, "--policy", policy],
+    )
 }
 
 fn have_python(python: &str, probe: &str) -> bool {
@@ -60,7 +33,7 @@ fn have_python(python: &str, probe: &str) -> bool {
 /// Run the banking suite against the scripted agent; case_results by case id, and the
 /// run folder.
 fn run_banking(dir: &Path, policy: &str) -> (BTreeMap<String, Value>, PathBuf) {
-    let server = Scripted::start("python3", &repo("data/agentdojo/script.json"), policy);
+    let server = scripted("python3", &repo("data/agentdojo/script.json"), policy);
     let cfg = dir.join(format!("{policy}.yaml"));
     std::fs::write(
         &cfg,

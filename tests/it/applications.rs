@@ -13,28 +13,9 @@ use std::time::{Duration, Instant};
 
 use crate::common::chat_server::{Action, ChatServer, attacker_script};
 use crate::common::webdriver::free_port;
-use crate::common::{holds_secret, pieval, read_jsonl, readable_files, repo, run};
+use crate::common::{apps_python, holds_secret, pieval, read_jsonl, readable_files, repo, run};
 
 const PASSWORD: &str = "rag-app-password-7f3a9c";
-
-/// The Python that has the applications' packages (FastAPI, uvicorn, websockets, anthropic): `PIEVAL_APPS_PYTHON` (set by `.ci/run`),
-/// else `python3` if it can import them.
-fn apps_python() -> String {
-    let python = std::env::var("PIEVAL_APPS_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = Command::new(&python)
-        .args(["-c", "import fastapi, uvicorn, websockets, anthropic"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        ok,
-        "the applications' packages are needed for this test: python3 -m venv V && \
-         V/bin/pip install fastapi==0.165.0 uvicorn==0.55.0 websockets==17.4 anthropic==2.17.0, \
-         then PIEVAL_APPS_PYTHON=V/bin/python (bash .ci/run does this)"
-    );
-    python
-}
 
 struct App {
     child: Child,

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::common::chat_server::{Action, ChatServer, OBEDIENT};
-use crate::common::{pieval, read_jsonl, repo, run};
+use crate::common::{PythonServer, apps_python, pieval, read_jsonl, repo, run};
 
 fn config(dir: &Path, name: &str, corpus: &Path, model: &str, mitigation: &str) -> PathBuf {
     let path = dir.join(format!("{name}.yaml"));
@@ -328,11 +328,8 @@ fn real_agent_frameworks_over_the_served_world_get_pieval_loops_verdicts_on_agen
     let tmp = tempfile::tempdir().unwrap();
     let banking = repo("data/agentdojo/agentdojo-banking.jsonl");
     for (policy, sample) in [("obey", ""), ("resist", "sample_size: 40, ")] {
-        let server = crate::agentdojo::Scripted::start(
-            "python3",
-            &repo("data/agentdojo/script.json"),
-            policy,
-        );
+        let server =
+            crate::agentdojo::scripted("python3", &repo("data/agentdojo/script.json"), policy);
         let url = format!("http://127.0.0.1:{}/v1", server.port);
         let cfg = |name: &str, model: &str| {
             let path = tmp.path().join(format!("{name}.yaml"));
@@ -735,45 +732,14 @@ fn an_agent_with_real_tools_is_judged_from_the_spans_it_sends_the_runs_receiver(
     );
 }
 
-/// tests/fixtures/apps/world_http_agent.py on 127.0.0.1, killed when dropped.
-struct HttpAgent {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl HttpAgent {
-    fn start(policy: &str) -> Self {
-        use std::io::BufRead;
-        let mut child = std::process::Command::new("python3")
-            .arg(repo("tests/fixtures/apps/world_http_agent.py"))
-            .arg(policy)
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("python3 runs");
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line
-            .trim()
-            .strip_prefix("listening on ")
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("the agent did not start: {line:?}"));
-        HttpAgent { child, port }
-    }
-}
-
-impl Drop for HttpAgent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn an_agent_behind_http_or_a_chat_endpoint_finds_its_world_in_the_template_or_the_headers() {
     let tmp = tempfile::tempdir().unwrap();
-    let agent = HttpAgent::start(OBEDIENT);
+    let agent = PythonServer::start(
+        "python3",
+        &repo("tests/fixtures/apps/world_http_agent.py"),
+        &[OBEDIENT],
+    );
     let http = format!(
         "{{provider: http, name: http-agent, concurrency: 2, timeout_s: 20, max_retries: 0, world: {{}}, http: {{request: {{url: \"http://127.0.0.1:{}/chat\", body: {{task: \"{{{{task}}}}\", world: {{http_url: \"{{{{world.http_url}}}}\", token: \"{{{{world.token}}}}\"}}}}, answer: {{json: \"$.reply\"}}}}}}}}",
         agent.port
@@ -827,4 +793,41 @@ fn an_agent_behind_http_or_a_chat_endpoint_finds_its_world_in_the_template_or_th
     let out = run(pieval().arg("run").arg(&bad));
     assert_ne!(out.code, 0);
     assert!(out.stderr.contains("model.world"), "{}", out.stderr);
+}
+
+#[test]
+fn an_agent_behind_a_websocket_finds_its_world_in_the_frame_it_is_sent() {
+    let tmp = tempfile::tempdir().unwrap();
+    let agent = PythonServer::start(
+        &apps_python(),
+        &repo("tests/fixtures/apps/world_ws_agent.py"),
+        &[OBEDIENT],
+    );
+    let ws = format!(
+        "{{provider: websocket, name: ws-agent, concurrency: 2, timeout_s: 20, max_retries: 0, world: {{}}, websocket: {{url: \"ws://127.0.0.1:{}/\", send: {{task: \"{{{{task}}}}\", world: {{http_url: \"{{{{world.http_url}}}}\", token: \"{{{{world.token}}}}\"}}}}, until: {{json: \"$.type\", equals: done}}, answer: {{json: \"$.text\"}}}}}}",
+        agent.port
+    );
+    let exec = run_ok(&config(
+        tmp.path(),
+        "exec",
+        &corpus(),
+        &served(OBEDIENT, 2, 20),
+        "{name: none}",
+    ));
+    let dir = run_ok(&config(tmp.path(), "ws", &corpus(), &ws, "{name: none}"));
+    let p = by_case(&dir.join("predictions.jsonl"));
+    for (case, row) in &p {
+        assert_eq!(row["error"], Value::Null, "{case}: {row}");
+    }
+    let (a, b) = (verdicts(&exec), verdicts(&dir));
+    assert_eq!(a, b, "the same agent, reached over a WebSocket");
+    assert_eq!(b["agent-steal"].0, true);
+    // the world's calls are the actions
+    assert!(
+        p["agent-steal"]["agent_actions"]
+            .as_str()
+            .is_some_and(|a| a.contains("send_money")),
+        "{}",
+        p["agent-steal"]
+    );
 }

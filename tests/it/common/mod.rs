@@ -330,3 +330,59 @@ pub fn readable_files(dir: &Path) -> Vec<(PathBuf, String)> {
     }
     out
 }
+
+/// A Python server of the suite's fixtures on 127.0.0.1 that prints `listening on PORT`
+/// first; killed when dropped.
+pub struct PythonServer {
+    child: std::process::Child,
+    pub port: u16,
+}
+
+impl PythonServer {
+    pub fn start(python: &str, script: &Path, args: &[&str]) -> Self {
+        use std::io::BufRead;
+        let mut child = Command::new(python)
+            .arg(script)
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{python} runs {}: {e}", script.display()));
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.as_mut().expect("piped"))
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .trim()
+            .strip_prefix("listening on ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("{} did not start: {line:?}", script.display()));
+        PythonServer { child, port }
+    }
+}
+
+impl Drop for PythonServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The Python that has the applications' packages (FastAPI, uvicorn, websockets,
+/// anthropic): `PIEVAL_APPS_PYTHON` (set by `.ci/run`), else `python3` if it can import
+/// them.
+pub fn apps_python() -> String {
+    let python = std::env::var("PIEVAL_APPS_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = Command::new(&python)
+        .args(["-c", "import fastapi, uvicorn, websockets, anthropic"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "the applications' packages are needed for this test: python3 -m venv V && \
+         V/bin/pip install fastapi==0.165.0 uvicorn==0.55.0 websockets==17.4 anthropic==2.17.0, \
+         then PIEVAL_APPS_PYTHON=V/bin/python (bash .ci/run does this)"
+    );
+    python
+}

@@ -500,24 +500,23 @@ impl Environment {
             any_wrong |= s.contains("{{") && template_pieces(s).iter().any(wrong);
         });
         let mut markers = Vec::new();
-        strings(v, "", &mut |s, at| {
-            if !any_wrong {
-                return;
-            }
-            for piece in template_pieces(s) {
-                match piece {
-                    Err(Slot::Vector(name)) if !vectors.contains(&name) => markers.push(err(
-                        at,
-                        format!("{{{{vector:{name}}}}} names no vector of `vectors`"),
-                    )),
-                    Err(Slot::Arg(a)) if a.starts_with("vector:") => markers.push(err(
-                        at,
-                        format!("write the vector marker as {{{{{a}}}}}, without spaces"),
-                    )),
-                    _ => {}
+        if any_wrong {
+            strings(v, "", &mut |s, at| {
+                for piece in template_pieces(s) {
+                    match piece {
+                        Err(Slot::Vector(name)) if !vectors.contains(&name) => markers.push(err(
+                            at,
+                            format!("{{{{vector:{name}}}}} names no vector of `vectors`"),
+                        )),
+                        Err(Slot::Arg(a)) if a.starts_with("vector:") => markers.push(err(
+                            at,
+                            format!("write the vector marker as {{{{{a}}}}}, without spaces"),
+                        )),
+                        _ => {}
+                    }
                 }
-            }
-        });
+            });
+        }
         if let Some(e) = markers.into_iter().next() {
             return Err(e);
         }
