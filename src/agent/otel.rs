@@ -1227,15 +1227,20 @@ pub fn read_file(path: &Path) -> Result<Vec<Span>> {
                             ),
                         ));
                     }
-                    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(line) {
-                        return Err(bad(
-                            n,
-                            format!(
-                                "not OTLP/JSON (a line cut short by a collector still writing?): {e}"
-                            ),
-                        ));
+                    match decode_json_bytes(line) {
+                        Ok(s) => spans.extend(s),
+                        Err(m) => {
+                            // not JSON at all (looked at only on failure): most likely cut
+                            // short
+                            let m = match serde_json::from_slice::<serde::de::IgnoredAny>(line) {
+                                Err(e) => format!(
+                                    "not OTLP/JSON (a line cut short by a collector still writing?): {e}"
+                                ),
+                                Ok(_) => m,
+                            };
+                            return Err(bad(n, m));
+                        }
                     }
-                    spans.extend(decode_json_bytes(line).map_err(|m| bad(n, m))?);
                 }
             }
         }
