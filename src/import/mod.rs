@@ -228,17 +228,9 @@ pub struct Row {
     pub scores: Vec<SourceScore>,
 }
 
-/// One tool call of an imported transcript, with what the tool returned.
-#[derive(Clone, Debug, Default)]
-pub struct Call {
-    pub id: String,
-    pub name: String,
-    /// The arguments as the transcript holds them: a JSON value, or text that may not
-    /// parse (kept as it was).
-    pub arguments: Value,
-    pub output: Option<String>,
-    pub error: bool,
-}
+/// One tool call of an imported transcript, with what the tool returned (the type the
+/// trace mapping makes too).
+pub use crate::agent::otel::Call;
 
 /// One model answer of an imported transcript: its text and the calls it made.
 #[derive(Clone, Debug, Default)]

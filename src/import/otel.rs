@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde_json::json;
 
-use super::{At, Call, Importer, Row, Sink};
+use super::{At, Importer, Row, Sink};
 use crate::agent::otel::{by_attempt, calls_of, read_file, trace_id};
 use crate::error::{Error, Result};
 use crate::rundir::checkpoint::PredictionRecord;
@@ -96,13 +96,7 @@ fn import(path: &Path, sink: &mut Sink) -> Result<()> {
             .into_iter()
             .map(|c| super::Answer {
                 text: None,
-                calls: vec![Call {
-                    id: c.id,
-                    name: c.name,
-                    arguments: c.arguments,
-                    output: c.output,
-                    error: c.error,
-                }],
+                calls: vec![c],
             })
             .collect();
         super::agent_attempt(&mut p, &prompt, answers, "answer");
