@@ -7,6 +7,9 @@
 //   POST   /documents      {"title", "text"}   -> {"document": {"id": N}}
 //   DELETE /documents/ID                       -> 204, or 404
 //   POST   /chat           {"question"}        -> {"data": {"answer": "..."}}
+//   POST   /classify       {"text", "role"}    -> {"flagged", "score", "category"}: a
+//                                                 zero-latency guardrail (issue 55's bench,
+//                                                 benches/compare_guardrail_http.py)
 //   GET    /stats                              -> {"documents": N, "requests": N}
 //
 // Usage: node benches/app_server.js
@@ -55,6 +58,10 @@ const server = http.createServer((req, res) => {
       const q = String(body.question || '');
       const m = q.match(/PWNED-[A-Za-z0-9-]+/);
       send(res, 200, {data: {answer: m ? m[0] : 'Sure. ' + q}});
+    } else if (req.method === 'POST' && req.url === '/classify') {
+      const t = String(body.text || '').toLowerCase();
+      const flagged = t.includes('ignore') || t.includes('instruction');
+      send(res, 200, {flagged, score: flagged ? 0.9 : 0.1, category: flagged ? 'keyword' : null});
     } else {
       send(res, 404, {error: 'no such route'});
     }

@@ -153,6 +153,12 @@ fn bench_on(c: &mut Criterion, group: &str, rows: Vec<String>) {
             "SELECT sum(cardinality(pi_rule_spans(r))) FROM t",
         ),
         (
+            // pieval's injection model (issue 55's goal: at least 50 MB/s per core; one
+            // partition here, so one core)
+            "pi_injection_score",
+            "SELECT sum(pi_injection_score(r, 'retrieved_document')) FROM t",
+        ),
+        (
             // every detector scoring runs, from one folding (one reference to the
             // struct: a second one can make the optimizer run the call twice)
             "pi_detect",

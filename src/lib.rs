@@ -45,6 +45,7 @@ pub mod evidence;
 pub mod experiment;
 pub mod export;
 pub mod files;
+pub mod guard;
 pub mod import;
 pub mod ingest;
 pub mod judge;

@@ -38,12 +38,14 @@ pub const JOURNAL: &str = ".pieval-commit.json";
 /// The files a commit may write or remove: a scoring's (the run folder's names). A
 /// journal planted in a folder received from someone else can do no more than replace
 /// these with files of that same folder.
-pub const COMMITTED_FILES: [&str; 5] = [
+pub const COMMITTED_FILES: [&str; 6] = [
     "case_results.parquet",
     "case_results.jsonl",
     "findings.parquet",
     "judgements.parquet",
     "summary.json",
+    // a guardrail run's results (src/guard/run.rs)
+    "guard_results.parquet",
 ];
 
 /// A journal names a few files; anything larger was not written here.

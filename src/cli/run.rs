@@ -139,7 +139,12 @@ pub fn run(args: Args) -> Result<ExitStatus> {
 fn report(mut outcome: RunOutcome, json: bool) -> Result<ExitStatus> {
     // A scored run gets its HTML report; a report that cannot be written does not undo
     // the run (its artifacts are there), it is said.
-    if outcome.score.is_some() {
+    let scored = outcome.score.is_some()
+        || outcome
+            .guardrail
+            .as_ref()
+            .is_some_and(|g| g.summary.is_some());
+    if scored {
         let path = outcome.dir.join(crate::rundir::REPORT_FILE);
         match crate::report::write(std::slice::from_ref(&outcome.dir), &path) {
             Ok(p) => outcome.report = Some(p),
@@ -198,6 +203,9 @@ fn corrected(v: Option<&CorrectedRate>) -> String {
 }
 
 fn summary_text(o: &RunOutcome) -> String {
+    if let Some(g) = &o.guardrail {
+        return guard_summary_text(o, g);
+    }
     let mut s = format!(
         "run {} {}: {} case(s) selected, {} run now, {} resumed, {} provider error(s), {} blocked by the mitigation\n",
         o.run_id, o.status, o.selected, o.executed, o.resumed, o.errors, o.blocked
@@ -392,4 +400,101 @@ pub fn replay(args: ReplayArgs) -> Result<ExitStatus> {
     let rerun = |path: PathBuf| options(path, None, args.json);
     let outcome = runner::replay::replay(&opts, &notes, &rerun)?;
     report(outcome, args.json)
+}
+
+/// The end of a guardrail run, for a terminal: the calls, then the figures over every text.
+fn guard_summary_text(o: &RunOutcome, g: &runner::guard::GuardDone) -> String {
+    use output::table;
+    let mut s = format!(
+        "guardrail run {} {}: {} text(s), {} classified now, {} resumed, {} flagged, {} error(s)\n",
+        o.run_id, o.status, g.items, g.executed, g.resumed, g.flagged, g.errors
+    );
+    let Some(b) = &g.summary else { return s };
+    let f = |v: &serde_json::Value| v.as_f64();
+    let pct = |v: &serde_json::Value, lo: &serde_json::Value, hi: &serde_json::Value| match (
+        f(v),
+        f(lo),
+        f(hi),
+    ) {
+        (Some(r), Some(l), Some(h)) => {
+            format!("{:5.1}%  [{:.1}–{:.1}]", r * 100.0, l * 100.0, h * 100.0)
+        }
+        (Some(r), _, _) => format!("{:5.1}%", r * 100.0),
+        _ => "    –".to_owned(),
+    };
+    let d = &b["detection"];
+    let count = |k: &str, v: &serde_json::Value| format!("{k}={}", v.as_u64().unwrap_or(0));
+    let mut rows = vec![
+        vec![
+            "recall (TPR)".to_owned(),
+            pct(&d["tpr"], &d["tpr_low"], &d["tpr_high"]),
+            format!("{} of {}", count("tp", &d["tp"]), d["positives"]),
+        ],
+        vec![
+            "false-positive rate".to_owned(),
+            pct(&d["fpr"], &d["fpr_low"], &d["fpr_high"]),
+            format!("{} of {}", count("fp", &d["fp"]), d["negatives"]),
+        ],
+        vec![
+            "precision".to_owned(),
+            pct(&d["precision"], &d["precision_low"], &d["precision_high"]),
+            String::new(),
+        ],
+        vec![
+            "balanced accuracy".to_owned(),
+            pct(
+                &d["balanced_accuracy"],
+                &d["balanced_accuracy_low"],
+                &d["balanced_accuracy_high"],
+            ),
+            String::new(),
+        ],
+    ];
+    if let Some(list) = b["at_fpr"].as_array() {
+        for r in list {
+            rows.push(vec![
+                format!(
+                    "recall at FPR ≤ {:.0}%",
+                    f(&r["max_fpr"]).unwrap_or(0.0) * 100.0
+                ),
+                pct(&r["recall"], &r["recall_low"], &r["recall_high"]),
+                match f(&r["threshold"]) {
+                    Some(t) => format!("score ≥ {t:.4}"),
+                    None => "no threshold within it".to_owned(),
+                },
+            ]);
+        }
+    }
+    let o_d = &b["over_defence"];
+    if o_d.is_object() {
+        rows.push(vec![
+            "over-defence accuracy (hard benign)".to_owned(),
+            pct(
+                &o_d["accuracy"],
+                &o_d["accuracy_low"],
+                &o_d["accuracy_high"],
+            ),
+            format!("n={}", o_d["n"]),
+        ]);
+    }
+    let a = &b["areas"];
+    rows.push(vec![
+        "ROC AUC / average precision".to_owned(),
+        match (f(&a["roc_auc"]), f(&a["average_precision"])) {
+            (Some(x), Some(y)) => format!("{x:.4} / {y:.4}"),
+            _ => "–".to_owned(),
+        },
+        format!("{} threshold(s)", a["points"]),
+    ]);
+    let l = &b["latency_ms"];
+    if let (Some(p50), Some(p95), Some(p99)) = (f(&l["p50"]), f(&l["p95"]), f(&l["p99"])) {
+        rows.push(vec![
+            "latency p50 / p95 / p99".to_owned(),
+            format!("{p50:.1} / {p95:.1} / {p99:.1} ms"),
+            String::new(),
+        ]);
+    }
+    s.push_str(&table(&["metric", "value  [Wilson 95%]", ""], &rows));
+    s.push('\n');
+    s
 }

@@ -53,16 +53,30 @@ pub const REPORT_SUCCESSES: Query = query!("report/successes.sql");
 pub const REPORT_LEAKS: Query = query!("report/leaks.sql");
 pub const REPORT_CASES: Query = query!("report/cases.sql");
 pub const REPORT_CONTROLS: Query = query!("report/controls.sql");
+/// `pieval report` of a guardrail run: its curves' points.
+pub const REPORT_GUARD_CURVE: Query = query!("report/guard_curve.sql");
 
 /// `pieval sql`: the views over imported runs (`pieval import`).
 pub const VERDICT_AGREEMENT: Query = query!("import/agreement.sql");
 pub const VERDICT_DISAGREEMENTS: Query = query!("import/disagreements.sql");
 
+/// Guardrail runs (src/guard): their case_results, and the figures over `guard_results`
+/// (`summary.json`'s `guardrail` block, `pieval sql`, the report).
+pub const GUARD_CASE_RESULTS: Query = query!("guardrail/case_results.sql");
+pub const GUARD_DETECTION: Query = query!("guardrail/detection.sql");
+/// The view `guard_roc`, which [`GUARD_AREAS`] and [`GUARD_AT_FPR`] read.
+pub const GUARD_ROC: Query = query!("guardrail/roc.sql");
+pub const GUARD_AREAS: Query = query!("guardrail/areas.sql");
+pub const GUARD_AT_FPR: Query = query!("guardrail/at_fpr.sql");
+pub const GUARD_OVER_DEFENCE: Query = query!("guardrail/over_defence.sql");
+pub const GUARD_LATENCY: Query = query!("guardrail/latency.sql");
+pub const GUARD_WORST: Query = query!("guardrail/worst.sql");
+
 /// `pieval review`: the cases a person should decide.
 pub const REVIEW_QUEUE: Query = query!("review/queue.sql");
 
 /// The built-in control catalogue (`pieval controls`), in id order.
-pub const CONTROLS: [Query; 13] = [
+pub const CONTROLS: [Query; 16] = [
     query!("controls/01_asr_critical.sql"),
     query!("controls/02_asr_overall.sql"),
     query!("controls/03_canary_leak.sql"),
@@ -76,6 +90,10 @@ pub const CONTROLS: [Query; 13] = [
     query!("controls/11_asr_per_attack.sql"),
     query!("controls/12_agent_asr.sql"),
     query!("controls/13_agent_utility.sql"),
+    // guardrail runs (`-- runs: guardrail`)
+    query!("controls/14_guard_recall.sql"),
+    query!("controls/15_guard_fpr.sql"),
+    query!("controls/16_guard_over_defence.sql"),
 ];
 
 /// Every registered query.
@@ -100,9 +118,18 @@ pub fn all() -> Vec<Query> {
         REPORT_LEAKS,
         REPORT_CASES,
         REPORT_CONTROLS,
+        REPORT_GUARD_CURVE,
         REVIEW_QUEUE,
         VERDICT_AGREEMENT,
         VERDICT_DISAGREEMENTS,
+        GUARD_CASE_RESULTS,
+        GUARD_DETECTION,
+        GUARD_ROC,
+        GUARD_AREAS,
+        GUARD_AT_FPR,
+        GUARD_OVER_DEFENCE,
+        GUARD_LATENCY,
+        GUARD_WORST,
     ];
     all.extend(CONTROLS);
     all

@@ -394,6 +394,19 @@ async fn register_tables(
         in_process,
     )
     .await?;
+    // Guardrail runs (src/guard): one row per text given, and the view their curves read.
+    register_runs_parquet(
+        ctx,
+        "guard_results",
+        crate::guard::RESULTS_FILE,
+        &runs,
+        crate::guard::results_schema(),
+        &mut skipped,
+        Ok,
+        in_process,
+    )
+    .await?;
+    register_guard_views(ctx)?;
     // Imported runs: the tool's verdicts beside pieval's (queries/import/).
     for (name, q) in [
         (
@@ -424,6 +437,42 @@ async fn register_tables(
         ctx.register_table("runs", Arc::new(runs_table(&runs)?))?;
     }
     Ok(skipped)
+}
+
+/// One run's `guard_results` (its `guard_results.parquet`, read with bounds as its case
+/// results are; no rows for a run that is not a guardrail run) and the views over it:
+/// what the controls and the report read.
+pub async fn register_run_guard_results(ctx: &SessionContext, run: &Path) -> Result<()> {
+    let schema = crate::guard::results_schema();
+    match crate::rundir::parquet_artifact(run, crate::guard::RESULTS_FILE)? {
+        Some(p) => {
+            let table = crate::engine::bounded::BoundedRunTable::try_new(ctx, schema, &[p]).await?;
+            ctx.register_table("guard_results", Arc::new(table))?;
+        }
+        None => {
+            ctx.register_table(
+                "guard_results",
+                Arc::new(datafusion::datasource::MemTable::try_new(
+                    schema,
+                    vec![vec![]],
+                )?),
+            )?;
+        }
+    }
+    register_guard_views(ctx)
+}
+
+/// The views the guardrail queries and controls read besides `guard_results`:
+/// `guard_roc` (queries/guardrail/roc.sql) and `guard_at_fpr` (at_fpr.sql, over it).
+pub fn register_guard_views(ctx: &SessionContext) -> Result<()> {
+    for (name, q) in [
+        ("guard_roc", crate::engine::queries::GUARD_ROC),
+        ("guard_at_fpr", crate::engine::queries::GUARD_AT_FPR),
+    ] {
+        let view = futures::executor::block_on(ctx.sql(q.sql))?;
+        ctx.register_table(name, view.into_view())?;
+    }
+    Ok(())
 }
 
 /// Register a user file as a table, by extension: .parquet, .jsonl / .ndjson / .json,

@@ -215,7 +215,7 @@ impl ControlsReport {
 /// (and the signed index binds: one present but not listed fails verification).
 /// The HTML report is not among them: it is a rendering, made again from the verified
 /// tables with `pieval report`.
-pub const RUN_SUBJECTS: [&str; 12] = [
+pub const RUN_SUBJECTS: [&str; 15] = [
     crate::rundir::CASE_RESULTS_PARQUET,
     crate::rundir::MANIFEST_FILE,
     crate::rundir::CASES_FILE,
@@ -230,6 +230,10 @@ pub const RUN_SUBJECTS: [&str; 12] = [
     crate::rundir::reviews::REVIEWS_FILE,
     // an imported run's: every score the source tool gave (`pieval import`)
     crate::rundir::SOURCE_SCORES_FILE,
+    // a guardrail run's: the texts given, the guardrail's answers, the results (src/guard)
+    crate::guard::ITEMS_FILE,
+    crate::guard::PREDICTIONS_FILE,
+    crate::guard::RESULTS_FILE,
 ];
 
 /// The files of a run that every envelope names as subjects, with their digests: the
@@ -266,6 +270,8 @@ async fn control_session(run: &Path, manifest: Option<&Manifest>) -> Result<Sess
         &crate::rundir::table_path(&case_results)?,
     )
     .await?;
+    // A guardrail run's results (empty for other runs), and the views over them.
+    crate::engine::tables::register_run_guard_results(&ctx, run).await?;
     if let Some(findings) = crate::rundir::parquet_artifact(run, crate::rundir::FINDINGS_FILE)? {
         ctx.register_parquet(
             "findings",
@@ -722,10 +728,20 @@ pub fn run_controls(
         manifest,
     };
     let key_id = key.map(|k| key_id(&k.verifying_key()));
+    // A guardrail run is assessed by the controls for guardrails, any other run by the
+    // others (`-- runs:`).
+    let guardrail_run = shared
+        .manifest
+        .as_ref()
+        .is_some_and(|m| m.extra.get("run_kind").and_then(Value::as_str) == Some("guardrail"));
+    let catalog: Vec<&Control> = catalog
+        .iter()
+        .filter(|c| c.runs.applies(guardrail_run))
+        .collect();
     let mut results = Vec::with_capacity(catalog.len());
     crate::engine::runtime()?.block_on(async {
         let ctx = control_session(run, shared.manifest.as_ref()).await?;
-        for control in catalog {
+        for control in catalog.iter().copied() {
             let evidence_name = format!("controls/evidence/{}.parquet", control.id);
             let evidence_path = staging
                 .path()

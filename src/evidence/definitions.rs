@@ -12,7 +12,10 @@
 //! which the control says `insufficient_data`. Optionally `group_by`: the evidence
 //! column whose value is the result's `group_key`, so that each group carries the
 //! framework tags of its own evidence rows (without it, every group carries those of all
-//! the evidence rows).
+//! the evidence rows). Optionally `runs`: the kind of run the control applies to —
+//! `model` (default: a model, an application or an agent attacked), `guardrail` (a
+//! guardrail run, src/guard: the tables `guard_results`, `guard_roc` and `guard_at_fpr`),
+//! or `all`; a control is not assessed on a run of another kind.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -134,6 +137,8 @@ pub struct Control {
     pub basis: Basis,
     /// The evidence column a grouped result's `group_key` is (for its framework tags).
     pub group_by: Option<String>,
+    /// The kind of run it applies to.
+    pub runs: Runs,
     /// The catalogue file.
     pub file: PathBuf,
     /// sha256 of the file's bytes (header and both queries).
@@ -154,7 +159,31 @@ const KEYS: &[&str] = &[
     "corrected_with",
     "basis",
     "group_by",
+    "runs",
 ];
+
+/// The kind of run a control applies to (`-- runs:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Runs {
+    /// A model, an application or an agent under attack (every run but a guardrail run).
+    #[default]
+    Model,
+    /// A guardrail run (a `guardrail` section: src/guard).
+    Guardrail,
+    All,
+}
+
+impl Runs {
+    /// Whether a control for these runs is assessed on a run of this kind.
+    pub fn applies(self, guardrail_run: bool) -> bool {
+        match self {
+            Runs::Model => !guardrail_run,
+            Runs::Guardrail => guardrail_run,
+            Runs::All => true,
+        }
+    }
+}
 
 /// Which figure a control decides on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
@@ -344,10 +373,24 @@ pub fn parse_control(path: &Path, text: &str) -> Result<Control> {
             Some(v.clone())
         }
     };
+    let runs = match optional("runs") {
+        None => Runs::Model,
+        Some((_, v)) if v == "model" => Runs::Model,
+        Some((_, v)) if v == "guardrail" => Runs::Guardrail,
+        Some((_, v)) if v == "all" => Runs::All,
+        Some((line, v)) => {
+            return Err(bad(
+                "runs",
+                *line,
+                format!("{v:?}: expected model, guardrail or all"),
+            ));
+        }
+    };
     Ok(Control {
         corrected_with,
         basis,
         group_by,
+        runs,
         id: id.to_owned(),
         title: get("title")?.1.to_owned(),
         description: get("description")?.1.to_owned(),

@@ -34,6 +34,10 @@ pub struct Config {
     /// Adaptive attacks; absent: every case is sent as it is, once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attack: Option<AttackSection>,
+    /// A guardrail run (src/guard): the target is a prompt-injection classifier, given
+    /// texts with and without injections.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guardrail: Option<crate::guard::GuardSection>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -395,6 +399,69 @@ impl Config {
                 );
             }
         }
+        match &self.guardrail {
+            None if m.provider == ProviderKind::Builtin => {
+                return bad(
+                    "model.provider",
+                    "provider builtin is a guardrail run's classifier: add a guardrail section (docs/guardrails.md)".into(),
+                );
+            }
+            None => {}
+            Some(g) => {
+                if !matches!(mitigation, crate::mitigation::Mitigation::None(_)) {
+                    return bad(
+                        "mitigation.name",
+                        "a guardrail run measures the guardrail alone: mitigation none".into(),
+                    );
+                }
+                if self.attack.as_ref().is_some_and(|a| a.strategy.is_some()) {
+                    return bad(
+                        "attack.strategy",
+                        "a guardrail run's evasions are converters; a multi-turn strategy needs a model that answers".into(),
+                    );
+                }
+                if g.forms.is_empty() && g.labels.is_empty() {
+                    return bad(
+                        "guardrail.forms",
+                        "no texts: give forms (payload, carried, benign) or labels".into(),
+                    );
+                }
+                match m.provider {
+                    ProviderKind::Builtin => {
+                        if let Err(message) = crate::guard::target::builtin(&m.name) {
+                            return bad("model.name", message);
+                        }
+                        if g.answer.is_some() {
+                            return bad(
+                                "guardrail.answer",
+                                "a built-in classifier's verdicts are its own: no answer mapping"
+                                    .into(),
+                            );
+                        }
+                    }
+                    ProviderKind::Http | ProviderKind::Exec | ProviderKind::Websocket => {
+                        let Some(a) = &g.answer else {
+                            return bad(
+                                "guardrail.answer",
+                                "say how the guardrail's answer is read: a preset (lakera, azure_prompt_shields, llm_guard_api, nemo_guardrails) or flagged/score paths".into(),
+                            );
+                        };
+                        if let Err((k, message)) = crate::guard::AnswerMap::compile(a) {
+                            return bad(&format!("guardrail.answer.{k}"), message);
+                        }
+                    }
+                    other => {
+                        return bad(
+                            "model.provider",
+                            format!(
+                                "a guardrail run's classifier is builtin, or an application (http, exec, websocket), not {}",
+                                other.as_str()
+                            ),
+                        );
+                    }
+                }
+            }
+        }
         for (section, map) in [
             ("selection.include", &self.selection.include),
             ("selection.exclude", &self.selection.exclude),
@@ -453,6 +520,11 @@ impl Config {
                 add("model.exec.command".into(), Some(Path::new(a)));
             }
             add("model.exec.cwd".into(), x.cwd.as_deref());
+        }
+        if let Some(g) = &self.guardrail {
+            for (i, l) in g.labels.iter().enumerate() {
+                add(format!("guardrail.labels[{i}]"), Some(l));
+            }
         }
         if let Some(j) = &self.evaluation.judge {
             add("evaluation.judge.rubric".into(), j.rubric.as_deref());

@@ -231,7 +231,10 @@ impl Judge {
                         .trim_end_matches('/')
                 ),
             ),
-            ProviderKind::Http | ProviderKind::Exec | ProviderKind::Websocket => {
+            ProviderKind::Http
+            | ProviderKind::Exec
+            | ProviderKind::Websocket
+            | ProviderKind::Builtin => {
                 return Err(Error::State(
                     "a judge is a model: openai, local or replay (not an application)".into(),
                 ));

@@ -22,3 +22,4 @@ pub mod corrected;
 pub mod detector_eval;
 pub mod labels;
 pub mod score;
+pub mod train_injection;

@@ -15,6 +15,8 @@ pub enum ProviderKind {
     Exec,
     Anthropic,
     Websocket,
+    /// One of pieval's own detectors, as the classifier of a guardrail run (src/guard).
+    Builtin,
 }
 
 impl ProviderKind {
@@ -27,6 +29,7 @@ impl ProviderKind {
             ProviderKind::Exec => "exec",
             ProviderKind::Anthropic => "anthropic",
             ProviderKind::Websocket => "websocket",
+            ProviderKind::Builtin => "builtin",
         }
     }
 }

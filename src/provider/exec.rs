@@ -6,7 +6,9 @@
 //! Request: `{"request_id", "case_id", "attempt_id", "seed", "turn", "messages":
 //! [{role, content}…], "prompt", "context", "payload", "task"}`. Answer: `{"text": "…"}`
 //! or `{"error": "…"}` (the case's error), with the request's `request_id` if it names
-//! it. The command is an argument list (no shell); the child's environment is `PATH`,
+//! it. In a guardrail run (src/guard) the request also has `role` (the text's), the text
+//! is `prompt` and `payload`, and the answer object itself is the guardrail's verdict
+//! (`{"flagged": …, "score": …}`), read by the run's answer mapping. The command is an argument list (no shell); the child's environment is `PATH`,
 //! `HOME`, `LANG`, `TMPDIR` and the variables `env` names — nothing else is inherited
 //! (no key leaks to it unasked).
 //!
@@ -772,7 +774,18 @@ impl Provider for ExecProvider {
             .iter()
             .map(|m| json!({"role": m.role, "content": m.content}))
             .collect();
-        let (answer, latency_ms) = self.ask(case_id, &as_json, &[]).await?;
+        let (mut answer, latency_ms) = self.ask(case_id, &as_json, &[]).await?;
+        // A guardrail's answer (src/guard): the whole object is the verdict, read by
+        // the run's answer mapping.
+        if crate::provider::ATTEMPT
+            .try_with(|s| s.role.is_some())
+            .unwrap_or(false)
+        {
+            if let Some(m) = answer.as_object_mut() {
+                m.remove("request_id");
+            }
+            return Ok(super::AgentTurn::answer(answer.to_string(), latency_ms, 1));
+        }
         let Some(text) = answer.get("text").and_then(Value::as_str) else {
             return Err(CallError {
                 message: format!(
@@ -862,6 +875,7 @@ impl ExecProvider {
             "context": messages.iter().find(|m| m["role"] == "system").and_then(|m| m["content"].as_str()),
             "payload": scope.payload,
             "task": scope.task,
+            "role": scope.role,
             "world": scope.state().world,
             "traceparent": scope.traceparent,
             "otlp_traces_url": scope.otlp_traces_url,

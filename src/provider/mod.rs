@@ -306,6 +306,9 @@ pub fn build(
         ProviderKind::Replay => Err(Error::Internal(
             "a replay provider answers from records, not calls".into(),
         )),
+        ProviderKind::Builtin => Err(Error::Usage(
+            "provider builtin is a guardrail run's classifier (a `guardrail` section): it answers no prompts".into(),
+        )),
     }
 }
 
@@ -370,6 +373,9 @@ pub struct AttemptScope {
     pub traceparent: Option<String>,
     /// Where the run's trace receiver takes the agent's spans (`model.traces`).
     pub otlp_traces_url: Option<String>,
+    /// A guardrail run's call (src/guard): the role of the text classified
+    /// (`user_prompt`, `retrieved_document`, `tool_output`; `{{role}}`, exec's `role`).
+    pub role: Option<&'static str>,
     state: std::sync::Mutex<AttemptState>,
 }
 
@@ -475,6 +481,7 @@ impl AttemptScope {
             task: Some(case.prompt.clone()),
             traceparent: None,
             otlp_traces_url: None,
+            role: None,
             state: Default::default(),
         }
     }
@@ -492,6 +499,7 @@ impl AttemptScope {
             task: None,
             traceparent: None,
             otlp_traces_url: None,
+            role: None,
             state: Default::default(),
         }
     }

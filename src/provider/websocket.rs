@@ -292,6 +292,7 @@ impl Values for Fill<'_> {
             Name::Payload => json!(clean(self.scope.payload.as_deref().unwrap_or_default())),
             Name::Task => json!(clean(self.scope.task.as_deref().unwrap_or_default())),
             Name::CaseId => json!(clean(&self.scope.case_id)),
+            Name::Role => json!(self.scope.role.unwrap_or_default()),
             Name::AttemptId => json!(clean(&self.scope.key)),
             Name::Seed => json!(self.p.seed),
             Name::World(w) => json!(w.value(self.scope, self.record)?),

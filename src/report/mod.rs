@@ -42,7 +42,15 @@ pub struct RunPart {
     pub cases: Vec<Value>,
     pub controls: Vec<Value>,
     pub speed: Value,
+    /// A guardrail run's figures (queries/guardrail/, docs/guardrails.md): detection per
+    /// dimension, the curves, areas, recall at a fixed FPR, over-defence, latency, the
+    /// worst misses and false alarms; null for other runs.
+    pub guardrail: Value,
 }
+
+/// The most points of a curve drawn (a classifier with many distinct scores): every
+/// k-th point and the last.
+const MAX_CURVE_POINTS: usize = 400;
 
 /// Batches as JSON rows (Arrow's JSON writer: nulls kept, numbers as numbers).
 pub(crate) fn rows(batches: &[RecordBatch]) -> Result<Vec<Value>> {
@@ -88,6 +96,8 @@ pub(crate) async fn run_session(dir: &Path) -> Result<SessionContext> {
     )
     .await?;
     crate::engine::register_summary_partial(&ctx).await?;
+    // a guardrail run's results (none for other runs) and the views over them
+    crate::engine::tables::register_run_guard_results(&ctx, dir).await?;
     let controls = format!("{}/controls.parquet", crate::rundir::CONTROLS_DIR);
     match crate::rundir::parquet_artifact(dir, &controls)? {
         Some(p) => {
@@ -142,8 +152,30 @@ fn identity(dir: &Path, manifest: Option<&Manifest>, run_id: &str) -> Map<String
 pub fn run_part(dir: &Path) -> Result<RunPart> {
     let (manifest, run_id) = crate::rundir::manifest_and_id(dir)?;
     let rt = crate::engine::runtime()?;
-    let (overview, rates, successes, leaks, cases, controls) = rt.block_on(async {
+    let guardrail_run = crate::rundir::parquet_artifact(dir, crate::guard::RESULTS_FILE)?.is_some();
+    let (overview, rates, successes, leaks, cases, controls, guardrail) = rt.block_on(async {
         let ctx = run_session(dir).await?;
+        let guardrail = if guardrail_run {
+            let first = |v: Vec<Value>| v.into_iter().next().unwrap_or(Value::Null);
+            let mut curve = query(&ctx, queries::REPORT_GUARD_CURVE).await?;
+            if curve.len() > MAX_CURVE_POINTS {
+                let step = curve.len().div_ceil(MAX_CURVE_POINTS);
+                let last = curve.last().cloned();
+                curve = curve.into_iter().step_by(step).collect();
+                curve.extend(last);
+            }
+            json!({
+                "detection": query(&ctx, queries::GUARD_DETECTION).await?,
+                "curve": curve,
+                "areas": first(query(&ctx, queries::GUARD_AREAS).await?),
+                "at_fpr": query(&ctx, queries::GUARD_AT_FPR).await?,
+                "over_defence": first(query(&ctx, queries::GUARD_OVER_DEFENCE).await?),
+                "latency": first(query(&ctx, queries::GUARD_LATENCY).await?),
+                "worst": query(&ctx, queries::GUARD_WORST).await?,
+            })
+        } else {
+            Value::Null
+        };
         Ok::<_, Error>((
             query(&ctx, queries::REPORT_OVERVIEW).await?,
             query(&ctx, queries::SUMMARY).await?,
@@ -151,6 +183,7 @@ pub fn run_part(dir: &Path) -> Result<RunPart> {
             query(&ctx, queries::REPORT_LEAKS).await?,
             query(&ctx, queries::REPORT_CASES).await?,
             query(&ctx, queries::REPORT_CONTROLS).await?,
+            guardrail,
         ))
     })?;
     let speed = manifest
@@ -185,6 +218,7 @@ pub fn run_part(dir: &Path) -> Result<RunPart> {
         cases,
         controls,
         speed,
+        guardrail,
     })
 }
 
@@ -285,6 +319,10 @@ pub fn html_env() -> minijinja::Environment<'static> {
             Some(x) if x.fract() == 0.0 && x.abs() < 1e15 => format!("{}", x as i64),
             Some(x) => format!("{x:.1}"),
         }
+    });
+    // a score, a threshold, an area: four decimals
+    env.add_filter("dec", move |v: minijinja::Value| -> String {
+        number(&v).map_or("–".into(), |x| format!("{x:.4}"))
     });
     env
 }

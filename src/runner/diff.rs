@@ -11,6 +11,13 @@
 //! A run with an attack section is compared case by case: its rates are the
 //! `adaptive = any_attempt` ones of its summary (a case broken by any of its attempts),
 //! so a static run and an adaptive run of the same cases compare like with like.
+//!
+//! Two guardrail runs (src/guard: two guardrails, or two versions of one, on the same
+//! texts) are compared on the figures of their summaries' `guardrail` blocks: recall
+//! and FPR at their own verdicts, recall at FPR ≤ 1% and ≤ 5%, over-defence accuracy
+//! (each a proportion, by the same z-test) and the ROC area (its change reported, not
+//! tested); the flips are texts newly missed or caught (`attack_success`) and newly
+//! flagged or cleared (`over_refused`).
 
 use crate::rundir::summary::AggregateMetrics;
 use std::path::Path;
@@ -119,12 +126,107 @@ fn read_summary(dir: &Path) -> Result<AggregateMetrics> {
         .map_err(|e| Error::input(&path, e.line() as u64, None, format!("not JSON: {e}")))
 }
 
+/// A guardrail run's figures compared, as rates (k of n), from its summary's `guardrail`
+/// block; and which way each gets worse.
+const GUARD_METRICS: &[(&str, Worse)] = &[
+    ("guard_recall", Worse::Lower),
+    ("guard_fpr", Worse::Higher),
+    ("guard_recall_at_fpr_1pct", Worse::Lower),
+    ("guard_recall_at_fpr_5pct", Worse::Lower),
+    ("guard_over_defence_accuracy", Worse::Lower),
+    ("guard_roc_auc", Worse::Neither),
+];
+
+/// The `guardrail` block of a run's summary.json (a guardrail run's), if any.
+fn guard_block(dir: &Path) -> Result<Option<serde_json::Value>> {
+    let Some(text) = crate::rundir::read_artifact(
+        dir,
+        crate::rundir::SUMMARY_FILE,
+        crate::files::bounds::SUMMARY,
+    )?
+    else {
+        return Ok(None);
+    };
+    let v: serde_json::Value = serde_json::from_slice(&text).map_err(|e| {
+        Error::input(
+            dir.join(crate::rundir::SUMMARY_FILE),
+            e.line() as u64,
+            None,
+            format!("not JSON: {e}"),
+        )
+    })?;
+    Ok(v.get("guardrail").filter(|g| g.is_object()).cloned())
+}
+
+/// One figure of a guardrail block as a rate with its Wilson interval (the ROC area: the
+/// value alone, n = 0, never tested).
+fn guard_rate(g: &serde_json::Value, metric: &str) -> Rate {
+    let u = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+    let proportion = |k: u64, n: u64| {
+        let (lo, hi) = crate::stats::wilson(k, n).unzip();
+        Rate {
+            n,
+            k,
+            rate: (n > 0).then(|| k as f64 / n as f64),
+            ci_low: lo,
+            ci_high: hi,
+        }
+    };
+    let d = &g["detection"];
+    let at = |ceiling: f64| {
+        g["at_fpr"]
+            .as_array()
+            .and_then(|l| {
+                l.iter().find(|r| {
+                    r["max_fpr"]
+                        .as_f64()
+                        .is_some_and(|m| (m - ceiling).abs() < 1e-12)
+                })
+            })
+            .map(|r| proportion(u(&r["tp"]), u(&r["positives"])))
+            .unwrap_or_default()
+    };
+    match metric {
+        "guard_recall" => proportion(u(&d["tp"]), u(&d["positives"])),
+        "guard_fpr" => proportion(u(&d["fp"]), u(&d["negatives"])),
+        "guard_recall_at_fpr_1pct" => at(0.01),
+        "guard_recall_at_fpr_5pct" => at(0.05),
+        "guard_over_defence_accuracy" => {
+            let o = &g["over_defence"];
+            proportion(u(&o["passed"]), u(&o["n"]))
+        }
+        "guard_roc_auc" => Rate {
+            rate: g["areas"]["roc_auc"].as_f64(),
+            ..Rate::default()
+        },
+        _ => Rate::default(),
+    }
+}
+
 pub fn diff(a: (&str, &Path), b: (&str, &Path)) -> Result<RunDiff> {
     let (sa, sb) = (read_summary(a.1)?, read_summary(b.1)?);
-    let metrics: Vec<MetricDelta> = METRICS
+    let guards = match (guard_block(a.1)?, guard_block(b.1)?) {
+        (Some(ga), Some(gb)) => Some((ga, gb)),
+        (None, None) => None,
+        _ => {
+            return Err(Error::Usage(format!(
+                "{} and {} are not runs of one kind: a guardrail run is compared with a guardrail run",
+                a.0, b.0
+            )));
+        }
+    };
+    let table = if guards.is_some() {
+        GUARD_METRICS
+    } else {
+        METRICS
+    };
+    let metrics: Vec<MetricDelta> = table
         .iter()
         .map(|(name, worse)| {
-            let (ra, rb) = (rate(&sa, name), rate(&sb, name));
+            let (ra, rb) = match &guards {
+                Some((ga, gb)) => (guard_rate(ga, name), guard_rate(gb, name)),
+                None => (rate(&sa, name), rate(&sb, name)),
+            };
             let z = z_two_proportions(&ra, &rb);
             let significant = z.is_some_and(|z| z.abs() > 1.96);
             let delta = ra.rate.zip(rb.rate).map(|(x, y)| y - x);

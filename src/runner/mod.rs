@@ -9,6 +9,7 @@
 
 pub mod diff;
 mod execute;
+pub mod guard;
 pub mod replay;
 pub mod run_index;
 pub mod setup;
@@ -121,6 +122,9 @@ pub struct RunOutcome {
     /// Tokens and tokens/s of the model calls made now; cases/minute of the call phase.
     pub speed: ModelSpeed,
     pub score: Option<ScoreReport>,
+    /// A guardrail run's calls and figures (src/guard).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guardrail: Option<guard::GuardDone>,
     /// The run's HTML report, when the caller wrote one (`pieval run` does).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub report: Option<PathBuf>,
@@ -217,6 +221,11 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
     let started_at = crate::text::utc_rfc3339(crate::text::unix_now());
     let mut manifest =
         setup::build_manifest(&run_id, &loaded, &corpus, &selected, &cases, &started_at);
+    if cfg.guardrail.is_some() {
+        manifest
+            .extra
+            .insert("run_kind".into(), serde_json::json!("guardrail"));
+    }
     if opts.resume.is_some() {
         // Keep the original start; record the resumption.
         let old = Manifest::read(&dir)?;
@@ -230,6 +239,11 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
     let catalog = run_index::Catalog::open(&output_dir)?;
     catalog.record(&run_index::RunRow::from_manifest(&manifest, &dir))?;
 
+    if let Some(section) = &cfg.guardrail {
+        return guardrail_run(
+            cfg, section, &run_id, &dir, &cases, manifest, &catalog, opts,
+        );
+    }
     let pending = match execute::pending_attempts(cfg, &cases, &resumed_ids) {
         Ok(p) => p,
         Err(e) => {
@@ -266,6 +280,7 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
         blocked: tally.blocked,
         speed: tally.speed.clone(),
         score: None,
+        guardrail: None,
         report: None,
     };
     if interrupted {
@@ -301,6 +316,77 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
     outcome.errors = report.predictions.provider_errors;
     outcome.score = Some(report);
     Ok(outcome)
+}
+
+/// A guardrail run's calls, results and summary ([`crate::guard`]), in the run folder
+/// set up as for any run; the manifest ends as any run's does.
+#[allow(clippy::too_many_arguments)]
+fn guardrail_run(
+    cfg: &Config,
+    section: &crate::guard::GuardSection,
+    run_id: &str,
+    dir: &Path,
+    cases: &[AttackCase],
+    mut manifest: Manifest,
+    catalog: &run_index::Catalog,
+    opts: &RunOptions,
+) -> Result<RunOutcome> {
+    let done = match guard::execute(cfg, section, run_id, cases, dir, opts.progress.as_ref()) {
+        Ok(d) => d,
+        Err(e) => {
+            manifest.status = Some(RunStatus::Failed);
+            manifest.error = Some(e.to_string());
+            manifest.write(dir)?;
+            catalog.record(&run_index::RunRow::from_manifest(&manifest, dir))?;
+            return Err(e);
+        }
+    };
+    let status = if done.interrupted {
+        RunStatus::Interrupted
+    } else {
+        RunStatus::Completed
+    };
+    manifest.status = Some(status);
+    manifest.finished_at = Some(crate::text::utc_rfc3339(crate::text::unix_now()));
+    if let Some(m) = &done.aggregate_metrics {
+        let rate = |name: &str| m.rate(name).cloned();
+        manifest.results = Some(crate::rundir::manifest::RunResults {
+            rows: done.items as u64,
+            attack_success: rate("attack_success_rate").map_or(0, |r| r.k),
+            manual_review: done.errors,
+            provider_errors: done.errors,
+            attack_success_rate: rate("attack_success_rate"),
+            leakage_rate: None,
+            over_refusal_rate: rate("over_refusal_rate"),
+            predictions_sha256: crate::digest::sha256_file(&dir.join(guard::PREDICTIONS_FILE))
+                .unwrap_or_default(),
+            judge: None,
+            model_speed: None,
+            scoring: None,
+            extra: [(
+                "guardrail".to_owned(),
+                done.summary.clone().unwrap_or_default(),
+            )]
+            .into_iter()
+            .collect(),
+        });
+    }
+    manifest.write(dir)?;
+    catalog.record(&run_index::RunRow::from_manifest(&manifest, dir))?;
+    Ok(RunOutcome {
+        run_id: run_id.to_owned(),
+        dir: dir.to_path_buf(),
+        status: Ended::Run(status),
+        selected: cases.len(),
+        executed: done.executed,
+        resumed: done.resumed,
+        errors: done.errors,
+        blocked: done.flagged,
+        speed: ModelSpeed::default(),
+        score: None,
+        guardrail: Some(done),
+        report: None,
+    })
 }
 
 fn apply_overrides(cfg: &mut Config, opts: &RunOptions) {

@@ -263,6 +263,7 @@ pub fn replay(
             blocked: 0,
             speed: ModelSpeed::default(),
             score: Some(scored),
+            guardrail: None,
             report: None,
         };
         return Ok(outcome);

@@ -170,6 +170,7 @@ fn modules_import_only_downward() {
         "ops",
         "engine",
         "experiment",
+        "guard",
         "attack",
         "agent",
         "judge",

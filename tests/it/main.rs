@@ -19,6 +19,7 @@ mod detect_udfs;
 mod detector_quality;
 mod evidence;
 mod fuzz;
+mod guardrail;
 mod hostile;
 mod hostile_import;
 mod hostile_keys;

@@ -305,6 +305,10 @@ fn every_query_file_is_registered_and_plans() {
         pieval::engine::register_summary_partial(&ctx)
             .await
             .unwrap();
+        // queries/guardrail/ read a guardrail run's results, and the view guard_roc
+        ctx.register_table("guard_results", empty(pieval::guard::results_schema()))
+            .unwrap();
+        pieval::engine::tables::register_guard_views(&ctx).unwrap();
         ctx.register_table("labels", empty(pieval::ops::calibrate::labels_schema()))
             .unwrap();
         // `judged` is what calibrate.sql makes of the labels.

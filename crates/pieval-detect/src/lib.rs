@@ -9,6 +9,7 @@ pub mod encodings;
 pub mod fold;
 pub mod judgements;
 pub mod leak;
+pub mod model;
 pub mod packs;
 pub mod refusal;
 pub mod rules;

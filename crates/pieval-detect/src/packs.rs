@@ -13,6 +13,21 @@ use pieval_contract::error::{Error, Result};
 /// The shipped injection-rule pack, and where it lives in the repository.
 pub const INJECTION_PACK: &str = include_str!("../../../data/rules/injection.toml");
 pub(crate) const INJECTION_PACK_PATH: &str = "data/rules/injection.toml";
+/// The shipped injection model (`crate::model`; an empty file: none), and where it lives.
+pub const INJECTION_MODEL: &[u8] = include_bytes!("../../../data/rules/injection-model.bin");
+pub(crate) const INJECTION_MODEL_PATH: &str = "data/rules/injection-model.bin";
+
+/// The injection model in effect: the shipped one (`None` when the build ships none).
+pub fn injection_model() -> Option<&'static crate::model::Model> {
+    static MODEL: OnceLock<Option<crate::model::Model>> = OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            crate::model::Model::from_bytes(INJECTION_MODEL, INJECTION_MODEL_PATH)
+                .expect("the shipped model reads (a test checks it)")
+        })
+        .as_ref()
+}
+
 /// The shipped refusal pack, and where it lives in the repository.
 pub const REFUSAL_PACK: &str = include_str!("../../../data/rules/refusal.toml");
 pub(crate) const REFUSAL_PACK_PATH: &str = "data/rules/refusal.toml";
@@ -132,6 +147,10 @@ pub fn digest() -> String {
         h.update((pack.text.len() as u64).to_le_bytes());
         h.update(pack.text.as_bytes());
     }
+    // the injection model's weights (pi_injection_score)
+    h.update(b"injection-model\0");
+    h.update((INJECTION_MODEL.len() as u64).to_le_bytes());
+    h.update(INJECTION_MODEL);
     format!("sha256:{}", hex::encode(h.finalize()))
 }
 
@@ -145,5 +164,12 @@ mod tests {
         assert!(d.starts_with("sha256:") && d.len() == 71, "{d}");
         assert_eq!(d, digest());
         assert_eq!(injection().text, INJECTION_PACK);
+    }
+
+    #[test]
+    fn the_shipped_model_reads() {
+        // empty (no model) or a model file that reads
+        let m = crate::model::Model::from_bytes(INJECTION_MODEL, INJECTION_MODEL_PATH).unwrap();
+        assert_eq!(m.is_none(), INJECTION_MODEL.is_empty());
     }
 }

@@ -436,6 +436,7 @@ impl Fill<'_> {
             Name::Payload => json!(s.payload.as_deref().unwrap_or_default()),
             Name::Task => json!(s.task.as_deref().unwrap_or_default()),
             Name::CaseId => json!(s.case_id),
+            Name::Role => json!(s.role.unwrap_or_default()),
             Name::AttemptId => json!(s.key),
             Name::Seed => json!(self.provider.seed),
             Name::World(w) => json!(w.value(s, self.record)?),

@@ -30,6 +30,8 @@ pub enum Name {
     Tools,
     CaseId,
     AttemptId,
+    /// A guardrail run's text role (`user_prompt`, `retrieved_document`, `tool_output`).
+    Role,
     Seed,
     Turn,
     Var(String),
@@ -40,7 +42,7 @@ pub enum Name {
 }
 
 /// Every name a template may use, for error messages.
-pub const NAMES: &str = "prompt, context, payload, task, messages, tools, case_id, attempt_id, seed, turn, vars.<name>, secret.<name>, world.mcp_url, world.http_url, world.token";
+pub const NAMES: &str = "prompt, context, payload, task, messages, tools, case_id, role, attempt_id, seed, turn, vars.<name>, secret.<name>, world.mcp_url, world.http_url, world.token";
 
 impl Name {
     fn parse(s: &str) -> Result<Self, String> {
@@ -58,6 +60,7 @@ impl Name {
             "messages" => Name::Messages,
             "tools" => Name::Tools,
             "case_id" => Name::CaseId,
+            "role" => Name::Role,
             "attempt_id" => Name::AttemptId,
             "seed" => Name::Seed,
             "turn" => Name::Turn,
@@ -94,6 +97,7 @@ impl Name {
             Name::Messages => "messages",
             Name::Tools => "tools",
             Name::CaseId => "case_id",
+            Name::Role => "role",
             Name::AttemptId => "attempt_id",
             Name::Seed => "seed",
             Name::Turn => "turn",

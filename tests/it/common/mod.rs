@@ -367,22 +367,32 @@ impl Drop for PythonServer {
     }
 }
 
-/// The Python that has the applications' packages (FastAPI, uvicorn, websockets,
-/// anthropic): `PIEVAL_APPS_PYTHON` (set by `.ci/run`), else `python3` if it can import
-/// them.
-pub fn apps_python() -> String {
-    let python = std::env::var("PIEVAL_APPS_PYTHON").unwrap_or_else(|_| "python3".into());
+/// A Python that can import `modules`: the one in the environment variable `var` (set by
+/// `.ci/run`), else `python3` if it can; a test that needs it fails with how to get it
+/// (`pins`: what to install).
+pub fn python_with(var: &str, modules: &str, pins: &str) -> String {
+    let python = std::env::var(var).unwrap_or_else(|_| "python3".into());
     let ok = Command::new(&python)
-        .args(["-c", "import fastapi, uvicorn, websockets, anthropic"])
+        .args(["-c", &format!("import {modules}")])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     assert!(
         ok,
-        "the applications' packages are needed for this test: python3 -m venv V && \
-         V/bin/pip install fastapi==0.165.0 uvicorn==0.55.0 websockets==17.4 anthropic==2.17.0, \
-         then PIEVAL_APPS_PYTHON=V/bin/python (bash .ci/run does this)"
+        "{modules} are needed for this test: python3 -m venv V && V/bin/pip install {pins}, \
+         then {var}=V/bin/python (bash .ci/run does this)"
     );
     python
+}
+
+/// The Python that has the applications' packages (FastAPI, uvicorn, websockets,
+/// anthropic): `PIEVAL_APPS_PYTHON` (set by `.ci/run`), else `python3` if it can import
+/// them.
+pub fn apps_python() -> String {
+    python_with(
+        "PIEVAL_APPS_PYTHON",
+        "fastapi, uvicorn, websockets, anthropic",
+        "fastapi==0.165.0 uvicorn==0.55.0 websockets==17.4 anthropic==2.17.0",
+    )
 }

@@ -319,4 +319,6 @@ pub const CONFIG_SECTIONS: &[(&str, bool)] = &[
     ("evaluation", false),
     // Adaptive attacks (converters, multi-turn strategies): pieval's, additive.
     ("attack", false),
+    // Guardrails under test (the target is a prompt-injection classifier): additive.
+    ("guardrail", false),
 ];

@@ -31,6 +31,7 @@
 mod criteria;
 mod detect;
 mod leakage;
+mod model;
 mod refusal;
 mod rules;
 
@@ -105,6 +106,7 @@ pub fn all_udfs() -> Vec<ScalarUDF> {
         }),
         DetectorUdf::udf(rules::RuleHits),
         DetectorUdf::udf(rules::RuleSpans),
+        DetectorUdf::udf(model::InjectionScore),
     ]
 }
 
