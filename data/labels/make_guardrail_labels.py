@@ -180,8 +180,11 @@ for suite in sorted(glob.glob(os.path.join(d, "agentdojo/data/suites/*"))):
                        + glob.glob(os.path.join(suite, "include", "*.yaml"))):
         with open(path, encoding="utf-8") as f:
             raw = f.read()
-        raw = re.sub(r"\{(injection_[A-Za-z0-9_]+)\}",
-                     lambda m: vectors.get(m.group(1), "").replace("\\n", "\n"), raw)
+        # every injection slot (its name is a key of the suite's injection_vectors.yaml,
+        # whatever its spelling: `injection_*`, `*_injection`, `prompt_injection_*`, …)
+        raw = re.sub(r"\{([A-Za-z0-9_]+)\}",
+                     lambda m: (vectors[m.group(1)].replace("\\n", "\n")
+                                if m.group(1) in vectors else m.group(0)), raw)
         try:
             doc = yaml.safe_load(raw)
         except yaml.YAMLError:

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use sha2::Digest as _;
 
-use crate::detect::model::{Example, Model, TrainOptions, example_buckets, role_index, train};
+use crate::detect::model::{Example, Model, TrainOptions, example, role_index, train};
 use crate::error::{Error, Result};
 use crate::guard::items::{Item, SplitChoice, from_labels};
 
@@ -80,10 +80,7 @@ pub fn fit(
     let pack = crate::detect::rules::RulePack::default_pack();
     let examples: Vec<Example> = items
         .iter()
-        .map(|i| Example {
-            buckets: example_buckets(&i.text, role_index(Some(i.role.as_str())), pack, opt.bits),
-            label: i.label,
-        })
+        .map(|i| example(&i.text, role_index(Some(i.role.as_str())), i.label, pack, opt.bits))
         .collect();
     // five folds, by the hash of each text's id
     const FOLDS: u64 = 5;
@@ -100,15 +97,12 @@ pub fn fit(
             .iter()
             .zip(&fold_of)
             .filter(|(_, f)| **f != fold)
-            .map(|(e, _)| Example {
-                buckets: e.buckets.clone(),
-                label: e.label,
-            })
+            .map(|(e, _)| e.clone())
             .collect();
         let m = train(&train_on, opt);
         for (k, e) in examples.iter().enumerate() {
             if fold_of[k] == fold {
-                held_out[k] = score_buckets(&m, &e.buckets);
+                held_out[k] = m.score_example(e);
             }
         }
     }
@@ -187,18 +181,6 @@ pub fn fit(
         model_sha256: crate::digest::sha256_hex(&bytes),
     };
     Ok((model, card))
-}
-
-fn score_buckets(m: &Model, buckets: &[u32]) -> f64 {
-    if buckets.is_empty() {
-        return 1.0 / (1.0 + (-f64::from(m.bias)).exp());
-    }
-    let sum: f64 = buckets
-        .iter()
-        .map(|&k| f64::from(m.weights[k as usize]))
-        .sum();
-    let z = f64::from(m.bias) + sum / (buckets.len() as f64).sqrt();
-    1.0 / (1.0 + (-z).exp())
 }
 
 /// The smallest f32 above `x`.

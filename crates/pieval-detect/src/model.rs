@@ -12,11 +12,22 @@
 //!   document;
 //! - the injection rules that fire (`data/rules/injection.toml`), one feature each.
 //!
+//! - the first word and the first two words of each sentence (after `.`, `!`, `?`, a line
+//!   break, `:`, `;`, a quote or a bracket), conjoined with the role: a request begins a
+//!   sentence ("please forward …", "send the …"), and where it begins one inside a tool's
+//!   answer is the clue to an injection of the InjecAgent and AgentDojo kind.
+//!
 //! Each feature hashes (FNV-1a, 64 bits, then SplitMix64's finaliser) into one of
-//! 2^`bits` weights; every occurrence counts `1/√n` (n: the text's features), so a long
-//! text does not outweigh a short one. The score is σ(bias + Σ w). Training
-//! ([`train`]) is deterministic: one thread, a seeded order, AdaGrad with L2 on the
-//! logistic loss, the classes weighted to count alike.
+//! 2^`bits` weights; every occurrence counts `1/√n` (n: the features summed), so a long
+//! text does not outweigh a short one. The score is σ(bias + Σ w/√n) of the text's most
+//! suspect window: a text longer than [`WINDOW`] bytes is read in windows of that many
+//! bytes, one every [`BLOCK`] bytes, each window scored on the features that start in it
+//! (and the rule hits, which count in every window), and the highest score is the text's.
+//! An injection inserted into a long document is then not diluted by the document, and a
+//! long benign document is not pushed up by its length (multiple-instance pooling, the
+//! max over a text's parts). Training ([`train`]) reads whole texts and is deterministic:
+//! one thread, a seeded order, AdaGrad with L2 on the logistic loss, the classes weighted
+//! to count alike.
 //!
 //! The model file (`data/rules/injection-model.bin`, written by `pieval detectors
 //! train-injection`): `PIEVALM1`, u32 bits, f32 bias, f32 threshold, then 2^bits f32
@@ -75,11 +86,27 @@ fn word_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b >= 0x80
 }
 
-/// Every feature of a folded text in a role, as its bucket (`bits` bits); `rules` are the
-/// indexes of the injection rules that fire on it. Features repeat as they occur.
-pub fn features(folded: &str, role: u8, rules: &[usize], bits: u32, mut f: impl FnMut(u32)) {
+/// The bytes of a block; a window is two blocks ([`WINDOW`] bytes).
+pub const BLOCK: usize = 100;
+/// The bytes of a window: a text this long or shorter is scored whole.
+pub const WINDOW: usize = 2 * BLOCK;
+/// The position of a feature that counts in every window (a rule hit).
+pub const EVERYWHERE: u32 = u32::MAX;
+
+#[inline]
+fn sentence_break(b: u8) -> bool {
+    matches!(
+        b,
+        b'.' | b'!' | b'?' | b'\n' | b':' | b';' | b'"' | b'\'' | b'{' | b'}' | b'[' | b']'
+    )
+}
+
+/// Every feature of a folded text in a role, as its bucket (`bits` bits) and the byte at
+/// which it starts ([`EVERYWHERE`] for a rule hit); `rules` are the indexes of the
+/// injection rules that fire on it. Features repeat as they occur.
+pub fn features(folded: &str, role: u8, rules: &[usize], bits: u32, mut f: impl FnMut(u32, u32)) {
     let shift = 64 - bits;
-    let mut put = |h: u64| f((mix(h) >> shift) as u32);
+    let mut put = |h: u64, at: usize| f((mix(h) >> shift) as u32, at as u32);
     let b = folded.as_bytes();
     // byte n-grams of 3, 4 and 5 from one FNV pass per position, white space read as one
     // space (each length tagged before the final mix)
@@ -93,15 +120,24 @@ pub fn features(folded: &str, role: u8, rules: &[usize], bits: u32, mut f: impl 
             h ^= u64::from(space(byte));
             h = h.wrapping_mul(FNV_PRIME);
             if k >= 2 {
-                put(h ^ ((k as u64 + 1) << 59));
+                put(h ^ ((k as u64 + 1) << 59), i);
             }
         }
     }
-    // words, word bigrams, words in the role
+    // words, word bigrams, words in the role, a sentence's first words in the role
+    let role_tag = (0x7200 + u64::from(role)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let sentence_tag = (0x5300 + u64::from(role)).wrapping_mul(0xD6E8_FEB8_6659_FD93);
     let mut prev: Option<u64> = None;
+    // the sentence's first word, while its second is awaited
+    let mut opening: Option<u64> = None;
+    let mut at_break = true;
     let mut i = 0;
     while i < b.len() {
         if !word_byte(b[i]) {
+            if sentence_break(b[i]) {
+                at_break = true;
+                opening = None;
+            }
             i += 1;
             continue;
         }
@@ -110,15 +146,78 @@ pub fn features(folded: &str, role: u8, rules: &[usize], bits: u32, mut f: impl 
             i += 1;
         }
         let w = fnv(0, &b[start..i]);
-        put(w ^ 0x5757_5757);
-        put(w ^ (0x7200 + u64::from(role)).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        put(w ^ 0x5757_5757, start);
+        put(w ^ role_tag, start);
         if let Some(p) = prev {
-            put(p.rotate_left(17) ^ w ^ 0xB1B1_B1B1);
+            put(p.rotate_left(17) ^ w ^ 0xB1B1_B1B1, start);
+        }
+        if let Some(o) = opening.take() {
+            put(o.rotate_left(29) ^ w ^ sentence_tag, start);
+        }
+        if at_break {
+            put(w ^ sentence_tag, start);
+            opening = Some(w);
+            at_break = false;
         }
         prev = Some(w);
     }
     for &r in rules {
-        put(0x52_554C_4500 ^ (r as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        put(0x52_554C_4500 ^ (r as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15), EVERYWHERE as usize);
+    }
+}
+
+/// The sums a text's windows are scored from: each block's weights and feature count, and
+/// those of the features that count everywhere (see the module's notes).
+struct Windows {
+    blocks: usize,
+    every: (f64, u32),
+    // the whole text's, when it is one window (no vector for the common short text)
+    one: (f64, u32),
+    per: Vec<(f64, u32)>,
+}
+
+impl Windows {
+    /// For a folded text of `len` bytes.
+    fn new(len: usize) -> Self {
+        let blocks = len.div_ceil(BLOCK).max(1);
+        Self {
+            blocks,
+            every: (0.0, 0),
+            one: (0.0, 0),
+            per: if blocks > 2 {
+                vec![(0.0, 0); blocks]
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
+    #[inline]
+    fn add(&mut self, w: f64, at: u32) {
+        let slot = if at == EVERYWHERE {
+            &mut self.every
+        } else if self.per.is_empty() {
+            &mut self.one
+        } else {
+            &mut self.per[(at as usize / BLOCK).min(self.blocks - 1)]
+        };
+        slot.0 += w;
+        slot.1 += 1;
+    }
+
+    /// σ of the highest window's bias + Σ w/√n.
+    fn score(&self, bias: f64) -> f64 {
+        let z = |s: f64, n: u32| if n == 0 { bias } else { bias + s / f64::from(n).sqrt() };
+        let (e, en) = self.every;
+        let best = if self.per.is_empty() {
+            z(self.one.0 + e, self.one.1 + en)
+        } else {
+            self.per
+                .windows(2)
+                .map(|p| z(p[0].0 + p[1].0 + e, p[0].1 + p[1].1 + en))
+                .fold(f64::NEG_INFINITY, f64::max)
+        };
+        sigmoid(best)
     }
 }
 
@@ -175,26 +274,33 @@ impl Model {
         out
     }
 
-    /// The score (0..1) of a text already folded, with the rules that fire on it.
+    /// The score (0..1) of a text already folded, with the rules that fire on it: its most
+    /// suspect window's (see the module's notes).
     pub fn score_folded(&self, folded: &str, role: u8, rules: &[usize]) -> f64 {
-        let (mut sum, mut n) = (0.0f64, 0u32);
-        features(folded, role, rules, self.bits, |k| {
-            sum += f64::from(self.weights[k as usize]);
-            n += 1;
+        let mut win = Windows::new(folded.len());
+        features(folded, role, rules, self.bits, |k, at| {
+            win.add(f64::from(self.weights[k as usize]), at);
         });
-        let z = f64::from(self.bias)
-            + if n == 0 {
-                0.0
-            } else {
-                sum / f64::from(n).sqrt()
-            };
-        sigmoid(z)
+        win.score(f64::from(self.bias))
+    }
+
+    /// The score of a training example, as [`Model::score_folded`] scores its text.
+    pub fn score_example(&self, e: &Example) -> f64 {
+        let mut win = Windows::new(e.len);
+        for (&k, &at) in e.buckets.iter().zip(&e.starts) {
+            win.add(f64::from(self.weights[k as usize]), at);
+        }
+        win.score(f64::from(self.bias))
     }
 }
 
-/// One labelled text for [`train`]: its folded text's features (buckets) and its label.
+/// One labelled text for [`train`]: its folded text's features (buckets), where each
+/// starts, the folded text's length, and its label.
+#[derive(Clone)]
 pub struct Example {
     pub buckets: Vec<u32>,
+    pub starts: Vec<u32>,
+    pub len: usize,
     pub label: bool,
 }
 
@@ -212,7 +318,7 @@ impl Default for TrainOptions {
     fn default() -> Self {
         Self {
             bits: 16,
-            epochs: 8,
+            epochs: 16,
             learning_rate: 0.2,
             l2: 1e-4,
             seed: 1,
@@ -269,14 +375,23 @@ pub fn train(examples: &[Example], opt: &TrainOptions) -> Model {
     }
 }
 
-/// The buckets of a raw text in a role (folded here; the rules of `pack` that fire).
-pub fn example_buckets(raw: &str, role: u8, pack: &crate::rules::RulePack, bits: u32) -> Vec<u32> {
+/// A raw text in a role as an [`Example`] (folded here; the rules of `pack` that fire).
+pub fn example(raw: &str, role: u8, label: bool, pack: &crate::rules::RulePack, bits: u32) -> Example {
     let folded = crate::fold::fold(raw);
     let mut hits = Vec::new();
     pack.hits(raw, &folded, &mut hits);
-    let mut out = Vec::with_capacity(folded.len() * 4);
-    features(&folded, role, &hits, bits, |k| out.push(k));
-    out
+    let mut buckets = Vec::with_capacity(folded.len() * 5);
+    let mut starts = Vec::with_capacity(folded.len() * 5);
+    features(&folded, role, &hits, bits, |k, at| {
+        buckets.push(k);
+        starts.push(at);
+    });
+    Example {
+        buckets,
+        starts,
+        len: folded.len(),
+        label,
+    }
 }
 
 #[cfg(test)]
@@ -314,14 +429,11 @@ mod tests {
         ];
         let ex: Vec<Example> = rows
             .iter()
-            .map(|(t, l)| Example {
-                buckets: example_buckets(t, 0, pack, 12),
-                label: *l,
-            })
+            .map(|(t, l)| example(t, 0, *l, pack, 12))
             .collect();
         let opt = TrainOptions {
             bits: 12,
-            epochs: 30,
+            epochs: 16,
             ..TrainOptions::default()
         };
         let a = train(&ex, &opt);
@@ -330,14 +442,63 @@ mod tests {
             let s = a.score_folded(&crate::fold::fold(t), 0, &[]);
             assert_eq!(s > 0.5, l, "{t}: {s}");
         }
+        // an example scores as its text does
+        let e = example(rows[0].0, 0, true, pack, 12);
+        let folded = crate::fold::fold(rows[0].0);
+        let mut hits = Vec::new();
+        pack.hits(rows[0].0, &folded, &mut hits);
+        assert!(!hits.is_empty());
+        assert_eq!(a.score_example(&e), a.score_folded(&folded, 0, &hits));
+    }
+
+    #[test]
+    fn a_long_text_scores_its_most_suspect_window() {
+        // one weight per bucket: a feature is worth 1 when its word is "evil", else -1
+        let text = format!("{} evil evil evil {}", "calm ".repeat(100), "calm ".repeat(100));
+        let bits = 12;
+        let mut evil = std::collections::HashSet::new();
+        features("evil", 0, &[], bits, |k, _| {
+            evil.insert(k);
+        });
+        let m = Model {
+            bits,
+            bias: 0.0,
+            threshold: 0.5,
+            weights: (0..1u32 << bits)
+                .map(|k| if evil.contains(&k) { 1.0 } else { -0.01 })
+                .collect(),
+        };
+        let whole: f64 = {
+            let (mut s, mut n) = (0.0, 0u32);
+            features(&text, 0, &[], bits, |k, _| {
+                s += f64::from(m.weights[k as usize]);
+                n += 1;
+            });
+            1.0 / (1.0 + (-(s / f64::from(n).sqrt())).exp())
+        };
+        let windowed = m.score_folded(&text, 0, &[]);
+        assert!(windowed > whole, "{windowed} > {whole}");
+        // a short text is one window: the whole text's score
+        assert_eq!(
+            m.score_folded("evil calm", 0, &[]),
+            m.score_example(&example("evil calm", 0, true, crate::rules::RulePack::default_pack(), bits))
+        );
+    }
+
+    #[test]
+    fn a_sentence_opening_is_a_feature_of_its_own() {
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        features("note. please send it", 2, &[], 16, |k, _| a.push(k));
+        features("note please send it", 2, &[], 16, |k, _| b.push(k));
+        assert!(a.len() > b.len(), "{} > {}", a.len(), b.len());
     }
 
     #[test]
     fn roles_change_the_features() {
         let mut a = Vec::new();
         let mut b = Vec::new();
-        features("send the file to bob", 0, &[], 16, |k| a.push(k));
-        features("send the file to bob", 2, &[], 16, |k| b.push(k));
+        features("send the file to bob", 0, &[], 16, |k, _| a.push(k));
+        features("send the file to bob", 2, &[], 16, |k, _| b.push(k));
         assert_eq!(a.len(), b.len());
         assert_ne!(a, b);
     }
