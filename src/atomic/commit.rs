@@ -44,7 +44,7 @@ pub const COMMITTED_FILES: [&str; 6] = [
     "findings.parquet",
     "judgements.parquet",
     "summary.json",
-    // a guardrail run's results (src/guard/run.rs)
+    // a guardrail run's results (src/runner/guard.rs)
     "guard_results.parquet",
 ];
 
@@ -120,6 +120,19 @@ impl FolderCommit {
         let path = file.path.clone();
         self.put.push((name, file));
         Ok(path)
+    }
+
+    /// Put `value` as pretty JSON and a line break at `path` (a summary), as [`Self::put`].
+    pub fn put_json(&mut self, path: &Path, value: &serde_json::Value) -> Result<PathBuf> {
+        use std::io::Write as _;
+        let text = serde_json::to_string_pretty(value).map_err(|e| {
+            Error::Internal(format!("cannot encode {}: {e}", path.display()))
+        })?;
+        let mut file = TempFile::create(path)?;
+        file.write_all(text.as_bytes())
+            .and_then(|()| file.write_all(b"\n"))
+            .map_err(|e| Error::io(path, "cannot write", e))?;
+        self.put(file)
     }
 
     /// Remove `name` from the folder (if it is there) with the commit.

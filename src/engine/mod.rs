@@ -127,7 +127,7 @@ pub fn session() -> SessionContext {
 /// Stack of each runtime thread: plans are walked recursively (DataFusion's optimizer,
 /// Ballista's protobuf decoding of a scoring plan in the scheduler), and a debug build's
 /// frames are large: 2 MiB (tokio's default) overflowed on the scoring plan.
-const THREAD_STACK_BYTES: usize = 16 << 20;
+pub(crate) const THREAD_STACK_BYTES: usize = 16 << 20;
 
 /// A runtime for the synchronous CLI to drive DataFusion on.
 pub fn runtime() -> Result<tokio::runtime::Runtime> {

@@ -206,19 +206,11 @@ pub fn from_labels(
     split: SplitChoice,
     seen: &mut HashMap<String, String>,
 ) -> Result<Vec<Item>> {
-    let bytes = crate::files::read_bounded(
-        path,
-        crate::files::Links::Refuse,
-        crate::files::bounds::MANIFEST,
-    )?;
     let mut out = Vec::new();
-    for (i, line) in bytes.split(|b| *b == b'\n').enumerate() {
-        let n = i as u64 + 1;
-        let line = std::str::from_utf8(line)
+    super::each_line(path, |l| {
+        let n = l.number;
+        let line = std::str::from_utf8(l.bytes)
             .map_err(|_| Error::input(path, n, None, "the line is not valid UTF-8"))?;
-        if line.trim().is_empty() {
-            continue;
-        }
         let de = &mut serde_json::Deserializer::from_str(line);
         let row: LabelRow = serde_path_to_error::deserialize(de).map_err(|e| {
             let field = e.path().to_string();
@@ -270,7 +262,8 @@ pub fn from_labels(
                 case_id: None,
             });
         }
-    }
+        Ok(true)
+    })?;
     Ok(out)
 }
 

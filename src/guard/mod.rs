@@ -98,3 +98,73 @@ pub fn results_schema() -> SchemaRef {
         text("model_name", false),
     ]))
 }
+
+/// The longest line of a guardrail run's JSONL files (a labelled text, an item, an
+/// answer), in bytes.
+pub const MAX_LINE_BYTES: usize = 16 << 20;
+
+/// One line of a guardrail run's JSONL file, as [`each_line`] gives it.
+pub struct LineAt<'a> {
+    /// 1-based.
+    pub number: u64,
+    pub bytes: &'a [u8],
+    /// Where the line starts in the file.
+    pub offset: u64,
+    /// The last line of a file that does not end in a line break (a write cut short).
+    pub unterminated: bool,
+}
+
+/// Each non-empty line of `path` (a regular file, not a link), streamed: one line in
+/// memory at a time, whatever the file's size; a line longer than [`MAX_LINE_BYTES`] is
+/// an error naming it. `f` answers whether to go on.
+pub fn each_line(
+    path: &std::path::Path,
+    mut f: impl FnMut(LineAt<'_>) -> crate::error::Result<bool>,
+) -> crate::error::Result<()> {
+    use crate::corpus::lines::{Line, LineReader};
+    use crate::error::Error;
+    use std::os::unix::fs::FileExt as _;
+    let file = crate::files::open_regular(path, crate::files::Links::Refuse)?;
+    let len = file
+        .metadata()
+        .map_err(|e| Error::io(path, "cannot read", e))?
+        .len();
+    let mut last = [b'\n'];
+    if len > 0 {
+        file.read_exact_at(&mut last, len - 1)
+            .map_err(|e| Error::io(path, "cannot read", e))?;
+    }
+    let mut reader = LineReader::without_hash(file, MAX_LINE_BYTES);
+    loop {
+        let offset = reader.consumed();
+        let number = reader.line_no() + 1;
+        let line = reader
+            .next_line()
+            .map_err(|e| Error::io(path, "cannot read", e))?;
+        let bytes = match line {
+            None => return Ok(()),
+            Some(Line::TooLong { len }) => {
+                return Err(Error::input(
+                    path,
+                    number,
+                    None,
+                    format!("a line of {len} bytes (at most {MAX_LINE_BYTES})"),
+                ));
+            }
+            Some(Line::Bytes(b)) => b,
+        };
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        // a line ended by a line break ends before the file's last byte
+        let unterminated = last[0] != b'\n' && offset + bytes.len() as u64 + 1 >= len;
+        if !f(LineAt {
+            number,
+            bytes,
+            offset,
+            unterminated,
+        })? {
+            return Ok(());
+        }
+    }
+}

@@ -951,15 +951,8 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
         summary["judge"] = serde_json::to_value(j)
             .map_err(|e| Error::Internal(format!("cannot encode the judge report: {e}")))?;
     }
-    let text = serde_json::to_string_pretty(&summary)
-        .map_err(|e| Error::Internal(format!("cannot encode summary: {e}")))?;
-    let mut file = crate::atomic::TempFile::create(&summary_path)?;
-    use std::io::Write as _;
-    file.write_all(text.as_bytes())
-        .and_then(|()| file.write_all(b"\n"))
-        .map_err(|e| Error::io(&summary_path, "cannot write", e))?;
     // Renamed last: a reader that looks for the summary first finds the results in place.
-    commit.put(file)?;
+    commit.put_json(&summary_path, &summary)?;
     commit.commit()?;
     report.predictions = surveyed.unwrap_or_else(|| {
         predictions

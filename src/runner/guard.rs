@@ -174,25 +174,17 @@ async fn translate(
 }
 
 fn read_items(path: &Path) -> Result<Vec<Item>> {
-    let bytes = crate::files::read_bounded(
-        path,
-        crate::files::Links::Refuse,
-        crate::files::bounds::MANIFEST,
-    )?;
     let mut out = Vec::new();
     let mut ids = HashSet::new();
-    for (i, line) in bytes.split(|b| *b == b'\n').enumerate() {
-        if line.is_empty() {
-            continue;
-        }
-        let n = i as u64 + 1;
-        let item: Item = serde_json::from_slice(line)
-            .map_err(|e| Error::input(path, n, None, format!("not an item: {e}")))?;
+    crate::guard::each_line(path, |l| {
+        let item: Item = serde_json::from_slice(l.bytes)
+            .map_err(|e| Error::input(path, l.number, None, format!("not an item: {e}")))?;
         if !ids.insert(item.item_id.clone()) {
-            return Err(Error::input(path, n, Some("item_id"), "given twice"));
+            return Err(Error::input(path, l.number, Some("item_id"), "given twice"));
         }
         out.push(item);
-    }
+        Ok(true)
+    })?;
     Ok(out)
 }
 
@@ -204,52 +196,39 @@ pub fn read_checkpoint(path: &Path, known: &HashSet<&str>) -> Result<HashMap<Str
     if !path.exists() {
         return Ok(out);
     }
-    let bytes = crate::files::read_bounded(
-        path,
-        crate::files::Links::Refuse,
-        crate::files::bounds::MANIFEST,
-    )?;
-    let mut offset = 0usize;
-    let mut n = 0u64;
-    while offset < bytes.len() {
-        n += 1;
-        let end = bytes[offset..].iter().position(|b| *b == b'\n');
-        let (line, next) = match end {
-            Some(e) => (&bytes[offset..offset + e], offset + e + 1),
-            None => (&bytes[offset..], bytes.len()),
-        };
-        match serde_json::from_slice::<GuardLine>(line) {
-            Ok(l) => {
-                if !known.contains(l.item_id.as_str()) {
-                    return Err(Error::input(
-                        path,
-                        n,
-                        Some("item_id"),
-                        format!("{:?} is not an item of this run", l.item_id),
-                    ));
-                }
-                out.insert(l.item_id.clone(), l);
-            }
-            Err(_) if end.is_none() => {
-                // torn tail: cut it off
-                let f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(path)
-                    .map_err(|e| Error::io(path, "cannot open", e))?;
-                f.set_len(offset as u64)
-                    .map_err(|e| Error::io(path, "cannot cut the torn last line", e))?;
-                break;
-            }
-            Err(e) => {
+    let mut torn = None;
+    crate::guard::each_line(path, |l| match serde_json::from_slice::<GuardLine>(l.bytes) {
+        Ok(g) => {
+            if !known.contains(g.item_id.as_str()) {
                 return Err(Error::input(
                     path,
-                    n,
-                    None,
-                    format!("not a guardrail answer: {e}"),
+                    l.number,
+                    Some("item_id"),
+                    format!("{:?} is not an item of this run", g.item_id),
                 ));
             }
+            out.insert(g.item_id.clone(), g);
+            Ok(true)
         }
-        offset = next;
+        Err(_) if l.unterminated => {
+            torn = Some(l.offset);
+            Ok(false)
+        }
+        Err(e) => Err(Error::input(
+            path,
+            l.number,
+            None,
+            format!("not a guardrail answer: {e}"),
+        )),
+    })?;
+    if let Some(offset) = torn {
+        // torn tail: cut it off
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(|e| Error::io(path, "cannot open", e))?;
+        f.set_len(offset)
+            .map_err(|e| Error::io(path, "cannot cut the torn last line", e))?;
     }
     Ok(out)
 }
@@ -301,7 +280,18 @@ pub fn execute(
             pending: pending.len() as u64,
         });
     }
-    let interrupted = rt.block_on(async {
+    // The calls run on one thread: each call's future and its connection's task (hyper
+    // spawns one per connection) then wake each other without crossing threads — on the
+    // shared multi-thread runtime, every call bounced between this thread and a worker
+    // (futex and eventfd wake-ups were a sixth of the run's CPU; docs/performance.md,
+    // "Guardrail runs"). A classifier's own work per text is small; the server's is not
+    // pieval's to share.
+    let calls_rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_stack_size(crate::engine::THREAD_STACK_BYTES)
+        .build()
+        .map_err(|e| Error::io("<runtime>", "cannot start the async runtime", e))?;
+    let interrupted = calls_rt.block_on(async {
         let Some(classifier) = &classifier else {
             return Ok::<bool, Error>(false);
         };
@@ -563,7 +553,21 @@ async fn finish(
     for b in &results {
         partials.push(b).await?;
     }
-    let metrics = crate::ops::score::summary::from_partials(vec![partials.finish().await?]).await?;
+    let mut metrics =
+        crate::ops::score::summary::from_partials(vec![partials.finish().await?]).await?;
+    // Rogan–Gladen corrects a rate for the error of the detector that decided it; a
+    // guardrail run's outcomes are read from its labels (a positive let through, a
+    // negative flagged), so there is nothing to correct.
+    metrics.corrected.method = "none: a guardrail run's outcomes are read from its labels, not decided by a detector".into();
+    for (_, r) in &mut metrics.corrected.rates.0 {
+        *r = crate::rundir::summary::CorrectedRate {
+            raw: r.raw,
+            n: r.n,
+            k: r.k,
+            note: Some("exact: read from the labels".into()),
+            ..Default::default()
+        };
+    }
 
     let mut commit = crate::atomic::FolderCommit::new(dir);
     let mut paths = std::collections::BTreeMap::new();
@@ -612,13 +616,7 @@ async fn finish(
         "result_paths": paths,
         "guardrail": block,
     });
-    let text = serde_json::to_string_pretty(&summary)
-        .map_err(|e| Error::Internal(format!("cannot encode summary: {e}")))?;
-    let mut file = crate::atomic::TempFile::create(&summary_path)?;
-    file.write_all(text.as_bytes())
-        .and_then(|()| file.write_all(b"\n"))
-        .map_err(|e| Error::io(&summary_path, "cannot write", e))?;
-    commit.put(file)?;
+    commit.put_json(&summary_path, &summary)?;
     commit.commit()?;
     done.summary = Some(block);
     done.aggregate_metrics = Some(metrics);

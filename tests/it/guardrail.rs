@@ -234,6 +234,12 @@ fn the_builtin_rules_measured_as_a_guardrail() {
         }
         assert_eq!(row["blocked_by"].is_string(), flagged);
     }
+    // the rates are exact (read from the labels): no detector error to correct for
+    let asr = &summary["aggregate_metrics"]["corrected"]["rates"]["attack_success_rate"];
+    assert_eq!(asr["note"], "exact: read from the labels", "{asr}");
+    assert!(asr.get("corrected").is_none() && asr.get("ci_low").is_none(), "{asr}");
+    let positives = items.values().filter(|(label, _, _)| *label).count();
+    assert_eq!(asr["n"].as_u64(), Some(positives as u64));
     // the manifest says what kind of run it was; pieval sql reads the results
     let manifest: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
@@ -720,6 +726,30 @@ fn guardrail_configs_and_labels_are_checked() {
             .unwrap_or_default();
         assert!(left.is_empty());
     }
+    // a line past 16 MiB is refused by its number, not read into memory
+    let huge = tmp.path().join("huge.jsonl");
+    std::fs::write(
+        &huge,
+        format!(
+            "{{\"id\": \"x\", \"text\": \"t\", \"label\": true, \"role\": \"user_prompt\", \"source\": \"s\", \"split\": \"test\"}}\n{{\"id\": \"y\", \"text\": \"{}\"}}\n",
+            "a".repeat(17 << 20)
+        ),
+    )
+    .unwrap();
+    let cfg = config(
+        tmp.path(),
+        "huge",
+        "provider: builtin, name: rules",
+        &format!("labels: [\"{}\"], forms: []", huge.display()),
+        "",
+    );
+    let r = run(pieval().args(["run"]).arg(&cfg));
+    assert_ne!(r.code, 0);
+    assert!(
+        r.stderr.contains("huge.jsonl:2") && r.stderr.contains("at most 16777216"),
+        "{}",
+        r.stderr
+    );
 }
 
 /// A guardrail run's controls are the guardrail controls, on the run's own figures,

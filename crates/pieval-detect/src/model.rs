@@ -17,7 +17,8 @@
 //!   sentence ("please forward …", "send the …"), and where it begins one inside a tool's
 //!   answer is the clue to an injection of the InjecAgent and AgentDojo kind.
 //!
-//! Each feature hashes (FNV-1a, 64 bits, then SplitMix64's finaliser) into one of
+//! Each feature hashes (FNV-1a, 64 bits, then the top bits of its product with 2^64/φ:
+//! Fibonacci hashing, one multiplication where SplitMix64's finaliser took two) into one of
 //! 2^`bits` weights; every occurrence counts `1/√n` (n: the features summed), so a long
 //! text does not outweigh a short one. The score is σ(bias + Σ w/√n) of the text's most
 //! suspect window: a text longer than [`WINDOW`] bytes is read in windows of that many
@@ -106,7 +107,7 @@ fn sentence_break(b: u8) -> bool {
 /// injection rules that fire on it. Features repeat as they occur.
 pub fn features(folded: &str, role: u8, rules: &[usize], bits: u32, mut f: impl FnMut(u32, u32)) {
     let shift = 64 - bits;
-    let mut put = |h: u64, at: usize| f((mix(h) >> shift) as u32, at as u32);
+    let mut put = |h: u64, at: usize| f((h.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> shift) as u32, at as u32);
     let b = folded.as_bytes();
     // byte n-grams of 3, 4 and 5 from one FNV pass per position, white space read as one
     // space (each length tagged before the final mix)
@@ -167,50 +168,71 @@ pub fn features(folded: &str, role: u8, rules: &[usize], bits: u32, mut f: impl 
 }
 
 /// The sums a text's windows are scored from: each block's weights and feature count, and
-/// those of the features that count everywhere (see the module's notes).
+/// those of the features that count everywhere (see the module's notes). Features arrive
+/// in runs that start in the same block (a pass over the text goes forward), so each
+/// run is summed in registers and added to its block when the run ends.
 struct Windows {
-    blocks: usize,
-    every: (f64, u32),
-    // the whole text's, when it is one window (no vector for the common short text)
-    one: (f64, u32),
+    /// Per block; empty for a text of one window.
     per: Vec<(f64, u32)>,
+    /// The block of the run being summed, and its sum.
+    cur: usize,
+    run: (f64, u32),
+    every: (f64, u32),
 }
 
 impl Windows {
     /// For a folded text of `len` bytes.
     fn new(len: usize) -> Self {
-        let blocks = len.div_ceil(BLOCK).max(1);
+        let blocks = len.div_ceil(BLOCK);
         Self {
-            blocks,
-            every: (0.0, 0),
-            one: (0.0, 0),
             per: if blocks > 2 {
                 vec![(0.0, 0); blocks]
             } else {
                 Vec::new()
             },
+            cur: 0,
+            run: (0.0, 0),
+            every: (0.0, 0),
         }
     }
 
+    /// A feature of weight `w` starting at byte `at` of the text.
     #[inline]
     fn add(&mut self, w: f64, at: u32) {
-        let slot = if at == EVERYWHERE {
-            &mut self.every
-        } else if self.per.is_empty() {
-            &mut self.one
-        } else {
-            &mut self.per[(at as usize / BLOCK).min(self.blocks - 1)]
-        };
-        slot.0 += w;
-        slot.1 += 1;
+        if !self.per.is_empty() {
+            let b = at as usize / BLOCK;
+            if b != self.cur {
+                self.end_run();
+                self.cur = b;
+            }
+        }
+        self.run.0 += w;
+        self.run.1 += 1;
+    }
+
+    /// A feature that counts in every window (a rule hit).
+    #[inline]
+    fn add_everywhere(&mut self, w: f64) {
+        self.every.0 += w;
+        self.every.1 += 1;
+    }
+
+    #[inline]
+    fn end_run(&mut self) {
+        if let Some(p) = self.per.get_mut(self.cur) {
+            p.0 += self.run.0;
+            p.1 += self.run.1;
+            self.run = (0.0, 0);
+        }
     }
 
     /// σ of the highest window's bias + Σ w/√n.
-    fn score(&self, bias: f64) -> f64 {
+    fn score(mut self, bias: f64) -> f64 {
+        self.end_run();
         let z = |s: f64, n: u32| if n == 0 { bias } else { bias + s / f64::from(n).sqrt() };
         let (e, en) = self.every;
         let best = if self.per.is_empty() {
-            z(self.one.0 + e, self.one.1 + en)
+            z(self.run.0 + e, self.run.1 + en)
         } else {
             self.per
                 .windows(2)
@@ -277,18 +299,28 @@ impl Model {
     /// The score (0..1) of a text already folded, with the rules that fire on it: its most
     /// suspect window's (see the module's notes).
     pub fn score_folded(&self, folded: &str, role: u8, rules: &[usize]) -> f64 {
+        let w = &self.weights;
         let mut win = Windows::new(folded.len());
-        features(folded, role, rules, self.bits, |k, at| {
-            win.add(f64::from(self.weights[k as usize]), at);
+        features("", role, rules, self.bits, |k, _| {
+            win.add_everywhere(f64::from(w[k as usize]));
+        });
+        features(folded, role, &[], self.bits, |k, at| {
+            win.add(f64::from(w[k as usize]), at);
         });
         win.score(f64::from(self.bias))
     }
 
-    /// The score of a training example, as [`Model::score_folded`] scores its text.
+    /// The score of a training example, as [`Model::score_folded`] scores its text (the
+    /// same sums in the same order: the same bits).
     pub fn score_example(&self, e: &Example) -> f64 {
         let mut win = Windows::new(e.len);
         for (&k, &at) in e.buckets.iter().zip(&e.starts) {
-            win.add(f64::from(self.weights[k as usize]), at);
+            let w = f64::from(self.weights[k as usize]);
+            if at == EVERYWHERE {
+                win.add_everywhere(w);
+            } else {
+                win.add(w, at);
+            }
         }
         win.score(f64::from(self.bias))
     }
@@ -449,6 +481,17 @@ mod tests {
         pack.hits(rows[0].0, &folded, &mut hits);
         assert!(!hits.is_empty());
         assert_eq!(a.score_example(&e), a.score_folded(&folded, 0, &hits));
+        // and a long one, read in windows, bit for bit
+        let long = format!("{} {} {}", "the weather is mild. ".repeat(20), rows[0].0, "bread. ".repeat(30));
+        let e = example(&long, 2, true, pack, 12);
+        let folded = crate::fold::fold(&long);
+        let mut hits = Vec::new();
+        pack.hits(&long, &folded, &mut hits);
+        assert!(!hits.is_empty() && folded.len() > 3 * BLOCK);
+        assert_eq!(
+            a.score_example(&e).to_bits(),
+            a.score_folded(&folded, 2, &hits).to_bits()
+        );
     }
 
     #[test]
