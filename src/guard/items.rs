@@ -207,7 +207,7 @@ pub fn from_labels(
     seen: &mut HashMap<String, String>,
 ) -> Result<Vec<Item>> {
     let mut out = Vec::new();
-    super::each_line(path, |l| {
+    super::each_line(path, super::MAX_LINE_BYTES, |l| {
         let n = l.number;
         let line = std::str::from_utf8(l.bytes)
             .map_err(|_| Error::input(path, n, None, "the line is not valid UTF-8"))?;

@@ -99,9 +99,11 @@ pub fn results_schema() -> SchemaRef {
     ]))
 }
 
-/// The longest line of a guardrail run's JSONL files (a labelled text, an item, an
-/// answer), in bytes.
+/// The longest line of a labelled file, in bytes.
 pub const MAX_LINE_BYTES: usize = 16 << 20;
+/// The longest line of the files a run writes itself (an item, an answer): a labelled
+/// text near [`MAX_LINE_BYTES`] through a converter that grows it (base64) still reads.
+pub const RUN_LINE_BYTES: usize = 256 << 20;
 
 /// One line of a guardrail run's JSONL file, as [`each_line`] gives it.
 pub struct LineAt<'a> {
@@ -115,10 +117,11 @@ pub struct LineAt<'a> {
 }
 
 /// Each non-empty line of `path` (a regular file, not a link), streamed: one line in
-/// memory at a time, whatever the file's size; a line longer than [`MAX_LINE_BYTES`] is
-/// an error naming it. `f` answers whether to go on.
+/// memory at a time, whatever the file's size; a line longer than `max_line` bytes is an
+/// error naming it. `f` answers whether to go on.
 pub fn each_line(
     path: &std::path::Path,
+    max_line: usize,
     mut f: impl FnMut(LineAt<'_>) -> crate::error::Result<bool>,
 ) -> crate::error::Result<()> {
     use crate::corpus::lines::{Line, LineReader};
@@ -134,7 +137,7 @@ pub fn each_line(
         file.read_exact_at(&mut last, len - 1)
             .map_err(|e| Error::io(path, "cannot read", e))?;
     }
-    let mut reader = LineReader::without_hash(file, MAX_LINE_BYTES);
+    let mut reader = LineReader::without_hash(file, max_line);
     loop {
         let offset = reader.consumed();
         let number = reader.line_no() + 1;
@@ -148,7 +151,7 @@ pub fn each_line(
                     path,
                     number,
                     None,
-                    format!("a line of {len} bytes (at most {MAX_LINE_BYTES})"),
+                    format!("a line of {len} bytes (at most {max_line})"),
                 ));
             }
             Some(Line::Bytes(b)) => b,

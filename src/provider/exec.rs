@@ -145,6 +145,9 @@ struct Proc {
     /// The end of the run: finish (at once when requests are still on it).
     close: Arc<Notify>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The copy of its stderr to the run's log, awaited at the end of the run so the
+    /// log holds the child's last words whatever runtime the run's calls are on.
+    stderr_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// A request counted on its process until it is resolved, or dropped (an interrupted
@@ -279,7 +282,7 @@ impl ExecProvider {
         let stdout = child.stdout.take().expect("piped");
         let stderr = child.stderr.take().expect("piped");
         let tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)));
-        tokio::spawn(keep_stderr(
+        let stderr_task = tokio::spawn(keep_stderr(
             stderr,
             Arc::clone(&tail),
             Arc::clone(&self.log),
@@ -305,6 +308,7 @@ impl ExecProvider {
             dead,
             close,
             task: Mutex::new(Some(task)),
+            stderr_task: Mutex::new(Some(stderr_task)),
         }))
     }
 }
@@ -749,6 +753,7 @@ impl Provider for ExecProvider {
         }
         let tasks = procs.iter().filter_map(|p| {
             let task = p.task.lock().unwrap_or_else(|p| p.into_inner()).take()?;
+            let stderr = p.stderr_task.lock().unwrap_or_else(|p| p.into_inner()).take();
             let abort = task.abort_handle();
             // its task ends the child within seconds; if it does not, the task is
             // aborted and the child's group killed with it
@@ -758,6 +763,17 @@ impl Provider for ExecProvider {
                     .is_err()
                 {
                     abort.abort();
+                }
+                // the child is gone: its stderr ends (unless a helper it started still
+                // holds it open, which is not waited for long)
+                if let Some(stderr) = stderr {
+                    let abort = stderr.abort_handle();
+                    if tokio::time::timeout(Duration::from_secs(2), stderr)
+                        .await
+                        .is_err()
+                    {
+                        abort.abort();
+                    }
                 }
             })
         });

@@ -176,7 +176,7 @@ async fn translate(
 fn read_items(path: &Path) -> Result<Vec<Item>> {
     let mut out = Vec::new();
     let mut ids = HashSet::new();
-    crate::guard::each_line(path, |l| {
+    crate::guard::each_line(path, crate::guard::RUN_LINE_BYTES, |l| {
         let item: Item = serde_json::from_slice(l.bytes)
             .map_err(|e| Error::input(path, l.number, None, format!("not an item: {e}")))?;
         if !ids.insert(item.item_id.clone()) {
@@ -197,7 +197,10 @@ pub fn read_checkpoint(path: &Path, known: &HashSet<&str>) -> Result<HashMap<Str
         return Ok(out);
     }
     let mut torn = None;
-    crate::guard::each_line(path, |l| match serde_json::from_slice::<GuardLine>(l.bytes) {
+    // a whole last line whose line break was not written: the break is added, or the
+    // next answer appended would be glued to it
+    let mut unended = false;
+    crate::guard::each_line(path, crate::guard::RUN_LINE_BYTES, |l| match serde_json::from_slice::<GuardLine>(l.bytes) {
         Ok(g) => {
             if !known.contains(g.item_id.as_str()) {
                 return Err(Error::input(
@@ -207,6 +210,7 @@ pub fn read_checkpoint(path: &Path, known: &HashSet<&str>) -> Result<HashMap<Str
                     format!("{:?} is not an item of this run", g.item_id),
                 ));
             }
+            unended = l.unterminated;
             out.insert(g.item_id.clone(), g);
             Ok(true)
         }
@@ -229,6 +233,13 @@ pub fn read_checkpoint(path: &Path, known: &HashSet<&str>) -> Result<HashMap<Str
             .map_err(|e| Error::io(path, "cannot open", e))?;
         f.set_len(offset)
             .map_err(|e| Error::io(path, "cannot cut the torn last line", e))?;
+    } else if unended {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .map_err(|e| Error::io(path, "cannot open", e))?;
+        f.write_all(b"\n")
+            .map_err(|e| Error::io(path, "cannot end the last line", e))?;
     }
     Ok(out)
 }
