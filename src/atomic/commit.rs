@@ -125,9 +125,8 @@ impl FolderCommit {
     /// Put `value` as pretty JSON and a line break at `path` (a summary), as [`Self::put`].
     pub fn put_json(&mut self, path: &Path, value: &serde_json::Value) -> Result<PathBuf> {
         use std::io::Write as _;
-        let text = serde_json::to_string_pretty(value).map_err(|e| {
-            Error::Internal(format!("cannot encode {}: {e}", path.display()))
-        })?;
+        let text = serde_json::to_string_pretty(value)
+            .map_err(|e| Error::Internal(format!("cannot encode {}: {e}", path.display())))?;
         let mut file = TempFile::create(path)?;
         file.write_all(text.as_bytes())
             .and_then(|()| file.write_all(b"\n"))

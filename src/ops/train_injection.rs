@@ -80,7 +80,15 @@ pub fn fit(
     let pack = crate::detect::rules::RulePack::default_pack();
     let examples: Vec<Example> = items
         .iter()
-        .map(|i| example(&i.text, role_index(Some(i.role.as_str())), i.label, pack, opt.bits))
+        .map(|i| {
+            example(
+                &i.text,
+                role_index(Some(i.role.as_str())),
+                i.label,
+                pack,
+                opt.bits,
+            )
+        })
         .collect();
     // five folds, by the hash of each text's id
     const FOLDS: u64 = 5;

@@ -753,7 +753,11 @@ impl Provider for ExecProvider {
         }
         let tasks = procs.iter().filter_map(|p| {
             let task = p.task.lock().unwrap_or_else(|p| p.into_inner()).take()?;
-            let stderr = p.stderr_task.lock().unwrap_or_else(|p| p.into_inner()).take();
+            let stderr = p
+                .stderr_task
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
             let abort = task.abort_handle();
             // its task ends the child within seconds; if it does not, the task is
             // aborted and the child's group killed with it

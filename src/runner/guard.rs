@@ -200,31 +200,35 @@ pub fn read_checkpoint(path: &Path, known: &HashSet<&str>) -> Result<HashMap<Str
     // a whole last line whose line break was not written: the break is added, or the
     // next answer appended would be glued to it
     let mut unended = false;
-    crate::guard::each_line(path, crate::guard::RUN_LINE_BYTES, |l| match serde_json::from_slice::<GuardLine>(l.bytes) {
-        Ok(g) => {
-            if !known.contains(g.item_id.as_str()) {
-                return Err(Error::input(
-                    path,
-                    l.number,
-                    Some("item_id"),
-                    format!("{:?} is not an item of this run", g.item_id),
-                ));
+    crate::guard::each_line(
+        path,
+        crate::guard::RUN_LINE_BYTES,
+        |l| match serde_json::from_slice::<GuardLine>(l.bytes) {
+            Ok(g) => {
+                if !known.contains(g.item_id.as_str()) {
+                    return Err(Error::input(
+                        path,
+                        l.number,
+                        Some("item_id"),
+                        format!("{:?} is not an item of this run", g.item_id),
+                    ));
+                }
+                unended = l.unterminated;
+                out.insert(g.item_id.clone(), g);
+                Ok(true)
             }
-            unended = l.unterminated;
-            out.insert(g.item_id.clone(), g);
-            Ok(true)
-        }
-        Err(_) if l.unterminated => {
-            torn = Some(l.offset);
-            Ok(false)
-        }
-        Err(e) => Err(Error::input(
-            path,
-            l.number,
-            None,
-            format!("not a guardrail answer: {e}"),
-        )),
-    })?;
+            Err(_) if l.unterminated => {
+                torn = Some(l.offset);
+                Ok(false)
+            }
+            Err(e) => Err(Error::input(
+                path,
+                l.number,
+                None,
+                format!("not a guardrail answer: {e}"),
+            )),
+        },
+    )?;
     if let Some(offset) = torn {
         // torn tail: cut it off
         let f = std::fs::OpenOptions::new()
@@ -569,7 +573,9 @@ async fn finish(
     // Rogan–Gladen corrects a rate for the error of the detector that decided it; a
     // guardrail run's outcomes are read from its labels (a positive let through, a
     // negative flagged), so there is nothing to correct.
-    metrics.corrected.method = "none: a guardrail run's outcomes are read from its labels, not decided by a detector".into();
+    metrics.corrected.method =
+        "none: a guardrail run's outcomes are read from its labels, not decided by a detector"
+            .into();
     for (_, r) in &mut metrics.corrected.rates.0 {
         *r = crate::rundir::summary::CorrectedRate {
             raw: r.raw,

@@ -237,7 +237,10 @@ fn the_builtin_rules_measured_as_a_guardrail() {
     // the rates are exact (read from the labels): no detector error to correct for
     let asr = &summary["aggregate_metrics"]["corrected"]["rates"]["attack_success_rate"];
     assert_eq!(asr["note"], "exact: read from the labels", "{asr}");
-    assert!(asr.get("corrected").is_none() && asr.get("ci_low").is_none(), "{asr}");
+    assert!(
+        asr.get("corrected").is_none() && asr.get("ci_low").is_none(),
+        "{asr}"
+    );
     let positives = items.values().filter(|(label, _, _)| *label).count();
     assert_eq!(asr["n"].as_u64(), Some(positives as u64));
     // the manifest says what kind of run it was; pieval sql reads the results
@@ -562,7 +565,11 @@ fn an_exec_guardrails_last_stderr_is_kept() {
         "",
     );
     let (dir, summary) = run_to_end(&cfg);
-    assert_eq!(summary["guardrail"]["detection"]["tp"], 1, "{}", summary["guardrail"]);
+    assert_eq!(
+        summary["guardrail"]["detection"]["tp"], 1,
+        "{}",
+        summary["guardrail"]
+    );
     let log = std::fs::read_to_string(dir.join("exec-stderr.log")).unwrap();
     assert!(log.contains("LAST-WORDS-AT-EXIT"), "{log:?}");
 }
@@ -1128,9 +1135,15 @@ fn a_bad_guardrail_checkpoint_is_named_by_its_line() {
     let b = good.replace("\"a\"", "\"b\"");
     std::fs::write(&path, format!("{good}\n{b}")).unwrap();
     assert_eq!(read_checkpoint(&path, &known).unwrap().len(), 2);
-    assert_eq!(std::fs::read_to_string(&path).unwrap(), format!("{good}\n{b}\n"));
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        format!("{good}\n{b}\n")
+    );
     // a \r\n file is read alike, and left alone
     std::fs::write(&path, format!("{good}\r\n{b}\r\n")).unwrap();
     assert_eq!(read_checkpoint(&path, &known).unwrap().len(), 2);
-    assert_eq!(std::fs::read_to_string(&path).unwrap(), format!("{good}\r\n{b}\r\n"));
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        format!("{good}\r\n{b}\r\n")
+    );
 }

@@ -107,7 +107,12 @@ fn sentence_break(b: u8) -> bool {
 /// injection rules that fire on it. Features repeat as they occur.
 pub fn features(folded: &str, role: u8, rules: &[usize], bits: u32, mut f: impl FnMut(u32, u32)) {
     let shift = 64 - bits;
-    let mut put = |h: u64, at: usize| f((h.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> shift) as u32, at as u32);
+    let mut put = |h: u64, at: usize| {
+        f(
+            (h.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> shift) as u32,
+            at as u32,
+        )
+    };
     let b = folded.as_bytes();
     // byte n-grams of 3, 4 and 5 from one FNV pass per position, white space read as one
     // space (each length tagged before the final mix)
@@ -163,7 +168,10 @@ pub fn features(folded: &str, role: u8, rules: &[usize], bits: u32, mut f: impl 
         prev = Some(w);
     }
     for &r in rules {
-        put(0x52_554C_4500 ^ (r as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15), EVERYWHERE as usize);
+        put(
+            0x52_554C_4500 ^ (r as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            EVERYWHERE as usize,
+        );
     }
 }
 
@@ -229,7 +237,13 @@ impl Windows {
     /// σ of the highest window's bias + Σ w/√n.
     fn score(mut self, bias: f64) -> f64 {
         self.end_run();
-        let z = |s: f64, n: u32| if n == 0 { bias } else { bias + s / f64::from(n).sqrt() };
+        let z = |s: f64, n: u32| {
+            if n == 0 {
+                bias
+            } else {
+                bias + s / f64::from(n).sqrt()
+            }
+        };
         let (e, en) = self.every;
         let best = if self.per.is_empty() {
             z(self.run.0 + e, self.run.1 + en)
@@ -408,7 +422,13 @@ pub fn train(examples: &[Example], opt: &TrainOptions) -> Model {
 }
 
 /// A raw text in a role as an [`Example`] (folded here; the rules of `pack` that fire).
-pub fn example(raw: &str, role: u8, label: bool, pack: &crate::rules::RulePack, bits: u32) -> Example {
+pub fn example(
+    raw: &str,
+    role: u8,
+    label: bool,
+    pack: &crate::rules::RulePack,
+    bits: u32,
+) -> Example {
     let folded = crate::fold::fold(raw);
     let mut hits = Vec::new();
     pack.hits(raw, &folded, &mut hits);
@@ -482,7 +502,12 @@ mod tests {
         assert!(!hits.is_empty());
         assert_eq!(a.score_example(&e), a.score_folded(&folded, 0, &hits));
         // and a long one, read in windows, bit for bit
-        let long = format!("{} {} {}", "the weather is mild. ".repeat(20), rows[0].0, "bread. ".repeat(30));
+        let long = format!(
+            "{} {} {}",
+            "the weather is mild. ".repeat(20),
+            rows[0].0,
+            "bread. ".repeat(30)
+        );
         let e = example(&long, 2, true, pack, 12);
         let folded = crate::fold::fold(&long);
         let mut hits = Vec::new();
@@ -497,7 +522,11 @@ mod tests {
     #[test]
     fn a_long_text_scores_its_most_suspect_window() {
         // one weight per bucket: a feature is worth 1 when its word is "evil", else -1
-        let text = format!("{} evil evil evil {}", "calm ".repeat(100), "calm ".repeat(100));
+        let text = format!(
+            "{} evil evil evil {}",
+            "calm ".repeat(100),
+            "calm ".repeat(100)
+        );
         let bits = 12;
         let mut evil = std::collections::HashSet::new();
         features("evil", 0, &[], bits, |k, _| {
@@ -524,7 +553,13 @@ mod tests {
         // a short text is one window: the whole text's score
         assert_eq!(
             m.score_folded("evil calm", 0, &[]),
-            m.score_example(&example("evil calm", 0, true, crate::rules::RulePack::default_pack(), bits))
+            m.score_example(&example(
+                "evil calm",
+                0,
+                true,
+                crate::rules::RulePack::default_pack(),
+                bits
+            ))
         );
     }
 
