@@ -31,6 +31,9 @@ use std::rc::Rc;
 
 use super::fold::fold_into;
 
+/// The maps of the echo check: keyed by hashes and words of one batch, in memory only.
+type FastMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
+
 /// Words read on each side of the response's occurrence.
 pub const WINDOW: usize = 8;
 /// Words read on each side of the input's occurrence.
@@ -76,11 +79,42 @@ pub struct Given<'a> {
     translating: OnceCell<bool>,
     /// The input's runs of [`LOOP_WORDS`] content words (by hash, with a word left out
     /// inside or not), and how often each occurs there, per side.
-    user_runs: OnceCell<std::collections::HashMap<u64, usize>>,
-    all_runs: OnceCell<std::collections::HashMap<u64, usize>>,
+    user_runs: OnceCell<FastMap<u64, usize>>,
+    all_runs: OnceCell<FastMap<u64, usize>>,
     /// The input's content words, as stems, per side.
-    user_stems: OnceCell<std::collections::HashSet<String>>,
-    all_stems: OnceCell<std::collections::HashSet<String>>,
+    user_stems: OnceCell<std::collections::HashSet<String, ahash::RandomState>>,
+    all_stems: OnceCell<std::collections::HashSet<String, ahash::RandomState>>,
+}
+
+/// The [`Given`] of each distinct input within a batch: rows that share the texts they
+/// were given (every trial of a case, every prediction of a templated corpus) share one,
+/// so the input is folded, split into words and hashed into runs once per batch rather
+/// than once per row. Each `Given` is a pure function of its texts, so sharing one does not
+/// change a decision. Holds at most [`GivenCache::MAX`] inputs (then starts afresh), so a
+/// batch of distinct inputs costs what it did before.
+#[derive(Default)]
+pub struct GivenCache<'a> {
+    map: FastMap<(Vec<Option<&'a str>>, Option<&'a str>), Given<'a>>,
+}
+
+impl<'a> GivenCache<'a> {
+    /// Distinct inputs kept at most.
+    pub const MAX: usize = 1024;
+
+    /// The `Given` of these texts (see [`Given::new`]), built on first sight.
+    pub fn get(
+        &mut self,
+        user: impl IntoIterator<Item = Option<&'a str>>,
+        system: Option<&'a str>,
+    ) -> &Given<'a> {
+        let key = (user.into_iter().collect::<Vec<_>>(), system);
+        if self.map.len() >= Self::MAX && !self.map.contains_key(&key) {
+            self.map.clear();
+        }
+        self.map
+            .entry(key)
+            .or_insert_with_key(|(user, system)| Given::new(user.iter().copied(), *system))
+    }
 }
 
 /// The input's occurrences of one needle, on one side.
@@ -260,7 +294,7 @@ impl<'a> Given<'a> {
     /// The input's runs of [`LOOP_WORDS`] content words, a word skipped inside them or
     /// not (a copy drops a word: "ignore all previous instructions" reprinted as "ignore
     /// previous instructions"), by hash, with how often each occurs (one side).
-    fn runs(&self, side: Side) -> &std::collections::HashMap<u64, usize> {
+    fn runs(&self, side: Side) -> &FastMap<u64, usize> {
         let cell = match side {
             Side::User => &self.user_runs,
             Side::All => &self.all_runs,
@@ -268,7 +302,7 @@ impl<'a> Given<'a> {
         cell.get_or_init(|| {
             let t = self.text(side);
             let words = content_words(&t.folded, &t.words);
-            let mut runs = std::collections::HashMap::new();
+            let mut runs = FastMap::default();
             for i in 0..words.len() {
                 for run in runs_at(&words, i) {
                     *runs.entry(run_hash(&run)).or_insert(0) += 1;
@@ -301,8 +335,7 @@ impl<'a> Given<'a> {
         let ours = content_words(response_folded, words);
         // Each run's count and last position: one within a run's length of the last is
         // the same stretch of text, not a reprint.
-        let mut seen: std::collections::HashMap<u64, (usize, usize)> =
-            std::collections::HashMap::new();
+        let mut seen: FastMap<u64, (usize, usize)> = FastMap::default();
         for i in 0..ours.len() {
             for run in runs_at(&ours, i) {
                 if run.iter().any(|x| needle_words.contains(x)) {
@@ -352,7 +385,7 @@ impl<'a> Given<'a> {
     }
 
     /// The input's content words, each as its [`stem`].
-    fn stems(&self, side: Side) -> &std::collections::HashSet<String> {
+    fn stems(&self, side: Side) -> &std::collections::HashSet<String, ahash::RandomState> {
         let cell = match side {
             Side::User => &self.user_stems,
             Side::All => &self.all_stems,
@@ -655,10 +688,11 @@ fn stem(w: &str) -> &str {
 
 /// A hash of a run of words.
 fn run_hash(words: &[&str]) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    words.hash(&mut h);
-    h.finish()
+    // fixed keys: the same run hashes alike in the input's table and the response's
+    // walk (and in every thread); only equality of hashes is read, never their order.
+    static KEYS: std::sync::OnceLock<ahash::RandomState> = std::sync::OnceLock::new();
+    KEYS.get_or_init(|| ahash::RandomState::with_seeds(0x9e37, 0x79b9, 0x7f4a, 0x7c15))
+        .hash_one(words)
 }
 
 /// Characters two texts share from their start.

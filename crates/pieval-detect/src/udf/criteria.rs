@@ -256,7 +256,7 @@ impl Kernel for Decide {
         DataType::Struct(decide_fields())
     }
     fn invoke(&self, args: &ScalarFunctionArgs) -> Result<ColumnarValue> {
-        use crate::echo::Given;
+        use crate::echo::GivenCache;
         use datafusion::arrow::array::StructArray;
         let name = self.name();
         if args.args.len() < 4 {
@@ -280,6 +280,7 @@ impl Kernel for Decide {
         let refusals = RefusalDetector::default_pack();
         let mut prepared = Prepared::default();
         let mut out = DecisionColumns::new(n, true);
+        let mut givens = GivenCache::default();
         for i in 0..n {
             let (Some(text), Some(c)) = (response.get(i), criteria.get(i)) else {
                 out.append_null();
@@ -292,11 +293,11 @@ impl Kernel for Decide {
                 prepared.load_folded(text);
             }
             let verdicts = judged.verdicts(i);
-            let given_i = Given::new(given.iter().map(|g| g.get(i)), protected.get(i));
+            let given_i = givens.get(given.iter().map(|g| g.get(i)), protected.get(i));
             let d = matcher.decide(
                 &Response::new(text, &prepared, refusals)
                     .with_verdicts(&verdicts)
-                    .with_given(&given_i),
+                    .with_given(given_i),
             );
             out.append(&d);
         }

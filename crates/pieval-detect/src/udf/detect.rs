@@ -31,7 +31,7 @@ use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs};
 use super::rules::{SpanLists, spans_field};
 use super::{Kernel, LEAKAGE_THRESHOLD, StrArg, TextCache, finish};
 use crate::criteria::{Compiled, Response};
-use crate::echo::{Given, Side, occurrences_echo};
+use crate::echo::{GivenCache, Side, occurrences_echo};
 use crate::fold::fold;
 use crate::leak::{LeakTarget, Prepared};
 use crate::refusal::{RefusalDetector, ResponseClass};
@@ -99,6 +99,7 @@ impl Kernel for Detect {
         let pack = RulePack::default_pack();
         let (mut spans, mut scratch) = (Vec::<Span>::new(), SpanScratch::default());
         let mut rule_spans = SpanLists::with_capacity(n);
+        let mut givens = GivenCache::default();
         for i in 0..n {
             let Some(text) = response.get(i) else {
                 decision.append_null();
@@ -112,7 +113,7 @@ impl Kernel for Detect {
             };
             // One folding (and compaction) of the response for every detector.
             prepared.load(text);
-            let given = Given::new(given_args.iter().map(|g| g.get(i)), protected.get(i));
+            let given = givens.get(given_args.iter().map(|g| g.get(i)), protected.get(i));
             // classified once: reported, and read by a `not_refused` criterion
             let class_of = refusals.classify_folded(&prepared.folded);
             match criteria.get(i) {
@@ -125,7 +126,7 @@ impl Kernel for Detect {
                     let d = matcher.decide(
                         &Response::new(text, &prepared, refusals)
                             .with_refused(class_of != ResponseClass::Compliance)
-                            .with_given(&given),
+                            .with_given(given),
                     );
                     decision.append(&d);
                     if d.success.is_none() {
@@ -148,7 +149,7 @@ impl Kernel for Detect {
             canary_leaked.append_option(canary.get(i).map(|c| {
                 targets[c].score(text, &mut prepared).0 >= LEAKAGE_THRESHOLD
                     && occurrences_echo(
-                        Some(&given),
+                        Some(given),
                         Side::User,
                         &prepared.folded,
                         &OnceCell::new(),
