@@ -59,6 +59,7 @@ pub mod report;
 pub mod review;
 pub mod rundir;
 pub mod runner;
+pub mod scoring;
 pub mod secrets;
 pub mod stats;
 pub mod taxonomy;

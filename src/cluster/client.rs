@@ -62,7 +62,7 @@ pub async fn connect(url: &str, config: SessionConfig) -> Result<ClusterSession>
 /// Submits physical plans planned in this process (pieval's nodes encoded by
 /// [`super::codec`]) to `session`'s scheduler, under its session id and configuration;
 /// the rows of the plan's one output partition stream back.
-pub fn submitter(session: &ClusterSession) -> crate::ops::score::SubmitPlan {
+pub fn submitter(session: &ClusterSession) -> crate::cluster::score::SubmitPlan {
     use ballista_core::extension::SessionConfigExt;
     let scheduler = session.scheduler.clone();
     let session_id = session.ctx.session_id();

@@ -14,7 +14,7 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
 
-use crate::ops::score::{
+use crate::cluster::score::{
     AssembleExec, AssembleSpec, PartWriterExec, PredictionsScanExec, ScanSpec, UploadExec,
     UploadSpec,
 };
@@ -209,7 +209,7 @@ mod tests {
         let plan: Arc<dyn ExecutionPlan> = Arc::new(
             PredictionsScanExec::scan(
                 path.to_str().unwrap(),
-                crate::ops::score::Stamp::of(&path).unwrap(),
+                crate::cluster::score::Stamp::of(&path).unwrap(),
                 slices,
                 None,
                 None,

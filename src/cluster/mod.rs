@@ -17,6 +17,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+pub mod score;
+
 #[cfg(feature = "distributed")]
 mod client;
 #[cfg(feature = "distributed")]
@@ -180,11 +182,11 @@ pub fn parse_url(url: &str) -> Result<(String, u16)> {
 /// What `pieval score --cluster URL` (and `replay --rescore --cluster`) hands scoring:
 /// a connection to the scheduler at `url`, made when scoring opens its session (the
 /// address is checked here).
-pub fn scoring(url: &str) -> Result<crate::ops::score::ClusterConnect> {
+pub fn scoring(url: &str) -> Result<crate::cluster::score::ClusterConnect> {
     parse_url(url)?;
     #[cfg(feature = "distributed")]
     {
-        use crate::ops::score::ScoringEngine;
+        use crate::scoring::ScoringEngine;
         let url = url.to_owned();
         Ok(std::sync::Arc::new(move |config| {
             let url = url.clone();
@@ -198,7 +200,7 @@ pub fn scoring(url: &str) -> Result<crate::ops::score::ClusterConnect> {
                     ..ScoringEngine::local()
                 };
                 let submit = client::submitter(&s);
-                Ok(crate::ops::score::ClusterScoring {
+                Ok(crate::cluster::score::ClusterScoring {
                     ctx: s.ctx,
                     engine,
                     submit,

@@ -120,7 +120,7 @@ pub struct Slice {
     pub seen_before: Vec<[u64; 2]>,
     /// Where `seen_before` is, when too many runs to travel in the plan: written by the
     /// client into a file of the staging folder, read by the slice's task
-    /// (`ops::score::slices::spill_runs`).
+    /// (`cluster::score::slices::spill_runs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runs_at: Option<RunsAt>,
 }

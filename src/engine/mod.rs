@@ -195,7 +195,7 @@ pub const SUMMARY_LATENCY_TABLE: &str = "summary_latency";
 
 /// [`SUMMARY_PARTIAL_TABLE`] and [`SUMMARY_LATENCY_TABLE`] as views over the whole of the
 /// registered `case_results` (a scoring computes the partials from its stream instead:
-/// `ops::score::summary`).
+/// `scoring::summary`).
 pub async fn register_summary_partial(ctx: &datafusion::prelude::SessionContext) -> Result<()> {
     for (table, query) in [
         (SUMMARY_PARTIAL_TABLE, queries::SUMMARY_PARTIAL),

@@ -117,7 +117,7 @@ pub fn assess(
 ) -> GroupResult {
     let interval = wilson(k, n);
     let corrected = control.corrected_with.as_deref().and_then(|rate| {
-        let cal = crate::ops::corrected::calibration(rate)?;
+        let cal = crate::scoring::corrected::calibration(rate)?;
         crate::stats::rogan_gladen(k, n, &cal.confusion)
     });
     let measured = match (control.basis, control.statistic) {
@@ -639,7 +639,7 @@ fn statement(
                 "corrected_figures": control
                     .corrected_with
                     .as_deref()
-                    .and_then(crate::ops::corrected::calibration)
+                    .and_then(crate::scoring::corrected::calibration)
                     .map(|c| c.to_json()),
                 "group_key": result.group_key,
                 "framework_tags": result.framework_tags,

@@ -130,7 +130,7 @@ pub struct Control {
     pub threshold: f64,
     pub min_n: u64,
     pub references: Vec<String>,
-    /// The rate whose detector figures correct this control's (`ops::corrected`):
+    /// The rate whose detector figures correct this control's (`scoring::corrected`):
     /// the result carries the corrected estimate beside the raw one.
     pub corrected_with: Option<String>,
     /// What decides: the raw rate (default) or the corrected one (`basis: corrected`).
@@ -321,7 +321,7 @@ pub fn parse_control(path: &Path, text: &str) -> Result<Control> {
     let corrected_with = match optional("corrected_with") {
         None => None,
         Some((line, rate)) => {
-            let known: Vec<&str> = crate::ops::corrected::CORRECTIONS
+            let known: Vec<&str> = crate::scoring::corrected::CORRECTIONS
                 .iter()
                 .map(|c| c.0)
                 .collect();

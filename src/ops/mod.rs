@@ -10,7 +10,10 @@
 //! | a detector's figures on a labelled set | [`detector_eval`] | `Labels` (`load_labels`), the detector | `Evaluation` |
 //! | corpus statistics | [`corpus_stats`] | a corpus path | `CorpusStats` |
 //! | (shared by the two above: the column mapping, the file check, an estimate) | [`labels`] | | |
-//! | rates corrected for detector error | [`corrected`] | the headline rates | `Corrected` (with each detector's `DetectorFigures`) |
+//!
+//! Scoring's pieces below the operation live in rooms of their own: the scored stream's
+//! writers, tally, summary partials and the rates corrected for detector error in
+//! [`crate::scoring`], the cluster's plan nodes in [`crate::cluster::score`].
 //!
 //! The other operations are modules of their own: a run, its replay and rescore
 //! (`runner`, `runner::replay`), the controls (`evidence::controls`), the export (`export`),
@@ -18,7 +21,6 @@
 
 pub mod calibrate;
 pub mod corpus_stats;
-pub mod corrected;
 pub mod detector_eval;
 pub mod labels;
 pub mod score;

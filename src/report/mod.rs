@@ -35,7 +35,7 @@ pub struct RunPart {
     pub overview: Value,
     /// summary.sql rows: metric, dimension, value, n, k, rate, ci_low, ci_high.
     pub rates: Vec<Value>,
-    /// The headline rates corrected for detector error (`ops::corrected`), by metric.
+    /// The headline rates corrected for detector error (`scoring::corrected`), by metric.
     pub corrected: Value,
     pub successes: Vec<Value>,
     pub leaks: Vec<Value>,
@@ -204,7 +204,7 @@ pub fn run_part(dir: &Path) -> Result<RunPart> {
             })
             .collect(),
     );
-    let corrected = serde_json::to_value(crate::ops::corrected::corrected_rates(&overall))
+    let corrected = serde_json::to_value(crate::scoring::corrected::corrected_rates(&overall))
         .map_err(|e| Error::Internal(format!("cannot encode the corrected rates: {e}")))?;
     Ok(RunPart {
         corrected,

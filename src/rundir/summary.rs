@@ -106,7 +106,7 @@ pub struct AggregateMetrics {
     pub decided_by_judge: u64,
     #[serde(deserialize_with = "count")]
     pub decided_by_rules: u64,
-    /// The headline rates corrected for detector error (`src/ops/corrected.rs`).
+    /// The headline rates corrected for detector error (`src/scoring/corrected.rs`).
     #[serde(deserialize_with = "or_default")]
     pub corrected: Corrected,
     /// The headline rates over every row, then the rates by dimension.

@@ -564,12 +564,12 @@ async fn finish(
     let results = case_results(&ctx, cfg).await?;
     let block = summary_block(&ctx).await?;
     let schema = crate::contract::arrow::case_results_schema();
-    let mut partials = crate::ops::score::summary::Partials::new(Arc::clone(&schema)).await?;
+    let mut partials = crate::scoring::summary::Partials::new(Arc::clone(&schema)).await?;
     for b in &results {
         partials.push(b).await?;
     }
     let mut metrics =
-        crate::ops::score::summary::from_partials(vec![partials.finish().await?]).await?;
+        crate::scoring::summary::from_partials(vec![partials.finish().await?]).await?;
     // Rogan–Gladen corrects a rate for the error of the detector that decided it; a
     // guardrail run's outcomes are read from its labels (a positive let through, a
     // negative flagged), so there is nothing to correct.

@@ -309,7 +309,7 @@ async fn metrics_with(
         decided_by_human: count("decided_by_human")?,
         decided_by_judge: count("decided_by_judge")?,
         decided_by_rules: count("decided_by_rules")?,
-        corrected: crate::ops::corrected::corrected_rates(&overall),
+        corrected: crate::scoring::corrected::corrected_rates(&overall),
         rates: Rates {
             overall,
             by: Ordered(by.into_iter().collect()),
@@ -382,8 +382,8 @@ mod tests {
             // The queries as they were written over case_results, before partials.
             let direct = metrics_with(
                 &ctx,
-                include_str!("../../../tests/fixtures/sql/summary_direct.sql"),
-                include_str!("../../../tests/fixtures/sql/totals_direct.sql"),
+                include_str!("../../tests/fixtures/sql/summary_direct.sql"),
+                include_str!("../../tests/fixtures/sql/totals_direct.sql"),
             )
             .await
             .unwrap();
@@ -440,8 +440,8 @@ mod tests {
                 .unwrap();
             let direct_empty = metrics_with(
                 &ctx,
-                include_str!("../../../tests/fixtures/sql/summary_direct.sql"),
-                include_str!("../../../tests/fixtures/sql/totals_direct.sql"),
+                include_str!("../../tests/fixtures/sql/summary_direct.sql"),
+                include_str!("../../tests/fixtures/sql/totals_direct.sql"),
             )
             .await
             .unwrap();

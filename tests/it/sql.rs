@@ -294,7 +294,7 @@ fn every_query_file_is_registered_and_plans() {
         )
         .unwrap();
         // findings.sql reads each batch of the scored stream
-        ctx.register_table("scored", empty(pieval::ops::score::scored_schema()))
+        ctx.register_table("scored", empty(pieval::scoring::scored_schema()))
             .unwrap();
         let ids = Arc::new(Schema::new(vec![
             Field::new("case_id", DataType::Utf8, true),

@@ -66,7 +66,7 @@ pub struct Piece {
 impl Piece {
     /// A plain part name of the parts folder, of the kind its range says (a Parquet
     /// part's row groups inside it; a JSONL part whole).
-    pub(super) fn is_plain(&self) -> bool {
+    pub(crate) fn is_plain(&self) -> bool {
         let name = &self.file.name;
         let kind_ok = match self.range {
             None => name.ends_with(&format!(".{CASE_RESULTS_JSONL}")),
@@ -84,7 +84,7 @@ impl Piece {
     }
 
     /// The bytes it puts into its target.
-    pub(super) fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         match self.range {
             Some([a, b]) => b.saturating_sub(a),
             None => self.file.bytes,

@@ -6,7 +6,7 @@
 //! scored rows into part files in the parts folder, which every executor sees
 //! (case_results as Parquet and as JSONL, and findings as Parquet, through the same
 //! writers a local run uses, and the summary's partial aggregates of its rows,
-//! [`super::summary`]), then returns one row: a [`PartReport`] naming its files with
+//! [`crate::scoring::summary`]), then returns one row: a [`PartReport`] naming its files with
 //! their sizes and SHA-256 digests, and its tallies. Only those rows travel back.
 //!
 //! The client then commits: it checks that the reports cover every staged prediction
@@ -38,11 +38,11 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
-use super::{
+use crate::error::{Error, Result};
+use crate::scoring::{
     FindingsWriter, RESULT_BATCH_ROWS, ResultWriters, ReviewCount, SOURCE_LINE, Tally, coalesced,
     results_columns, tally,
 };
-use crate::error::{Error, Result};
 
 /// The one column of [`PartWriterExec`]'s output: a [`PartReport`] as JSON.
 const REPORT_COLUMN: &str = "part_report";
@@ -56,12 +56,12 @@ pub const CASE_RESULTS_PARQUET: &str = "case_results.parquet";
 pub const CASE_RESULTS_JSONL: &str = "case_results.jsonl";
 pub const FINDINGS_PARQUET: &str = "findings.parquet";
 /// The summary's partial aggregates of a part's rows, and its latencies (read, not
-/// spliced: [`super::summary`]).
+/// spliced: [`crate::scoring::summary`]).
 pub const SUMMARY_PARTIAL_PARQUET: &str = "summary_partial.parquet";
 pub const SUMMARY_LATENCY_PARQUET: &str = "summary_latency.parquet";
 
 /// Every kind of part file, in the order a report lists them.
-pub(super) const KINDS: [&str; 5] = [
+pub(crate) const KINDS: [&str; 5] = [
     CASE_RESULTS_PARQUET,
     CASE_RESULTS_JSONL,
     FINDINGS_PARQUET,
@@ -170,10 +170,10 @@ macro_rules! single_input_node {
         }
     };
 }
-pub(super) use single_input_node;
+pub(crate) use single_input_node;
 
 /// The one input of a plan node of pieval's that takes one (`with_new_children`).
-pub(super) fn only_child(
+pub(crate) fn only_child(
     node: &str,
     mut children: Vec<Arc<dyn ExecutionPlan>>,
 ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
@@ -340,7 +340,7 @@ async fn write_part(input: SendableRecordBatchStream, dir: &Path) -> Result<Part
     let mut findings =
         FindingsWriter::create_in(&dir.join(name(FINDINGS_PARQUET)), Arc::clone(&scored), true)
             .await?;
-    let mut partials = super::summary::Partials::new(Arc::clone(&schema)).await?;
+    let mut partials = crate::scoring::summary::Partials::new(Arc::clone(&schema)).await?;
     let mut counts = Tally::default();
     let mut coverage = Coverage::default();
     let mut stream = Box::pin(coalesced(input, RESULT_BATCH_ROWS));
@@ -357,15 +357,16 @@ async fn write_part(input: SendableRecordBatchStream, dir: &Path) -> Result<Part
     let [parquet, jsonl] = writers.commit_hashed()?;
     let (findings_rows, findings_sha256, findings_bytes) = findings.commit_hashed()?;
     let [partial, latency] = partials.finish().await?.tables;
-    let write_table = |table: super::summary::Table, kind: &str| -> Result<(String, u64)> {
-        let mut file =
-            crate::atomic::ParquetFile::create_shared(&dir.join(name(kind)), table.schema)?;
-        for batch in &table.batches {
-            file.write(batch)?;
-        }
-        let (_, sha256, bytes) = file.commit_hashed()?;
-        Ok((sha256, bytes))
-    };
+    let write_table =
+        |table: crate::scoring::summary::Table, kind: &str| -> Result<(String, u64)> {
+            let mut file =
+                crate::atomic::ParquetFile::create_shared(&dir.join(name(kind)), table.schema)?;
+            for batch in &table.batches {
+                file.write(batch)?;
+            }
+            let (_, sha256, bytes) = file.commit_hashed()?;
+            Ok((sha256, bytes))
+        };
     let digests = [
         parquet,
         jsonl,
@@ -394,7 +395,7 @@ async fn write_part(input: SendableRecordBatchStream, dir: &Path) -> Result<Part
 /// Whether a path that travels in a plan names a place every executor can reach: an
 /// absolute path (on a mount they all see), or a valid `s3://` location (reached through
 /// each executor's own store).
-pub(super) fn shared_location(p: &str) -> bool {
+pub(crate) fn shared_location(p: &str) -> bool {
     if p.contains('\0') {
         return false;
     }
@@ -535,7 +536,7 @@ impl Merged {
 }
 
 /// summary.json's `result_paths` key of a run file.
-pub(super) fn result_key(kind: &str) -> &'static str {
+pub(crate) fn result_key(kind: &str) -> &'static str {
     match kind {
         CASE_RESULTS_PARQUET => "case_results_parquet",
         CASE_RESULTS_JSONL => "case_results_jsonl",
@@ -600,21 +601,25 @@ const MAX_SUMMARY_PART_BYTES: u64 = 4 << 30;
 /// The summary's partial aggregates of every part the reports name. Each file is read
 /// once into memory, and what was read is what is hashed, checked against the decoding
 /// bounds and decoded (no window for the file to change in between); its counts must be
-/// those of its part's rows ([`super::summary::check_received`]).
+/// those of its part's rows ([`crate::scoring::summary::check_received`]).
 pub fn summary_partials(
     reports: &[PartReport],
     parts: &Path,
-) -> Result<Vec<super::summary::Partial>> {
+) -> Result<Vec<crate::scoring::summary::Partial>> {
     let limits = crate::rundir::bounds::ParquetLimits::from_env()?;
     let mut out = Vec::with_capacity(reports.len());
     for report in reports {
-        let partial = super::summary::Partial {
+        let partial = crate::scoring::summary::Partial {
             tables: [
                 read_summary_part(parts, &report.files[3], &limits)?,
                 read_summary_part(parts, &report.files[4], &limits)?,
             ],
         };
-        super::summary::check_received(&partial, report.coverage.rows, &report.files[3].name)?;
+        crate::scoring::summary::check_received(
+            &partial,
+            report.coverage.rows,
+            &report.files[3].name,
+        )?;
         out.push(partial);
     }
     // Every part's tables must have one shape (the same executors' code).
@@ -639,7 +644,7 @@ fn read_summary_part(
     parts: &Path,
     file: &PartFile,
     limits: &crate::rundir::bounds::ParquetLimits,
-) -> Result<super::summary::Table> {
+) -> Result<crate::scoring::summary::Table> {
     use datafusion::parquet::arrow::arrow_reader::{
         ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
     };
@@ -681,7 +686,7 @@ fn read_summary_part(
         .map_err(read)?;
     let schema = datafusion::arrow::record_batch::RecordBatchReader::schema(&reader);
     let batches = reader.collect::<std::result::Result<Vec<_>, _>>()?;
-    Ok(super::summary::Table { schema, batches })
+    Ok(crate::scoring::summary::Table { schema, batches })
 }
 
 /// A part's length is the one its executor reported.
@@ -734,7 +739,7 @@ fn concat_jsonl(
 
 /// Read a JSONL part once, handing each chunk to `write`, and check what was read: its
 /// size and SHA-256 are the reported ones, and it holds `rows` whole lines.
-pub(super) fn copy_part(
+pub(crate) fn copy_part(
     path: &Path,
     file: &PartFile,
     rows: u64,
@@ -745,7 +750,7 @@ pub(super) fn copy_part(
 }
 
 /// [`copy_part`] of a part read from `f` (`path` names it in errors).
-pub(super) fn copy_part_from(
+pub(crate) fn copy_part_from(
     f: impl std::io::Read,
     path: &Path,
     file: &PartFile,
@@ -786,7 +791,7 @@ fn as_reported(path: &Path, file: &PartFile, bytes: u64, digest: &str) -> Result
 /// Read a part once, handing the bytes `range` of it to `write` (a Parquet part's row
 /// groups, [`ParquetLayout`]), and check the whole of what was read: its size and
 /// SHA-256 are the reported ones.
-pub(super) fn copy_range(
+pub(crate) fn copy_range(
     path: &Path,
     file: &PartFile,
     range: [u64; 2],
@@ -797,7 +802,7 @@ pub(super) fn copy_range(
 }
 
 /// [`copy_range`] of a part read from `f` (`path` names it in errors).
-pub(super) fn copy_range_from(
+pub(crate) fn copy_range_from(
     f: impl std::io::Read,
     path: &Path,
     file: &PartFile,
@@ -1119,7 +1124,7 @@ pub fn add(total: &mut Tally, part: &Tally) {
         });
         entry.count = entry.count.saturating_add(count.count);
         for id in &count.first_case_ids {
-            if entry.first_case_ids.len() < super::EXAMPLES {
+            if entry.first_case_ids.len() < crate::scoring::EXAMPLES {
                 entry.first_case_ids.push(id.clone());
             }
         }
@@ -1127,7 +1132,7 @@ pub fn add(total: &mut Tally, part: &Tally) {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use super::*;
     use datafusion::arrow::array::{Int64Array, StringArray};
 
@@ -1201,7 +1206,7 @@ pub(super) mod tests {
 
     /// A part as an executor writes it, of the predictions on lines `first..`: the three
     /// files and a report.
-    pub(in crate::ops::score) fn part(dir: &Path, first: i64, ids: &[&str]) -> PartReport {
+    pub(crate) fn part(dir: &Path, first: i64, ids: &[&str]) -> PartReport {
         let stem = format!("part-{first:05}-00000000000000aa");
         let b = batch(ids);
         // Row groups of 2 rows, so a part holds several.
@@ -1224,7 +1229,7 @@ pub(super) mod tests {
         // The summary parts of these rows, as an executor computes them.
         let rt = crate::engine::runtime().unwrap();
         let partial = rt.block_on(async {
-            let mut p = super::super::summary::Partials::new(case_results(ids).schema())
+            let mut p = crate::scoring::summary::Partials::new(case_results(ids).schema())
                 .await
                 .unwrap();
             p.push(&case_results(ids)).await.unwrap();
@@ -1407,13 +1412,13 @@ pub(super) mod tests {
         let b = part(parts.path(), 3, &["b1"]);
         let read = summary_partials(&[a.clone(), b.clone()], parts.path()).unwrap();
         assert_eq!(read.len(), 2);
-        let rows = |p: &super::super::summary::Partial, i: usize| -> usize {
+        let rows = |p: &crate::scoring::summary::Partial, i: usize| -> usize {
             p.tables[i].batches.iter().map(|b| b.num_rows()).sum()
         };
         assert_eq!((rows(&read[0], 0), rows(&read[0], 1)), (1, 2));
         let metrics = crate::engine::runtime()
             .unwrap()
-            .block_on(super::super::summary::from_partials(read))
+            .block_on(crate::scoring::summary::from_partials(read))
             .unwrap();
         assert_eq!((metrics.total, metrics.attack_cases), (3, 3));
         assert_eq!(metrics.latency_ms.max, Some(1.0));

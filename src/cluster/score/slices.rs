@@ -168,7 +168,7 @@ fn index_schema() -> SchemaRef {
 /// and restricts only the scans it knows (files, memory): a node of pieval's with no
 /// input would be told partition 0 in every task; through this input, each partition
 /// learns which it is.
-pub(super) fn numbered(n: usize) -> Result<Arc<dyn ExecutionPlan>> {
+pub(crate) fn numbered(n: usize) -> Result<Arc<dyn ExecutionPlan>> {
     let partitions = (0..n as u32)
         .map(|i| {
             Ok(vec![RecordBatch::try_new(
@@ -189,7 +189,7 @@ pub(super) fn numbered(n: usize) -> Result<Arc<dyn ExecutionPlan>> {
 }
 
 /// Refuses an input that is not [`numbered`]'s.
-pub(super) fn check_numbered(node: &str, input: &Arc<dyn ExecutionPlan>) -> Result<()> {
+pub(crate) fn check_numbered(node: &str, input: &Arc<dyn ExecutionPlan>) -> Result<()> {
     if input.schema().fields() != index_schema().fields() {
         return Err(Error::Internal(format!(
             "{node}: an input that is not partition numbers"
@@ -200,7 +200,7 @@ pub(super) fn check_numbered(node: &str, input: &Arc<dyn ExecutionPlan>) -> Resu
 
 /// The rows of `work(i)` for each number `i` partition `partition` of a [`numbered`]
 /// input holds, one after the other.
-pub(super) fn each_number(
+pub(crate) fn each_number(
     input: &Arc<dyn ExecutionPlan>,
     partition: usize,
     context: Arc<TaskContext>,
