@@ -18,13 +18,65 @@ pub fn fold_into(s: &str, out: &mut String) {
         out.make_ascii_lowercase();
         return;
     }
-    // Most text is already NFKC: skip the (costly) normalisation when the quick check
-    // says so, and only map and lowercase.
-    if is_nfkc_quick(s) {
-        push_folded_str(s, out);
-    } else {
-        push_folded(s.nfkc(), out);
+    // Most text is already NFKC: the (costly) normalisation runs only over the stretches
+    // the quick check does not pass, the rest is mapped and lowercased as it is.
+    for (piece, normalise) in nfkc_pieces(s) {
+        if normalise {
+            push_folded(piece.nfkc(), out);
+        } else {
+            push_folded_str(piece, out);
+        }
     }
+}
+
+/// `s` cut into pieces, each with whether it needs NFKC: a run of non-ASCII characters
+/// that Unicode's quick check does not pass, with the ASCII character before it (a
+/// combining mark composes with it), needs it; the rest is already NFKC. A boundary
+/// before an ASCII character is a normalisation boundary (it is a starter, allowed in
+/// NFKC, and composes with nothing before it: UAX #15, "Detecting Normalization Forms"
+/// and "Stable Code Points"), so the NFKC of the whole text is the pieces' NFKC end to
+/// end (tested against the whole text's on random texts).
+fn nfkc_pieces(s: &str) -> impl Iterator<Item = (&str, bool)> {
+    use unicode_normalization::{IsNormalized, is_nfkc_quick};
+    let b = s.as_bytes();
+    // `done`: the end of what was given out; `pending`: a piece waiting behind the one
+    // just cut
+    let (mut done, mut pending) = (0usize, None::<(&str, bool)>);
+    std::iter::from_fn(move || {
+        if let Some(p) = pending.take() {
+            return Some(p);
+        }
+        let mut i = done;
+        loop {
+            if done == s.len() {
+                return None;
+            }
+            let Some(p) = first_non_ascii(&b[i..]) else {
+                let rest = &s[done..];
+                done = s.len();
+                return Some((rest, false));
+            };
+            let start = i + p;
+            let end = b[start..]
+                .iter()
+                .position(u8::is_ascii)
+                .map_or(b.len(), |q| start + q);
+            if is_nfkc_quick(s[start..end].chars()) == IsNormalized::Yes {
+                i = end;
+                continue;
+            }
+            // the ASCII character before the run goes with it
+            let from = if start > done { start - 1 } else { start };
+            let before = &s[done..from];
+            done = end;
+            let piece = (&s[from..end], true);
+            if before.is_empty() {
+                return Some(piece);
+            }
+            pending = Some(piece);
+            return Some((before, false));
+        }
+    })
 }
 
 /// The index of the first byte of `b` that is not ASCII, eight bytes at a time.
@@ -45,6 +97,9 @@ fn first_non_ascii(b: &[u8]) -> Option<usize> {
 /// runs of other characters only: an ASCII character is always allowed and a starter,
 /// so the check starts afresh after one (UAX #15, "Detecting Normalization Forms") and
 /// the runs' answers are the whole text's. Prose with a few accents is mostly ASCII.
+/// Folding asks the runs one by one ([`nfkc_pieces`]); this whole-text form is what the
+/// tests compare with the crate's own check.
+#[cfg(test)]
 fn is_nfkc_quick(s: &str) -> bool {
     use unicode_normalization::{IsNormalized, is_nfkc_quick};
     let b = s.as_bytes();
@@ -129,13 +184,32 @@ pub fn fold_with_offsets(s: &str, out: &mut String, offsets: &mut Vec<usize>) {
         offsets.extend(0..=s.len());
         return;
     }
-    if !is_nfkc_quick(s) {
-        fold_with_offsets_per_char(s, out, offsets);
-        return;
+    // Text already in NFKC (most text, and the pieces of the rest that the quick check
+    // passes): each character is its own NFKC, so runs of ASCII are copied in bulk and
+    // only the other characters are mapped one by one; the result is what the
+    // per-character path gives (tested), and equals fold_into. The pieces that need it
+    // take the per-character path.
+    let mut at = 0;
+    for (piece, normalise) in nfkc_pieces(s) {
+        if normalise {
+            let mut buf = [0u8; 4];
+            for (i, c) in piece.char_indices() {
+                for n in c.encode_utf8(&mut buf).nfkc() {
+                    let before = out.len();
+                    push_folded_char(n, out);
+                    offsets.extend(std::iter::repeat_n(at + i, out.len() - before));
+                }
+            }
+        } else {
+            fold_nfkc_with_offsets(piece, at, out, offsets);
+        }
+        at += piece.len();
     }
-    // Text already in NFKC (most text): each character is its own NFKC, so runs of
-    // ASCII are copied in bulk and only the other characters are mapped one by one;
-    // the result is what the per-character path gives (tested), and equals fold_into.
+    offsets.push(s.len());
+}
+
+/// [`fold_with_offsets`] of a piece already in NFKC that starts at byte `at` of the text.
+fn fold_nfkc_with_offsets(s: &str, at: usize, out: &mut String, offsets: &mut Vec<usize>) {
     let bytes = s.as_bytes();
     let mut i = 0;
     while i < s.len() {
@@ -143,19 +217,20 @@ pub fn fold_with_offsets(s: &str, out: &mut String, offsets: &mut Vec<usize>) {
         let start = out.len();
         out.push_str(&s[i..i + run]);
         out.as_mut_str()[start..].make_ascii_lowercase();
-        offsets.extend(i..i + run);
+        offsets.extend(at + i..at + i + run);
         i += run;
         if let Some(c) = s[i..].chars().next() {
             let before = out.len();
             push_folded_char(c, out);
-            offsets.extend(std::iter::repeat_n(i, out.len() - before));
+            offsets.extend(std::iter::repeat_n(at + i, out.len() - before));
             i += c.len_utf8();
         }
     }
-    offsets.push(s.len());
 }
 
-/// [`fold_with_offsets`] one character's NFKC at a time.
+/// [`fold_with_offsets`] one character's NFKC at a time over the whole text: the
+/// oracle the tests hold the pieces to.
+#[cfg(test)]
 fn fold_with_offsets_per_char(s: &str, out: &mut String, offsets: &mut Vec<usize>) {
     let mut buf = [0u8; 4];
     for (i, c) in s.char_indices() {
@@ -329,6 +404,28 @@ mod tests {
             seen[usize::from(whole)] += 1;
         }
         assert!(seen[0] > 1_000 && seen[1] > 1_000, "{seen:?}");
+        // Folding normalises only the pieces the quick check does not pass, and gives
+        // what normalising the whole text gives; the offsets variant, what the
+        // per-character path gives over the whole text.
+        let mut rng = fastrand::Rng::with_seed(11);
+        let (mut out, mut offsets) = (String::new(), Vec::new());
+        let (mut slow, mut slow_offsets) = (String::new(), Vec::new());
+        for _ in 0..20_000 {
+            let s: String = (0..rng.usize(0..12))
+                .map(|_| parts[rng.usize(..parts.len())])
+                .collect();
+            fold_into(&s, &mut out);
+            let mut whole = String::new();
+            push_folded(s.nfkc(), &mut whole);
+            assert_eq!(out, whole, "{s:?}");
+            fold_with_offsets(&s, &mut out, &mut offsets);
+            slow.clear();
+            slow_offsets.clear();
+            fold_with_offsets_per_char(&s, &mut slow, &mut slow_offsets);
+            assert_eq!((&out, &offsets), (&slow, &slow_offsets), "{s:?}");
+            let pieces: String = nfkc_pieces(&s).map(|(p, _)| p).collect();
+            assert_eq!(pieces, s);
+        }
         for (i, b) in [b"abcdefgh".as_slice(), b"abcdefghij\xc3", b"\xc3", b""]
             .iter()
             .enumerate()
