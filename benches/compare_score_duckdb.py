@@ -145,6 +145,13 @@ def measure(args, pieval, tmp):
     preds = os.path.join(tmp, "predictions.parquet")
     cases = os.path.join(tmp, "cases.jsonl") if args.large_corpus else None
     text_bytes, rows = generate(preds, args.size_mb, args.distinct, cases)
+    compare(pieval, preds, cases, text_bytes, rows, tmp, args.runs)
+
+
+def compare(pieval, preds, cases, text_bytes, rows, tmp, runs=1):
+    """pieval score and DuckDB's two rule queries over the same predictions file, each in
+    a child process; prints each one's wall time, MB/s, MB per CPU-second and peak RSS,
+    and the ratios. Returns {name: (wall, cpu, rss, stdout)}."""
     mb = text_bytes / 1e6
     print(f"predictions: {rows} rows, {mb:.0f} MB of response text, {os.path.getsize(preds)/1e6:.0f} MB Parquet")
 
@@ -174,7 +181,8 @@ def measure(args, pieval, tmp):
         ("duckdb: one OR-ed regexp_matches", duck(one_regex)),
     ]:
         best = None
-        for _ in range(args.runs):
+        for _ in range(runs):
+            shutil.rmtree(out, ignore_errors=True)
             r = run_child(cmd)
             best = r if best is None or r[0] < best[0] else best
         wall, cpu, rss, _ = best
@@ -183,6 +191,7 @@ def measure(args, pieval, tmp):
     p = results["pieval score (all detectors + findings + summary)"][0]
     for name in list(results)[1:]:
         print(f"ratio: pieval / {name}: {results[name][0]/p:.2f}x")
+    return results
 
 
 if __name__ == "__main__":
