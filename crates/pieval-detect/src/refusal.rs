@@ -208,9 +208,13 @@ impl RefusalDetector {
         // than the automaton alone (about twice as slow over the 300-character heads of
         // distinct prose; `cargo bench --bench detectors -- udf_distinct` measures the
         // UDF, docs/performance.md the whole scoring before and after).
+        // Their lazy DFA's cache, as the compliance search's below: over the labelled
+        // responses of data/labels/ (a dozen languages; `benches/score_fixtures.py`) the
+        // default one was cleared and rebuilt again and again (state building was 9% of
+        // all of scoring's samples), over the bench generator's prose it was not.
         let head = Search {
             prefilter: false,
-            cache: None,
+            cache: Some(16 << 20),
         };
         let detector = Self {
             version: pack.version.clone(),
