@@ -75,6 +75,8 @@ pub struct Given<'a> {
     /// The input's occurrences of each needle looked for, with their words (read once
     /// per needle, however many occurrences the response holds).
     occurrences: RefCell<Vec<Occurrences>>,
+    /// Whether the input holds each needle asked about ([`Given::holds`]).
+    held: RefCell<Vec<(Side, String, bool)>>,
     /// The input asks for a translation (an echo in translation is possible).
     translating: OnceCell<bool>,
     /// The input's runs of [`LOOP_WORDS`] content words (by hash, with a word left out
@@ -143,6 +145,8 @@ struct Occurrence {
 /// are not examined (a response repeating the target
 /// 100,000 times costs 32 checks); when all examined ones are copies, it is an echo.
 pub const MAX_OCCURRENCES: usize = 32;
+/// Needles whose presence in the input a [`Given`] keeps (a criterion has a few).
+const MAX_HELD: usize = 64;
 /// Distinct occurrences of a target in the input (by the words around them) compared
 /// with, at most.
 pub const MAX_CONTEXTS: usize = 256;
@@ -288,7 +292,27 @@ impl<'a> Given<'a> {
 
     /// Whether a folded needle occurs in the given text at all (the cheap test first).
     pub fn holds(&self, side: Side, folded_needle: &str) -> bool {
-        !folded_needle.is_empty() && self.text(side).folded.contains(folded_needle)
+        if folded_needle.is_empty() {
+            return false;
+        }
+        // asked again for every row that shares this input (a [`GivenCache`]): the
+        // answer is kept per needle
+        if let Some((_, _, held)) = self
+            .held
+            .borrow()
+            .iter()
+            .find(|(s, n, _)| *s == side && n == folded_needle)
+        {
+            return *held;
+        }
+        let held =
+            memchr::memmem::find(self.text(side).folded.as_bytes(), folded_needle.as_bytes())
+                .is_some();
+        let mut cache = self.held.borrow_mut();
+        if cache.len() < MAX_HELD {
+            cache.push((side, folded_needle.to_owned(), held));
+        }
+        held
     }
 
     /// The input's runs of [`LOOP_WORDS`] content words, a word skipped inside them or
@@ -904,7 +928,9 @@ pub fn occurrences_echo(
     response_words: &OnceCell<Vec<(usize, usize)>>,
     folded_needle: &str,
 ) -> Option<bool> {
-    if folded_needle.is_empty() || !response_folded.contains(folded_needle) {
+    if folded_needle.is_empty()
+        || memchr::memmem::find(response_folded.as_bytes(), folded_needle.as_bytes()).is_none()
+    {
         return None;
     }
     let Some(given) = given.filter(|g| g.holds(side, folded_needle)) else {
