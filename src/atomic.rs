@@ -211,6 +211,11 @@ fn owner_is_gone(path: &Path, pid: u32) -> bool {
     !alive || start_time(pid).is_some_and(|t| t.to_string() != started)
 }
 
+/// Bytes buffered before a write reaches the kernel: scoring writes case_results.jsonl in
+/// writes of a batch's few KiB at a time, so the default 8 KiB made one system call per
+/// batch chunk (10 GB of JSONL at 4 GB of responses).
+const WRITE_BUFFER: usize = 256 * 1024;
+
 /// A file written under a temporary name in its target's folder, synced and renamed over
 /// the target by [`TempFile::commit`]; dropped uncommitted (an error, a panic), it
 /// removes its temporary file. Every artifact pieval writes goes through it.
@@ -254,7 +259,7 @@ impl TempFile {
         Ok(Self {
             path: path.to_path_buf(),
             tmp,
-            file: Some(std::io::BufWriter::new(file)),
+            file: Some(std::io::BufWriter::with_capacity(WRITE_BUFFER, file)),
             written: None,
         })
     }
@@ -269,7 +274,7 @@ impl TempFile {
         Ok(Self {
             path: path.to_path_buf(),
             tmp,
-            file: Some(std::io::BufWriter::new(file)),
+            file: Some(std::io::BufWriter::with_capacity(WRITE_BUFFER, file)),
             written: None,
         })
     }
