@@ -94,30 +94,13 @@ fn first_non_ascii(b: &[u8]) -> Option<usize> {
 }
 
 /// Whether Unicode's quick check says `s` is in NFKC ("yes", not "maybe"), asked of its
-/// runs of other characters only: an ASCII character is always allowed and a starter,
-/// so the check starts afresh after one (UAX #15, "Detecting Normalization Forms") and
-/// the runs' answers are the whole text's. Prose with a few accents is mostly ASCII.
-/// Folding asks the runs one by one ([`nfkc_pieces`]); this whole-text form is what the
-/// tests compare with the crate's own check.
+/// runs of other characters only, as folding asks it ([`nfkc_pieces`]: no piece needs
+/// NFKC): an ASCII character is always allowed and a starter, so the check starts afresh
+/// after one (UAX #15, "Detecting Normalization Forms"). The tests compare it with the
+/// crate's whole-text check.
 #[cfg(test)]
 fn is_nfkc_quick(s: &str) -> bool {
-    use unicode_normalization::{IsNormalized, is_nfkc_quick};
-    let b = s.as_bytes();
-    let mut i = 0;
-    while let Some(p) = first_non_ascii(&b[i..]) {
-        let start = i + p;
-        // A run of non-ASCII bytes is whole characters (UTF-8's continuation and lead
-        // bytes of a multi-byte character are all non-ASCII).
-        let end = b[start..]
-            .iter()
-            .position(u8::is_ascii)
-            .map_or(b.len(), |q| start + q);
-        if is_nfkc_quick(s[start..end].chars()) != IsNormalized::Yes {
-            return false;
-        }
-        i = end;
-    }
-    true
+    nfkc_pieces(s).all(|(_, normalise)| !normalise)
 }
 
 fn push_folded(chars: impl Iterator<Item = char>, out: &mut String) {
