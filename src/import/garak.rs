@@ -76,7 +76,8 @@ fn read_report(path: &Path, sink: &mut Sink) -> Result<()> {
     let mut run: Option<Run> = None;
     let max = sink.options.max_line_bytes;
     let mut attempts = 0u64;
-    crate::ingest::for_each_jsonl(path, max, &mut |line, parsed| {
+    // An attempt's conversations repeat its prompt and outputs: read past, never held.
+    crate::ingest::for_each_jsonl_skipping(path, max, &["conversations"], &mut |line, parsed| {
         let at = At::line(path, line);
         let entry = parsed.map_err(|m| at.error(None, m))?;
         let Value::Object(entry) = entry else {

@@ -282,6 +282,17 @@ pub fn for_each_jsonl(
     max_line: usize,
     f: &mut dyn FnMut(u64, std::result::Result<Value, String>) -> Result<()>,
 ) -> Result<()> {
+    for_each_jsonl_skipping(path, max_line, &[], f)
+}
+
+/// [`for_each_jsonl`], each object's top-level fields named in `skip` read past (their
+/// JSON checked, no value built).
+pub fn for_each_jsonl_skipping(
+    path: &Path,
+    max_line: usize,
+    skip: &[&str],
+    f: &mut dyn FnMut(u64, std::result::Result<Value, String>) -> Result<()>,
+) -> Result<()> {
     use crate::corpus::lines::{Line, LineReader};
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, "cannot open", e))?;
     let mut reader = LineReader::new(file, max_line);
@@ -298,7 +309,7 @@ pub fn for_each_jsonl(
             Line::Bytes(b) if b.iter().all(u8::is_ascii_whitespace) => continue,
             Line::Bytes(b) => match std::str::from_utf8(b) {
                 Err(e) => Err(format!("not UTF-8: {e}")),
-                Ok(text) => match serde_json::from_str::<Value>(text) {
+                Ok(text) => match parse_skipping(text, skip) {
                     Ok(v @ Value::Object(_)) => Ok(v),
                     Ok(other) => Err(format!(
                         "expected a JSON object, found {}",
@@ -311,6 +322,69 @@ pub fn for_each_jsonl(
         f(no, parsed)?;
     }
     Ok(())
+}
+
+/// A JSON document as a value, the top-level object's fields named in `skip` read past.
+fn parse_skipping(text: &str, skip: &[&str]) -> serde_json::Result<Value> {
+    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+    if skip.is_empty() {
+        return serde_json::from_str(text);
+    }
+    struct Top<'a>(&'a [&'a str]);
+    impl<'de> Visitor<'de> for Top<'_> {
+        type Value = Value;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON value")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Value, A::Error> {
+            let mut out = serde_json::Map::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if self.0.contains(&key.as_str()) {
+                    map.next_value::<IgnoredAny>()?;
+                } else {
+                    let v: Value = map.next_value()?;
+                    out.insert(key, v);
+                }
+            }
+            Ok(Value::Object(out))
+        }
+        // Anything else is not an object: its kind is all the caller says of it.
+        fn visit_bool<E>(self, v: bool) -> std::result::Result<Value, E> {
+            Ok(Value::Bool(v))
+        }
+        fn visit_i64<E>(self, v: i64) -> std::result::Result<Value, E> {
+            Ok(Value::from(v))
+        }
+        fn visit_u64<E>(self, v: u64) -> std::result::Result<Value, E> {
+            Ok(Value::from(v))
+        }
+        fn visit_f64<E>(self, v: f64) -> std::result::Result<Value, E> {
+            Ok(Value::from(v))
+        }
+        fn visit_str<E>(self, v: &str) -> std::result::Result<Value, E> {
+            Ok(Value::from(v))
+        }
+        fn visit_unit<E>(self) -> std::result::Result<Value, E> {
+            Ok(Value::Null)
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> std::result::Result<Value, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(Value::Array(Vec::new()))
+        }
+    }
+    impl<'de> DeserializeSeed<'de> for Top<'_> {
+        type Value = Value;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Value, D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    let v = Top(skip).deserialize(&mut de)?;
+    de.end()?;
+    Ok(v)
 }
 
 /// What one ingest did.
