@@ -576,6 +576,12 @@ impl ParquetFile {
         Ok(())
     }
 
+    /// End the row group being written: what it buffered goes to the file.
+    pub fn end_row_group(&mut self) -> Result<()> {
+        self.writer.flush()?;
+        Ok(())
+    }
+
     /// Close, sync to disk and rename into place; the number of rows written.
     pub fn commit(self) -> Result<u64> {
         // into_inner writes the footer (once) and hands the file back.
