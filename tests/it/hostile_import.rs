@@ -1537,3 +1537,71 @@ fn files_a_dead_writer_left_are_recovered_in_a_copy() {
         "recovered copy"
     );
 }
+
+/// The zstd entries of a log Inspect wrote, read whole by pieval's own decompression
+/// context: a sample whose CRC-32 (in both headers) is not its data's, or whose compressed
+/// data is damaged, is an error naming the entry, and nothing is left behind; the archive
+/// as Inspect wrote it imports.
+#[test]
+fn a_damaged_zstd_sample_of_an_inspect_log_is_an_error_at_its_entry() {
+    let original = std::fs::read(fixture("inspect/injection.eval")).unwrap();
+    let name = b"samples/forward-3_epoch_1.json";
+    // (local header: CRC at 14, compressed size at 18, name length at 26, name at 30;
+    // central directory: CRC at 16, name length at 28, name at 46)
+    let find = |bytes: &[u8], sig: &[u8], name_len_at: usize, name_at: usize| -> usize {
+        (0..bytes.len() - 4)
+            .find(|&i| {
+                bytes[i..i + 4] == *sig && {
+                    let n = u16::from_le_bytes([bytes[i + name_len_at], bytes[i + name_len_at + 1]])
+                        as usize;
+                    bytes.get(i + name_at..i + name_at + n) == Some(&name[..])
+                }
+            })
+            .expect("the sample's header")
+    };
+    let local = find(&original, b"PK\x03\x04", 26, 30);
+    let central = find(&original, b"PK\x01\x02", 28, 46);
+    assert_eq!(
+        u16::from_le_bytes([original[local + 8], original[local + 9]]),
+        93,
+        "Inspect compresses its samples with zstd"
+    );
+    let mut wrong_crc = original.clone();
+    for at in [local + 14, central + 16] {
+        wrong_crc[at] ^= 0x01;
+    }
+    let mut damaged = original.clone();
+    let extra = u16::from_le_bytes([original[local + 28], original[local + 29]]) as usize;
+    let data = local + 30 + name.len() + extra;
+    let packed = u32::from_le_bytes(original[local + 18..local + 22].try_into().unwrap()) as usize;
+    for b in &mut damaged[data + packed / 2..data + packed / 2 + 8] {
+        *b ^= 0x5a;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for (label, bytes, ok) in [
+        ("as written", &original, true),
+        ("wrong crc", &wrong_crc, false),
+        ("damaged", &damaged, false),
+    ] {
+        let eval = dir.path().join(format!("{}.eval", label.replace(' ', "-")));
+        std::fs::write(&eval, bytes).unwrap();
+        let parent = tempfile::tempdir().unwrap();
+        let r = run(pieval()
+            .args(["import", "inspect"])
+            .arg(&eval)
+            .arg("--output")
+            .arg(parent.path().join("run")));
+        if ok {
+            assert_eq!(r.code, 0, "{label}: {}", r.stderr);
+            continue;
+        }
+        assert_eq!(r.code, 2, "{label}: {}", r.stderr);
+        assert!(
+            r.stderr.contains("samples/forward-3_epoch_1.json"),
+            "{label}: {}",
+            r.stderr
+        );
+        let left: Vec<_> = std::fs::read_dir(parent.path()).unwrap().collect();
+        assert!(left.is_empty(), "{label}: {left:?}");
+    }
+}
