@@ -454,6 +454,12 @@ impl LeakTarget {
         if compact.len() < k {
             return hits;
         }
+        // A head's compares are bounded: a text whose windows all share its head ("aaa…b"
+        // against "aaaa…") would make them quadratic. Past the bound the needle is searched
+        // for (memchr's search is linear), as is a head's again once it is found.
+        let budget = compact.len() + 1024;
+        let mut spent = [0usize; MAX_HEADS];
+        let mut searched = 0u64;
         for_each_gram(compact, k, |end, g| {
             let (word, bit) = filter_slot(g);
             if filter[word] & bit == 0 {
@@ -461,11 +467,25 @@ impl LeakTarget {
             }
             gram(g);
             for (i, head) in self.heads.iter().enumerate() {
-                if head.hash == g && bytes[end - k..].starts_with(&head.needle) {
-                    hits |= 1 << i;
+                let bit = 1u64 << i;
+                if head.hash != g || (hits | searched) & bit != 0 {
+                    continue;
+                }
+                spent[i] += head.needle.len();
+                #[cfg(test)]
+                tests::COMPARED.with(|c| c.set(c.get() + head.needle.len()));
+                if spent[i] > budget {
+                    searched |= bit;
+                } else if bytes[end - k..].starts_with(&head.needle) {
+                    hits |= bit;
                 }
             }
         });
+        for (i, head) in self.heads.iter().enumerate() {
+            if searched & (1 << i) != 0 && memchr::memmem::find(bytes, &head.needle).is_some() {
+                hits |= 1 << i;
+            }
+        }
         hits
     }
 
@@ -1076,6 +1096,11 @@ impl Prepared {
 mod tests {
     use super::*;
 
+    thread_local! {
+        /// The bytes [`LeakTarget::pass`] compared, on this thread.
+        pub(super) static COMPARED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
     fn score(secret: &str, response: &str) -> (f64, Option<LeakForm>) {
         let t = LeakTarget::new(secret);
         let mut p = Prepared::default();
@@ -1451,6 +1476,39 @@ mod tests {
             Some("base64"),
         ] {
             assert!(forms.get(&f).copied().unwrap_or(0) > 50, "{f:?}: {forms:?}");
+        }
+    }
+
+    #[test]
+    fn a_target_whose_windows_all_look_alike_is_not_compared_at_every_window() {
+        // every window of the response is the head of the target's forms: the compares
+        // are bounded, and what is found is what a search finds
+        for (secret, response) in [
+            (format!("{}b", "a".repeat(200_000)), "a".repeat(2_000_000)),
+            (format!("b{}", "a".repeat(200_000)), "a".repeat(2_000_000)),
+            (
+                format!("{}b", "a".repeat(200_000)),
+                format!("{}b", "a".repeat(2_000_000)),
+            ),
+        ] {
+            let t = LeakTarget::new(&secret);
+            let mut p = Prepared::default();
+            p.load(&response);
+            COMPARED.with(|c| c.set(0));
+            let (score, form) = t.score(&response, &mut p);
+            // quadratic would be about 4·10^11 bytes compared
+            let bound = t.heads.len() * (p.compact.len() + 1024 + 2 * secret.len());
+            assert!(COMPARED.with(|c| c.get()) <= bound);
+            assert_eq!(
+                form == Some(LeakForm::Verbatim),
+                response.ends_with('b'),
+                "{form:?}"
+            );
+            assert!(score > 0.0);
+            assert_eq!(
+                t.exact_form(&response, &p),
+                searched_form(&t, &response, &p)
+            );
         }
     }
 
