@@ -766,11 +766,7 @@ fn hostile_databases_are_read_only_as_far_as_expected() {
             .unwrap();
         }
         let parent = tempfile::tempdir().unwrap();
-        let r = run(pieval()
-            .args(["import", "promptfoo"])
-            .arg(&db)
-            .arg("--output")
-            .arg(parent.path().join("run")));
+        let r = import_json("promptfoo", &db, &parent.path().join("run"), &[]);
         assert_eq!(r.code, 2, "{name}: {}{}", r.stdout, r.stderr);
         assert!(
             r.stderr.contains(want),
@@ -1183,11 +1179,7 @@ with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
         String::from_utf8_lossy(&made.stderr)
     );
     let parent = tempfile::tempdir().unwrap();
-    let r = run(pieval()
-        .args(["import", "inspect"])
-        .arg(&eval)
-        .arg("--output")
-        .arg(parent.path().join("run")));
+    let r = import_json("inspect", &eval, &parent.path().join("run"), &[]);
     assert_eq!(r.code, 2, "{}", r.stderr);
     for want in [
         "same name twice",
@@ -1239,11 +1231,7 @@ open(out, "wb").write(b)
         String::from_utf8_lossy(&made.stderr)
     );
     let parent = tempfile::tempdir().unwrap();
-    let r = run(pieval()
-        .args(["import", "inspect"])
-        .arg(&eval)
-        .arg("--output")
-        .arg(parent.path().join("run")));
+    let r = import_json("inspect", &eval, &parent.path().join("run"), &[]);
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(
         r.stderr.contains("samples/forward-3_epoch_1.json")
@@ -1586,11 +1574,7 @@ fn a_damaged_zstd_sample_of_an_inspect_log_is_an_error_at_its_entry() {
         let eval = dir.path().join(format!("{}.eval", label.replace(' ', "-")));
         std::fs::write(&eval, bytes).unwrap();
         let parent = tempfile::tempdir().unwrap();
-        let r = run(pieval()
-            .args(["import", "inspect"])
-            .arg(&eval)
-            .arg("--output")
-            .arg(parent.path().join("run")));
+        let r = import_json("inspect", &eval, &parent.path().join("run"), &[]);
         if ok {
             assert_eq!(r.code, 0, "{label}: {}", r.stderr);
             continue;
