@@ -2,6 +2,18 @@
 //! ~1 KB responses — repeated templates (`udf/…`) and mostly distinct prose
 //! (`udf_distinct/…`): `cargo bench --bench detectors`. The end-to-end comparison with
 //! DuckDB is `benches/compare_score_duckdb.py`.
+//!
+//! `one_scan/…` weighs the packs' searches as scoring runs them (the injection rules'
+//! set over the folded text, refusal and deflection over its head, compliance after a
+//! match: `separate`) against one automaton over all of their patterns, on the distinct
+//! responses folded: one overlapping search saying which patterns match
+//! (`union_which_match`), and one leftmost-first search saying only whether anything
+//! does (`union_gate`, which scoring would follow with the separate searches where it
+//! says yes). Issue 56's item 1; neither is what scoring does, for the reasons measured in
+//! docs/performance.md, "One automaton pass"; with
+//! `PIEVAL_BENCH_RESPONSES=FILE.parquet` also on the first 60,000 `response_text`s of a
+//! file (`one_scan_file/…`), such as the one `benches/compare_score_duckdb.py --distinct`
+//! writes.
 
 use std::sync::Arc;
 
@@ -78,9 +90,116 @@ fn distinct_responses() -> Vec<String> {
 }
 
 fn bench(c: &mut Criterion) {
+    one_scan(c);
     for (group, rows) in [("udf", responses()), ("udf_distinct", distinct_responses())] {
         bench_on(c, group, rows);
     }
+}
+
+/// The first 60,000 `response_text`s of a Parquet file.
+fn responses_of(path: &str) -> Vec<String> {
+    use datafusion::arrow::array::{Array, AsArray};
+    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let file = std::fs::File::open(path).expect("PIEVAL_BENCH_RESPONSES names a readable file");
+    let mut out = Vec::new();
+    for batch in ParquetRecordBatchReaderBuilder::try_new(file)
+        .and_then(|b| b.build())
+        .expect("a Parquet file")
+    {
+        let batch = batch.expect("a readable batch");
+        let texts = batch
+            .column_by_name("response_text")
+            .expect("a response_text column");
+        let texts = texts.as_string::<i32>();
+        out.extend(
+            (0..texts.len())
+                .filter(|&i| texts.is_valid(i))
+                .map(|i| texts.value(i).to_string()),
+        );
+        if out.len() >= 60_000 {
+            out.truncate(60_000);
+            break;
+        }
+    }
+    out
+}
+
+/// The packs' searches, as scoring runs them and as one automaton (module docs).
+fn one_scan(c: &mut Criterion) {
+    one_scan_on(c, "one_scan", distinct_responses());
+    if let Ok(path) = std::env::var("PIEVAL_BENCH_RESPONSES") {
+        one_scan_on(c, "one_scan_file", responses_of(&path));
+    }
+}
+
+fn one_scan_on(c: &mut Criterion, group: &str, responses: Vec<String>) {
+    use pieval::detect::refusal::{RefusalDetector, RefusalPack, ResponseClass};
+    use pieval::detect::rules::{RulePack, Scope, ascii_word_boundaries};
+    let texts: Vec<String> = responses
+        .iter()
+        .map(|t| pieval::detect::fold::fold(t))
+        .collect();
+    let bytes: usize = texts.iter().map(String::len).sum();
+    let (rules, refusals) = (RulePack::default_pack(), RefusalDetector::default_pack());
+    let classes: RefusalPack = toml::from_str(pieval::detect::packs::REFUSAL_PACK).unwrap();
+    let alternation = |rules: &[pieval::detect::refusal::Rule]| {
+        rules
+            .iter()
+            .map(|r| format!("(?:{})", ascii_word_boundaries(&r.pattern)))
+            .collect::<Vec<_>>()
+            .join("|")
+    };
+    let mut patterns: Vec<String> = rules
+        .rules
+        .iter()
+        .filter(|r| r.scope == Scope::Folded)
+        .map(|r| r.pattern.clone())
+        .collect();
+    let folded_rules = patterns.len();
+    patterns.extend([
+        alternation(&classes.refusal),
+        alternation(&classes.deflection),
+        alternation(&classes.compliance),
+    ]);
+    // As the packs' own sets are configured (crates/pieval-detect/src/rules.rs).
+    let union = regex::RegexSetBuilder::new(&patterns)
+        .size_limit(1 << 27)
+        .dfa_size_limit(1 << 26)
+        .build()
+        .unwrap();
+    // A gate: one leftmost-first pass that says whether anything matches at all.
+    let gate = regex::RegexBuilder::new(&patterns[..folded_rules + 2].join("|"))
+        .size_limit(1 << 27)
+        .dfa_size_limit(1 << 26)
+        .build()
+        .unwrap();
+    let mut g = c.benchmark_group(group);
+    g.throughput(Throughput::Bytes(bytes as u64));
+    g.sample_size(10);
+    let mut hits = Vec::new();
+    g.bench_function("separate", |b| {
+        b.iter(|| {
+            let mut n = 0;
+            for t in &texts {
+                rules.hits("", t, &mut hits);
+                n += hits.len();
+                n += usize::from(refusals.classify_folded(t) != ResponseClass::Compliance);
+            }
+            n
+        })
+    });
+    g.bench_function("union_which_match", |b| {
+        b.iter(|| {
+            texts
+                .iter()
+                .map(|t| union.matches(t).iter().count())
+                .sum::<usize>()
+        })
+    });
+    g.bench_function("union_gate", |b| {
+        b.iter(|| texts.iter().filter(|t| gate.is_match(t)).count())
+    });
+    g.finish();
 }
 
 fn bench_on(c: &mut Criterion, group: &str, rows: Vec<String>) {

@@ -333,17 +333,22 @@ impl RefusalDetector {
     /// The class of already-folded text. A refusal must begin within the pack's window,
     /// a deflection within its (shorter) deflection window; a compliance match after
     /// either makes the response compliance.
+    ///
+    /// Each search reads a part of the text (the head, or what follows a refusal) as a
+    /// range of the whole folded text, so that its word boundaries see the characters
+    /// around that part: a word cut by the window's end is not a word ("i cannot help"
+    /// is not read in "i cannot helpful" cut after "help").
     pub fn classify_folded(&self, folded: &str) -> ResponseClass {
+        // The byte where the head of `chars` characters ends.
         let head = |chars: usize| {
-            let end = folded
+            folded
                 .char_indices()
                 .nth(chars)
-                .map_or(folded.len(), |(i, _)| i);
-            &folded[..end]
+                .map_or(folded.len(), |(i, _)| i)
         };
         // Only where the match ends is read: the forward search alone (`search_half`
         // ends where `find` does, without the reverse search for the start).
-        let end = |re: &meta::Regex, text: &str| re.search_half(&Input::new(text));
+        let end = |re: &meta::Regex, upto: usize| re.search_half(&Input::new(folded).range(..upto));
         let (found, class) = match end(&self.refusal, head(self.window)) {
             Some(m) => (m, ResponseClass::Refusal),
             None => match self
@@ -355,7 +360,10 @@ impl RefusalDetector {
                 None => return ResponseClass::Compliance,
             },
         };
-        if self.compliance.is_match(&folded[found.offset()..]) {
+        if self
+            .compliance
+            .is_match(Input::new(folded).range(found.offset()..))
+        {
             ResponseClass::Compliance
         } else {
             class
@@ -476,6 +484,19 @@ mod tests {
             d.is_refusal_folded(&fold("I\u{200B} cаn't help with that.")),
             "evasions are folded first"
         );
+    }
+
+    #[test]
+    fn a_word_cut_by_the_window_is_not_a_word() {
+        let d = RefusalDetector::default_pack();
+        // The refusal window (300 characters) ends right after "help" of "helpful":
+        // "i cannot help" ends inside it only if the window's end were a word's end.
+        let head = format!("{} i cannot help", "x".repeat(286));
+        assert_eq!(head.chars().count(), 300);
+        let cut = fold(&format!("{head}ful things are on the panel."));
+        assert_eq!(d.classify_folded(&cut), ResponseClass::Compliance);
+        let whole = fold(&format!("{head} with that."));
+        assert_eq!(d.classify_folded(&whole), ResponseClass::Refusal);
     }
 
     #[test]
