@@ -6,6 +6,7 @@
 //! from user input.
 
 pub mod bounded;
+pub mod case_window;
 pub mod predicates;
 pub mod queries;
 pub mod stream_table;

@@ -500,6 +500,12 @@ pub struct Sink {
     case_ids: HashMap<String, [u8; 32]>,
     /// The case ids in the order written (the manifest's selected_case_ids).
     order: Vec<String>,
+    /// Lines written to predictions.jsonl, and each case's last prediction line: the
+    /// cases are written in the order of their first rows, so scoring's join can read
+    /// them as the rows come and let each go after its last
+    /// (`src/engine/case_window.rs`).
+    lines: u64,
+    lives: crate::engine::case_window::CaseLives,
     /// Counts of the cases per taxonomy field and value (the manifest's).
     taxonomy_summary: BTreeMap<String, BTreeMap<String, u64>>,
     criteria: crate::contract::record::CriteriaCache,
@@ -564,6 +570,8 @@ impl Sink {
             tables: crate::rundir::checkpoint::AttemptTables::new(dir),
             case_ids: HashMap::new(),
             order: Vec::new(),
+            lines: 0,
+            lives: Default::default(),
             taxonomy_summary: BTreeMap::new(),
             criteria: Default::default(),
             taxonomy,
@@ -798,13 +806,16 @@ impl Sink {
         let attempt = p.attempt_id.clone();
         let (case_id, reference) = (p.case_id.clone(), at.reference());
         let path = self.dir.join(crate::rundir::PREDICTIONS_FILE);
-        crate::rundir::checkpoint::write_attempt(&mut self.predictions, &path, &mut row.prediction)
-            .map_err(|e| match e {
-                Error::State(m) => {
-                    at.error(None, format!("the row pieval made of this record: {m}"))
-                }
-                e => e,
-            })?;
+        self.lines += crate::rundir::checkpoint::write_attempt(
+            &mut self.predictions,
+            &path,
+            &mut row.prediction,
+        )
+        .map_err(|e| match e {
+            Error::State(m) => at.error(None, format!("the row pieval made of this record: {m}")),
+            e => e,
+        })?;
+        self.lives.saw(&case_id, self.lines as i64);
         self.tables.add(&row.prediction)?;
         self.counts.predictions += 1;
         for s in &row.scores {
@@ -838,6 +849,7 @@ impl Sink {
         Ok(Finished {
             databases: self.databases,
             case_ids: self.order,
+            lives: self.lives,
             taxonomy_summary: self.taxonomy_summary,
             versions: self.versions,
             models: self.models,
@@ -852,6 +864,7 @@ impl Sink {
 struct Finished {
     databases: BTreeMap<PathBuf, sqlite::Snapshot>,
     case_ids: Vec<String>,
+    lives: crate::engine::case_window::CaseLives,
     taxonomy_summary: BTreeMap<String, BTreeMap<String, u64>>,
     versions: BTreeSet<String>,
     models: BTreeSet<String>,
@@ -1004,7 +1017,8 @@ pub fn import(opts: &ImportOptions) -> Result<ImportReport> {
     });
     read?;
     let hashed = sources?;
-    let done = sink.finish()?;
+    let mut done = sink.finish()?;
+    let lives = std::sync::Arc::new(std::mem::take(&mut done.lives));
     // The sources in the order found: a file's digest, a database's snapshot (one the
     // importer did not read is hashed as a file; the files beside one are in its
     // snapshot's record).
@@ -1071,6 +1085,7 @@ pub fn import(opts: &ImportOptions) -> Result<ImportReport> {
         crate::judge::RunVerdicts::Own,
         Vec::new(),
         true,
+        Some(lives),
     )
     .map_err(|e| relocate(e, tmp.path(), &all))?;
     crate::runner::finish_manifest(&mut manifest, &report);

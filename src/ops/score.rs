@@ -52,6 +52,12 @@ pub struct ScoreOptions {
     /// run's new commit puts its files in (`v/COMMIT_ID/`), where the executors put the
     /// large files together themselves ([`upload`]); the report's `uploaded` names them.
     pub publish_dir: Option<String>,
+    /// Each case's last row in `predictions`, when the corpus lists the cases in the
+    /// order of their first rows (an import writes both so): the join then reads the
+    /// corpus as the predictions need it and keeps only the cases rows still to come ask
+    /// for, instead of all of them (`src/engine/case_window.rs`). Scoring in this
+    /// process only.
+    pub case_lives: Option<Arc<crate::engine::case_window::CaseLives>>,
 }
 
 impl ScoreOptions {
@@ -69,6 +75,7 @@ impl ScoreOptions {
             staging: None,
             reviews: Vec::new(),
             publish_dir: None,
+            case_lives: None,
         }
     }
 }
@@ -703,7 +710,7 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
     let mut counts = Tally::default();
     let scored = rt.block_on(async {
         match &opened.cluster {
-            None => score_here(ctx, opts, &mut counts).await,
+            None => score_here(ctx, opts, &mut counts, &mut report.scoring).await,
             Some(cluster) => {
                 score_on_cluster(ctx, cluster, opts, &mut counts, &mut report.scoring).await
             }
@@ -832,6 +839,7 @@ async fn score_here(
     ctx: &datafusion::prelude::SessionContext,
     opts: &ScoreOptions,
     counts: &mut Tally,
+    scoring: &mut ScoringEngine,
 ) -> Result<(Pending, AggregateMetrics)> {
     let df = ctx.sql(SCORE_CASES_SQL).await?;
     let scored_schema = Arc::new(df.schema().as_arrow().clone());
@@ -844,7 +852,19 @@ async fn score_here(
     )
     .await?;
     let mut partials = summary::Partials::new(schema).await?;
-    let mut stream = df.execute_stream().await?;
+    let mut window = None;
+    let mut stream = match &opts.case_lives {
+        None => df.execute_stream().await?,
+        Some(lives) => {
+            let task = Arc::new(df.task_ctx());
+            let plan = df.create_physical_plan().await?;
+            let (plan, rewritten) = crate::engine::case_window::rewrite(plan, lives)?;
+            if rewritten {
+                window = Some(Arc::clone(&plan));
+            }
+            datafusion::physical_plan::execute_stream(plan, task)?
+        }
+    };
     while let Some(batch) = stream.next().await {
         let batch = batch?;
         findings.write(&batch).await?;
@@ -854,6 +874,9 @@ async fn score_here(
         partials.push(&batch).await?;
     }
     let metrics = summary::from_partials(vec![partials.finish().await?]).await?;
+    scoring.cases_held_most = window
+        .as_ref()
+        .and_then(crate::engine::case_window::cases_held_most);
     Ok((Pending::Here(writers, findings), metrics))
 }
 

@@ -359,7 +359,8 @@ fn cut_escaped(s: &mut String, max: usize) -> bool {
 /// lines (in parts when a turn's line would be long), then its prediction line with
 /// `turn_lines` set; `rec.turns` is emptied. No line written is longer than
 /// [`MAX_LINE_BYTES`]. A kill mid-way leaves an incomplete attempt that readers skip.
-pub fn write_attempt(out: &mut impl Write, path: &Path, rec: &mut PredictionRecord) -> Result<()> {
+/// Returns the lines written (the prediction's is the last of them).
+pub fn write_attempt(out: &mut impl Write, path: &Path, rec: &mut PredictionRecord) -> Result<u64> {
     let io = |e| Error::io(path, "cannot append to checkpoint", e);
     fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>> {
         let mut line = serde_json::to_vec(v)
@@ -411,6 +412,8 @@ pub fn write_attempt(out: &mut impl Write, path: &Path, rec: &mut PredictionReco
             MAX_LINE_BYTES >> 20
         )));
     }
+    // Lines written before the prediction's own, which comes last.
+    let mut lines = 0u64;
     if !turns.is_empty() {
         let attempt = rec.key().to_owned();
         for (i, t) in turns.iter().enumerate() {
@@ -428,6 +431,7 @@ pub fn write_attempt(out: &mut impl Write, path: &Path, rec: &mut PredictionReco
             let line = encode(&head)?;
             if line.len() <= TURN_LINE_BYTES {
                 out.write_all(&line).map_err(io)?;
+                lines += 1;
                 continue;
             }
             // A long turn: its JSON in slices (on character boundaries), then the turn
@@ -448,6 +452,7 @@ pub fn write_attempt(out: &mut impl Write, path: &Path, rec: &mut PredictionReco
                     ..head
                 };
                 out.write_all(&encode(&part)?).map_err(io)?;
+                lines += 1;
                 parts += 1;
                 rest = &rest[end..];
             }
@@ -457,11 +462,12 @@ pub fn write_attempt(out: &mut impl Write, path: &Path, rec: &mut PredictionReco
                 ..head
             };
             out.write_all(&encode(&named)?).map_err(io)?;
+            lines += 1;
         }
     }
     out.write_all(&line).map_err(io)?;
     rec.turns = turns;
-    Ok(())
+    Ok(lines + 1)
 }
 
 /// The case ids already in a checkpoint. A torn last line (a kill mid-write) is cut off

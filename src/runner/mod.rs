@@ -300,6 +300,7 @@ pub fn run_loaded(mut loaded: LoadedConfig, opts: &RunOptions) -> Result<RunOutc
         crate::judge::RunVerdicts::Own,
         Vec::new(),
         false,
+        None,
     ) {
         Ok(r) => r,
         // The predictions stay: `pieval replay --rescore` scores them once the cause
@@ -404,6 +405,8 @@ fn apply_overrides(cfg: &mut Config, opts: &RunOptions) {
 /// Score a run folder's predictions against its cases (also `replay --rescore`), then
 /// write the attempt tables (`turns.parquet`, `tool_calls.parquet`) from the checkpoint,
 /// unless the caller wrote them as the predictions were (`tables_written`: the importer).
+/// `case_lives`: each case's last row, when the caller wrote the cases in the order of
+/// their first rows ([`crate::ops::score::ScoreOptions::case_lives`]).
 #[allow(clippy::too_many_arguments)]
 pub fn score_run(
     dir: &Path,
@@ -414,6 +417,7 @@ pub fn score_run(
     verdicts: crate::judge::RunVerdicts,
     reviews: Vec<crate::rundir::reviews::Review>,
     tables_written: bool,
+    case_lives: Option<Arc<crate::engine::case_window::CaseLives>>,
 ) -> Result<ScoreReport> {
     // The run folder's inputs: regular files, never through a link (a received folder's
     // `predictions.jsonl -> /dev/zero` is an error here, not a read that never ends).
@@ -430,6 +434,7 @@ pub fn score_run(
     opts.leakage_threshold = cfg.evaluation.leakage_threshold;
     opts.experiment_name = Some(cfg.experiment.name.clone());
     opts.reviews = reviews;
+    opts.case_lives = case_lives;
     if let Some((url, staging)) = cluster {
         opts.cluster = Some(crate::cluster::scoring(url)?);
         opts.staging = staging.map(Path::to_path_buf);

@@ -235,6 +235,7 @@ pub fn replay(
             },
             reviews,
             false,
+            None,
         )?;
         if let Some(j) = scored.judge.as_ref().filter(|j| j.run_verdicts_unused > 0) {
             note(

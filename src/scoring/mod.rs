@@ -75,6 +75,10 @@ pub struct ScoringEngine {
     /// others the client spliced: docs/cluster.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub assembled_by_executors: Option<Vec<String>>,
+    /// In this process, when the corpus was read in the predictions' order (an import's
+    /// scoring: `src/engine/case_window.rs`): the most cases the join held at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cases_held_most: Option<usize>,
 }
 
 impl ScoringEngine {

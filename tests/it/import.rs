@@ -255,6 +255,33 @@ fn inspect_eval_and_json_logs_give_the_same_rows_with_tool_calls() {
     assert_eq!(manifest(&c)["import"]["correct_means"], "defence");
 }
 
+/// An import scores with the corpus read in the predictions' order, holding only the
+/// cases rows still to come ask for (src/engine/case_window.rs); a rescore of the same
+/// folder joins them the usual way (every case held). Both give the same bytes.
+#[test]
+fn an_import_scored_in_the_order_it_wrote_matches_a_rescore() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("garak-run");
+    let (repeat, lipsum) = (
+        fixture("garak/repeat.report.jsonl"),
+        fixture("garak/lipsum.report.jsonl"),
+    );
+    import("garak", &[&repeat, &lipsum], &out, &[]);
+    let held = &manifest(&out)["results"]["scoring"]["cases_held_most"];
+    let held = held
+        .as_u64()
+        .unwrap_or_else(|| panic!("not streamed: {held}"));
+    assert!((1..=8).contains(&held), "{held}");
+    let before = std::fs::read(out.join("case_results.jsonl")).unwrap();
+    let r = run(pieval().arg("replay").arg(&out).arg("--rescore"));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        std::fs::read(out.join("case_results.jsonl")).unwrap(),
+        before
+    );
+    assert!(manifest(&out)["results"]["scoring"]["cases_held_most"].is_null());
+}
+
 #[test]
 fn an_imported_run_is_rescored_and_its_envelopes_name_the_sources() {
     let dir = tempfile::tempdir().unwrap();
