@@ -498,6 +498,11 @@ pub fn write_with(
 /// memory follow the input; 64 Ki rows keeps it bounded.
 const ROW_GROUP_ROWS: usize = 64 * 1024;
 
+/// Bytes a row group being written may hold before [`ParquetFile::write`] ends it (after
+/// the batch that passes it): the bound [`ROW_GROUP_ROWS`] sets for rows of ~1 KB, for
+/// rows of any width.
+const ROW_GROUP_BYTES: usize = 64 << 20;
+
 /// zstd level 1: scoring writes every response again (case_results), and level 3's
 /// compressor took 8% of scoring's CPU on distinct responses for files about 10%
 /// smaller (docs/performance.md).
@@ -573,6 +578,11 @@ impl ParquetFile {
     pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         self.rows += batch.num_rows() as u64;
         self.writer.write(batch)?;
+        // A row group is also ended by its size: the writer holds it in memory, and 64 Ki
+        // rows of 5 KB responses (a garak report's) held 300 MB.
+        if self.writer.in_progress_size() >= ROW_GROUP_BYTES {
+            self.writer.flush()?;
+        }
         Ok(())
     }
 
@@ -626,6 +636,57 @@ pub fn write_batches(schema: SchemaRef, batches: &[RecordBatch], out: &Path) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_row_group_of_wide_rows_ends_at_its_byte_budget() {
+        use datafusion::arrow::array::StringArray;
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wide.parquet");
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "response_text",
+            DataType::Utf8,
+            false,
+        )]));
+        let mut f = ParquetFile::create(&path, Arc::clone(&schema)).unwrap();
+        // 96 distinct rows of 1 MiB of letters (little for LZ4 to take out), 8 a batch
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..12 {
+            let rows: Vec<String> = (0..8)
+                .map(|_| {
+                    (0..1 << 20)
+                        .map(|_| {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            (b'a' + (x % 26) as u8) as char
+                        })
+                        .collect()
+                })
+                .collect();
+            let batch =
+                RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(StringArray::from(rows))])
+                    .unwrap();
+            f.write(&batch).unwrap();
+        }
+        assert_eq!(f.commit().unwrap(), 96);
+        let reader = datafusion::parquet::file::reader::SerializedFileReader::new(
+            std::fs::File::open(&path).unwrap(),
+        )
+        .unwrap();
+        use datafusion::parquet::file::reader::FileReader;
+        let groups = reader.metadata().row_groups();
+        // 96 MiB of text, far under 64 Ki rows: more than one row group, none far past
+        // the budget (it ends after the batch that passes it)
+        assert!(groups.len() >= 2, "{} row groups", groups.len());
+        for g in groups {
+            assert!(
+                (g.compressed_size() as usize) < ROW_GROUP_BYTES + (16 << 20),
+                "{}",
+                g.compressed_size()
+            );
+        }
+    }
 
     #[test]
     fn a_shared_folder_keeps_what_another_machines_process_is_writing() {

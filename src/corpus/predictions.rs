@@ -148,7 +148,16 @@ struct Builders {
     duplicate: BooleanBuilder,
     line: Int64Builder,
     rows: usize,
+    /// Bytes of text in the rows so far (a batch ends at [`BATCH_TEXT_BYTES`]).
+    bytes: usize,
 }
+
+/// A JSONL batch's text at most (it also ends at the reader's row count): a batch of
+/// 8,192 agent transcripts (46 KB each in the 1 GB Inspect log's predictions) is 377 MB,
+/// and scoring holds several batches at once (each partition's, the join's output, the
+/// detectors'). 16 MiB is 8,192 rows of 2 KB: the bench generator's ~1 KB responses
+/// still come 8,192 a batch.
+const BATCH_TEXT_BYTES: usize = 16 << 20;
 
 enum Column {
     Text(StringBuilder),
@@ -222,13 +231,18 @@ impl Builders {
             duplicate: BooleanBuilder::with_capacity(capacity),
             line: Int64Builder::with_capacity(capacity),
             rows: 0,
+            bytes: 0,
         }
     }
 
     fn append(&mut self, row: &Row<'_>, duplicate: bool, line: u64) {
         for (i, c) in self.columns.iter_mut().enumerate() {
             match c {
-                Column::Text(b) => b.append_option(row.values[i].as_deref()),
+                Column::Text(b) => {
+                    let v = row.values[i].as_deref();
+                    self.bytes += v.map_or(0, str::len);
+                    b.append_option(v)
+                }
                 Column::Float(b) => b.append_option(row.numbers[i]),
                 Column::Count(b) => b.append_option(row.numbers[i].map(|x| x as i64)),
                 Column::Flag(b) => b.append_option(row.numbers[i].map(|x| x != 0.0)),
@@ -252,6 +266,7 @@ impl Builders {
         columns.push(Arc::new(self.duplicate.finish()));
         columns.push(Arc::new(self.line.finish()));
         self.rows = 0;
+        self.bytes = 0;
         Ok(RecordBatch::try_new(predictions_table_schema(), columns)?)
     }
 }
@@ -833,7 +848,7 @@ impl Iterator for PredictionsReader {
         };
         loop {
             let sink = &mut self.sink;
-            if sink.builders.rows >= self.batch_size {
+            if sink.builders.rows >= self.batch_size || sink.builders.bytes >= BATCH_TEXT_BYTES {
                 return Some(sink.builders.finish());
             }
             match sink.read_line(lines) {
@@ -864,6 +879,35 @@ mod tests {
         let mut stats = r.stats().clone();
         stats.path = PathBuf::from("p.jsonl");
         Ok((batches, stats))
+    }
+
+    #[test]
+    fn a_batch_of_long_responses_ends_at_its_text_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.jsonl");
+        let long = "x".repeat(1 << 20);
+        let text: String = (0..40)
+            .map(|i| format!("{{\"case_id\":\"c{i}\",\"response_text\":\"{long}\"}}\n"))
+            .collect();
+        std::fs::write(&path, text).unwrap();
+        let batches = PredictionsReader::open(&path, 8192)
+            .unwrap()
+            .collect::<Result<Vec<_>>>()
+            .unwrap();
+        let rows: Vec<usize> = batches.iter().map(RecordBatch::num_rows).collect();
+        // 16 MiB of text a batch: 16 responses of 1 MiB, then the rest
+        assert_eq!(rows, [16, 16, 8]);
+        let lines: Vec<i64> = batches
+            .iter()
+            .flat_map(|b| {
+                b.column_by_name("source_line")
+                    .unwrap()
+                    .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+                    .values()
+                    .to_vec()
+            })
+            .collect();
+        assert_eq!(lines, (1..=40).collect::<Vec<i64>>());
     }
 
     #[test]
