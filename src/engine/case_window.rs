@@ -354,8 +354,9 @@ struct Window {
     index: HashMap<String, (usize, usize)>,
     /// (−last line, case id): the case whose last row comes first on top.
     by_last: BinaryHeap<(std::cmp::Reverse<i64>, String)>,
-    /// Cases dropped (a fingerprint of each id): asked for again, they are an error, not
-    /// a row without its case.
+    /// Cases dropped, or never held (no row of theirs, said the writer): a fingerprint of
+    /// each id. Asked for once the corpus is read, they are an error, not a row without
+    /// its case.
     dropped: HashSet<u64>,
     /// Per partition of the predictions: the last line it read, plus one (`i64::MAX`
     /// once it ended).
@@ -385,9 +386,12 @@ impl Window {
                 continue;
             }
             let id = ids.value(row);
-            // A case the writer did not see a row of is kept to the end (never asked
-            // for, if the writer is right; found, if it is not).
-            let last = self.lives.last.get(id).copied().unwrap_or(i64::MAX);
+            // A case the writer saw no row of (garak's attempt without an output) is
+            // never asked for: not held, and an error if it is.
+            let Some(&last) = self.lives.last.get(id) else {
+                self.dropped.insert(fingerprint(id));
+                continue;
+            };
             if self.index.insert(id.to_owned(), (b, row)).is_some() {
                 return Err(DataFusionError::Execution(format!(
                     "case {id} is twice in the corpus"
@@ -419,16 +423,20 @@ impl Window {
                     at.push(place);
                     break;
                 }
+                if self.read().await? {
+                    continue;
+                }
+                // The whole corpus read: a fingerprint that matches is a case let go
+                // (a fingerprint shared by chance with an id still to be read cannot
+                // stop the reading before it).
                 if self.dropped.contains(&fingerprint(id)) {
                     return Err(DataFusionError::Execution(format!(
-                        "case {id} was asked for after its last prediction: the predictions \
-                         are not in the order their writer said"
+                        "case {id} was asked for after its last prediction, or without one: \
+                         the predictions are not in the order their writer said"
                     )));
                 }
-                if !self.read().await? {
-                    at.push((NONE, 0));
-                    break;
-                }
+                at.push((NONE, 0));
+                break;
             }
         }
         let null_at = self.batches.len();
@@ -693,6 +701,36 @@ mod tests {
             err.contains("case c0 was asked for after its last prediction"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn cases_the_writer_saw_no_row_of_are_not_held() {
+        // garak writes a case for an attempt whose outputs are all empty, and no row: every
+        // other case of the corpus has none, spread through all its batches
+        let ids: Vec<String> = (0..400)
+            .step_by(2)
+            .flat_map(|i| std::iter::repeat_n(format!("c{i}"), 2))
+            .collect();
+        let (schema, batches) = predictions(&ids, 20);
+        let plan = hash_join(cases(400, 10), (schema, vec![batches]), None);
+        let expected = rows(&run(Arc::clone(&plan)).unwrap());
+        let (window, rewritten) = rewrite(plan, &lives_of(&ids)).unwrap();
+        assert!(rewritten);
+        assert_eq!(rows(&run(Arc::clone(&window)).unwrap()), expected);
+        let held = window
+            .downcast_ref::<CaseWindowJoinExec>()
+            .and_then(CaseWindowJoinExec::most_cases_held)
+            .unwrap();
+        assert!(held <= 30, "{held} cases held at once");
+
+        // and one asked for all the same is an error, not a row without its case
+        let mut asked = ids.clone();
+        asked.push("c7".into());
+        let (schema, batches) = predictions(&asked, 20);
+        let plan = hash_join(cases(400, 10), (schema, vec![batches]), None);
+        let (window, _) = rewrite(plan, &lives_of(&ids)).unwrap();
+        let err = run(window).unwrap_err().to_string();
+        assert!(err.contains("case c7 was asked for"), "{err}");
     }
 
     #[test]

@@ -861,6 +861,11 @@ async fn score_here(
             let (plan, rewritten) = crate::engine::case_window::rewrite(plan, lives)?;
             if rewritten {
                 window = Some(Arc::clone(&plan));
+            } else {
+                eprintln!(
+                    "note: scoring holds every case of the corpus (its join with the \
+                     predictions is not of the shape read in the order written)"
+                );
             }
             datafusion::physical_plan::execute_stream(plan, task)?
         }
