@@ -48,6 +48,7 @@ pub mod files;
 pub mod guard;
 pub mod import;
 pub mod ingest;
+pub mod interrupt;
 pub mod judge;
 pub mod mitigation;
 pub mod model;

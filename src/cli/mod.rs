@@ -146,10 +146,57 @@ enum Command {
     World(world::Command),
 }
 
-/// Parse the command line and run; `Ok` carries the exit code.
-pub fn main() -> Result<ExitStatus> {
+/// The arguments the command was run with, after the program's name (an import records
+/// the command as typed).
+static ARGS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+/// The arguments [`main_from`] was given, after the program's name.
+pub(crate) fn args() -> &'static [String] {
+    ARGS.get().map(Vec::as_slice).unwrap_or_default()
+}
+
+/// The whole command, as the `pieval` binary and the Python package's `pieval` command run
+/// it: parse `args` (the program's name first), run, print an error on stderr (escaped:
+/// it may quote hostile input); the process's exit code.
+pub fn entry<I, T>(args: I) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    match main_from(args) {
+        Ok(status) => status.code(),
+        Err(e) => {
+            if matches!(&e, crate::error::Error::Io { source, .. } if source.kind() == std::io::ErrorKind::BrokenPipe)
+            {
+                // `pieval validate | head` is not an error.
+                return 0;
+            }
+            output::stderr_line(&format!("error: {e}"));
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                output::stderr_line(&format!("  caused by: {s}"));
+                source = s.source();
+            }
+            e.exit_code() as u8
+        }
+    }
+}
+
+/// Parse `args` (the program's name first) and run; `Ok` carries the exit code.
+pub fn main_from<I, T>(args: I) -> Result<ExitStatus>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
     crate::engine::on_settings_warning(|line| eprintln!("{line}"));
-    let cli = match Cli::try_parse() {
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    let _ = ARGS.set(
+        args.iter()
+            .skip(1)
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+    );
+    let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {
             // clap prints help/version to stdout (exit 0) and usage errors to stderr.

@@ -5,7 +5,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use datafusion::arrow::array::RecordBatch;
-use datafusion::execution::context::SQLOptions;
 use datafusion::parquet::arrow::ArrowWriter;
 use futures::StreamExt;
 
@@ -167,15 +166,7 @@ pub fn run(args: Args) -> Result<ExitStatus> {
             };
             register_file(&ctx, name, &path).await?;
         }
-        // Read-only: no DDL, no DML, no SET/other statements.
-        let options = SQLOptions::new()
-            .with_allow_ddl(false)
-            .with_allow_dml(false)
-            .with_allow_statements(false);
-        let df = ctx
-            .sql_with_options(&sql, options)
-            .await
-            .map_err(|e| Error::Query(format!("the query cannot run: {e}")))?;
+        let df = crate::engine::tables::read_only(&ctx, &sql).await?;
         if args.cluster.is_some() && has_union(df.logical_plan())? {
             return Err(Error::Usage(
                 "--cluster: this query has a UNION, which Ballista 55 answers wrongly or \

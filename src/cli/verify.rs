@@ -5,8 +5,7 @@ use std::path::PathBuf;
 
 use crate::cli::output;
 use crate::error::Result;
-use crate::evidence::dsse::read_verifying_key;
-use crate::evidence::verify::{Digests, SignatureVerdict, indexes_not_given, verify_envelope_with};
+use crate::evidence::verify::{SignatureVerdict, verify_all};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -30,28 +29,13 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitStatus> {
-    let key = args
-        .public_key
-        .as_deref()
-        .map(read_verifying_key)
-        .transpose()?;
-    let mut reports = Vec::with_capacity(args.envelopes.len());
-    let mut digests = Digests::default();
-    for path in &args.envelopes {
-        reports.push(verify_envelope_with(
-            path,
-            key.as_ref(),
-            args.run_dir.as_deref(),
-            &mut digests,
-        )?);
-    }
-    // The index binds the rest of each run's controls folder: verified too when only
-    // envelopes were given.
-    let extra = indexes_not_given(&reports, key.as_ref(), &mut digests)?;
-    reports.extend(extra);
-    // Without a key nothing is authenticated: that passes only when asked for.
-    let authenticated = key.is_some();
-    let ok = reports.iter().all(|r| r.ok) && (authenticated || args.digest_only);
+    let (ok, reports) = verify_all(
+        &args.envelopes,
+        args.public_key.as_deref(),
+        args.run_dir.as_deref(),
+        args.digest_only,
+    )?;
+    let authenticated = args.public_key.is_some();
     if args.json {
         output::json(&reports)?;
     } else {

@@ -23,9 +23,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema, SchemaRef};
-use datafusion::parquet::arrow::arrow_reader::{
-    ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder,
-};
+use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde::{Deserialize, Serialize};
 
 use crate::contract::arrow::predictions_schema;
@@ -73,11 +71,18 @@ fn note(count: &mut u64, examples: &mut Vec<String>, id: &str) {
 
 enum Source {
     Jsonl(Box<LineReader<Box<dyn std::io::Read + Send>>>),
+    /// Arrow batches: a Parquet file's, or a caller's (a Python table: [`PredictionsReader::from_batches`]).
     Parquet {
-        reader: ParquetRecordBatchReader,
+        reader: Batches,
         next_row: u64,
     },
 }
+
+/// Arrow record batches, as a Parquet reader or an Arrow C stream gives them.
+pub type Batches = Box<
+    dyn Iterator<Item = std::result::Result<RecordBatch, datafusion::arrow::error::ArrowError>>
+        + Send,
+>;
 
 pub struct PredictionsReader {
     source: Source,
@@ -195,7 +200,8 @@ fn expected(name: &str) -> &'static str {
         PredictionType::Count => "a non-negative integer",
         PredictionType::Flag => "true or false",
         PredictionType::Number => "a finite number",
-        _ => "a non-negative number",
+        PredictionType::Text => "a string",
+        PredictionType::Float => "a non-negative number",
     }
 }
 
@@ -383,7 +389,7 @@ fn parquet_source<T: datafusion::parquet::file::reader::ChunkReader + 'static>(
         .build()
         .map_err(not_readable)?;
     Ok(Source::Parquet {
-        reader,
+        reader: Box::new(reader),
         next_row: slice.map_or(1, |s| s.first_line),
     })
 }
@@ -521,6 +527,42 @@ impl PredictionsReader {
             },
             done: false,
         })
+    }
+
+    /// Predictions given as Arrow batches (a table in memory, read in place: a batch of
+    /// more than `batch_size` rows is sliced, not copied), checked as a Parquet file's
+    /// rows are; `name` stands for the file in messages (no digest: there is no file).
+    pub fn from_batches(name: &Path, batches: Batches, batch_size: usize) -> Self {
+        let batch_size = batch_size.max(1);
+        let sliced = batches.flat_map(move |b| -> Vec<_> {
+            match b {
+                Ok(b) if b.num_rows() > batch_size => (0..b.num_rows())
+                    .step_by(batch_size)
+                    .map(|at| Ok(b.slice(at, batch_size.min(b.num_rows() - at))))
+                    .collect(),
+                other => vec![other],
+            }
+        });
+        Self {
+            source: Source::Parquet {
+                reader: Box::new(sliced),
+                next_row: 1,
+            },
+            batch_size,
+            sink: Sink {
+                builders: Builders::new(0),
+                seen: (RandomState::new(), RandomState::new(), HashMap::new()),
+                seen_before: Vec::new(),
+                stats: PredictionStats {
+                    path: name.to_path_buf(),
+                    ..PredictionStats::default()
+                },
+                first_line: 1,
+                skip_lines: 0,
+                stop_at: None,
+            },
+            done: false,
+        }
     }
 
     /// The counts and examples; complete once the iterator is exhausted.
@@ -701,7 +743,7 @@ impl Sink {
     /// cast where their type differs; no row-by-row copy); `None` at the end.
     fn read_parquet(
         &mut self,
-        reader: &mut ParquetRecordBatchReader,
+        reader: &mut Batches,
         next_row: &mut u64,
     ) -> Result<Option<RecordBatch>> {
         let Some(batch) = reader.next() else {
@@ -710,12 +752,7 @@ impl Sink {
         let first = *next_row;
         let path = self.stats.path.clone();
         let batch = batch.map_err(|e| {
-            Error::input(
-                &path,
-                first,
-                None,
-                format!("cannot decode Parquet rows: {e}"),
-            )
+            Error::input(&path, first, None, format!("cannot decode the rows: {e}"))
         })?;
         let n = batch.num_rows();
         *next_row += n as u64;
@@ -731,7 +768,7 @@ impl Sink {
                         &path,
                         0,
                         Some(name),
-                        "the Parquet file has no case_id column",
+                        "no case_id column among the columns",
                     ));
                 }
                 columns.push(new_null_array(&column_type(kind), n));
@@ -753,6 +790,28 @@ impl Sink {
                     ),
                 )
             })?;
+            // A value the cast could not read became null: the first one is an error at
+            // its row (a number given as text that is no number, "yes" for a flag).
+            let given = batch.column(i);
+            if col.null_count() != given.null_count() {
+                let r = (0..n)
+                    .find(|&r| given.is_valid(r) && col.is_null(r))
+                    .unwrap_or_default();
+                let shown = datafusion::arrow::util::display::array_value_to_string(given, r)
+                    .unwrap_or_default();
+                let msg = format!(
+                    "expected {}, found {}",
+                    expected(name),
+                    crate::text::excerpt(&shown, 80)
+                );
+                let at = (r, field_index(name));
+                if first_bad
+                    .as_ref()
+                    .is_none_or(|(row, field, _)| at < (*row, *field))
+                {
+                    first_bad = Some((r, at.1, msg));
+                }
+            }
             if matches!(kind, PredictionType::Text | PredictionType::Flag) {
                 columns.push(col);
                 continue;
@@ -837,6 +896,10 @@ impl Iterator for PredictionsReader {
     fn next(&mut self) -> Option<Self::Item> {
         if self.done {
             return None;
+        }
+        if let Err(e) = crate::interrupt::check() {
+            self.done = true;
+            return Some(Err(e));
         }
         let lines = match &mut self.source {
             Source::Jsonl(lines) => lines,

@@ -15,6 +15,7 @@ pub mod wilson;
 
 pub use stream_table::{
     CorpusTable, PredictionsTable, StreamTable, corpus_table, predictions_table,
+    predictions_table_of,
 };
 
 use datafusion::arrow::array::RecordBatch;
@@ -128,7 +129,7 @@ pub fn session() -> SessionContext {
 /// Stack of each runtime thread: plans are walked recursively (DataFusion's optimizer,
 /// Ballista's protobuf decoding of a scoring plan in the scheduler), and a debug build's
 /// frames are large: 2 MiB (tokio's default) overflowed on the scoring plan.
-pub(crate) const THREAD_STACK_BYTES: usize = 16 << 20;
+pub const THREAD_STACK_BYTES: usize = 16 << 20;
 
 /// A runtime for the synchronous CLI to drive DataFusion on.
 pub fn runtime() -> Result<tokio::runtime::Runtime> {

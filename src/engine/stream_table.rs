@@ -286,10 +286,36 @@ pub struct PredictionsTable {
 pub fn predictions_table(path: impl AsRef<Path>, batch_size: usize) -> Result<PredictionsTable> {
     let path = path.as_ref().to_path_buf();
     crate::files::open_input(&path, "cannot open predictions")?;
+    Ok(predictions_over(move || {
+        PredictionsReader::open(&path, batch_size)
+    }))
+}
+
+/// `predictions` over Arrow batches read once (a caller's table in memory: the Python
+/// package's `pieval.score`), checked as a Parquet file's rows are; `name` stands for the
+/// file in messages. A second scan is an error: the batches are gone.
+pub fn predictions_table_of(
+    name: impl AsRef<Path>,
+    batches: crate::corpus::predictions::Batches,
+    batch_size: usize,
+) -> PredictionsTable {
+    let name = name.as_ref().to_path_buf();
+    let batches = Mutex::new(Some(batches));
+    predictions_over(move || {
+        let taken = batches.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let batches =
+            taken.ok_or_else(|| Error::State(format!("{}: read once already", name.display())))?;
+        Ok(PredictionsReader::from_batches(&name, batches, batch_size))
+    })
+}
+
+fn predictions_over(
+    reader: impl Fn() -> Result<PredictionsReader> + Send + Sync + 'static,
+) -> PredictionsTable {
     let stats: FinishSlot<PredictionStats> = Arc::new(Mutex::new(None));
     let slot = Arc::clone(&stats);
     let open: Open = Arc::new(move |projection: Option<Vec<usize>>| {
-        let reader = PredictionsReader::open(&path, batch_size)?;
+        let reader = reader()?;
         let finishing = Finishing {
             inner: Some(reader),
             finish: |r: PredictionsReader| Ok(r.stats().clone()),
@@ -307,5 +333,5 @@ pub fn predictions_table(path: impl AsRef<Path>, batch_size: usize) -> Result<Pr
         // the probe side: one partition per core, sharing the reader
         partitions: None,
     });
-    Ok(PredictionsTable { table, stats })
+    PredictionsTable { table, stats }
 }

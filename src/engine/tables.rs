@@ -281,6 +281,63 @@ pub async fn register_standard_tables(
     register_tables(ctx, corpus, results, true).await
 }
 
+/// A read-only query (no DDL, no DML, no other statement) as a DataFrame.
+pub async fn read_only(ctx: &SessionContext, sql: &str) -> Result<DataFrame> {
+    let options = datafusion::execution::context::SQLOptions::new()
+        .with_allow_ddl(false)
+        .with_allow_dml(false)
+        .with_allow_statements(false);
+    ctx.sql_with_options(sql, options)
+        .await
+        .map_err(|e| Error::Query(format!("the query cannot run: {e}")))
+}
+
+/// A read-only query in a session of `memory_limit` bytes over the standard tables of
+/// `results` (when given; `corpus` as `attack_cases`, when it exists) and `tables`
+/// (Arrow batches in memory, by name); its schema and batches. The Python package's
+/// `pieval.sql`.
+pub async fn query_read_only(
+    sql: &str,
+    results: Option<&Path>,
+    corpus: Option<&Path>,
+    tables: Vec<(String, SchemaRef, Vec<RecordBatch>)>,
+    memory_limit: usize,
+) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+    let ctx = super::session_with_memory_limit(memory_limit)?;
+    let corpus = corpus.map_or_else(
+        || PathBuf::from(crate::cli::paths::CORPUS),
+        Path::to_path_buf,
+    );
+    match results {
+        Some(results) => {
+            for line in register_standard_tables(&ctx, &corpus, results).await? {
+                eprintln!("{}", crate::text::terminal(&format!("warning: {line}")));
+            }
+        }
+        None if corpus.exists() => {
+            ctx.register_table(
+                "attack_cases",
+                corpus_table(&corpus, ReadOptions::default())?.table,
+            )?;
+        }
+        None => {}
+    }
+    for (name, schema, batches) in tables {
+        let table = MemTable::try_new(schema, vec![batches])?;
+        ctx.register_table(name.as_str(), Arc::new(table))?;
+    }
+    let df = read_only(&ctx, sql).await?;
+    let schema = Arc::new(df.schema().as_arrow().clone());
+    let mut stream = df.execute_stream().await?;
+    let mut out = Vec::new();
+    use futures::StreamExt;
+    while let Some(batch) = stream.next().await {
+        crate::interrupt::check()?;
+        out.push(batch?);
+    }
+    Ok((schema, out))
+}
+
 /// The standard tables a cluster can read (`pieval sql --cluster`): every table over
 /// files, by absolute path (the executors read them): `case_results`, `scored`,
 /// `findings`, `turns`, `controls`, and `attack_cases` when the corpus is Parquet. The

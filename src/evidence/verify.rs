@@ -470,3 +470,34 @@ mod tests {
         assert_eq!(default_run_dir(Path::new("x/X.json")), None);
     }
 }
+
+/// `pieval verify`: each envelope (and the index of each controls folder they come from,
+/// when not given) checked against the files it names, and its signature against
+/// `public_key`; whether all passed, and the reports. Without a key nothing is
+/// authenticated, which passes only with `digest_only`.
+pub fn verify_all(
+    envelopes: &[PathBuf],
+    public_key: Option<&Path>,
+    run_dir: Option<&Path>,
+    digest_only: bool,
+) -> Result<(bool, Vec<VerifyReport>)> {
+    let key = public_key
+        .map(crate::evidence::dsse::read_verifying_key)
+        .transpose()?;
+    let mut reports = Vec::with_capacity(envelopes.len());
+    let mut digests = Digests::default();
+    for path in envelopes {
+        reports.push(verify_envelope_with(
+            path,
+            key.as_ref(),
+            run_dir,
+            &mut digests,
+        )?);
+    }
+    // The index binds the rest of each run's controls folder: verified too when only
+    // envelopes were given.
+    let extra = indexes_not_given(&reports, key.as_ref(), &mut digests)?;
+    reports.extend(extra);
+    let ok = reports.iter().all(|r| r.ok) && (key.is_some() || digest_only);
+    Ok((ok, reports))
+}

@@ -798,6 +798,7 @@ impl Sink {
             p.source_score = s.and_then(|s| s.score);
         }
         bound_row(p, at)?;
+        crate::interrupt::check()?;
         self.counts.tool_calls += p
             .turns
             .iter()

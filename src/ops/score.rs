@@ -58,7 +58,17 @@ pub struct ScoreOptions {
     /// for, instead of all of them (`src/engine/case_window.rs`). Scoring in this
     /// process only.
     pub case_lives: Option<Arc<crate::engine::case_window::CaseLives>>,
+    /// The predictions as Arrow batches in memory instead of the file `predictions` (which
+    /// then only names them in messages): the Python package's tables, read in place.
+    /// Scoring in this process only.
+    pub predictions_batches: Option<PredictionsBatches>,
+    /// Where the results' batches go too, as they are written (the Python package returns
+    /// them as a table; they share the scored columns' buffers).
+    pub keep_results: Option<Arc<std::sync::Mutex<Vec<datafusion::arrow::array::RecordBatch>>>>,
 }
+
+/// [`ScoreOptions::predictions_batches`]: taken by the one scoring that reads them.
+pub type PredictionsBatches = Arc<std::sync::Mutex<Option<crate::corpus::predictions::Batches>>>;
 
 impl ScoreOptions {
     pub fn new(predictions: PathBuf, cases: PathBuf, output: PathBuf, run_id: String) -> Self {
@@ -76,6 +86,8 @@ impl ScoreOptions {
             reviews: Vec::new(),
             publish_dir: None,
             case_lives: None,
+            predictions_batches: None,
+            keep_results: None,
         }
     }
 }
@@ -670,11 +682,30 @@ pub fn score(opts: &ScoreOptions) -> Result<ScoreReport> {
     crate::rundir::check_run_id(&opts.run_id)?;
     let corpus = corpus_table(&opts.cases, ReadOptions::default())?;
     // On a cluster the executors read the predictions (an `s3://` file too).
-    let predictions = opts
-        .cluster
-        .is_none()
-        .then(|| predictions_table(&opts.predictions, 8192))
-        .transpose()?;
+    let given = opts
+        .predictions_batches
+        .as_ref()
+        .map(|b| b.lock().unwrap_or_else(|p| p.into_inner()).take());
+    let predictions = match (given, &opts.cluster) {
+        (Some(_), Some(_)) => {
+            return Err(Error::Usage(
+                "predictions in memory are scored in this process, not on a cluster".into(),
+            ));
+        }
+        (Some(None), None) => {
+            return Err(Error::State(format!(
+                "{}: read once already",
+                opts.predictions.display()
+            )));
+        }
+        (Some(Some(batches)), None) => Some(crate::engine::predictions_table_of(
+            &opts.predictions,
+            batches,
+            8192,
+        )),
+        (None, None) => Some(predictions_table(&opts.predictions, 8192)?),
+        (None, Some(_)) => None,
+    };
     std::fs::create_dir_all(&opts.output)
         .map_err(|e| Error::io(&opts.output, "cannot create folder", e))?;
     // A scoring killed while it committed into this folder is completed first.
@@ -846,6 +877,12 @@ async fn score_here(
     let results_columns = results_columns(&scored_schema);
     let schema = Arc::new(scored_schema.project(&results_columns)?);
     let mut writers = ResultWriters::create(&opts.output, Arc::clone(&schema))?;
+    if let Some(kept) = &opts.keep_results {
+        // the results' schema, even without a row
+        kept.lock().unwrap_or_else(|p| p.into_inner()).push(
+            datafusion::arrow::array::RecordBatch::new_empty(Arc::clone(&schema)),
+        );
+    }
     let mut findings = FindingsWriter::create(
         &opts.output.join(crate::rundir::FINDINGS_FILE),
         Arc::clone(&scored_schema),
@@ -876,6 +913,11 @@ async fn score_here(
         let batch = batch.project(&results_columns)?;
         tally(&batch, counts)?;
         writers.write(&batch)?;
+        if let Some(kept) = &opts.keep_results {
+            kept.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(batch.clone());
+        }
         partials.push(&batch).await?;
     }
     let metrics = summary::from_partials(vec![partials.finish().await?]).await?;

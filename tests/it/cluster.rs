@@ -1036,12 +1036,50 @@ fn base_image(bin: &Path, dir: &Path, tag: &str) {
     podman(&["import", tar.to_str().unwrap(), tag]);
 }
 
+/// Why crun will refuse every container on this host, when it will and nobody asked for
+/// the host to be changed: cgroups in hybrid mode with a controller left in the v2
+/// hierarchy (`.ci/run` mounts such controllers as v1 in CI, or when
+/// `PIEVAL_MOUNT_CGROUPS=1` asks; a developer's host is not changed unasked). In CI, or
+/// when asked, the test runs and fails with podman's own message.
+fn containers_refused_here() -> Option<String> {
+    let asked = std::env::var("CI").is_ok_and(|v| v == "true")
+        || std::env::var("PIEVAL_MOUNT_CGROUPS").is_ok_and(|v| v == "1");
+    let controllers =
+        std::fs::read_to_string("/sys/fs/cgroup/unified/cgroup.controllers").unwrap_or_default();
+    let controllers = controllers.trim();
+    (!asked && !controllers.is_empty()).then(|| {
+        format!(
+            "this host's cgroups are hybrid with controllers left in v2 ({controllers}), \
+             which crun refuses; PIEVAL_MOUNT_CGROUPS=1 bash .ci/run mounts them as v1 \
+             (host-wide, until reboot) and runs it"
+        )
+    })
+}
+
 /// deploy/Containerfile, built and started: a scheduler and an executor in containers
 /// (host network, the staging folder mounted at its own path) score predictions for a
 /// client on this machine, with the same rows as a local run; `podman stop` stops each
 /// at once (SIGTERM is handled: a container's PID 1 ignores signals it does not handle).
 #[test]
 fn the_container_file_builds_and_its_scheduler_and_executor_score() {
+    if let Some(why) = containers_refused_here() {
+        // Not a silent skip: said here, and listed at the end of `bash .ci/run`.
+        let note = format!(
+            "the_container_file_builds_and_its_scheduler_and_executor_score: containers not \
+             started: {why}"
+        );
+        eprintln!("note: {note}");
+        if let Ok(path) = std::env::var("PIEVAL_TEST_NOTES") {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .unwrap_or_else(|e| panic!("{path}: {e}"));
+            writeln!(f, "{note}").unwrap();
+        }
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let tag = format!("{:08x}", std::process::id() ^ fastrand::u32(..));
     let base = format!("localhost/pieval-test-base:{tag}");

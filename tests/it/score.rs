@@ -331,7 +331,7 @@ fn malformed_parquet_predictions_fail_cleanly() {
     for (path, expected) in [
         (
             no_id,
-            "no_id.parquet:0: case_id: the Parquet file has no case_id column",
+            "no_id.parquet:0: case_id: no case_id column among the columns",
         ),
         (null_id, "null_id.parquet:2: case_id: missing or empty"),
     ] {
