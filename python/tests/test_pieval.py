@@ -307,3 +307,11 @@ def test_run_the_quickstart_dry_and_read_its_tables(tmp_path):
     assert (result.outcome["selected"], result.outcome["executed"]) == (6, 6)
     assert result.case_results.num_rows == 6
     assert result.metrics["attack_success_rate"]["n"] <= 6, result.metrics
+
+
+def test_a_table_crosses_into_pieval_and_back_without_a_copy():
+    text = pa.array([f"answer {i} " + "x" * 200 for i in range(1000)], pa.string())
+    table = pa.table({"text": text})
+    out = pieval.sql("SELECT text FROM t", tables={"t": table})
+    # the very buffer of the text went in and came back
+    assert out.column("text").chunk(0).buffers()[2].address == text.buffers()[2].address
