@@ -241,7 +241,7 @@ def sql(
     stream = _native.sql(
         query,
         None if results is None else os.fspath(results),
-        None if cases is None else os.fspath(cases),
+        os.fspath(_default_cases() if cases is None else cases),
         given,
         int(memory_limit_mib),
     )

@@ -29,8 +29,8 @@ def score(
 ) -> Tuple[ArrowStream, str]: ...
 def sql(
     query: str,
-    results: Optional[str] = None,
-    cases: Optional[str] = None,
+    results: Optional[str],
+    cases: str,
     tables: Sequence[Tuple[str, object]] = (),
     memory_limit_mib: int = 4096,
 ) -> ArrowStream: ...

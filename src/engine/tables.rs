@@ -293,31 +293,27 @@ pub async fn read_only(ctx: &SessionContext, sql: &str) -> Result<DataFrame> {
 }
 
 /// A read-only query in a session of `memory_limit` bytes over the standard tables of
-/// `results` (when given; `corpus` as `attack_cases`, when it exists) and `tables`
+/// `results` (when given), `corpus` as `attack_cases` (when it exists) and `tables`
 /// (Arrow batches in memory, by name); its schema and batches. The Python package's
 /// `pieval.sql`.
 pub async fn query_read_only(
     sql: &str,
     results: Option<&Path>,
-    corpus: Option<&Path>,
+    corpus: &Path,
     tables: Vec<(String, SchemaRef, Vec<RecordBatch>)>,
     memory_limit: usize,
 ) -> Result<(SchemaRef, Vec<RecordBatch>)> {
     let ctx = super::session_with_memory_limit(memory_limit)?;
-    let corpus = corpus.map_or_else(
-        || PathBuf::from(crate::cli::paths::CORPUS),
-        Path::to_path_buf,
-    );
     match results {
         Some(results) => {
-            for line in register_standard_tables(&ctx, &corpus, results).await? {
+            for line in register_standard_tables(&ctx, corpus, results).await? {
                 eprintln!("{}", crate::text::terminal(&format!("warning: {line}")));
             }
         }
         None if corpus.exists() => {
             ctx.register_table(
                 "attack_cases",
-                corpus_table(&corpus, ReadOptions::default())?.table,
+                corpus_table(corpus, ReadOptions::default())?.table,
             )?;
         }
         None => {}

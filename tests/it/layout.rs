@@ -192,6 +192,7 @@ fn modules_import_only_downward() {
         "secrets",
         "files",
         "stats",
+        "interrupt",
         "text",
         "error",
     ];

@@ -245,12 +245,12 @@ fn score(
 
 /// A read-only query over run folders (`results`), a corpus and Arrow tables.
 #[pyfunction]
-#[pyo3(signature = (query, results = None, cases = None, tables = Vec::new(), memory_limit_mib = 4096))]
+#[pyo3(signature = (query, results, cases, tables = Vec::new(), memory_limit_mib = 4096))]
 fn sql(
     py: Python<'_>,
     query: String,
     results: Option<PathBuf>,
-    cases: Option<PathBuf>,
+    cases: PathBuf,
     tables: Vec<(String, Bound<'_, PyAny>)>,
     memory_limit_mib: usize,
 ) -> PyResult<ArrowStream> {
@@ -269,7 +269,7 @@ fn sql(
         pieval::engine::runtime()?.block_on(pieval::engine::tables::query_read_only(
             &query,
             results.as_deref(),
-            cases.as_deref(),
+            &cases,
             given,
             memory_limit_mib << 20,
         ))
