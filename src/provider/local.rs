@@ -18,9 +18,12 @@ use std::time::Instant;
 use async_trait::async_trait;
 use candle_core::quantized::gguf_file;
 use candle_core::quantized::tokenizer::TokenizerFromGguf;
+#[cfg(feature = "candle-models")]
 use candle_core::{Device, Tensor};
-use candle_transformers::generation::{LogitsProcessor, Sampling};
+#[cfg(feature = "candle-models")]
 use candle_transformers::models::quantized_llama::ModelWeights;
+
+use super::sampling::{Sampler, Sampling};
 use tokenizers::Tokenizer;
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -47,7 +50,8 @@ pub struct GenerationConfig {
 enum Weights {
     /// pieval's decoder (Q4_1 / Q8_0 matrices).
     Pieval(Box<Llama>),
-    /// candle's quantized llama (any other GGUF quantization).
+    /// candle's quantized llama (any other GGUF quantization; feature `candle-models`).
+    #[cfg(feature = "candle-models")]
     Candle(Box<ModelWeights>),
 }
 
@@ -275,9 +279,7 @@ impl LocalModel {
                 Llama::from_gguf(&content, &mut file).map_err(corrupt)?,
             ))
         } else {
-            Weights::Candle(Box::new(
-                ModelWeights::from_gguf(content, &mut file, &Device::Cpu).map_err(corrupt)?,
-            ))
+            Self::other_weights(path, content, &mut file)?
         };
         Ok(Self {
             model,
@@ -329,29 +331,63 @@ impl LocalModel {
     pub fn backend(&self) -> &'static str {
         match self.model {
             Weights::Pieval(_) => "pieval",
+            #[cfg(feature = "candle-models")]
             Weights::Candle(_) => "candle",
         }
     }
 
+    /// Weights pieval's decoder does not read (not Q4_1 / Q8_0), on candle's quantized
+    /// llama: in a build with the `candle-models` feature.
+    #[cfg(feature = "candle-models")]
+    fn other_weights(
+        path: &Path,
+        content: gguf_file::Content,
+        file: &mut std::fs::File,
+    ) -> Result<Weights> {
+        let model = ModelWeights::from_gguf(content, file, &Device::Cpu).map_err(|e| {
+            wrap(
+                path,
+                "cannot load the model weights (truncated or corrupt GGUF?)",
+                e,
+            )
+        })?;
+        Ok(Weights::Candle(Box::new(model)))
+    }
+
+    #[cfg(not(feature = "candle-models"))]
+    fn other_weights(
+        path: &Path,
+        _content: gguf_file::Content,
+        _file: &mut std::fs::File,
+    ) -> Result<Weights> {
+        Err(wrap(
+            path,
+            "model",
+            "its quantization is not Q4_1 or Q8_0, which pieval's own decoder reads; other \
+             GGUFs run on candle, in a build with it: cargo build --features candle-models",
+        ))
+    }
+
     /// Run `tokens` at position `pos` (0 starts a fresh sequence) and sample the next.
-    fn step(&mut self, tokens: &[u32], pos: usize, sampler: &mut LogitsProcessor) -> Result<u32> {
+    fn step(&mut self, tokens: &[u32], pos: usize, sampler: &mut Sampler) -> Result<u32> {
         let err = |e: candle_core::Error| wrap(&self.path, "generation failed", e);
-        let logits = match &mut self.model {
-            Weights::Pieval(m) => {
-                let logits = m.forward(tokens, pos).map_err(err)?;
-                let n = logits.len();
-                Tensor::from_vec(logits, n, &Device::Cpu).map_err(err)?
-            }
+        let logits: Vec<f32> = match &mut self.model {
+            Weights::Pieval(m) => m.forward(tokens, pos).map_err(err)?,
+            #[cfg(feature = "candle-models")]
             Weights::Candle(m) => {
                 let input = Tensor::new(tokens, &Device::Cpu)
                     .and_then(|t| t.unsqueeze(0))
                     .map_err(err)?;
                 m.forward(&input, pos)
                     .and_then(|l| l.squeeze(0))
+                    .and_then(|l| l.to_dtype(candle_core::DType::F32))
+                    .and_then(|l| l.to_vec1::<f32>())
                     .map_err(err)?
             }
         };
-        sampler.sample(&logits).map_err(err)
+        sampler
+            .sample(&logits)
+            .map_err(|e| wrap(&self.path, "generation failed", e))
     }
 
     /// Generate an answer to chat messages.
@@ -378,7 +414,7 @@ impl LocalModel {
                 },
             }
         };
-        let mut logits_processor = LogitsProcessor::from_sampling(cfg.seed, sampling);
+        let mut logits_processor = Sampler::new(cfg.seed, sampling);
         let start = Instant::now();
         if let Weights::Pieval(m) = &mut self.model {
             m.reset(prompt.len() + max_new);

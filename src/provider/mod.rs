@@ -13,6 +13,7 @@ pub mod http;
 pub mod local;
 pub mod openai;
 pub mod replay;
+pub mod sampling;
 pub(crate) mod transport;
 pub mod websocket;
 
