@@ -416,6 +416,7 @@ impl LocalModel {
         };
         let mut logits_processor = Sampler::new(cfg.seed, sampling);
         let start = Instant::now();
+        #[allow(irrefutable_let_patterns)] // one variant without `candle-models`
         if let Weights::Pieval(m) = &mut self.model {
             m.reset(prompt.len() + max_new);
         }
