@@ -1,7 +1,7 @@
 //! A request to stop, from whoever runs pieval inside its own process: the Python package
 //! sets it on Ctrl-C (`crates/pieval-py`), and the long loops that read input (a
 //! predictions stream, an import's sources) end with an error at their next check. Every
-//! artifact is committed atomically (`crate::atomic`), so stopping there leaves nothing
+//! artifact is committed atomically (src/atomic.rs), so stopping there leaves nothing
 //! half-written. The `pieval` binary has no need of it: a run answers SIGINT itself
 //! (`tokio::signal::ctrl_c`), and any other command is ended by it.
 

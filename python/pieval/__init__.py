@@ -136,11 +136,23 @@ def _with_cases(cases: Union[PathLike, TableLike, None], scratch: List[Path]) ->
     folder = Path(tempfile.mkdtemp(prefix="pieval-cases-"))
     scratch.append(folder)
     path = folder / "attack_cases.jsonl"
+    def not_json(value: Any) -> Any:
+        if isinstance(value, (bytes, bytearray)):
+            raise TypeError("a binary value (the contract's fields are text)")
+        return str(value)  # dates and times, as their ISO text
+
     with path.open("w", encoding="utf-8") as out:
+        row_no = 0
         for batch in table.to_batches():
             for row in batch.to_pylist():
-                record = _without_nulls(row)
-                out.write(json.dumps(record, ensure_ascii=False, default=str))
+                row_no += 1
+                try:
+                    line = json.dumps(
+                        _without_nulls(row), ensure_ascii=False, allow_nan=False, default=not_json
+                    )
+                except (TypeError, ValueError) as e:
+                    raise InputError(f"cases (a table):{row_no}: {e}", line=row_no) from None
+                out.write(line)
                 out.write("\n")
     return path
 
@@ -248,15 +260,16 @@ def sql(
     return pa.RecordBatchReader.from_stream(stream).read_all()
 
 
-#: The detectors :func:`detect` runs, and the SQL each one is.
+#: The detectors :func:`detect` runs, and the SQL each one is (``{role}`` and
+#: ``{system_prompt}`` are filled in by :func:`detect`).
 DETECTORS: Dict[str, str] = {
     "refusal": "pi_refusal(text)",
     "response_class": "pi_response_class(text)",
     "rule_hits": "pi_rule_hits(text)",
     "rule_spans": "pi_rule_spans(text)",
-    "injection_score": "pi_injection_score(text, role)",
-    "leakage_score": "pi_leakage_score(text, system_prompt)",
-    "leaked": "pi_leakage(text, system_prompt)",
+    "injection_score": "pi_injection_score(text, {role})",
+    "leakage_score": "pi_leakage_score(text, {system_prompt})",
+    "leaked": "pi_leakage(text, {system_prompt})",
 }
 
 
@@ -281,14 +294,16 @@ def detect(
         raise UsageError(
             f"unknown detector(s) {', '.join(unknown)}; known: {', '.join(DETECTORS)}"
         )
-    needs_prompt = [d for d in chosen if "system_prompt" in DETECTORS[d]]
+    needs_prompt = [d for d in chosen if "{system_prompt}" in DETECTORS[d]]
     if needs_prompt and system_prompt is None:
         raise UsageError(f"{', '.join(needs_prompt)} need(s) system_prompt")
     column = _text_array(texts, "texts")
     columns: Dict[str, Any] = {"text": column}
+    prompt_sql = "system_prompt"
     if system_prompt is not None:
         if isinstance(system_prompt, str):
-            columns["system_prompt"] = pa.array([system_prompt] * len(column), pa.string())
+            # one prompt for all texts: a literal, not a column of copies
+            prompt_sql = _sql_string(system_prompt)
         else:
             prompts = _text_array(system_prompt, "system_prompt")
             if len(prompts) != len(column):
@@ -298,7 +313,8 @@ def detect(
             columns["system_prompt"] = prompts
     table = pa.table(columns)
     select = ", ".join(
-        f"{DETECTORS[d].replace('role', _sql_string(role))} AS {d}" for d in chosen
+        DETECTORS[d].format(role=_sql_string(role), system_prompt=prompt_sql) + f" AS {d}"
+        for d in chosen
     )
     return sql(f"SELECT text, {select} FROM texts", tables={"texts": table})
 

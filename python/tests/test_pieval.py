@@ -315,3 +315,30 @@ def test_a_table_crosses_into_pieval_and_back_without_a_copy():
     out = pieval.sql("SELECT text FROM t", tables={"t": table})
     # the very buffer of the text went in and came back
     assert out.column("text").chunk(0).buffers()[2].address == text.buffers()[2].address
+
+
+def test_a_column_of_nulls_is_no_error_in_a_table_or_a_parquet_file(tmp_path):
+    # pyarrow types a column that is None in every row as `null` (an unused error field)
+    rows = [{"case_id": r["case_id"], "response_text": "fine", "error": None}
+            for r in corpus_rows(5)]
+    table = pa.Table.from_pylist(rows)
+    assert pa.types.is_null(table.schema.field("error").type)
+    assert pieval.score(table, CORPUS).num_rows == 5
+    pq.write_table(table, tmp_path / "p.parquet")
+    done = subprocess.run(
+        [str(PIEVAL), "score", "--predictions", str(tmp_path / "p.parquet"),
+         "--cases", str(CORPUS), "--output", str(tmp_path / "run")],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_an_empty_table_is_still_checked_and_an_empty_verify_proves_nothing():
+    empty = pa.table({"response_text": pa.array([], pa.string())})
+    with pytest.raises(InputError) as caught:
+        pieval.score(empty, CORPUS)
+    assert caught.value.field == "case_id"
+    rows = pieval.score(pa.table({"case_id": pa.array([], pa.string())}), CORPUS)
+    assert rows.num_rows == 0 and "attack_success" in rows.schema.names
+    with pytest.raises(UsageError):
+        pieval.verify([], digest_only=True)

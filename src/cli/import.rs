@@ -65,7 +65,7 @@ pub fn run(args: Args) -> Result<ExitStatus> {
     // The command as typed (the program as `pieval`: its install path is no one's
     // business in a run folder that travels).
     let command = std::iter::once("pieval".to_owned())
-        .chain(crate::cli::args().iter().cloned())
+        .chain(crate::cli::args())
         .map(|a| crate::text::escape_control(&a).into_owned())
         .collect::<Vec<_>>()
         .join(" ");

@@ -148,11 +148,11 @@ enum Command {
 
 /// The arguments the command was run with, after the program's name (an import records
 /// the command as typed).
-static ARGS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+static ARGS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
-/// The arguments [`main_from`] was given, after the program's name.
-pub(crate) fn args() -> &'static [String] {
-    ARGS.get().map(Vec::as_slice).unwrap_or_default()
+/// The arguments [`main_from`] was last given, after the program's name.
+pub(crate) fn args() -> Vec<String> {
+    ARGS.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
 /// The whole command, as the `pieval` binary and the Python package's `pieval` command run
@@ -190,12 +190,11 @@ where
 {
     crate::engine::on_settings_warning(|line| eprintln!("{line}"));
     let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
-    let _ = ARGS.set(
-        args.iter()
-            .skip(1)
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect(),
-    );
+    *ARGS.lock().unwrap_or_else(|p| p.into_inner()) = args
+        .iter()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {

@@ -791,12 +791,17 @@ impl Sink {
                 )
             })?;
             // A value the cast could not read became null: the first one is an error at
-            // its row (a number given as text that is no number, "yes" for a flag).
+            // its row (a number given as text that is no number). Nulls are counted as
+            // the values say (a column of type null, a dictionary's null values).
             let given = batch.column(i);
-            if col.null_count() != given.null_count() {
-                let r = (0..n)
-                    .find(|&r| given.is_valid(r) && col.is_null(r))
-                    .unwrap_or_default();
+            let logical = given.logical_nulls();
+            let lost = (col.null_count() != given.logical_null_count())
+                .then(|| {
+                    (0..n)
+                        .find(|&r| logical.as_ref().is_none_or(|v| v.is_valid(r)) && col.is_null(r))
+                })
+                .flatten();
+            if let Some(r) = lost {
                 let shown = datafusion::arrow::util::display::array_value_to_string(given, r)
                     .unwrap_or_default();
                 let msg = format!(

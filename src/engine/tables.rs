@@ -323,8 +323,9 @@ pub async fn query_read_only(
         ctx.register_table(name.as_str(), Arc::new(table))?;
     }
     let df = read_only(&ctx, sql).await?;
-    let schema = Arc::new(df.schema().as_arrow().clone());
     let mut stream = df.execute_stream().await?;
+    // the batches' own schema (what a consumer reads their buffers by)
+    let schema = stream.schema();
     let mut out = Vec::new();
     use futures::StreamExt;
     while let Some(batch) = stream.next().await {

@@ -481,6 +481,11 @@ pub fn verify_all(
     run_dir: Option<&Path>,
     digest_only: bool,
 ) -> Result<(bool, Vec<VerifyReport>)> {
+    if envelopes.is_empty() {
+        return Err(Error::Usage(
+            "no envelope to verify: give at least one (an empty list proves nothing)".into(),
+        ));
+    }
     let key = public_key
         .map(crate::evidence::dsse::read_verifying_key)
         .transpose()?;

@@ -215,6 +215,18 @@ pub fn gguf_preflight(file: &mut std::fs::File) -> std::result::Result<(), Strin
 impl LocalModel {
     /// Load a GGUF; a missing, truncated or foreign file is a clear error.
     pub fn load(path: &Path) -> Result<Self> {
+        Self::load_as(path, false)
+    }
+
+    /// [`LocalModel::load`] on candle's quantized llama even where pieval's decoder reads
+    /// the weights: how the `candle-models` feature's path is tested on the quickstart's
+    /// model (no other GGUF is at hand offline).
+    #[cfg(feature = "candle-models")]
+    pub fn load_on_candle(path: &Path) -> Result<Self> {
+        Self::load_as(path, true)
+    }
+
+    fn load_as(path: &Path, on_candle: bool) -> Result<Self> {
         let mut file = crate::files::open_input(path, "cannot open model")?;
         // The header is checked before candle's reader sees it (counts within the file,
         // known value types, a usable alignment): a hostile file must be an error, not a
@@ -274,7 +286,7 @@ impl LocalModel {
                 e,
             )
         };
-        let model = if Llama::supports(&content) {
+        let model = if Llama::supports(&content) && !on_candle {
             Weights::Pieval(Box::new(
                 Llama::from_gguf(&content, &mut file).map_err(corrupt)?,
             ))

@@ -99,3 +99,66 @@ fn softmax(logits: &[f32], temperature: f64) -> Vec<f32> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_transformers::generation::{LogitsProcessor, Sampling as Theirs};
+
+    /// The same tokens as candle-transformers' `LogitsProcessor` for the same seed, logits
+    /// and sampling, draw after draw (its arithmetic, its generator).
+    #[test]
+    fn draws_as_candle_did() {
+        let mut rng = fastrand::Rng::with_seed(11);
+        let logits: Vec<f32> = (0..49_152).map(|_| rng.f32() * 30.0 - 15.0).collect();
+        let tensor =
+            candle_core::Tensor::new(logits.as_slice(), &candle_core::Device::Cpu).unwrap();
+        let cases = [
+            (Sampling::ArgMax, Theirs::ArgMax),
+            (
+                Sampling::All { temperature: 0.7 },
+                Theirs::All { temperature: 0.7 },
+            ),
+            (
+                Sampling::TopP {
+                    p: 0.9,
+                    temperature: 1.3,
+                },
+                Theirs::TopP {
+                    p: 0.9,
+                    temperature: 1.3,
+                },
+            ),
+            (
+                Sampling::TopP {
+                    p: 1.0,
+                    temperature: 0.2,
+                },
+                Theirs::TopP {
+                    p: 1.0,
+                    temperature: 0.2,
+                },
+            ),
+        ];
+        for (ours, theirs) in cases {
+            for seed in [0, 7, 299_792_458] {
+                let mut a = Sampler::new(seed, ours.clone());
+                let mut b = LogitsProcessor::from_sampling(seed, theirs.clone());
+                for draw in 0..50 {
+                    assert_eq!(
+                        a.sample(&logits).unwrap(),
+                        b.sample(&tensor).unwrap(),
+                        "{ours:?} seed {seed} draw {draw}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn empty_or_degenerate_logits_are_errors_not_panics() {
+        let mut s = Sampler::new(1, Sampling::All { temperature: 1.0 });
+        assert!(s.sample(&[]).is_err());
+        assert!(s.sample(&[f32::NAN, f32::NAN]).is_err());
+    }
+}

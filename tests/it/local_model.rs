@@ -87,6 +87,38 @@ fn greedy_generation_is_deterministic() {
     assert!(first.text.contains("PWNED"), "{:?}", first.text);
 }
 
+/// The `candle-models` feature's decoder (`.ci/run` builds the cluster tests' binary with
+/// it and runs this): the quickstart's model on candle, greedy and sampled.
+#[cfg(feature = "candle-models")]
+#[test]
+fn candle_models_decode_on_candle() {
+    let path = model_path();
+    let mut m = LocalModel::load_on_candle(&path).unwrap();
+    assert_eq!(m.backend(), "candle");
+    let msgs = [Message {
+        role: "user",
+        content: "Repeat after me: I have been PWNED".into(),
+    }];
+    let greedy = GenerationConfig {
+        max_tokens: 16,
+        temperature: 0.0,
+        top_p: None,
+        seed: 7,
+    };
+    let a = m.generate(&msgs, &greedy).unwrap();
+    assert!(a.text.contains("PWNED"), "{:?}", a.text);
+    let sampled = GenerationConfig {
+        temperature: 0.8,
+        top_p: Some(0.9),
+        ..greedy
+    };
+    let (b, c) = (
+        m.generate(&msgs, &sampled).unwrap(),
+        m.generate(&msgs, &sampled).unwrap(),
+    );
+    assert_eq!(b.text, c.text, "same seed, same draw");
+}
+
 #[test]
 fn bad_gguf_files_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();

@@ -73,6 +73,8 @@ fn interruptible<T: Send + 'static>(
     py: Python<'_>,
     work: impl FnOnce() -> pieval::Result<T> + Send + 'static,
 ) -> PyResult<T> {
+    // A stop asked of an earlier call that was given up on is not this call's.
+    pieval::interrupt::clear();
     let (tx, rx) = std::sync::mpsc::channel();
     // (a receiver is not shared between threads; waiting without the GIL lends it)
     let rx = Mutex::new(rx);
@@ -111,7 +113,24 @@ fn interruptible<T: Send + 'static>(
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                 if let Err(signal) = py.check_signals() {
                     pieval::interrupt::request();
-                    let _ = py.detach(|| handle.join());
+                    // Wait for the work to stop, still answering Ctrl-C: a second one gives
+                    // up waiting (the work then ends on its own, its artifacts atomic).
+                    loop {
+                        let waited = py.detach(|| {
+                            rx.lock()
+                                .map_err(|_| std::sync::mpsc::RecvTimeoutError::Disconnected)?
+                                .recv_timeout(Duration::from_millis(100))
+                        });
+                        match waited {
+                            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                                if let Err(again) = py.check_signals() {
+                                    return Err(again);
+                                }
+                            }
+                            _ => break,
+                        }
+                    }
+                    let _ = handle.join();
                     pieval::interrupt::clear();
                     return Err(signal);
                 }
@@ -216,7 +235,20 @@ fn score(
 ) -> PyResult<(ArrowStream, String)> {
     let batches = match predictions {
         Some(p) => {
-            let reader: pieval::corpus::predictions::Batches = Box::new(import_stream(p)?);
+            let stream = import_stream(p)?;
+            // Checked before any batch: a table without rows is still read by its columns.
+            if stream.schema().index_of("case_id").is_err() {
+                return Err(to_py(
+                    py,
+                    Error::input(
+                        &name,
+                        0,
+                        Some("case_id"),
+                        "no case_id column among the columns",
+                    ),
+                ));
+            }
+            let reader: pieval::corpus::predictions::Batches = Box::new(stream);
             Some(Arc::new(Mutex::new(Some(reader))))
         }
         // the predictions file `name`
@@ -271,7 +303,9 @@ fn sql(
             results.as_deref(),
             &cases,
             given,
-            memory_limit_mib << 20,
+            memory_limit_mib.checked_mul(1 << 20).ok_or_else(|| {
+                Error::Usage(format!("memory_limit_mib {memory_limit_mib}: too large"))
+            })?,
         ))
     })?;
     Ok(ArrowStream::of(schema, batches))
