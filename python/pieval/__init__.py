@@ -337,8 +337,29 @@ def _text_array(values: Any, what: str) -> Union[pa.Array, pa.ChunkedArray]:
     return array
 
 
+class _RunFolder:
+    """The tables of a run folder (``dir``)."""
+
+    @property
+    def dir(self) -> Path:
+        raise NotImplementedError
+
+    def table(self, name: str = "case_results") -> pa.Table:
+        """One of the run's Parquet tables (``case_results``, ``findings``, ``turns``, …)."""
+        import pyarrow.parquet as pq
+
+        path = self.dir / f"{name}.parquet"
+        if not path.is_file():
+            raise NotFoundError(f"{path}: the run has no {name} table", path=str(path))
+        return pq.read_table(path)
+
+    @property
+    def case_results(self) -> pa.Table:
+        return self.table("case_results")
+
+
 @dataclass
-class RunResult:
+class RunResult(_RunFolder):
     """What :func:`run` did: the outcome ``pieval run --json`` prints, and the run."""
 
     #: ``pieval run --json``'s document: the status, counts, speed and score report.
@@ -357,18 +378,6 @@ class RunResult:
     def status(self) -> Any:
         return self.outcome["status"]
 
-    def table(self, name: str = "case_results") -> pa.Table:
-        """One of the run's Parquet tables (``case_results``, ``findings``, ``turns``, …)."""
-        import pyarrow.parquet as pq
-
-        path = self.dir / f"{name}.parquet"
-        if not path.is_file():
-            raise NotFoundError(f"{path}: the run has no {name} table", path=str(path))
-        return pq.read_table(path)
-
-    @property
-    def case_results(self) -> pa.Table:
-        return self.table("case_results")
 
     @property
     def metrics(self) -> Dict[str, Any]:
@@ -438,7 +447,7 @@ def run(
 
 
 @dataclass
-class ImportResult:
+class ImportResult(_RunFolder):
     """What :func:`import_results` wrote: its report and the run folder."""
 
     report: Dict[str, Any]
@@ -447,17 +456,6 @@ class ImportResult:
     def dir(self) -> Path:
         return Path(self.report["output"])
 
-    def table(self, name: str = "case_results") -> pa.Table:
-        import pyarrow.parquet as pq
-
-        path = self.dir / f"{name}.parquet"
-        if not path.is_file():
-            raise NotFoundError(f"{path}: the run has no {name} table", path=str(path))
-        return pq.read_table(path)
-
-    @property
-    def case_results(self) -> pa.Table:
-        return self.table("case_results")
 
 
 def import_results(

@@ -78,6 +78,14 @@ fn interruptible<T: Send + 'static>(
     let (tx, rx) = std::sync::mpsc::channel();
     // (a receiver is not shared between threads; waiting without the GIL lends it)
     let rx = Mutex::new(rx);
+    // 100 ms for the work's answer, without the GIL
+    let wait = |py: Python<'_>| {
+        py.detach(|| {
+            rx.lock()
+                .map_err(|_| std::sync::mpsc::RecvTimeoutError::Disconnected)?
+                .recv_timeout(Duration::from_millis(100))
+        })
+    };
     let handle = std::thread::Builder::new()
         .name("pieval".into())
         .stack_size(pieval::engine::THREAD_STACK_BYTES)
@@ -87,12 +95,7 @@ fn interruptible<T: Send + 'static>(
         })
         .map_err(|e| PyRuntimeError::new_err(format!("cannot start a thread: {e}")))?;
     loop {
-        let waited = py.detach(|| {
-            rx.lock()
-                .map_err(|_| std::sync::mpsc::RecvTimeoutError::Disconnected)?
-                .recv_timeout(Duration::from_millis(100))
-        });
-        match waited {
+        match wait(py) {
             Ok(out) => {
                 let _ = handle.join();
                 return match out {
@@ -116,12 +119,7 @@ fn interruptible<T: Send + 'static>(
                     // Wait for the work to stop, still answering Ctrl-C: a second one gives
                     // up waiting (the work then ends on its own, its artifacts atomic).
                     loop {
-                        let waited = py.detach(|| {
-                            rx.lock()
-                                .map_err(|_| std::sync::mpsc::RecvTimeoutError::Disconnected)?
-                                .recv_timeout(Duration::from_millis(100))
-                        });
-                        match waited {
+                        match wait(py) {
                             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                                 if let Err(again) = py.check_signals() {
                                     return Err(again);
