@@ -327,7 +327,13 @@ fn run(
         Arc::new(move |event: pieval::runner::RunEvent<'_>| {
             use pieval::runner::RunEvent;
             let (kind, done, total, note) = match event {
-                RunEvent::Note(line) => ("note", 0, 0, Some(line.to_owned())),
+                // setup notes may quote names from the config: escaped as on the terminal
+                RunEvent::Note(line) => (
+                    "note",
+                    0,
+                    0,
+                    Some(pieval::text::escape_control(line).into_owned()),
+                ),
                 RunEvent::Calling { pending } => ("calling", 0, pending, None),
                 RunEvent::CaseDone {
                     successes,
