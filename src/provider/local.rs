@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use async_trait::async_trait;
+#[cfg(feature = "candle-models")]
 use candle_core::quantized::gguf_file;
-use candle_core::quantized::tokenizer::TokenizerFromGguf;
 #[cfg(feature = "candle-models")]
 use candle_core::{Device, Tensor};
 #[cfg(feature = "candle-models")]
@@ -34,6 +34,7 @@ use super::Message;
 use super::{CallError, Completion, Provider};
 use crate::error::{Error, Result};
 use pieval_llama::Llama;
+use pieval_llama::gguf::Gguf;
 
 const DEFAULT_SYSTEM: &str = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
 
@@ -80,138 +81,6 @@ fn wrap(path: &Path, what: &str, e: impl std::fmt::Display) -> Error {
     Error::config(path, format!("{what}: {e}"))
 }
 
-/// Walk a GGUF header (magic, version, metadata, tensor infos) without trusting it:
-/// every count and length must fit in the file, every value type must be known, and
-/// `general.alignment`, when given, must be a power of two from 1 to 1 MiB. Leaves the
-/// file at its start. GGUF: <https://github.com/ggml-org/ggml/blob/master/docs/gguf.md>.
-pub fn gguf_preflight(file: &mut std::fs::File) -> std::result::Result<(), String> {
-    use std::io::{Read, Seek, SeekFrom};
-    let len = file.metadata().map_err(|e| e.to_string())?.len();
-    file.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
-    let mut r = std::io::BufReader::new(&mut *file);
-    let mut pos: u64 = 0;
-    let take = |r: &mut std::io::BufReader<&mut std::fs::File>, n: u64, pos: &mut u64| {
-        if n > len.saturating_sub(*pos) {
-            return Err(format!(
-                "the header claims {n} more byte(s) at offset {pos}, past the end of the file"
-            ));
-        }
-        let mut buf = vec![0u8; n as usize];
-        r.read_exact(&mut buf).map_err(|e| e.to_string())?;
-        *pos += n;
-        Ok(buf)
-    };
-    let u32_at = |b: &[u8]| u32::from_le_bytes(b[..4].try_into().unwrap());
-    let u64_at = |b: &[u8]| u64::from_le_bytes(b[..8].try_into().unwrap());
-    if take(&mut r, 4, &mut pos)? != b"GGUF" {
-        return Err("no GGUF magic".into());
-    }
-    let version = u32_at(&take(&mut r, 4, &mut pos)?);
-    if !(2..=3).contains(&version) {
-        return Err(format!("GGUF version {version} (2 and 3 are read)"));
-    }
-    let tensors = u64_at(&take(&mut r, 8, &mut pos)?);
-    let kvs = u64_at(&take(&mut r, 8, &mut pos)?);
-    // A metadata pair takes at least 12 bytes, a tensor info at least 24.
-    if kvs.saturating_mul(12) > len || tensors.saturating_mul(24) > len {
-        return Err(format!(
-            "{kvs} metadata pairs and {tensors} tensors cannot fit in {len} bytes"
-        ));
-    }
-    fn scalar_size(t: u32) -> Option<u64> {
-        match t {
-            0 | 1 | 7 => Some(1),
-            2 | 3 => Some(2),
-            4..=6 => Some(4),
-            10..=12 => Some(8),
-            _ => None,
-        }
-    }
-    let mut alignment: Option<(u32, Vec<u8>)> = None;
-    for _ in 0..kvs {
-        let klen = u64_at(&take(&mut r, 8, &mut pos)?);
-        let key = take(&mut r, klen, &mut pos)?;
-        let vtype = u32_at(&take(&mut r, 4, &mut pos)?);
-        let skip_value = |r: &mut std::io::BufReader<&mut std::fs::File>,
-                          t: u32,
-                          pos: &mut u64|
-         -> std::result::Result<Vec<u8>, String> {
-            match t {
-                8 => {
-                    let n = u64_at(&take(r, 8, pos)?);
-                    take(r, n, pos)
-                }
-                9 => {
-                    let inner = u32_at(&take(r, 4, pos)?);
-                    let n = u64_at(&take(r, 8, pos)?);
-                    match (inner, scalar_size(inner)) {
-                        (_, Some(size)) => take(r, n.saturating_mul(size), pos).map(|_| Vec::new()),
-                        (8, None) => {
-                            if n.saturating_mul(8) > len {
-                                return Err(format!(
-                                    "an array of {n} strings cannot fit in the file"
-                                ));
-                            }
-                            for _ in 0..n {
-                                let sl = u64_at(&take(r, 8, pos)?);
-                                take(r, sl, pos)?;
-                            }
-                            Ok(Vec::new())
-                        }
-                        _ => Err(format!(
-                            "array of value type {inner} (nested arrays are not read)"
-                        )),
-                    }
-                }
-                t => match scalar_size(t) {
-                    Some(size) => take(r, size, pos),
-                    None => Err(format!("unknown metadata value type {t}")),
-                },
-            }
-        };
-        let value = skip_value(&mut r, vtype, &mut pos)?;
-        if key == b"general.alignment" {
-            alignment = Some((vtype, value));
-        }
-    }
-    if let Some((t, v)) = alignment {
-        let a = match t {
-            4 | 5 => u64::from(u32_at(&v)),
-            10 | 11 => u64_at(&v),
-            _ => {
-                return Err(format!(
-                    "general.alignment has value type {t}, not an integer"
-                ));
-            }
-        };
-        if a == 0 || !a.is_power_of_two() || a > 1 << 20 {
-            return Err(format!(
-                "general.alignment is {a}: it must be a power of two from 1 to 1 MiB"
-            ));
-        }
-    }
-    for _ in 0..tensors {
-        let nlen = u64_at(&take(&mut r, 8, &mut pos)?);
-        take(&mut r, nlen, &mut pos)?;
-        let dims = u32_at(&take(&mut r, 4, &mut pos)?);
-        if dims == 0 || dims > 8 {
-            return Err(format!("a tensor with {dims} dimensions"));
-        }
-        let mut elements: u64 = 1;
-        for _ in 0..dims {
-            let d = u64_at(&take(&mut r, 8, &mut pos)?);
-            elements = elements
-                .checked_mul(d)
-                .filter(|e| *e <= len.saturating_mul(8))
-                .ok_or("a tensor larger than the file")?;
-        }
-        take(&mut r, 12, &mut pos)?; // type, offset
-    }
-    drop(r);
-    file.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
-    Ok(())
-}
-
 impl LocalModel {
     /// Load a GGUF; a missing, truncated or foreign file is a clear error.
     pub fn load(path: &Path) -> Result<Self> {
@@ -228,27 +97,15 @@ impl LocalModel {
 
     fn load_as(path: &Path, on_candle: bool) -> Result<Self> {
         let mut file = crate::files::open_input(path, "cannot open model")?;
-        // The header is checked before candle's reader sees it (counts within the file,
-        // known value types, a usable alignment): a hostile file must be an error, not a
-        // division by zero or a huge allocation inside the reader.
-        gguf_preflight(&mut file).map_err(|e| wrap(path, "not a readable GGUF file", e))?;
-        let content = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            gguf_file::Content::read(&mut file)
-        }))
-        .map_err(|_| {
-            wrap(
-                path,
-                "not a readable GGUF file",
-                "the GGUF reader failed on it",
-            )
-        })?
-        .map_err(|e| wrap(path, "not a readable GGUF file", e))?;
-        let arch = content
+        // pieval-llama's reader trusts nothing in the header (counts within the file,
+        // known value types, a usable alignment): a hostile file is an error.
+        let gguf = Gguf::read(&mut file).map_err(|e| wrap(path, "not a readable GGUF file", e))?;
+        let arch = gguf
             .metadata
             .get("general.architecture")
-            .and_then(|v| v.to_string().ok())
-            .cloned()
-            .unwrap_or_default();
+            .and_then(|v| v.as_str().ok())
+            .unwrap_or_default()
+            .to_string();
         if arch != "llama" {
             return Err(wrap(
                 path,
@@ -256,12 +113,12 @@ impl LocalModel {
                 format!("architecture {arch:?}; provider local runs llama-architecture GGUFs"),
             ));
         }
-        let context = content
+        let context = gguf
             .metadata
             .get("llama.context_length")
             .and_then(|v| v.to_u32().ok())
             .unwrap_or(2048) as usize;
-        let mut tokenizer = Tokenizer::from_gguf(&content)
+        let mut tokenizer = super::gguf_tokenizer::tokenizer_from_gguf(&gguf)
             .map_err(|e| wrap(path, "cannot build the tokenizer from the GGUF metadata", e))?;
         tokenizer.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(Sequence::new(vec![
             PreTokenizerWrapper::Digits(Digits::new(true)),
@@ -286,12 +143,12 @@ impl LocalModel {
                 e,
             )
         };
-        let model = if Llama::supports(&content) && !on_candle {
+        let model = if Llama::supports(&gguf) && !on_candle {
             Weights::Pieval(Box::new(
-                Llama::from_gguf(&content, &mut file).map_err(corrupt)?,
+                Llama::from_gguf(&gguf, &mut file).map_err(corrupt)?,
             ))
         } else {
-            Self::other_weights(path, content, &mut file)?
+            Self::other_weights(path, &mut file)?
         };
         Ok(Self {
             model,
@@ -351,11 +208,22 @@ impl LocalModel {
     /// Weights pieval's decoder does not read (not Q4_1 / Q8_0), on candle's quantized
     /// llama: in a build with the `candle-models` feature.
     #[cfg(feature = "candle-models")]
-    fn other_weights(
-        path: &Path,
-        content: gguf_file::Content,
-        file: &mut std::fs::File,
-    ) -> Result<Weights> {
+    fn other_weights(path: &Path, file: &mut std::fs::File) -> Result<Weights> {
+        // candle's reader reads the header again, after pieval-llama's checked it.
+        use std::io::{Seek, SeekFrom};
+        file.seek(SeekFrom::Start(0))
+            .map_err(|e| wrap(path, "cannot read model", e))?;
+        let content = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            gguf_file::Content::read(file)
+        }))
+        .map_err(|_| {
+            wrap(
+                path,
+                "not a readable GGUF file",
+                "candle's GGUF reader failed on it",
+            )
+        })?
+        .map_err(|e| wrap(path, "not a readable GGUF file", e))?;
         let model = ModelWeights::from_gguf(content, file, &Device::Cpu).map_err(|e| {
             wrap(
                 path,
@@ -367,11 +235,7 @@ impl LocalModel {
     }
 
     #[cfg(not(feature = "candle-models"))]
-    fn other_weights(
-        path: &Path,
-        _content: gguf_file::Content,
-        _file: &mut std::fs::File,
-    ) -> Result<Weights> {
+    fn other_weights(path: &Path, _file: &mut std::fs::File) -> Result<Weights> {
         Err(wrap(
             path,
             "model",
@@ -382,19 +246,19 @@ impl LocalModel {
 
     /// Run `tokens` at position `pos` (0 starts a fresh sequence) and sample the next.
     fn step(&mut self, tokens: &[u32], pos: usize, sampler: &mut Sampler) -> Result<u32> {
-        let err = |e: candle_core::Error| wrap(&self.path, "generation failed", e);
+        let err = |e: &dyn std::fmt::Display| wrap(&self.path, "generation failed", e);
         let logits: Vec<f32> = match &mut self.model {
-            Weights::Pieval(m) => m.forward(tokens, pos).map_err(err)?,
+            Weights::Pieval(m) => m.forward(tokens, pos).map_err(|e| err(&e))?,
             #[cfg(feature = "candle-models")]
             Weights::Candle(m) => {
                 let input = Tensor::new(tokens, &Device::Cpu)
                     .and_then(|t| t.unsqueeze(0))
-                    .map_err(err)?;
+                    .map_err(|e| err(&e))?;
                 m.forward(&input, pos)
                     .and_then(|l| l.squeeze(0))
                     .and_then(|l| l.to_dtype(candle_core::DType::F32))
                     .and_then(|l| l.to_vec1::<f32>())
-                    .map_err(err)?
+                    .map_err(|e| err(&e))?
             }
         };
         sampler

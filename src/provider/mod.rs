@@ -9,6 +9,7 @@
 pub mod anthropic;
 pub mod config;
 pub mod exec;
+pub mod gguf_tokenizer;
 pub mod http;
 pub mod local;
 pub mod openai;

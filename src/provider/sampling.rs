@@ -81,23 +81,49 @@ fn argmax(logits: &[f32]) -> u32 {
 }
 
 /// The softmax of `logits / temperature`, as candle computes it: times 1 / temperature
-/// in f32, less the maximum, exp, divided by the sum (candle's own vectorised reductions:
-/// a sum in another order could draw another token).
+/// in f32, less the maximum, exp, divided by the sum (summed in candle's order: a sum in
+/// another order could draw another token).
 fn softmax(logits: &[f32], temperature: f64) -> Vec<f32> {
-    use candle_core::cpu::kernels::VecOps;
     let mul = (1.0 / temperature) as f32;
     let scaled: Vec<f32> = logits.iter().map(|&x| x * mul).collect();
-    let mut max = f32::NEG_INFINITY;
-    // SAFETY: `scaled` holds `scaled.len()` values and `max` is one.
-    unsafe { f32::vec_reduce_max(scaled.as_ptr(), &mut max, scaled.len()) };
+    let max = scaled.iter().skip(1).fold(scaled[0], |m, &x| m.max(x));
     let mut out: Vec<f32> = scaled.iter().map(|&x| (x - max).exp()).collect();
-    let mut sum = 0.0f32;
-    // SAFETY: as above.
-    unsafe { f32::vec_reduce_sum(out.as_ptr(), &mut sum, out.len()) };
+    let sum = sum_as_candle(&out);
     for x in &mut out {
         *x /= sum;
     }
     out
+}
+
+/// The sum candle-core 0.11's `vec_sum` gives: on a CPU with AVX2, four 8-lane
+/// accumulators over each 32 values, folded pairwise (0+1, 2+3, then the two), the 8
+/// lanes' halves added, two horizontal adds, then the remainder one by one; elsewhere
+/// left to right. Emulated lane by lane: each addition is the same IEEE operation.
+pub(crate) fn sum_as_candle(xs: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    let avx2 = std::arch::is_x86_feature_detected!("avx2");
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx2 = false;
+    if !avx2 {
+        return xs.iter().fold(0.0, |s, &x| s + x);
+    }
+    let mut acc = [[0f32; 8]; 4];
+    let whole = xs.len() / 32 * 32;
+    for chunk in xs[..whole].chunks_exact(32) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for (l, v) in a.iter_mut().enumerate() {
+                *v += chunk[8 * j + l];
+            }
+        }
+    }
+    let add = |a: [f32; 8], b: [f32; 8]| std::array::from_fn::<f32, 8, _>(|l| a[l] + b[l]);
+    let x = add(add(acc[0], acc[1]), add(acc[2], acc[3]));
+    let t: [f32; 4] = std::array::from_fn(|l| x[l] + x[l + 4]);
+    let mut sum = (t[0] + t[1]) + (t[2] + t[3]);
+    for &v in &xs[whole..] {
+        sum += v;
+    }
+    sum
 }
 
 #[cfg(test)]
@@ -152,6 +178,25 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// The sum of the softmax, bit for bit candle-core's (its vectorised kernel on this
+    /// CPU) over lengths around its 32-value steps and a vocabulary's.
+    #[test]
+    fn sums_as_candle_does() {
+        use candle_core::cpu::kernels::VecOps;
+        let mut rng = fastrand::Rng::with_seed(3);
+        for len in (0..100).chain([255, 256, 257, 49_152, 49_153]) {
+            let xs: Vec<f32> = (0..len).map(|_| (rng.f32() - 0.3) * 1e3).collect();
+            let mut theirs = 0f32;
+            // SAFETY: `xs` holds `len` values and `theirs` is one.
+            unsafe { f32::vec_reduce_sum(xs.as_ptr(), &mut theirs, len) };
+            assert_eq!(
+                sum_as_candle(&xs).to_bits(),
+                theirs.to_bits(),
+                "length {len}"
+            );
         }
     }
 

@@ -25,14 +25,50 @@
 
 use std::fs::File;
 
-use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
-use candle_core::{Device, Result};
 use half::f16;
 
+pub mod gguf;
 mod team;
+use gguf::Gguf;
 use team::{Out, Team, share};
 
 const QK: usize = 32;
+
+/// An error reading a GGUF or running its model: what went wrong, in words.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Error(String);
+
+impl Error {
+    pub fn msg(m: impl Into<String>) -> Self {
+        Self(m.into())
+    }
+
+    fn io(e: std::io::Error) -> Self {
+        Self(e.to_string())
+    }
+
+    /// The same error under `what` ("what: error").
+    fn context(self, what: &str) -> Self {
+        Self(format!("{what}: {}", self.0))
+    }
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Error {}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+macro_rules! bail {
+    ($($t:tt)*) => {
+        return Err($crate::Error::msg(format!($($t)*)))
+    };
+}
+pub(crate) use bail;
 
 /// A weight matrix in a GGUF block layout, `rows` × `cols`, row-major.
 struct QMatrix {
@@ -403,27 +439,19 @@ const PARALLEL_MIN_WORK: usize = 1 << 16;
 const ROW_CHUNK: usize = 16;
 
 impl QMatrix {
-    fn from_qtensor(name: &str, t: QTensor) -> Result<Self> {
-        let dims = t.shape().dims().to_vec();
-        let (rows, cols) = match dims[..] {
-            [r, c] => (r, c),
-            _ => candle_core::bail!("{name}: expected a matrix, found shape {dims:?}"),
+    /// Matrix `name` of a GGUF: Q4_1 or Q8_0, two dimensions.
+    fn read(gguf: &Gguf, file: &mut File, name: &str) -> Result<Self> {
+        let (info, data) = gguf.tensor_bytes(file, name)?;
+        let (rows, cols) = match info.dims[..] {
+            [c, r] => (r as usize, c as usize),
+            _ => bail!("{name}: expected a matrix, found shape {:?}", info.dims),
         };
-        let kind = match t.dtype() {
-            GgmlDType::Q4_1 => Kind::Q4_1,
-            GgmlDType::Q8_0 => Kind::Q8_0,
-            other => candle_core::bail!("{name}: {other:?} weights"),
+        let kind = match info.ggml_type {
+            gguf::Q4_1 => Kind::Q4_1,
+            gguf::Q8_0 => Kind::Q8_0,
+            other => bail!("{name}: {} weights", gguf::type_name(other)),
         };
-        if cols % QK != 0 {
-            candle_core::bail!("{name}: {cols} columns is not a multiple of {QK}");
-        }
-        let data = t.data()?.into_owned();
-        if data.len() != rows * cols / QK * kind.block_bytes() {
-            candle_core::bail!(
-                "{name}: {} bytes for a {rows}×{cols} {kind:?} matrix",
-                data.len()
-            );
-        }
+        debug_assert_eq!(data.len(), rows * cols / QK * kind.block_bytes());
         Ok(Self {
             kind,
             rows,
@@ -591,17 +619,6 @@ pub struct Llama {
     team: Team,
 }
 
-fn vector(t: QTensor, name: &str) -> Result<Vec<f32>> {
-    let v = t
-        .dequantize(&Device::Cpu)?
-        .flatten_all()?
-        .to_vec1::<f32>()?;
-    if v.is_empty() {
-        candle_core::bail!("{name}: empty");
-    }
-    Ok(v)
-}
-
 fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
     for row in x.chunks_exact_mut(weight.len()) {
         let mean = row.iter().map(|v| v * v).sum::<f32>() / row.len() as f32;
@@ -614,22 +631,20 @@ fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
 
 impl Llama {
     /// Whether this decoder runs `content`'s weights (all matrices Q4_1 or Q8_0).
-    pub fn supports(content: &gguf_file::Content) -> bool {
-        content.tensor_infos.iter().all(|(name, info)| {
-            let dims = info.shape.dims().len();
-            dims < 2
-                || matches!(info.ggml_dtype, GgmlDType::Q4_1 | GgmlDType::Q8_0)
-                || !name.ends_with(".weight")
-        })
+    /// (Vectors must be F32 or F16.)
+    pub fn supports(gguf: &Gguf) -> bool {
+        gguf.tensors
+            .iter()
+            .all(|(name, info)| match info.dims.len() {
+                1 => matches!(info.ggml_type, gguf::F32 | gguf::F16),
+                _ => {
+                    matches!(info.ggml_type, gguf::Q4_1 | gguf::Q8_0) || !name.ends_with(".weight")
+                }
+            })
     }
 
-    pub fn from_gguf(content: &gguf_file::Content, file: &mut File) -> Result<Self> {
-        let md = |key: &str| {
-            content
-                .metadata
-                .get(key)
-                .ok_or_else(|| candle_core::Error::Msg(format!("no metadata {key}")))
-        };
+    pub fn from_gguf(gguf: &Gguf, file: &mut File) -> Result<Self> {
+        let md = |key: &str| gguf.get(key);
         let n_head = md("llama.attention.head_count")?.to_u32()? as usize;
         let n_kv_head = md("llama.attention.head_count_kv")?.to_u32()? as usize;
         let n_layer = md("llama.block_count")?.to_u32()? as usize;
@@ -643,31 +658,23 @@ impl Llama {
             || !n_head.is_multiple_of(n_kv_head)
             || !n_embd.is_multiple_of(n_head)
         {
-            candle_core::bail!(
-                "inconsistent heads: {n_head} heads, {n_kv_head} KV heads, embedding {n_embd}"
-            );
+            bail!("inconsistent heads: {n_head} heads, {n_kv_head} KV heads, embedding {n_embd}");
         }
         let head_dim = n_embd / n_head;
-        let mut tensor = |name: &str| content.tensor(file, name, &Device::Cpu);
-        let embed = QMatrix::from_qtensor("token_embd.weight", tensor("token_embd.weight")?)?;
-        let norm = vector(tensor("output_norm.weight")?, "output_norm.weight")?;
-        let output = match content.tensor_infos.contains_key("output.weight") {
-            true => Some(QMatrix::from_qtensor(
-                "output.weight",
-                tensor("output.weight")?,
-            )?),
+        let embed = QMatrix::read(gguf, file, "token_embd.weight")?;
+        let norm = gguf.vector(file, "output_norm.weight")?;
+        let output = match gguf.tensors.contains_key("output.weight") {
+            true => Some(QMatrix::read(gguf, file, "output.weight")?),
             false => None,
         };
         let mut layers = Vec::with_capacity(n_layer);
         for i in 0..n_layer {
-            let mut m = |suffix: &str| {
-                let name = format!("blk.{i}.{suffix}.weight");
-                QMatrix::from_qtensor(&name, tensor(&name)?)
-            };
+            let mut m =
+                |suffix: &str| QMatrix::read(gguf, file, &format!("blk.{i}.{suffix}.weight"));
             let (wq, wk, wv, wo) = (m("attn_q")?, m("attn_k")?, m("attn_v")?, m("attn_output")?);
             let (gate, up, down) = (m("ffn_gate")?, m("ffn_up")?, m("ffn_down")?);
-            let attn_norm = vector(tensor(&format!("blk.{i}.attn_norm.weight"))?, "attn_norm")?;
-            let ffn_norm = vector(tensor(&format!("blk.{i}.ffn_norm.weight"))?, "ffn_norm")?;
+            let attn_norm = gguf.vector(file, &format!("blk.{i}.attn_norm.weight"))?;
+            let ffn_norm = gguf.vector(file, &format!("blk.{i}.ffn_norm.weight"))?;
             let kv = n_kv_head * head_dim;
             let shapes_ok = wq.rows == n_embd
                 && wq.cols == n_embd
@@ -685,9 +692,7 @@ impl Llama {
                 && attn_norm.len() == n_embd
                 && ffn_norm.len() == n_embd;
             if !shapes_ok {
-                candle_core::bail!(
-                    "blk.{i}: tensor shapes do not fit a llama block of width {n_embd}"
-                );
+                bail!("blk.{i}: tensor shapes do not fit a llama block of width {n_embd}");
             }
             layers.push(Layer {
                 attn_norm,
@@ -704,7 +709,7 @@ impl Llama {
             });
         }
         if embed.cols != n_embd || norm.len() != n_embd {
-            candle_core::bail!("token_embd / output_norm do not have width {n_embd}");
+            bail!("token_embd / output_norm do not have width {n_embd}");
         }
         let half_dim = head_dim / 2;
         let theta: Vec<f32> = (0..half_dim)
@@ -794,7 +799,7 @@ impl Llama {
     pub fn forward(&mut self, tokens: &[u32], pos: usize) -> Result<Vec<f32>> {
         let n = tokens.len();
         if n == 0 || pos + n > self.capacity {
-            candle_core::bail!(
+            bail!(
                 "positions {pos}..{} outside the sequence of {}",
                 pos + n,
                 self.capacity
@@ -809,7 +814,7 @@ impl Llama {
         for (t, &tok) in tokens.iter().enumerate() {
             let tok = tok as usize;
             if tok >= self.embed.rows {
-                candle_core::bail!(
+                bail!(
                     "token id {tok} outside the vocabulary of {}",
                     self.embed.rows
                 );
