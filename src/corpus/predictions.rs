@@ -516,14 +516,12 @@ impl PredictionsReader {
             source,
             batch_size: batch_size.max(1),
             sink: Sink {
-                // Parquet batches come out as their columns: only JSONL lines need builders.
-                builders: Builders::new(if parquet { 0 } else { batch_size }),
-                seen: (RandomState::new(), RandomState::new(), HashMap::new()),
                 seen_before: slice.map(|s| s.seen_before.clone()).unwrap_or_default(),
-                stats,
                 first_line: slice.map_or(1, |s| s.first_line),
                 skip_lines,
                 stop_at,
+                // Parquet batches come out as their columns: only JSONL lines need builders.
+                ..Sink::new(stats, if parquet { 0 } else { batch_size })
             },
             done: false,
         })
@@ -549,18 +547,13 @@ impl PredictionsReader {
                 next_row: 1,
             },
             batch_size,
-            sink: Sink {
-                builders: Builders::new(0),
-                seen: (RandomState::new(), RandomState::new(), HashMap::new()),
-                seen_before: Vec::new(),
-                stats: PredictionStats {
+            sink: Sink::new(
+                PredictionStats {
                     path: name.to_path_buf(),
                     ..PredictionStats::default()
                 },
-                first_line: 1,
-                skip_lines: 0,
-                stop_at: None,
-            },
+                0,
+            ),
             done: false,
         }
     }
@@ -580,6 +573,20 @@ impl PredictionsReader {
 }
 
 impl Sink {
+    /// A sink for a whole input read from its first line (builders for `rows` rows: 0
+    /// where batches come out as their columns).
+    fn new(stats: PredictionStats, rows: usize) -> Self {
+        Self {
+            builders: Builders::new(rows),
+            seen: (RandomState::new(), RandomState::new(), HashMap::new()),
+            seen_before: Vec::new(),
+            stats,
+            first_line: 1,
+            skip_lines: 0,
+            stop_at: None,
+        }
+    }
+
     /// Record one valid row.
     fn accept(&mut self, row: &Row<'_>, line: u64) {
         let text = |name: &str| row.values[field_index(name)].as_deref();
