@@ -95,30 +95,54 @@ fn softmax(logits: &[f32], temperature: f64) -> Vec<f32> {
     out
 }
 
-/// The sum candle-core 0.11's `vec_sum` gives: on a CPU with AVX2, four 8-lane
-/// accumulators over each 32 values, folded pairwise (0+1, 2+3, then the two), the 8
-/// lanes' halves added, two horizontal adds, then the remainder one by one; elsewhere
-/// left to right. Emulated lane by lane: each addition is the same IEEE operation.
+/// The sum candle-core 0.11's `vec_sum` gives. On x86_64 with AVX2: four 8-lane
+/// accumulators over each 32 values, folded pairwise (0+1, 2+3, then the two), each lane
+/// added to the one four above, then two horizontal adds ((0+1)+(2+3)), then the remainder
+/// one by one. On aarch64 (NEON): eight 4-lane accumulators folded the same way, then
+/// `vaddvq` ((0+1)+(2+3)), then the remainder. Elsewhere left to right. Emulated lane by
+/// lane: each addition is the same IEEE operation (tested against candle's on this
+/// build's CPU by `sums_as_candle_does`).
 pub(crate) fn sum_as_candle(xs: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    let avx2 = std::arch::is_x86_feature_detected!("avx2");
-    #[cfg(not(target_arch = "x86_64"))]
-    let avx2 = false;
-    if !avx2 {
-        return xs.iter().fold(0.0, |s, &x| s + x);
+    if std::arch::is_x86_feature_detected!("avx2") {
+        return lanes_sum::<8, 4>(xs);
     }
-    let mut acc = [[0f32; 8]; 4];
-    let whole = xs.len() / 32 * 32;
-    for chunk in xs[..whole].chunks_exact(32) {
+    #[cfg(target_arch = "aarch64")]
+    return lanes_sum::<4, 8>(xs);
+    #[allow(unreachable_code)]
+    xs.iter().fold(0.0, |s, &x| s + x)
+}
+
+/// `ARR` accumulators of `LANES` lanes over each `LANES * ARR` (= 32) values, folded as
+/// candle's `vec_reduce` folds them.
+#[allow(dead_code)] // one of the two instantiations per architecture
+fn lanes_sum<const LANES: usize, const ARR: usize>(xs: &[f32]) -> f32 {
+    let step = LANES * ARR;
+    let mut acc = [[0f32; LANES]; ARR];
+    let whole = xs.len() / step * step;
+    for chunk in xs[..whole].chunks_exact(step) {
         for (j, a) in acc.iter_mut().enumerate() {
             for (l, v) in a.iter_mut().enumerate() {
-                *v += chunk[8 * j + l];
+                *v += chunk[LANES * j + l];
             }
         }
     }
-    let add = |a: [f32; 8], b: [f32; 8]| std::array::from_fn::<f32, 8, _>(|l| a[l] + b[l]);
-    let x = add(add(acc[0], acc[1]), add(acc[2], acc[3]));
-    let t: [f32; 4] = std::array::from_fn(|l| x[l] + x[l + 4]);
+    // 0+1, 2+3, …; then 0+2, 4+6; then 0+4.
+    let mut width = 1;
+    while width < ARR {
+        for i in (0..ARR).step_by(2 * width) {
+            let other = acc[i + width];
+            for (v, o) in acc[i].iter_mut().zip(other) {
+                *v += o;
+            }
+        }
+        width *= 2;
+    }
+    let x = acc[0];
+    let t: [f32; 4] = match LANES {
+        8 => std::array::from_fn(|l| x[l] + x[l + 4]),
+        _ => std::array::from_fn(|l| x[l]),
+    };
     let mut sum = (t[0] + t[1]) + (t[2] + t[3]);
     for &v in &xs[whole..] {
         sum += v;

@@ -269,6 +269,65 @@ fn the_gguf_reader_and_tokenizer_agree_with_candle() {
     }
 }
 
+/// The tokenizer of other GGUFs than the embedded model's: its vocabulary and merges
+/// written by candle's GGUF writer with each `pre` candle knows (Qwen2's NFC and split,
+/// Llama 3's, GPT-2's), BOS / EOS templates and an unknown token; pieval's tokenizer and
+/// candle's, each from its own reader, serialize the same and encode the same.
+#[test]
+fn tokenizers_of_other_pipelines_and_templates_agree_with_candle() {
+    use candle_core::quantized::gguf_file::{self, Content, Value};
+    use candle_core::quantized::tokenizer::TokenizerFromGguf;
+    let base = Content::read(&mut std::fs::File::open(model_path()).unwrap()).unwrap();
+    let keep = [
+        "tokenizer.ggml.model",
+        "tokenizer.ggml.tokens",
+        "tokenizer.ggml.merges",
+        "tokenizer.ggml.token_type",
+        "tokenizer.ggml.bos_token_id",
+        "tokenizer.ggml.eos_token_id",
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let variants = [
+        ("qwen2", true, false, None),
+        ("llama3", true, true, Some(0u32)),
+        ("lfm2", false, true, None),
+        ("gpt2", false, false, Some(17)),
+    ];
+    for (pre, bos, eos, unk) in variants {
+        let mut md: Vec<(String, Value)> = keep
+            .iter()
+            .map(|k| (k.to_string(), base.metadata[*k].clone()))
+            .collect();
+        md.push(("tokenizer.ggml.pre".into(), Value::String(pre.into())));
+        md.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(bos)));
+        md.push(("tokenizer.ggml.add_eos_token".into(), Value::Bool(eos)));
+        if let Some(u) = unk {
+            md.push(("tokenizer.ggml.unk_token_id".into(), Value::U32(u)));
+        }
+        let path = dir.path().join(format!("{pre}.gguf"));
+        let refs: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        let mut w = std::fs::File::create(&path).unwrap();
+        gguf_file::write(&mut w, &refs, &[]).unwrap();
+        drop(w);
+        let ours =
+            pieval_llama::gguf::Gguf::read(&mut std::fs::File::open(&path).unwrap()).unwrap();
+        let theirs = Content::read(&mut std::fs::File::open(&path).unwrap()).unwrap();
+        let a = pieval::provider::gguf_tokenizer::tokenizer_from_gguf(&ours).unwrap();
+        let b = tokenizers::Tokenizer::from_gguf(&theirs).unwrap();
+        let json = |t: &tokenizers::Tokenizer| -> serde_json::Value {
+            serde_json::from_str(&t.to_string(false).unwrap()).unwrap()
+        };
+        assert_eq!(json(&a), json(&b), "pre {pre}");
+        for text in [
+            "Héllo wörld's 12345\n\n  tabs\tand ünïcode 漢字",
+            "<|im_start|>x",
+        ] {
+            let (ea, eb) = (a.encode(text, true).unwrap(), b.encode(text, true).unwrap());
+            assert_eq!(ea.get_ids(), eb.get_ids(), "pre {pre}: {text:?}");
+        }
+    }
+}
+
 /// pieval's decoder (crates/pieval-llama) against candle's quantized llama on the same
 /// GGUF: the logits of a real prompt and of a decode step through the KV cache agree.
 #[test]

@@ -61,19 +61,20 @@ pub enum Value {
 }
 
 impl Value {
-    /// An integer of any width as `u32` (wrapping, as candle's tokenizer reads ids).
+    /// An integer of any width that `u32` holds (a negative or larger one is an error).
     pub fn to_u32(&self) -> Result<u32> {
-        Ok(match *self {
-            Value::U8(v) => v as u32,
-            Value::I8(v) => v as u32,
-            Value::U16(v) => v as u32,
-            Value::I16(v) => v as u32,
-            Value::U32(v) => v,
-            Value::I32(v) => v as u32,
-            Value::U64(v) => v as u32,
-            Value::I64(v) => v as u32,
+        let v: i128 = match *self {
+            Value::U8(v) => v.into(),
+            Value::I8(v) => v.into(),
+            Value::U16(v) => v.into(),
+            Value::I16(v) => v.into(),
+            Value::U32(v) => v.into(),
+            Value::I32(v) => v.into(),
+            Value::U64(v) => v.into(),
+            Value::I64(v) => v.into(),
             ref other => bail!("expected an integer, found {}", other.kind()),
-        })
+        };
+        u32::try_from(v).map_err(|_| Error::msg(format!("{v} is not a u32")))
     }
 
     pub fn to_f32(&self) -> Result<f32> {
@@ -150,6 +151,11 @@ pub struct Gguf {
     len: u64,
 }
 
+/// Limits of llama.cpp's reader (GGUF_MAX_STRING_LENGTH, GGUF_MAX_ARRAY_ELEMENTS), which
+/// candle's follows.
+const MAX_STRING: u64 = 1 << 30;
+const MAX_ARRAY: u64 = 1 << 30;
+
 /// A reader that never reads past the end of the file it was told of.
 struct Bounded<'a> {
     r: BufReader<&'a mut File>,
@@ -185,6 +191,9 @@ impl Bounded<'_> {
 
     fn string(&mut self) -> Result<String> {
         let n = self.u64()?;
+        if n > MAX_STRING && n <= self.len.saturating_sub(self.pos) {
+            bail!("a string of {n} bytes (at most {MAX_STRING} are read)");
+        }
         let mut v = self.take(n)?;
         while v.last() == Some(&0) {
             v.pop();
@@ -231,10 +240,12 @@ impl Bounded<'_> {
             9 => bail!("array of value type 9 (nested arrays are not read)"),
             t => bail!("unknown metadata value type {t}"),
         };
-        if n.saturating_mul(least) > self.len.saturating_sub(self.pos) {
-            bail!("an array of {n} values cannot fit in the file");
+        if n.saturating_mul(least) > self.len.saturating_sub(self.pos) || n > MAX_ARRAY {
+            bail!("an array of {n} values runs past the end of the file");
         }
-        let mut out = Vec::with_capacity(n as usize);
+        // Grown as values are read, not reserved from the count: the file's length can be
+        // a sparse file's.
+        let mut out = Vec::new();
         for _ in 0..n {
             out.push(self.scalar(inner)?);
         }
@@ -243,7 +254,7 @@ impl Bounded<'_> {
 }
 
 impl Gguf {
-    /// Read a GGUF header. The file is left wherever reading ended.
+    /// Read a GGUF header. Where the file is left is unspecified: seek before reading it.
     pub fn read(file: &mut File) -> Result<Self> {
         let len = file.metadata().map_err(Error::io)?.len();
         file.seek(SeekFrom::Start(0)).map_err(Error::io)?;
@@ -265,28 +276,35 @@ impl Gguf {
         if kvs.saturating_mul(12) > len || tensors.saturating_mul(24) > len {
             bail!("{kvs} metadata pairs and {tensors} tensors cannot fit in {len} bytes");
         }
-        let mut metadata = HashMap::with_capacity(kvs as usize);
+        let mut metadata = HashMap::new();
         for _ in 0..kvs {
             let key = r.string()?;
             let t = r.u32()?;
             let value = r.value(t).map_err(|e| e.context(&key))?;
             metadata.insert(key, value);
         }
+        // GGUF gives the alignment as a u32; candle's reader also takes the narrower
+        // integers (and falls back to 32 on any other type: refused here, so that both
+        // readers find the tensors at the same place).
         let alignment = match metadata.get("general.alignment") {
             None => 32,
-            Some(Value::U32(a)) => u64::from(*a),
-            Some(Value::I32(a)) => *a as u32 as u64,
-            Some(Value::U64(a)) => *a,
-            Some(Value::I64(a)) => *a as u64,
+            Some(
+                v @ (Value::U8(_)
+                | Value::U16(_)
+                | Value::U32(_)
+                | Value::I8(_)
+                | Value::I16(_)
+                | Value::I32(_)),
+            ) => u64::from(v.to_u32().map_err(|e| e.context("general.alignment"))?),
             Some(other) => bail!(
-                "general.alignment has value type {}, not an integer",
+                "general.alignment has value type {}, not a u32",
                 other.kind()
             ),
         };
         if alignment == 0 || !alignment.is_power_of_two() || alignment > 1 << 20 {
             bail!("general.alignment is {alignment}: it must be a power of two from 1 to 1 MiB");
         }
-        let mut infos = HashMap::with_capacity(tensors as usize);
+        let mut infos = HashMap::new();
         for _ in 0..tensors {
             let name = r.string()?;
             let n = r.u32()?;
@@ -315,6 +333,18 @@ impl Gguf {
             }
         }
         let data_start = r.pos.div_ceil(alignment) * alignment;
+        // Tensors that overlap or repeat one another's bytes could make a small file
+        // load as many times its size: all of them together must fit in the data.
+        let mut claimed: u64 = 0;
+        for (name, info) in &infos {
+            if let Some((per_block, block_bytes)) = block_layout(info.ggml_type) {
+                let bytes = (info.elements() / per_block).saturating_mul(block_bytes);
+                claimed = claimed.saturating_add(bytes);
+                if claimed > len.saturating_sub(data_start) {
+                    bail!("tensor {name}: the tensors claim more bytes than the file holds");
+                }
+            }
+        }
         Ok(Self {
             metadata,
             tensors: infos,
@@ -389,12 +419,12 @@ mod tests {
     use super::*;
     use std::io::Write;
 
-    /// A GGUF v3 file: `kvs` as (key, type, value bytes), then tensor infos, then data.
-    fn file(
-        kvs: &[(&str, u32, Vec<u8>)],
-        tensors: &[(&str, &[u64], u32, u64)],
-        data: &[u8],
-    ) -> File {
+    type Kv<'a> = (&'a str, u32, Vec<u8>);
+    type Info<'a> = (&'a str, &'a [u64], u32, u64);
+
+    /// The bytes of a GGUF v3 file: `kvs` as (key, type, value bytes), tensor infos, zeros
+    /// up to `align`, then `data`.
+    fn bytes(kvs: &[Kv], tensors: &[Info], align: usize, data: &[u8]) -> Vec<u8> {
         let mut b = b"GGUF".to_vec();
         b.extend(3u32.to_le_bytes());
         b.extend((tensors.len() as u64).to_le_bytes());
@@ -417,30 +447,33 @@ mod tests {
             b.extend(t.to_le_bytes());
             b.extend(off.to_le_bytes());
         }
-        while b.len() % 32 != 0 {
+        while b.len() % align != 0 {
             b.push(0);
         }
         b.extend(data);
-        let mut f = tempfile();
-        f.write_all(&b).unwrap();
-        f
+        b
     }
 
-    fn tempfile() -> File {
+    fn file(kvs: &[Kv], tensors: &[Info], data: &[u8]) -> File {
+        file_of(&bytes(kvs, tensors, 32, data))
+    }
+
+    /// A file of `b` in a temporary folder (removed at once; the file stays open).
+    fn file_of(b: &[u8]) -> File {
         let dir = std::env::temp_dir().join(format!(
             "pieval-llama-gguf-{}-{}",
             std::process::id(),
             fastrand::u64(..)
         ));
         std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("m.gguf");
-        let f = File::options()
+        let mut f = File::options()
             .read(true)
             .write(true)
             .create_new(true)
-            .open(&path)
+            .open(dir.join("m.gguf"))
             .unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
+        f.write_all(b).unwrap();
         f
     }
 
@@ -450,16 +483,20 @@ mod tests {
         b
     }
 
+    fn f32s(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
     #[test]
     fn reads_metadata_tensors_and_their_bytes() {
         let mut tokens = 8u32.to_le_bytes().to_vec();
         tokens.extend(2u64.to_le_bytes());
         tokens.extend(string("a"));
         tokens.extend(string("b\0\0"));
-        let norm: Vec<u8> = [1.5f32, -2.0]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
+        let mut data = f32s(&[1.5, -2.0]);
+        data.resize(32, 0);
+        data.extend(half::f16::from_f32(0.25).to_le_bytes());
+        data.extend(half::f16::from_f32(-4.0).to_le_bytes());
         let mut f = file(
             &[
                 ("general.architecture", 8, string("llama")),
@@ -467,50 +504,88 @@ mod tests {
                 ("tokenizer.ggml.tokens", 9, tokens),
                 ("eps", 6, 1e-5f32.to_le_bytes().to_vec()),
             ],
-            &[("output_norm.weight", &[2], F32, 0)],
-            &norm,
+            &[
+                ("output_norm.weight", &[2], F32, 0),
+                ("half.weight", &[2], F16, 32),
+            ],
+            &data,
         );
         let g = Gguf::read(&mut f).unwrap();
-        assert_eq!(
-            g.get("general.architecture").unwrap().as_str().unwrap(),
-            "llama"
-        );
-        assert_eq!(g.get("llama.block_count").unwrap().to_u32().unwrap(), 30);
-        assert_eq!(g.get("eps").unwrap().to_f32().unwrap(), 1e-5);
-        let toks = g.get("tokenizer.ggml.tokens").unwrap().as_array().unwrap();
+        let md = |k: &str| g.get(k).unwrap();
+        assert_eq!(md("general.architecture").as_str().unwrap(), "llama");
+        assert_eq!(md("llama.block_count").to_u32().unwrap(), 30);
+        assert_eq!(md("eps").to_f32().unwrap(), 1e-5);
+        let toks = md("tokenizer.ggml.tokens").as_array().unwrap();
         assert_eq!(toks, [Value::String("a".into()), Value::String("b".into())]);
         assert_eq!(g.vector(&mut f, "output_norm.weight").unwrap(), [1.5, -2.0]);
-        assert!(
-            g.get("missing")
-                .unwrap_err()
-                .to_string()
-                .contains("no metadata missing")
-        );
+        assert_eq!(g.vector(&mut f, "half.weight").unwrap(), [0.25, -4.0]);
+        let e = g.get("missing").unwrap_err().to_string();
+        assert!(e.contains("no metadata missing"), "{e}");
+    }
+
+    /// The tensor data starts at the alignment the file names, not at 32.
+    #[test]
+    fn the_data_starts_at_the_files_alignment() {
+        let kvs = [("general.alignment", 4, 256u32.to_le_bytes().to_vec())];
+        let infos: [Info; 1] = [("v", &[2], F32, 0)];
+        let mut f = file_of(&bytes(&kvs, &infos, 256, &f32s(&[3.0, 4.0])));
+        let g = Gguf::read(&mut f).unwrap();
+        assert_eq!(g.vector(&mut f, "v").unwrap(), [3.0, 4.0]);
     }
 
     #[test]
     fn hostile_headers_are_errors() {
-        let big_array = {
-            let mut b = 0u32.to_le_bytes().to_vec();
-            b.extend(u64::MAX.to_le_bytes());
+        let array = |inner: u32, n: u64| {
+            let mut b = inner.to_le_bytes().to_vec();
+            b.extend(n.to_le_bytes());
             b
         };
+        let u32v = |v: u32| v.to_le_bytes().to_vec();
+        let nine_dims: &[u64] = &[1; 9];
         let cases: Vec<(File, &str)> = vec![
-            (file(&[("k", 9, big_array)], &[], &[]), "cannot fit"),
+            (
+                file(&[("k", 9, array(0, u64::MAX))], &[], &[]),
+                "runs past the end",
+            ),
+            (
+                file(&[("k", 9, array(4, 1 << 31))], &[], &[]),
+                "runs past the end",
+            ),
+            (file(&[("k", 9, array(9, 1))], &[], &[]), "nested arrays"),
             (
                 file(&[("k", 99, vec![])], &[], &[]),
                 "unknown metadata value type 99",
             ),
             (
-                file(
-                    &[("general.alignment", 4, 3u32.to_le_bytes().to_vec())],
-                    &[],
-                    &[],
-                ),
+                file(&[("general.alignment", 4, u32v(3))], &[], &[]),
                 "power of two",
             ),
             (
+                file(&[("general.alignment", 4, u32v(0))], &[], &[]),
+                "power of two",
+            ),
+            (
+                file(
+                    &[("general.alignment", 5, (-1i32).to_le_bytes().to_vec())],
+                    &[],
+                    &[],
+                ),
+                "-1 is not a u32",
+            ),
+            (
+                file(
+                    &[("general.alignment", 10, 32u64.to_le_bytes().to_vec())],
+                    &[],
+                    &[],
+                ),
+                "value type u64, not a u32",
+            ),
+            (
                 file(&[("k", 8, u64::MAX.to_le_bytes().to_vec())], &[], &[]),
+                "past the end",
+            ),
+            (
+                file(&[("k", 8, 1000u64.to_le_bytes().to_vec())], &[], &[]),
                 "past the end",
             ),
             (file(&[("k", 7, vec![2])], &[], &[]), "a bool of value 2"),
@@ -519,18 +594,89 @@ mod tests {
                 "larger than the file",
             ),
             (file(&[], &[("t", &[], F32, 0)], &[]), "0 dimensions"),
+            (file(&[], &[("t", nine_dims, F32, 0)], &[]), "9 dimensions"),
+            (
+                file(&[], &[("t", &[2], F32, 0), ("t", &[2], F32, 8)], &[0; 16]),
+                "described twice",
+            ),
+            // Two tensors on the same eight bytes: together more than the file holds.
+            (
+                file(&[], &[("a", &[2], F32, 0), ("b", &[2], F32, 0)], &[0; 8]),
+                "claim more bytes than the file holds",
+            ),
         ];
         for (mut f, want) in cases {
             let e = Gguf::read(&mut f).unwrap_err().to_string();
             assert!(e.contains(want), "{e} (wanted {want})");
         }
-        let mut f = file(&[], &[("t", &[64, 2], Q8_0, 1 << 40)], &[]);
-        let g = Gguf::read(&mut f).unwrap();
-        let e = g.tensor_bytes(&mut f, "t").unwrap_err().to_string();
-        assert!(e.contains("past the end of the file"), "{e}");
-        let mut f = file(&[], &[("t", &[64, 2], 12, 0)], &[]);
-        let g = Gguf::read(&mut f).unwrap();
-        let e = g.tensor_bytes(&mut f, "t").unwrap_err().to_string();
-        assert!(e.contains("Q4_K weights"), "{e}");
+        // A string longer than llama.cpp reads, in a (sparse) file that holds it.
+        let f = file(
+            &[("k", 8, ((1u64 << 30) + 1).to_le_bytes().to_vec())],
+            &[],
+            &[],
+        );
+        f.set_len(2 << 30).unwrap();
+        let e = Gguf::read(&mut { f }).unwrap_err().to_string();
+        assert!(e.contains("at most 1073741824"), "{e}");
+        // Counts the file cannot hold, in the header itself.
+        let mut b = bytes(&[], &[], 1, &[]);
+        b[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
+        let e = Gguf::read(&mut file_of(&b)).unwrap_err().to_string();
+        assert!(e.contains("cannot fit"), "{e}");
+        // Cut anywhere inside a header: an error, never a panic.
+        let whole = bytes(
+            &[("s", 8, string("hello")), ("n", 4, u32v(7))],
+            &[("v", &[2], F32, 0)],
+            32,
+            &f32s(&[1.0, 2.0]),
+        );
+        for cut in 0..whole.len() - 8 {
+            let e = Gguf::read(&mut file_of(&whole[..cut]));
+            assert!(e.is_err(), "cut at {cut}");
+        }
+        // Tensor bytes: out of the file, a layout that does not fill its blocks, a type
+        // not read here, a vector that is not F32 / F16.
+        let q8 = vec![0u8; 136];
+        let read = |infos: &[Info], data: &[u8], name: &str| {
+            let mut f = file(&[], infos, data);
+            let g = Gguf::read(&mut f).unwrap();
+            match name {
+                "vector" => g.vector(&mut f, "t").map(|_| ()),
+                _ => g.tensor_bytes(&mut f, "t").map(|_| ()),
+            }
+            .unwrap_err()
+            .to_string()
+        };
+        let cases: [(&[Info], &[u8], &str, &str); 5] = [
+            (
+                &[("t", &[64, 2], Q8_0, 1 << 40)],
+                &q8,
+                "bytes",
+                "past the end of the file",
+            ),
+            (
+                &[("t", &[64, 2], Q8_0, u64::MAX)],
+                &q8,
+                "bytes",
+                "past the end of the file",
+            ),
+            (&[("t", &[48, 2], Q8_0, 0)], &q8, "bytes", "do not fill"),
+            (&[("t", &[64, 2], 12, 0)], &[], "bytes", "Q4_K weights"),
+            (&[("t", &[64], Q8_0, 0)], &q8, "vector", "not F32 or F16"),
+        ];
+        for (infos, data, how, want) in cases {
+            let e = read(infos, data, how);
+            assert!(e.contains(want), "{e} (wanted {want})");
+        }
+    }
+
+    #[test]
+    fn integers_are_read_as_u32_only_where_they_fit() {
+        assert_eq!(Value::I64(7).to_u32().unwrap(), 7);
+        assert_eq!(Value::U8(255).to_u32().unwrap(), 255);
+        for v in [Value::I64(-1), Value::U64(1 << 32), Value::I8(-3)] {
+            assert!(v.to_u32().is_err(), "{v:?}");
+        }
+        assert!(Value::F32(1.0).to_u32().is_err());
     }
 }

@@ -667,6 +667,14 @@ impl Llama {
             true => Some(QMatrix::read(gguf, file, "output.weight")?),
             false => None,
         };
+        // Nine tensors a block: a count the file cannot hold is refused before anything
+        // is reserved for it.
+        if n_layer.saturating_mul(9) > gguf.tensors.len() {
+            bail!(
+                "llama.block_count is {n_layer}, but the file has {} tensors",
+                gguf.tensors.len()
+            );
+        }
         let mut layers = Vec::with_capacity(n_layer);
         for i in 0..n_layer {
             let mut m =
