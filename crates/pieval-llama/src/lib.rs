@@ -8,7 +8,8 @@
 //! input (Q8, as ggml does), rows are dotted with AVX2 `maddubs`, the KV cache is one
 //! preallocated buffer per layer, attention reads it in place, and embeddings are
 //! dequantized one row at a time (the Q8_0 table is shared with the tied output head).
-//! Other GGUFs (K-quants, F16 …) run on candle: see `local.rs`.
+//! The GGUF is read by [`gguf`] (no candle in a default build); other GGUFs (K-quants,
+//! F16 …) run on candle with the `candle-models` feature: see pieval's `local.rs`.
 //!
 //! Decoding one token streams every weight from memory once (about 96 MB for SmolLM2), so
 //! the kernels are written for that stream: each block's f16 scales are converted with
