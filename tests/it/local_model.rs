@@ -328,6 +328,75 @@ fn tokenizers_of_other_pipelines_and_templates_agree_with_candle() {
     }
 }
 
+/// Tokenizer metadata that is wrong in each way a file can make it: an error naming the
+/// file and what is wrong, never a panic or a tokenizer built from half of it.
+#[test]
+fn bad_tokenizer_metadata_is_a_clear_error() {
+    use candle_core::quantized::gguf_file::{self, Value};
+    let strings =
+        |v: &[&str]| Value::Array(v.iter().map(|s| Value::String(s.to_string())).collect());
+    let good = || -> Vec<(&'static str, Value)> {
+        vec![
+            ("general.architecture", Value::String("llama".into())),
+            ("tokenizer.ggml.model", Value::String("gpt2".into())),
+            ("tokenizer.ggml.tokens", strings(&["a", "b", "ab"])),
+            ("tokenizer.ggml.merges", strings(&["a b"])),
+        ]
+    };
+    let set = |key: &'static str, v: Option<Value>| {
+        let mut md = good();
+        md.retain(|(k, _)| *k != key);
+        if let Some(v) = v {
+            md.push((key, v));
+        }
+        md
+    };
+    let cases = [
+        (
+            set("tokenizer.ggml.model", Some(Value::String("llama".into()))),
+            "unsupported tokenizer model",
+        ),
+        (
+            set("tokenizer.ggml.tokens", None),
+            "no metadata tokenizer.ggml.tokens",
+        ),
+        (
+            set("tokenizer.ggml.merges", Some(strings(&["ab"]))),
+            "invalid merge entry `ab`",
+        ),
+        (
+            set(
+                "tokenizer.ggml.tokens",
+                Some(Value::Array(vec![Value::U32(1)])),
+            ),
+            "tokenizer.ggml.tokens: expected a string, found u32",
+        ),
+        (
+            set("tokenizer.ggml.unk_token_id", Some(Value::I32(-1))),
+            "-1 is not a u32",
+        ),
+        (
+            set("tokenizer.ggml.token_type", Some(strings(&["x", "y", "z"]))),
+            "tokenizer.ggml.token_type: expected an integer",
+        ),
+        (
+            set("tokenizer.ggml.byte_fallback", Some(Value::U8(1))),
+            "expected a bool",
+        ),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    for (i, (md, want)) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("bad-{i}.gguf"));
+        let refs: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (*k, v)).collect();
+        gguf_file::write(&mut std::fs::File::create(&path).unwrap(), &refs, &[]).unwrap();
+        let e = LocalModel::load(&path).err().unwrap().to_string();
+        assert!(
+            e.contains(&format!("bad-{i}.gguf")) && e.contains("tokenizer") && e.contains(want),
+            "{e} (wanted {want})"
+        );
+    }
+}
+
 /// pieval's decoder (crates/pieval-llama) against candle's quantized llama on the same
 /// GGUF: the logits of a real prompt and of a decode step through the KV cache agree.
 #[test]

@@ -631,8 +631,8 @@ fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
 }
 
 impl Llama {
-    /// Whether this decoder runs `content`'s weights (all matrices Q4_1 or Q8_0).
-    /// (Vectors must be F32 or F16.)
+    /// Whether this decoder runs the GGUF's weights (every matrix Q4_1 or Q8_0, every
+    /// vector F32 or F16).
     pub fn supports(gguf: &Gguf) -> bool {
         gguf.tensors
             .iter()
